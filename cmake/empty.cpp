@@ -1,0 +1,1 @@
+// Lets a library folder build while it has no sources of its own yet.

@@ -1,0 +1,76 @@
+// The layer interface every op fits: shape inference, the tensors it owns, and a forward and
+// a backward pass that record dispatches into a Recorder.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compute/tensor.h"
+#include "compute/vk/kernels.h"
+#include "compute/vk/recorder.h"
+
+namespace tessera {
+
+enum class TensorRole {
+  parameter,  // trained; has a gradient; saved in checkpoints (conv.weight)
+  state,      // not trained but saved in checkpoints (bn.running_mean)
+  saved,      // written by forward, read by backward, not saved (bn batch mean, pool argmax)
+};
+
+// How a parameter or state tensor starts. PyTorch's defaults, so that a model trained here
+// starts from the same distribution as the same model in PyTorch.
+struct Init {
+  enum Kind { zeros, ones, uniform, normal } kind = zeros;
+  float scale = 0;  // uniform: the bound b of U(-b, b); normal: the standard deviation
+};
+
+struct TensorSpec {
+  std::string name;  // "weight", "bias", "running_mean"; the graph prefixes "<layer>."
+  Shape shape;
+  TensorRole role = TensorRole::parameter;
+  DType dtype = DType::f32;
+  Init init;
+};
+
+// What an op's passes read and write. Gradients of parameters are always accumulated (+=):
+// the optimizer zeroes them after each update, which is what makes --accumulate K add up
+// K micro-batches. Gradients of inputs are overwritten unless accumulate_input_grads says
+// that another consumer of the same tensor has already written there (residual branches).
+struct OpTensors {
+  std::vector<const Tensor*> inputs;
+  std::vector<const Tensor*> input_grads;  // nullptr where no gradient flows (the images)
+  std::vector<bool> accumulate_input_grads;
+  const Tensor* output = nullptr;
+  const Tensor* output_grad = nullptr;     // nullptr in inference
+  std::vector<const Tensor*> tensors;      // one per TensorSpec, in order
+  std::vector<const Tensor*> grads;        // gradients of the parameters, nullptr for others
+  bool training = true;                    // batch norm statistics, dropout
+  uint32_t seed = 0;                       // dropout: the run's seed, mixed with the layer's name
+  const Tensor* step = nullptr;            // u32 [2]: optimizer step count, bumped on device
+  uint32_t sample_offset = 0;              // index of the micro-batch's first sample in the batch
+};
+
+class Op {
+ public:
+  virtual ~Op() = default;
+  virtual std::string type() const = 0;
+  // The output shape for these inputs; remembers them for the passes. Throws ShapeError.
+  virtual Shape infer(const std::vector<Shape>& inputs) = 0;
+  virtual std::vector<TensorSpec> tensors() const { return {}; }
+  virtual void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
+  virtual void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
+  // Floating-point operations of one forward pass, for benchmarks.
+  virtual double forward_flops() const { return 0; }
+};
+
+// Shapes that do not fit an op (the graph adds the layer names).
+struct ShapeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The standard workgroup size of elementwise kernels.
+constexpr uint32_t kElementwiseGroup = 256;
+
+}  // namespace tessera

@@ -1,0 +1,82 @@
+#include "compute/tensor.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "compute/vk/context.h"
+#include "compute/vk/recorder.h"
+
+namespace tessera {
+
+int64_t element_count(const Shape& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string to_string(const Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+    case DType::u32: return 4;
+    case DType::f16: return 2;
+    case DType::u8: return 1;
+  }
+  return 4;
+}
+
+Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, vk::MemoryUsage usage)
+    : context_(&context), name_(std::move(name)), shape_(std::move(shape)), dtype_(dtype) {
+  // Round up to whole 32-bit words: shaders address storage buffers in words.
+  uint64_t size = (bytes() + 3) / 4 * 4;
+  buffer_ = context.allocator().allocate(size, usage, name_);
+}
+
+void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
+  if (offset + size > buffer_.size())
+    throw Error(ExitCode::runtime_error, "upload of " + std::to_string(size) + " bytes overruns " + name_);
+  if (buffer_.mapped()) {
+    std::memcpy(static_cast<char*>(buffer_.mapped()) + offset, data, size);
+    return;
+  }
+  auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (upload)");
+  std::memcpy(staging.mapped(), data, size);
+  vk::Program program(*context_);
+  {
+    vk::Recorder recorder(*context_, program);
+    recorder.copy(staging, 0, buffer_, offset, size);
+    recorder.finish();
+  }
+  program.run();
+}
+
+void Tensor::download(void* data, uint64_t size, uint64_t offset) const {
+  if (offset + size > buffer_.size())
+    throw Error(ExitCode::runtime_error, "download of " + std::to_string(size) + " bytes overruns " + name_);
+  if (buffer_.mapped()) {
+    std::memcpy(data, static_cast<const char*>(buffer_.mapped()) + offset, size);
+    return;
+  }
+  auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (download)");
+  vk::Program program(*context_);
+  {
+    vk::Recorder recorder(*context_, program);
+    recorder.copy(buffer_, offset, staging, 0, size);
+    recorder.finish();
+  }
+  program.run();
+  std::memcpy(data, staging.mapped(), size);
+}
+
+std::vector<float> Tensor::download() const {
+  std::vector<float> values(static_cast<size_t>(count()));
+  download(values.data(), values.size() * sizeof(float));
+  return values;
+}
+
+}  // namespace tessera

@@ -1,0 +1,52 @@
+// A named, shaped array in device memory.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "compute/vk/memory.h"
+
+namespace tessera {
+
+namespace vk {
+class Context;
+}
+
+using Shape = std::vector<int64_t>;
+int64_t element_count(const Shape& shape);
+std::string to_string(const Shape& shape);  // "[16,3,224,224]"
+
+enum class DType : uint8_t { f32, u32, u8, f16 };
+size_t element_size(DType dtype);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(vk::Context& context, std::string name, Shape shape, DType dtype = DType::f32,
+         vk::MemoryUsage usage = vk::MemoryUsage::device);
+
+  const std::string& name() const { return name_; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  int64_t count() const { return element_count(shape_); }
+  uint64_t bytes() const { return static_cast<uint64_t>(count()) * element_size(dtype_); }
+  const vk::Buffer& buffer() const { return buffer_; }
+  explicit operator bool() const { return static_cast<bool>(buffer_); }
+
+  // Blocking copies between host and device (through a staging buffer where the memory is
+  // not host-visible). For set-up, checkpoints and tests, not for the training loop.
+  void upload(const void* data, uint64_t bytes, uint64_t offset = 0) const;
+  void download(void* data, uint64_t bytes, uint64_t offset = 0) const;
+  void upload(std::span<const float> values) const { upload(values.data(), values.size_bytes()); }
+  std::vector<float> download() const;
+
+ private:
+  vk::Context* context_ = nullptr;
+  std::string name_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  vk::Buffer buffer_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,250 @@
+#include "compute/vk/context.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "compute/vk/kernels.h"
+#include "compute/vk/memory.h"
+
+namespace tessera::vk {
+
+void check(VkResult result, const char* what) {
+  if (result == VK_SUCCESS) return;
+  if (result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_OUT_OF_HOST_MEMORY)
+    throw OutOfDeviceMemory(std::string(what) + ": the device is out of memory (VkResult " +
+                            std::to_string(result) + ")");
+  throw Error(ExitCode::runtime_error,
+              std::string(what) + " failed with VkResult " + std::to_string(result));
+}
+
+namespace {
+
+constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
+VkInstance create_instance(bool validation) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "tessera";
+  app.apiVersion = VK_API_VERSION_1_2;
+  VkInstanceCreateInfo create{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  create.pApplicationInfo = &app;
+  const char* layers[] = {kValidationLayer};
+  const char* extensions[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+  VkValidationFeatureEnableEXT enables[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+  VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+  features.enabledValidationFeatureCount = 1;
+  features.pEnabledValidationFeatures = enables;
+  if (validation) {
+    create.enabledLayerCount = 1;
+    create.ppEnabledLayerNames = layers;
+    create.enabledExtensionCount = 1;
+    create.ppEnabledExtensionNames = extensions;
+    create.pNext = &features;
+  }
+  VkInstance instance = VK_NULL_HANDLE;
+  VkResult result = vkCreateInstance(&create, nullptr, &instance);
+  if (result == VK_ERROR_LAYER_NOT_PRESENT)
+    throw Error(ExitCode::runtime_error,
+                "TESSERA_VALIDATION=1 but the Khronos validation layer is not installed "
+                "(Debian: vulkan-validationlayers)");
+  if (result == VK_ERROR_INCOMPATIBLE_DRIVER)
+    throw Error(ExitCode::runtime_error,
+                "no Vulkan 1.2 driver found (on a machine without a GPU install "
+                "mesa-vulkan-drivers for lavapipe)");
+  check(result, "vkCreateInstance");
+  return instance;
+}
+
+std::vector<VkPhysicalDevice> physical_devices(VkInstance instance) {
+  uint32_t count = 0;
+  check(vkEnumeratePhysicalDevices(instance, &count, nullptr), "vkEnumeratePhysicalDevices");
+  std::vector<VkPhysicalDevice> devices(count);
+  check(vkEnumeratePhysicalDevices(instance, &count, devices.data()), "vkEnumeratePhysicalDevices");
+  return devices;
+}
+
+const char* type_name(VkPhysicalDeviceType type) {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete-gpu";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated-gpu";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual-gpu";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+  }
+}
+
+DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
+  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  subgroup.pNext = &driver;
+  VkPhysicalDeviceProperties2 properties{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  properties.pNext = &subgroup;
+  vkGetPhysicalDeviceProperties2(device, &properties);
+
+  VkPhysicalDeviceVulkan11Features features11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features features12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  features11.pNext = &features12;
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.pNext = &features11;
+  vkGetPhysicalDeviceFeatures2(device, &features);
+
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(device, &memory);
+
+  DeviceInfo info;
+  info.index = index;
+  info.name = properties.properties.deviceName;
+  info.type = type_name(properties.properties.deviceType);
+  info.driver = std::string(driver.driverName) + " " + driver.driverInfo;
+  info.api_version = properties.properties.apiVersion;
+  for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
+    info.heaps.push_back({memory.memoryHeaps[h].size,
+                          (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) != 0});
+  info.fp16_arithmetic = features12.shaderFloat16;
+  info.fp16_storage = features11.storageBuffer16BitAccess;
+  info.subgroup_size = subgroup.subgroupSize;
+  info.max_storage_buffer_range = properties.properties.limits.maxStorageBufferRange;
+  info.max_shared_memory = properties.properties.limits.maxComputeSharedMemorySize;
+  return info;
+}
+
+uint32_t compute_queue_family(VkPhysicalDevice device) {
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &count, nullptr);
+  std::vector<VkQueueFamilyProperties> families(count);
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &count, families.data());
+  // Prefer a compute queue without graphics: on GPUs that is the asynchronous compute engine.
+  for (uint32_t i = 0; i < count; ++i)
+    if ((families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && !(families[i].queueFlags & VK_QUEUE_GRAPHICS_BIT))
+      return i;
+  for (uint32_t i = 0; i < count; ++i)
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return i;
+  throw Error(ExitCode::runtime_error, "the Vulkan device has no compute queue");
+}
+
+}  // namespace
+
+ContextOptions options_from_environment() {
+  ContextOptions options;
+  const char* validation = std::getenv("TESSERA_VALIDATION");
+  options.validation = validation && std::strcmp(validation, "0") != 0;
+  return options;
+}
+
+std::vector<DeviceInfo> list_devices() {
+  VkInstance instance = create_instance(false);
+  std::vector<DeviceInfo> infos;
+  auto devices = physical_devices(instance);
+  for (uint32_t i = 0; i < devices.size(); ++i) infos.push_back(describe(devices[i], i));
+  vkDestroyInstance(instance, nullptr);
+  return infos;
+}
+
+VKAPI_ATTR VkBool32 VKAPI_CALL Context::on_validation_message(
+    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+    const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
+  if (severity < VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) return VK_FALSE;
+  static_cast<Context*>(user)->validation_messages_++;
+  std::fprintf(stderr, "vulkan validation: %s\n", data->pMessage);
+  return VK_FALSE;
+}
+
+Context::Context(ContextOptions options) {
+  instance_ = create_instance(options.validation);
+  if (options.validation) {
+    VkDebugUtilsMessengerCreateInfoEXT messenger{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+    messenger.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                                VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    messenger.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                            VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                            VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    messenger.pfnUserCallback = on_validation_message;
+    messenger.pUserData = this;
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+    check(create(instance_, &messenger, nullptr, &messenger_), "vkCreateDebugUtilsMessengerEXT");
+  }
+
+  auto devices = physical_devices(instance_);
+  if (devices.empty()) {
+    destroy_instance();
+    throw Error(ExitCode::runtime_error, "no Vulkan device found");
+  }
+  uint32_t chosen = 0;
+  if (options.device_index >= 0) {
+    if (static_cast<size_t>(options.device_index) >= devices.size()) {
+      auto count = devices.size();
+      destroy_instance();
+      throw UsageError("--device " + std::to_string(options.device_index) + ": there are only " +
+                       std::to_string(count) + " Vulkan devices (see `tessera info`)");
+    }
+    chosen = static_cast<uint32_t>(options.device_index);
+  } else {
+    for (uint32_t i = 0; i < devices.size(); ++i) {
+      VkPhysicalDeviceProperties p;
+      vkGetPhysicalDeviceProperties(devices[i], &p);
+      if (p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU) {
+        chosen = i;
+        break;
+      }
+    }
+  }
+  physical_device_ = devices[chosen];
+  info_ = describe(physical_device_, chosen);
+  vkGetPhysicalDeviceProperties(physical_device_, &properties_);
+  queue_family_ = compute_queue_family(physical_device_);
+
+  float priority = 1.0f;
+  VkDeviceQueueCreateInfo queue{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  queue.queueFamilyIndex = queue_family_;
+  queue.queueCount = 1;
+  queue.pQueuePriorities = &priority;
+  VkPhysicalDeviceVulkan11Features features11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features features12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  features11.pNext = &features12;
+  features11.storageBuffer16BitAccess = info_.fp16_storage;
+  features12.shaderFloat16 = info_.fp16_arithmetic;
+  const char* extensions[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
+  VkDeviceCreateInfo create{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  create.pNext = &features11;
+  create.queueCreateInfoCount = 1;
+  create.pQueueCreateInfos = &queue;
+  create.enabledExtensionCount = 1;
+  create.ppEnabledExtensionNames = extensions;
+  check(vkCreateDevice(physical_device_, &create, nullptr, &device_), "vkCreateDevice");
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  push_descriptor_set_ = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(
+      vkGetDeviceProcAddr(device_, "vkCmdPushDescriptorSetKHR"));
+
+  VkCommandPoolCreateInfo pool{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pool.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pool.queueFamilyIndex = queue_family_;
+  check(vkCreateCommandPool(device_, &pool, nullptr, &command_pool_), "vkCreateCommandPool");
+
+  allocator_ = std::make_unique<Allocator>(*this, options.memory_budget);
+  kernels_ = std::make_unique<Kernels>(*this);
+}
+
+Context::~Context() {
+  if (device_) vkDeviceWaitIdle(device_);
+  kernels_.reset();
+  allocator_.reset();
+  if (command_pool_) vkDestroyCommandPool(device_, command_pool_, nullptr);
+  if (device_) vkDestroyDevice(device_, nullptr);
+  destroy_instance();
+}
+
+void Context::destroy_instance() {
+  if (messenger_) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+    destroy(instance_, messenger_, nullptr);
+    messenger_ = VK_NULL_HANDLE;
+  }
+  if (instance_) vkDestroyInstance(instance_, nullptr);
+  instance_ = VK_NULL_HANDLE;
+}
+
+}  // namespace tessera::vk

@@ -1,0 +1,92 @@
+// Vulkan instance, device choice and the compute queue.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera::vk {
+
+class Allocator;
+class Kernels;
+
+struct MemoryHeapInfo {
+  uint64_t size;
+  bool device_local;
+};
+
+struct DeviceInfo {
+  uint32_t index;
+  std::string name;
+  std::string type;  // "discrete-gpu", "integrated-gpu", "virtual-gpu", "cpu", "other"
+  std::string driver;
+  uint32_t api_version;
+  std::vector<MemoryHeapInfo> heaps;
+  bool fp16_arithmetic;
+  bool fp16_storage;
+  uint32_t subgroup_size;
+  uint64_t max_storage_buffer_range;
+  uint32_t max_shared_memory;
+};
+
+// Throws on Vulkan errors with the call that failed; VK_ERROR_OUT_OF_*_MEMORY becomes
+// OutOfDeviceMemory (exit 3).
+void check(VkResult result, const char* what);
+
+// Every Vulkan device the loader finds, in the loader's order (the order --device counts in).
+std::vector<DeviceInfo> list_devices();
+
+struct ContextOptions {
+  int device_index = -1;        // -1: the first discrete GPU, else the first device
+  uint64_t memory_budget = 0;   // 0: what the device reports
+  // Khronos validation (with synchronization validation); on when TESSERA_VALIDATION=1.
+  bool validation = false;
+};
+
+ContextOptions options_from_environment();
+
+class Context {
+ public:
+  explicit Context(ContextOptions options = options_from_environment());
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  VkDevice device() const { return device_; }
+  VkPhysicalDevice physical_device() const { return physical_device_; }
+  VkQueue queue() const { return queue_; }
+  VkCommandPool command_pool() const { return command_pool_; }
+  const DeviceInfo& info() const { return info_; }
+  const VkPhysicalDeviceProperties& properties() const { return properties_; }
+  Allocator& allocator() { return *allocator_; }
+  Kernels& kernels() { return *kernels_; }
+  PFN_vkCmdPushDescriptorSetKHR push_descriptor_set() const { return push_descriptor_set_; }
+
+  // Messages the validation layer reported (warnings and errors); tests require zero.
+  uint64_t validation_messages() const { return validation_messages_.load(); }
+
+ private:
+  static VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(
+      VkDebugUtilsMessageSeverityFlagBitsEXT, VkDebugUtilsMessageTypeFlagsEXT,
+      const VkDebugUtilsMessengerCallbackDataEXT*, void*);
+  void destroy_instance();
+
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_device_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  VkCommandPool command_pool_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  DeviceInfo info_;
+  VkPhysicalDeviceProperties properties_{};
+  PFN_vkCmdPushDescriptorSetKHR push_descriptor_set_ = nullptr;
+  std::atomic<uint64_t> validation_messages_{0};
+  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<Kernels> kernels_;
+};
+
+}  // namespace tessera::vk

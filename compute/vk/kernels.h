@@ -1,0 +1,47 @@
+// Compute pipelines from the embedded shaders, specialised per device and cached.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera::vk {
+
+class Context;
+
+// Every kernel takes its buffers through one push-descriptor set (bindings 0..n-1, all
+// storage buffers) and its scalars as push constants (at most 128 bytes, the portable limit).
+struct Kernel {
+  std::string name;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  uint32_t binding_count = 0;
+};
+
+class Kernels {
+ public:
+  explicit Kernels(Context& context);
+  ~Kernels();
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+  // The pipeline of shaders/<name>.comp with specialization constants 0..n-1 set to
+  // `constants` (a shader gives its workgroup size and tile shapes this way).
+  const Kernel& get(const std::string& name, const std::vector<int32_t>& constants = {});
+
+ private:
+  void load_cache();
+  void save_cache();
+
+  Context& context_;
+  VkPipelineCache cache_ = VK_NULL_HANDLE;
+  std::string cache_path_;
+  std::map<std::pair<std::string, std::vector<int32_t>>, std::unique_ptr<Kernel>> kernels_;
+  std::map<std::string, VkShaderModule> modules_;
+};
+
+}  // namespace tessera::vk

@@ -1,0 +1,220 @@
+#include "compute/vk/memory.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/error.h"
+#include "common/units.h"
+#include "compute/vk/context.h"
+
+namespace tessera::vk {
+
+namespace {
+constexpr uint64_t kBlockSize = 64ull << 20;
+
+uint64_t round_up(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+}  // namespace
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    owner_ = std::exchange(other.owner_, nullptr);
+    handle_ = std::exchange(other.handle_, VK_NULL_HANDLE);
+    size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, nullptr);
+    pool_ = other.pool_;
+    block_ = other.block_;
+    offset_ = other.offset_;
+    reserved_ = other.reserved_;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (owner_ && handle_) owner_->free(*this);
+  owner_ = nullptr;
+  handle_ = VK_NULL_HANDLE;
+}
+
+Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
+  uint64_t largest_heap = 0;
+  for (auto& heap : context.info().heaps)
+    if (heap.device_local) largest_heap = std::max(largest_heap, heap.size);
+  stats_.budget_bytes = budget ? budget : largest_heap;
+  const auto& limits = context.properties().limits;
+  alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment,
+                                   limits.nonCoherentAtomSize});
+}
+
+Allocator::~Allocator() {
+  for (auto& pool : pools_)
+    for (auto& block : pool.blocks)
+      if (block && block->memory) vkFreeMemory(context_.device(), block->memory, nullptr);
+}
+
+uint64_t Allocator::footprint(uint64_t bytes) const { return round_up(std::max<uint64_t>(bytes, 4), alignment_); }
+
+uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
+  auto find = [&](VkMemoryPropertyFlags required) -> int {
+    for (uint32_t t = 0; t < memory.memoryTypeCount; ++t)
+      if ((type_bits & (1u << t)) && (memory.memoryTypes[t].propertyFlags & required) == required)
+        return static_cast<int>(t);
+    return -1;
+  };
+  const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  int type = -1;
+  if (usage == MemoryUsage::device) {
+    // On devices with one heap (lavapipe, integrated GPUs) device memory is also mappable,
+    // which lets uploads skip the staging copy.
+    if (context_.info().heaps.size() == 1) type = find(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | host);
+    if (type < 0) type = find(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  } else {
+    type = find(host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+    if (type < 0) type = find(host);
+  }
+  if (type < 0) type = find(0);
+  if (type < 0) throw Error(ExitCode::runtime_error, "no Vulkan memory type fits a storage buffer");
+  for (uint32_t p = 0; p < pools_.size(); ++p)
+    if (pools_[p].memory_type == static_cast<uint32_t>(type)) return p;
+  Pool pool;
+  pool.memory_type = static_cast<uint32_t>(type);
+  pool.host_visible = (memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
+  pools_.push_back(std::move(pool));
+  return static_cast<uint32_t>(pools_.size() - 1);
+}
+
+Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string& what) {
+  VkDevice device = context_.device();
+  if (bytes > context_.info().max_storage_buffer_range)
+    throw OutOfDeviceMemory(what + ": a buffer of " + format_bytes(bytes) +
+                            " is over the device's largest storage buffer (" +
+                            format_bytes(context_.info().max_storage_buffer_range) + ")");
+  VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  create.size = std::max<uint64_t>(bytes, 4);
+  create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                 VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  Buffer buffer;
+  check(vkCreateBuffer(device, &create, nullptr, &buffer.handle_), "vkCreateBuffer");
+  VkMemoryRequirements requirements;
+  vkGetBufferMemoryRequirements(device, buffer.handle_, &requirements);
+  uint64_t alignment = std::max<uint64_t>(requirements.alignment, alignment_);
+  uint64_t reserved = round_up(requirements.size, alignment);
+  if (stats_.live_bytes + reserved > stats_.budget_bytes) {
+    vkDestroyBuffer(device, buffer.handle_, nullptr);
+    buffer.handle_ = VK_NULL_HANDLE;
+    throw OutOfDeviceMemory(what + ": asked for " + format_bytes(reserved) + " with " +
+                            format_bytes(stats_.live_bytes) + " in use; the device memory budget is " +
+                            format_bytes(stats_.budget_bytes) + " (--device-memory-limit)");
+  }
+  uint32_t p = pool_for(usage, requirements.memoryTypeBits);
+  Pool& pool = pools_[p];
+
+  // First fit over the blocks' free ranges.
+  int block_index = -1;
+  uint64_t offset = 0;
+  for (size_t b = 0; b < pool.blocks.size() && block_index < 0; ++b) {
+    for (auto [start, size] : pool.blocks[b]->free) {
+      uint64_t aligned = round_up(start, alignment);
+      if (aligned + reserved <= start + size) {
+        block_index = static_cast<int>(b);
+        offset = aligned;
+        break;
+      }
+    }
+  }
+  if (block_index < 0) {
+    auto block = std::make_unique<Block>();
+    block->size = std::max(kBlockSize, reserved);
+    VkMemoryAllocateInfo allocate{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    allocate.allocationSize = block->size;
+    allocate.memoryTypeIndex = pool.memory_type;
+    VkResult result = vkAllocateMemory(device, &allocate, nullptr, &block->memory);
+    if (result != VK_SUCCESS) {
+      vkDestroyBuffer(device, buffer.handle_, nullptr);
+      buffer.handle_ = VK_NULL_HANDLE;
+      throw OutOfDeviceMemory(what + ": the device refused a block of " + format_bytes(block->size) +
+                              " (VkResult " + std::to_string(result) + ") with " +
+                              format_bytes(stats_.reserved_bytes) + " already reserved");
+    }
+    if (pool.host_visible)
+      check(vkMapMemory(device, block->memory, 0, VK_WHOLE_SIZE, 0, &block->mapped), "vkMapMemory");
+    block->free[0] = block->size;
+    stats_.reserved_bytes += block->size;
+    // Reuse a slot that trim() emptied.
+    auto empty = std::find(pool.blocks.begin(), pool.blocks.end(), nullptr);
+    if (empty != pool.blocks.end()) {
+      *empty = std::move(block);
+      block_index = static_cast<int>(empty - pool.blocks.begin());
+    } else {
+      pool.blocks.push_back(std::move(block));
+      block_index = static_cast<int>(pool.blocks.size() - 1);
+    }
+    offset = 0;
+  }
+
+  Block& block = *pool.blocks[static_cast<size_t>(block_index)];
+  // Carve [offset, offset + reserved) out of the free range that holds it.
+  auto range = std::prev(block.free.upper_bound(offset));
+  uint64_t range_start = range->first, range_end = range->first + range->second;
+  block.free.erase(range);
+  if (offset > range_start) block.free[range_start] = offset - range_start;
+  if (offset + reserved < range_end) block.free[offset + reserved] = range_end - offset - reserved;
+  block.used += reserved;
+
+  check(vkBindBufferMemory(device, buffer.handle_, block.memory, offset), "vkBindBufferMemory");
+  buffer.owner_ = this;
+  buffer.size_ = bytes;
+  buffer.mapped_ = block.mapped ? static_cast<char*>(block.mapped) + offset : nullptr;
+  buffer.pool_ = p;
+  buffer.block_ = static_cast<uint32_t>(block_index);
+  buffer.offset_ = offset;
+  buffer.reserved_ = reserved;
+  stats_.live_bytes += reserved;
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
+  stats_.allocations++;
+  return buffer;
+}
+
+void Allocator::free(Buffer& buffer) {
+  vkDestroyBuffer(context_.device(), buffer.handle_, nullptr);
+  Block& block = *pools_[buffer.pool_].blocks[buffer.block_];
+  uint64_t start = buffer.offset_, size = buffer.reserved_;
+  // Coalesce with the neighbouring free ranges.
+  auto next = block.free.lower_bound(start);
+  if (next != block.free.end() && next->first == start + size) {
+    size += next->second;
+    next = block.free.erase(next);
+  }
+  if (next != block.free.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second == start) {
+      start = previous->first;
+      size += previous->second;
+      block.free.erase(previous);
+    }
+  }
+  block.free[start] = size;
+  block.used -= buffer.reserved_;
+  stats_.live_bytes -= buffer.reserved_;
+}
+
+void Allocator::trim() {
+  for (auto& pool : pools_)
+    for (auto& block : pool.blocks)
+      if (block && block->used == 0) {
+        vkFreeMemory(context_.device(), block->memory, nullptr);
+        stats_.reserved_bytes -= block->size;
+        block.reset();
+      }
+}
+
+}  // namespace tessera::vk

@@ -1,0 +1,149 @@
+#include "compute/vk/recorder.h"
+
+#include <vector>
+
+#include "common/error.h"
+#include "compute/vk/context.h"
+
+namespace tessera::vk {
+
+namespace {
+constexpr VkPipelineStageFlags kDeviceStages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+constexpr VkAccessFlags kDeviceAccess = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                                        VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+}  // namespace
+
+Program::Program(Context& context) : context_(context) {
+  VkCommandBufferAllocateInfo allocate{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  allocate.commandPool = context.command_pool();
+  allocate.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  allocate.commandBufferCount = 1;
+  check(vkAllocateCommandBuffers(context.device(), &allocate, &command_buffer_), "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fence{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  check(vkCreateFence(context.device(), &fence, nullptr, &fence_), "vkCreateFence");
+}
+
+Program::~Program() {
+  if (pending_) vkWaitForFences(context_.device(), 1, &fence_, VK_TRUE, UINT64_MAX);
+  vkDestroyFence(context_.device(), fence_, nullptr);
+  vkFreeCommandBuffers(context_.device(), context_.command_pool(), 1, &command_buffer_);
+}
+
+void Program::submit() {
+  if (pending_) wait();
+  VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  submit.commandBufferCount = 1;
+  submit.pCommandBuffers = &command_buffer_;
+  check(vkQueueSubmit(context_.queue(), 1, &submit, fence_), "vkQueueSubmit");
+  pending_ = true;
+}
+
+void Program::wait() {
+  if (!pending_) return;
+  check(vkWaitForFences(context_.device(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+  check(vkResetFences(context_.device(), 1, &fence_), "vkResetFences");
+  pending_ = false;
+}
+
+Recorder::Recorder(Context& context, Program& program)
+    : context_(context), command_buffer_(program.handle()) {
+  check(vkResetCommandBuffer(command_buffer_, 0), "vkResetCommandBuffer");
+  VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  check(vkBeginCommandBuffer(command_buffer_, &begin), "vkBeginCommandBuffer");
+  // Order this submit after everything an earlier submit did to the same buffers, and
+  // after the host's writes.
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = kDeviceAccess | VK_ACCESS_HOST_WRITE_BIT;
+  barrier.dstAccessMask = kDeviceAccess;
+  vkCmdPipelineBarrier(command_buffer_, kDeviceStages | VK_PIPELINE_STAGE_HOST_BIT, kDeviceStages, 0, 1,
+                       &barrier, 0, nullptr, 0, nullptr);
+}
+
+Recorder::~Recorder() {
+  if (!finished_) vkEndCommandBuffer(command_buffer_);
+}
+
+std::pair<uint32_t, uint32_t> Recorder::element_groups(uint64_t count, uint32_t local_size) {
+  uint64_t groups = (count + local_size - 1) / local_size;
+  if (groups == 0) groups = 1;
+  constexpr uint64_t kMaxX = 32768;
+  if (groups <= kMaxX) return {static_cast<uint32_t>(groups), 1};
+  return {static_cast<uint32_t>(kMaxX), static_cast<uint32_t>((groups + kMaxX - 1) / kMaxX)};
+}
+
+void Recorder::barrier() {
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = kDeviceAccess;
+  barrier.dstAccessMask = kDeviceAccess;
+  vkCmdPipelineBarrier(command_buffer_, kDeviceStages, kDeviceStages, 0, 1, &barrier, 0, nullptr, 0, nullptr);
+  written_.clear();
+  read_.clear();
+}
+
+bool Recorder::hazard(VkBuffer buffer, Access access) const {
+  return written_.count(buffer) || (access != Access::read && read_.count(buffer));
+}
+
+void Recorder::track(VkBuffer buffer, Access access) {
+  if (access != Access::write) read_.insert(buffer);
+  if (access != Access::read) written_.insert(buffer);
+}
+
+void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferArg> buffers,
+                            const void* push, uint32_t push_size, uint32_t groups_x, uint32_t groups_y,
+                            uint32_t groups_z) {
+  if (buffers.size() != kernel.binding_count)
+    throw Error(ExitCode::runtime_error, "kernel " + kernel.name + " takes " +
+                                             std::to_string(kernel.binding_count) + " buffers, given " +
+                                             std::to_string(buffers.size()));
+  // Hazards first: a barrier must precede this dispatch, not split its own arguments.
+  bool any_hazard = false;
+  for (auto& arg : buffers) any_hazard = any_hazard || hazard(arg.buffer->handle(), arg.access);
+  if (any_hazard) barrier();
+  for (auto& arg : buffers) track(arg.buffer->handle(), arg.access);
+
+  std::vector<VkDescriptorBufferInfo> infos;
+  infos.reserve(buffers.size());
+  for (auto& arg : buffers) infos.push_back({arg.buffer->handle(), 0, VK_WHOLE_SIZE});
+  std::vector<VkWriteDescriptorSet> writes(buffers.size());
+  for (uint32_t i = 0; i < writes.size(); ++i) {
+    writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    writes[i].dstBinding = i;
+    writes[i].descriptorCount = 1;
+    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    writes[i].pBufferInfo = &infos[i];
+  }
+  vkCmdBindPipeline(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline);
+  context_.push_descriptor_set()(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0,
+                                 static_cast<uint32_t>(writes.size()), writes.data());
+  if (push_size)
+    vkCmdPushConstants(command_buffer_, kernel.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
+  vkCmdDispatch(command_buffer_, groups_x, groups_y, groups_z);
+}
+
+void Recorder::copy(const Buffer& source, uint64_t source_offset, const Buffer& destination,
+                    uint64_t destination_offset, uint64_t bytes) {
+  if (hazard(source.handle(), Access::read) || hazard(destination.handle(), Access::write)) barrier();
+  track(source.handle(), Access::read);
+  track(destination.handle(), Access::write);
+  VkBufferCopy region{source_offset, destination_offset, bytes};
+  vkCmdCopyBuffer(command_buffer_, source.handle(), destination.handle(), 1, &region);
+}
+
+void Recorder::fill(const Buffer& buffer, uint32_t value) {
+  if (hazard(buffer.handle(), Access::write)) barrier();
+  track(buffer.handle(), Access::write);
+  vkCmdFillBuffer(command_buffer_, buffer.handle(), 0, VK_WHOLE_SIZE, value);
+}
+
+void Recorder::finish() {
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = kDeviceAccess;
+  barrier.dstAccessMask = kDeviceAccess | VK_ACCESS_HOST_READ_BIT;
+  vkCmdPipelineBarrier(command_buffer_, kDeviceStages, kDeviceStages | VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                       &barrier, 0, nullptr, 0, nullptr);
+  check(vkEndCommandBuffer(command_buffer_), "vkEndCommandBuffer");
+  finished_ = true;
+}
+
+}  // namespace tessera::vk

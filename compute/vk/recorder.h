@@ -1,0 +1,96 @@
+// Dispatches and barriers recorded into one command buffer that is replayed step after step.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <set>
+
+#include "compute/vk/kernels.h"
+#include "compute/vk/memory.h"
+
+namespace tessera::vk {
+
+class Context;
+
+enum class Access : uint8_t { read, write, read_write };
+
+struct BufferArg {
+  const Buffer* buffer;
+  Access access;
+};
+inline BufferArg reads(const Buffer& b) { return {&b, Access::read}; }
+inline BufferArg writes(const Buffer& b) { return {&b, Access::write}; }
+inline BufferArg updates(const Buffer& b) { return {&b, Access::read_write}; }
+
+// A command buffer that is recorded once and submitted any number of times.
+class Program {
+ public:
+  explicit Program(Context& context);
+  ~Program();
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  VkCommandBuffer handle() const { return command_buffer_; }
+  void submit();  // queues the work; returns at once
+  void wait();    // blocks until the last submit has finished
+  void run() {
+    submit();
+    wait();
+  }
+
+ private:
+  Context& context_;
+  VkCommandBuffer command_buffer_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  bool pending_ = false;
+};
+
+// Records into a Program. Inserts a barrier only where a dispatch touches a buffer that an
+// earlier dispatch since the last barrier wrote (or writes one that it read), so independent
+// dispatches may overlap.
+class Recorder {
+ public:
+  Recorder(Context& context, Program& program);
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  template <class Push>
+  void dispatch(const Kernel& kernel, std::initializer_list<BufferArg> buffers, const Push& push,
+                uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1) {
+    static_assert(sizeof(Push) <= 128, "push constants are limited to 128 bytes");
+    dispatch_raw(kernel, buffers, &push, sizeof(Push), groups_x, groups_y, groups_z);
+  }
+  // One invocation per element for `count` elements in workgroups of `local_size`, spread over
+  // x and y so that any count fits the dispatch limits; shaders index with global_index()
+  // from shaders/common.glsl.
+  template <class Push>
+  void dispatch_elements(const Kernel& kernel, std::initializer_list<BufferArg> buffers,
+                         const Push& push, uint64_t count, uint32_t local_size) {
+    auto [x, y] = element_groups(count, local_size);
+    dispatch(kernel, buffers, push, x, y);
+  }
+  void dispatch_raw(const Kernel& kernel, std::initializer_list<BufferArg> buffers, const void* push,
+                    uint32_t push_size, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z);
+
+  void copy(const Buffer& source, uint64_t source_offset, const Buffer& destination,
+            uint64_t destination_offset, uint64_t bytes);
+  void fill(const Buffer& buffer, uint32_t value);
+  // Ends recording: makes every write visible to the host and to later submits.
+  void finish();
+
+  static std::pair<uint32_t, uint32_t> element_groups(uint64_t count, uint32_t local_size);
+
+ private:
+  bool hazard(VkBuffer buffer, Access access) const;
+  void track(VkBuffer buffer, Access access);
+  void barrier();
+
+  Context& context_;
+  VkCommandBuffer command_buffer_;
+  std::set<VkBuffer> written_, read_;
+  bool finished_ = false;
+};
+
+}  // namespace tessera::vk
