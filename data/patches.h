@@ -1,0 +1,32 @@
+// Labelled RGB patches by index: the interface between patch storage (a PCam-layout HDF5
+// file, an LMDB tile store) and the training loader.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tessera::data {
+
+class PatchSource {
+ public:
+  virtual ~PatchSource() = default;
+  virtual size_t size() const = 0;
+  virtual int height() const = 0;
+  virtual int width() const = 0;
+  // One more than the largest label.
+  virtual uint32_t class_count() const = 0;
+  // The group a patch belongs to (its slide): training and validation never share a group.
+  // Sources without slides put every patch in its own group.
+  virtual uint64_t group(size_t index) const = 0;
+  // Writes the patch as height x width x 3 uint8 (RGB, row-major) and returns its label.
+  // Safe to call from several threads at once. Throws BadInput naming the file and patch.
+  virtual uint32_t read(size_t index, uint8_t* rgb) const = 0;
+  virtual std::string description() const = 0;
+};
+
+// Opens a PCam-layout HDF5 file (`x` uint8 [N,H,W,3], `y` uint8 [N] or [N,1,1,1]) or an LMDB
+// tile store (a directory or a file ending in .lmdb), by what is at `path`.
+std::unique_ptr<PatchSource> open_patches(const std::string& path);
+
+}  // namespace tessera::data
