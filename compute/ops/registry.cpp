@@ -1,0 +1,74 @@
+#include "compute/ops/registry.h"
+
+#include <map>
+
+#include "compute/ops/relu.h"
+
+namespace tessera {
+
+LayerConfig::LayerConfig(const nlohmann::json& layer) : layer_(layer) {
+  if (!layer.is_object()) throw ModelError("model: every layer must be a JSON object, got " + layer.dump());
+  auto name = layer.find("name");
+  if (name == layer.end() || !name->is_string() || name->get<std::string>().empty())
+    throw ModelError("model: layer " + layer.dump() + ": field 'name' must be a non-empty string");
+  name_ = name->get<std::string>();
+  auto type = layer.find("type");
+  if (type == layer.end() || !type->is_string()) fail("type", "must be a string");
+  type_ = type->get<std::string>();
+}
+
+void LayerConfig::fail(const std::string& field, const std::string& problem) const {
+  throw ModelError("model: layer '" + name_ + "': field '" + field + "' " + problem);
+}
+
+const nlohmann::json* LayerConfig::find(const char* field) const {
+  auto it = layer_.find(field);
+  return it == layer_.end() ? nullptr : &*it;
+}
+
+int64_t LayerConfig::integer(const char* field, std::optional<int64_t> fallback, int64_t minimum) const {
+  const nlohmann::json* value = find(field);
+  if (!value) {
+    if (!fallback) fail(field, "is required");
+    return *fallback;
+  }
+  if (!value->is_number_integer() || value->get<int64_t>() < minimum)
+    fail(field, "must be an integer of at least " + std::to_string(minimum) + ", got " + value->dump());
+  return value->get<int64_t>();
+}
+
+double LayerConfig::number(const char* field, std::optional<double> fallback) const {
+  const nlohmann::json* value = find(field);
+  if (!value) {
+    if (!fallback) fail(field, "is required");
+    return *fallback;
+  }
+  if (!value->is_number()) fail(field, "must be a number, got " + value->dump());
+  return value->get<double>();
+}
+
+bool LayerConfig::boolean(const char* field, std::optional<bool> fallback) const {
+  const nlohmann::json* value = find(field);
+  if (!value) {
+    if (!fallback) fail(field, "is required");
+    return *fallback;
+  }
+  if (!value->is_boolean()) fail(field, "must be true or false, got " + value->dump());
+  return value->get<bool>();
+}
+
+std::unique_ptr<Op> make_op(const LayerConfig& layer) {
+  using Factory = std::unique_ptr<Op> (*)(const LayerConfig&);
+  static const std::map<std::string, Factory> factories = {
+      {"relu", make_relu},
+  };
+  auto it = factories.find(layer.type());
+  if (it == factories.end()) {
+    std::string known;
+    for (auto& [type, factory] : factories) known += (known.empty() ? "" : ", ") + type;
+    layer.fail("type", "'" + layer.type() + "' is not an op (known: " + known + ")");
+  }
+  return it->second(layer);
+}
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+// Ops by type name, built from a layer of a model description.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "compute/op.h"
+
+namespace tessera {
+
+// A model description that cannot be built: names the layer and the field (exit 5).
+struct ModelError : BadInput {
+  using BadInput::BadInput;
+};
+
+// One layer of a model description ({"name": "conv1", "type": "conv2d", "out_channels": 64, ...})
+// with typed reads that name the layer and the field when a value is missing or malformed.
+class LayerConfig {
+ public:
+  explicit LayerConfig(const nlohmann::json& layer);
+  const std::string& name() const { return name_; }
+  const std::string& type() const { return type_; }
+  const nlohmann::json& json() const { return layer_; }
+
+  int64_t integer(const char* field, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 0) const;
+  double number(const char* field, std::optional<double> fallback = std::nullopt) const;
+  bool boolean(const char* field, std::optional<bool> fallback = std::nullopt) const;
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const;
+
+ private:
+  const nlohmann::json* find(const char* field) const;
+  nlohmann::json layer_;
+  std::string name_, type_;
+};
+
+std::unique_ptr<Op> make_op(const LayerConfig& layer);
+
+}  // namespace tessera

@@ -1,0 +1,22 @@
+// ReLU: y = max(x, 0), elementwise on any shape.
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+class Relu : public Op {
+ public:
+  std::string type() const override { return "relu"; }
+  Shape infer(const std::vector<Shape>& inputs) override;
+  // y[i] = max(x[i], 0)
+  void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // dx[i] (+)= y[i] > 0 ? dy[i] : 0
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+
+ private:
+  int64_t count_ = 0;
+};
+
+std::unique_ptr<Op> make_relu(const LayerConfig& layer);
+
+}  // namespace tessera
