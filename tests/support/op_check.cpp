@@ -30,14 +30,16 @@ void expect_near(const std::vector<float>& actual, const std::vector<float>& exp
 }
 
 OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed,
-                 DType input_dtype)
-    : context_(context), op_(op), input_shapes_(std::move(input_shapes)), input_dtype_(input_dtype), seed_(seed) {
+                 std::vector<DType> input_dtypes)
+    : context_(context), op_(op), input_shapes_(std::move(input_shapes)), input_dtypes_(std::move(input_dtypes)),
+      seed_(seed) {
+  input_dtypes_.resize(input_shapes_.size(), DType::f32);
   output_shape = op.infer(input_shapes_);
   specs = op.tensors();
   for (size_t i = 0; i < input_shapes_.size(); ++i) {
     inputs.push_back(random_values(static_cast<size_t>(element_count(input_shapes_[i])), seed + 100 + i));
     input_tensors_.push_back(std::make_unique<Tensor>(context, "input" + std::to_string(i), input_shapes_[i],
-                                                      input_dtype));
+                                                      input_dtypes_[i]));
     input_grads_.push_back(std::make_unique<Tensor>(context, "input_grad" + std::to_string(i), input_shapes_[i]));
   }
   for (size_t s = 0; s < specs.size(); ++s) {
@@ -60,7 +62,7 @@ OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, 
 
 void OpCheck::upload() {
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (input_dtype_ == DType::u32) {
+    if (input_dtypes_[i] == DType::u32) {
       std::vector<uint32_t> labels(inputs[i].begin(), inputs[i].end());
       input_tensors_[i]->upload(labels.data(), labels.size() * 4);
     } else {
@@ -72,6 +74,8 @@ void OpCheck::upload() {
     op_tensors_[s]->upload(tensors[s]);
   }
 }
+
+bool OpCheck::differentiable(size_t input) const { return input_dtypes_[input] == DType::f32; }
 
 std::vector<float> OpCheck::forward() {
   upload();
@@ -100,8 +104,7 @@ std::vector<std::vector<float>> OpCheck::backward(const std::vector<float>& outp
   OpTensors t;
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
     t.inputs.push_back(input_tensors_[i].get());
-    bool differentiable = input_dtype_ == DType::f32;
-    t.input_grads.push_back(differentiable ? input_grads_[i].get() : nullptr);
+    t.input_grads.push_back(differentiable(i) ? input_grads_[i].get() : nullptr);
     t.accumulate_input_grads.push_back(false);
   }
   t.output = output_.get();
@@ -145,7 +148,7 @@ void OpCheck::expect_gradients_match(double epsilon, double tolerance, int sampl
   std::vector<std::vector<float>*> targets;
   std::vector<std::string> names;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (input_dtype_ != DType::f32) continue;
+    if (!differentiable(i)) continue;
     targets.push_back(&inputs[i]);
     names.push_back("input" + std::to_string(i));
   }
@@ -183,17 +186,16 @@ void OpCheck::expect_gradients_match(double epsilon, double tolerance, int sampl
   }
 
   // Accumulation: a second consumer's gradient adds to what the first wrote.
-  if (input_dtype_ != DType::f32) return;
   upload();
   output_grad_->upload(output_grad);
   OpTensors t;
   std::vector<std::vector<float>> before;
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
     t.inputs.push_back(input_tensors_[i].get());
-    t.input_grads.push_back(input_grads_[i].get());
+    t.input_grads.push_back(differentiable(i) ? input_grads_[i].get() : nullptr);
     t.accumulate_input_grads.push_back(true);
     before.push_back(random_values(inputs[i].size(), seed_ + 300 + static_cast<uint32_t>(i)));
-    input_grads_[i]->upload(before.back());
+    if (differentiable(i)) input_grads_[i]->upload(before.back());
   }
   t.output = output_.get();
   t.output_grad = output_grad_.get();
@@ -213,6 +215,7 @@ void OpCheck::expect_gradients_match(double epsilon, double tolerance, int sampl
   }
   program.run();
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
+    if (!differentiable(i)) continue;
     auto accumulated = input_grads_[i]->download();
     std::vector<float> expected(before[i].size());
     for (size_t e = 0; e < expected.size(); ++e) expected[e] = before[i][e] + analytic[i][e];

@@ -13,10 +13,12 @@ namespace tessera::test {
 
 class OpCheck {
  public:
-  // Builds `op` for inputs of these shapes. Inputs and parameters start uniform in [-1, 1]
-  // (state tensors: zeros, except those named "running_var": ones).
+  // Builds `op` for inputs of these shapes and types (f32 where `input_dtypes` is shorter).
+  // Inputs and parameters start uniform in [-1, 1] (state tensors: zeros, except those
+  // named "running_var": ones); u32 inputs (labels) hold whole numbers set by the test.
+  // Gradients are checked for f32 inputs only.
   OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed = 1,
-          DType input_dtype = DType::f32);
+          std::vector<DType> input_dtypes = {});
 
   Shape output_shape;
   std::vector<std::vector<float>> inputs;   // host copies, uploaded before each run
@@ -36,13 +38,13 @@ class OpCheck {
 
  private:
   void upload();
-  void record_programs();
+  bool differentiable(size_t input) const;
   double loss(const std::vector<float>& output_grad);
 
   vk::Context& context_;
   Op& op_;
   std::vector<Shape> input_shapes_;
-  DType input_dtype_;
+  std::vector<DType> input_dtypes_;
   uint32_t seed_;
   std::vector<std::unique_ptr<Tensor>> input_tensors_, input_grads_, op_tensors_, grads_;
   std::unique_ptr<Tensor> output_, output_grad_, step_;
