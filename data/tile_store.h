@@ -1,0 +1,59 @@
+// The LMDB tile store: named databases `tiles` (TileKey -> tile value, see tile_format.h) and
+// `slides` (slide id as big-endian uint32 -> a JSON object: path, dimensions, level, tile size,
+// microns per pixel, progress of the run that tiles it).
+#pragma once
+#include <lmdb.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/patches.h"
+#include "data/tile_format.h"
+
+namespace tessera::data {
+
+class TileStoreWriter {
+ public:
+  // Opens or creates the store at `path` (a directory, or a single file if one exists there).
+  explicit TileStoreWriter(const std::string& path, uint64_t initial_map_size = uint64_t{1} << 30);
+  ~TileStoreWriter();
+  TileStoreWriter(const TileStoreWriter&) = delete;
+  TileStoreWriter& operator=(const TileStoreWriter&) = delete;
+
+  std::map<uint32_t, nlohmann::json> slides() const;
+
+  struct Tile {
+    TileKey key;
+    std::vector<uint8_t> value;
+  };
+  // Puts `tiles` (keys ascending) and sets slide `slide`'s entry in one transaction, appending
+  // (MDB_APPEND) when the keys lie past the end; the map grows when it is full. Throws a runtime
+  // error naming the store when the disk refuses the write; what was committed before stays.
+  void commit(uint32_t slide, const nlohmann::json& entry, const std::vector<Tile>& tiles);
+
+  uint64_t map_size() const { return map_size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  int try_commit(uint32_t slide, const std::string& entry, const std::vector<Tile>& tiles);
+
+  std::string path_;
+  MDB_env* env_ = nullptr;
+  MDB_dbi tiles_ = 0, slides_ = 0;
+  uint64_t map_size_ = 0;
+};
+
+// A tile store as labelled patches; group(index) is the tile's slide id. Throws BadInput naming
+// the store when it is missing or not a tile store.
+std::unique_ptr<PatchSource> open_tile_store(const std::string& path);
+
+// True when `path` looks like an LMDB environment (a directory holding data.mdb, or a name
+// ending in .lmdb).
+bool is_tile_store_path(const std::string& path);
+
+}  // namespace tessera::data
