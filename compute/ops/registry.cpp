@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
 
 namespace tessera {
@@ -61,6 +62,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
   using Factory = std::unique_ptr<Op> (*)(const LayerConfig&);
   static const std::map<std::string, Factory> factories = {
       {"relu", make_relu},
+      {"max_pool2d", make_max_pool2d},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {

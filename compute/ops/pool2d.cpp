@@ -1,0 +1,33 @@
+#include "compute/ops/pool2d.h"
+
+namespace tessera {
+
+Pool2d::Pool2d(const LayerConfig& layer)
+    : kernel_size_(layer.integer("kernel_size", std::nullopt, 1)),
+      stride_(layer.integer("stride", kernel_size_, 1)),
+      padding_(layer.integer("padding", 0)) {
+  // As in PyTorch: a window that lies wholly in the padding would have no input to pool.
+  if (2 * padding_ > kernel_size_) layer.fail("padding", "must be at most half of kernel_size");
+}
+
+Shape Pool2d::infer(const std::vector<Shape>& inputs) {
+  if (inputs.size() != 1 || inputs[0].size() != 4)
+    throw ShapeError(type() + " takes one NCHW input, got " + (inputs.empty() ? "none" : to_string(inputs[0])));
+  input_ = inputs[0];
+  int64_t padded_h = input_[2] + 2 * padding_, padded_w = input_[3] + 2 * padding_;
+  if (padded_h < kernel_size_ || padded_w < kernel_size_)
+    throw ShapeError(type() + ": input " + to_string(input_) + " with padding " + std::to_string(padding_) +
+                     " is smaller than the window " + std::to_string(kernel_size_));
+  output_ = {input_[0], input_[1], (padded_h - kernel_size_) / stride_ + 1, (padded_w - kernel_size_) / stride_ + 1};
+  return output_;
+}
+
+Pool2d::Push Pool2d::push(int64_t count, bool accumulate) const {
+  return {static_cast<uint32_t>(count),       static_cast<uint32_t>(input_[2]),
+          static_cast<uint32_t>(input_[3]),   static_cast<uint32_t>(output_[2]),
+          static_cast<uint32_t>(output_[3]),  static_cast<uint32_t>(kernel_size_),
+          static_cast<uint32_t>(stride_),     static_cast<int32_t>(padding_),
+          accumulate ? 1u : 0u};
+}
+
+}  // namespace tessera

@@ -1,0 +1,26 @@
+// What max and average pooling share: a square window (PyTorch's kernel_size, stride that
+// defaults to the kernel size, padding; floor rounding) over the planes of an NCHW tensor.
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+class Pool2d : public Op {
+ public:
+  explicit Pool2d(const LayerConfig& layer);
+  Shape infer(const std::vector<Shape>& inputs) override;
+
+ protected:
+  // Matches the push constants of shaders/pool2d.glsl.
+  struct Push {
+    uint32_t count, in_h, in_w, out_h, out_w, kernel_size, stride;
+    int32_t padding;
+    uint32_t accumulate;
+  };
+  Push push(int64_t count, bool accumulate) const;
+
+  int64_t kernel_size_, stride_, padding_;
+  Shape input_, output_;
+};
+
+}  // namespace tessera
