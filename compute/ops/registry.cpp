@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "compute/ops/add.h"
+#include "compute/ops/flatten.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
 
@@ -63,6 +65,8 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
   static const std::map<std::string, Factory> factories = {
       {"relu", make_relu},
       {"max_pool2d", make_max_pool2d},
+      {"flatten", make_flatten},
+      {"add", make_add},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {
