@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Convert a PyTorch state_dict into a tessera checkpoint (HDF5).
+
+The checkpoint has a root attribute `model`, the JSON preset reference (e.g.
+{"preset": "resnet18", "classes": 1000}; small-cnn adds "width"), and one float32 dataset
+per tensor under `params/`, named as the state_dict keys and laid out as PyTorch lays them
+out (conv OIHW, linear [out,in], batch norm weight/bias/running_mean/running_var).
+`num_batches_tracked` is skipped; optimizer state (`train/`) is tessera's to write.
+
+Every name and shape is checked against the preset; a missing, unexpected or misshapen
+tensor is an error (exit code 5) that names the tensor and the input file.
+
+Examples:
+  /usr/bin/python3 tools/torch_to_tessera.py --state-dict resnet18.pt --preset resnet18 --out r18.h5
+  /usr/bin/python3 tools/torch_to_tessera.py --torchvision resnet18 --seed 1 --classes 10 \\
+      --preset resnet18 --out r18.h5
+"""
+import argparse
+import json
+import os
+import pickle
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+from tessera_presets import PRESETS, build_preset, preset_reference
+
+EXIT_BAD_INPUT = 5
+SKIPPED_SUFFIX = "num_batches_tracked"
+
+
+class ConversionError(Exception):
+    """A state_dict that does not fit the preset; the message names tensors and the file."""
+
+
+def load_state_dict(path):
+    """A state_dict from a torch.save file holding a state_dict or a whole nn.Module."""
+    try:
+        loaded = torch.load(path, map_location="cpu")
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise ConversionError(f"{path}: cannot load with torch.load: {error}")
+    if isinstance(loaded, torch.nn.Module):
+        loaded = loaded.state_dict()
+    if not isinstance(loaded, dict) or not all(torch.is_tensor(v) for v in loaded.values()):
+        raise ConversionError(f"{path}: expected a state_dict (name -> tensor) or an nn.Module, "
+                              f"got {type(loaded).__name__}")
+    return loaded
+
+
+def seeded_torchvision(name, seed, classes):
+    """A torchvision model with PyTorch's default init from torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    return build_preset(name, classes, (224, 224)).state_dict()
+
+
+def infer_classes(preset, state_dict, source):
+    key = "fc.weight" if preset == "resnet18" else "fc2.weight"
+    if key not in state_dict:
+        raise ConversionError(f"{source}: tensor '{key}' is missing (needed to infer --classes)")
+    return int(state_dict[key].shape[0])
+
+
+def infer_width(state_dict, source):
+    if "conv1.weight" not in state_dict:
+        raise ConversionError(f"{source}: tensor 'conv1.weight' is missing (needed to infer --width)")
+    return int(state_dict["conv1.weight"].shape[0])
+
+
+def expected_shapes(preset, classes, width):
+    """name -> shape the preset needs, in PyTorch's order. The input size only changes
+    small-cnn's fc1 input (2*width per pooled pixel); it is built here for 4x4 input."""
+    model = build_preset(preset, classes, (4, 4), width)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()
+            if not k.endswith(SKIPPED_SUFFIX)}
+
+
+def shape_fits(preset, name, shape, expected):
+    """small-cnn's fc1.weight may have any positive multiple of 2*width inputs."""
+    if preset == "small-cnn" and name == "fc1.weight" and len(shape) == 2:
+        return shape[0] == expected[0] and shape[1] > 0 and shape[1] % expected[1] == 0
+    return shape == expected
+
+
+def validate(preset, classes, width, state_dict, source):
+    """The tensor names to write; raises ConversionError listing every missing, unexpected,
+    misshapen and non-floating tensor."""
+    expected = expected_shapes(preset, classes, width)
+    given = {k: v for k, v in state_dict.items() if not k.endswith(SKIPPED_SUFFIX)}
+    problems = [f"missing tensor '{k}' {list(s)}" for k, s in expected.items() if k not in given]
+    problems += [f"unexpected tensor '{k}' {list(v.shape)}" for k, v in given.items()
+                 if k not in expected]
+    problems += [f"tensor '{k}' has shape {list(v.shape)}, preset {preset} needs "
+                 + (f"[{expected[k][0]}, a multiple of {expected[k][1]}]" if k == "fc1.weight"
+                    and preset == "small-cnn" else str(list(expected[k])))
+                 for k, v in given.items()
+                 if k in expected and not shape_fits(preset, k, tuple(v.shape), expected[k])]
+    problems += [f"tensor '{k}' has dtype {v.dtype}, expected floating point"
+                 for k, v in given.items() if not v.is_floating_point()]
+    if problems:
+        details = f"classes {classes}" + (f", width {width}" if preset == "small-cnn" else "")
+        raise ConversionError(f"{source} does not fit preset {preset} ({details}):\n  "
+                              + "\n  ".join(problems))
+    return list(expected)
+
+
+def write_checkpoint(path, reference, state_dict, names):
+    """Write via <path>.partial and rename, so a reader never sees half a checkpoint."""
+    partial = path + ".partial"
+    with h5py.File(partial, "w") as f:
+        f.attrs["model"] = json.dumps(reference)
+        params = f.create_group("params")
+        for name in names:
+            array = state_dict[name].detach().to(torch.float32).contiguous().numpy()
+            params.create_dataset(name, data=np.ascontiguousarray(array, dtype=np.float32))
+    os.replace(partial, path)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--state-dict", metavar="FILE.pt",
+                        help="torch.save file with a state_dict (or a whole model)")
+    source.add_argument("--torchvision", choices=("resnet18",),
+                        help="build a seeded, randomly initialised torchvision model instead")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --torchvision (default 0)")
+    parser.add_argument("--preset", required=True, choices=PRESETS, help="tessera preset to check against")
+    parser.add_argument("--classes", type=int,
+                        help="number of classes (default: from the last layer; 1000 with --torchvision)")
+    parser.add_argument("--width", type=int, help="small-cnn width (default: from conv1.weight)")
+    parser.add_argument("--out", required=True, help="checkpoint HDF5 to write")
+    return parser.parse_args(argv)
+
+
+def convert(args):
+    if args.torchvision:
+        source = f"torchvision {args.torchvision} (seed {args.seed})"
+        state_dict = seeded_torchvision(args.torchvision, args.seed, args.classes or 1000)
+    else:
+        source = args.state_dict
+        state_dict = load_state_dict(args.state_dict)
+    classes = args.classes or infer_classes(args.preset, state_dict, source)
+    width = args.width or (infer_width(state_dict, source) if args.preset == "small-cnn" else None)
+    names = validate(args.preset, classes, width, state_dict, source)
+    reference = preset_reference(args.preset, classes, width)
+    write_checkpoint(args.out, reference, state_dict, names)
+    count = sum(state_dict[n].numel() for n in names)
+    print(f"wrote {args.out}: model {json.dumps(reference)}, {len(names)} tensors, "
+          f"{count} values ({count * 4 / 2**20:.1f} MiB float32) from {source}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        convert(args)
+    except ConversionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
