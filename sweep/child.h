@@ -1,0 +1,73 @@
+// Child processes of the sweep: `tessera train` with its trial report on a pipe at fd 3 and its
+// stderr captured, stdin and stdout on /dev/null. A child dies with the sweep (parent-death
+// signal), so a killed sweep leaves no orphan trials behind.
+#pragma once
+#include <sys/types.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tessera::sweep {
+
+// Variables set (or replaced) in the child's environment, on top of the sweep's own.
+using Environment = std::vector<std::pair<std::string, std::string>>;
+
+class ChildProcess {
+ public:
+  // The file descriptor the child writes its report lines to.
+  static constexpr int report_descriptor = 3;
+
+  enum class Output { discard, report };
+  // Starts `command` (command[0] is a path); its stdout is discarded or joins the report pipe.
+  // Throws Error if it cannot start.
+  ChildProcess(const std::vector<std::string>& command, const Environment& environment,
+               Output output = Output::discard);
+  // Kills and reaps a child that is still running.
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Open read ends to poll; -1 once at end of file.
+  int report_fd() const { return report_fd_; }
+  int stderr_fd() const { return stderr_fd_; }
+
+  // Reads what the report pipe holds and returns the complete lines.
+  std::vector<std::string> read_report();
+  // Reads what the stderr pipe holds into the tail.
+  void read_stderr();
+  // The last `stderr_tail_bytes` of stderr.
+  const std::string& stderr_tail() const { return stderr_tail_; }
+  static constexpr size_t stderr_tail_bytes = 4096;
+
+  void send(int signal) const;
+  // True once the child has exited and been reaped; then `wait_status()` is its status.
+  bool try_reap();
+  // Blocks until the child has exited.
+  void wait();
+  bool reaped() const { return reaped_; }
+  int wait_status() const { return wait_status_; }
+
+ private:
+  pid_t pid_ = -1;
+  int report_fd_ = -1, stderr_fd_ = -1;
+  std::string report_buffer_, stderr_tail_;
+  bool reaped_ = false;
+  int wait_status_ = 0;
+};
+
+struct CapturedRun {
+  int wait_status = 0;
+  std::string output;  // stdout
+  std::string errors;  // the tail of stderr
+};
+
+// Runs `command` to the end and returns its stdout, e.g. `tessera train --help`.
+CapturedRun run_captured(const std::vector<std::string>& command);
+
+// The resident memory of this process in bytes.
+uint64_t resident_bytes();
+
+}  // namespace tessera::sweep

@@ -1,0 +1,495 @@
+#include "sweep/sweep.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <optional>
+
+#include "common/error.h"
+#include "common/progress.h"
+#include "sweep/child.h"
+#include "sweep/pruner.h"
+#include "sweep/report.h"
+#include "sweep/sampler.h"
+#include "sweep/train_flags.h"
+
+namespace tessera::sweep {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+int64_t integer_flag(const std::string& text, std::string_view flag) {
+  try {
+    size_t used = 0;
+    int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(std::string(flag) + ": '" + text + "' is not a whole number");
+}
+
+// A trial running as a child process.
+struct Running {
+  int number = 0;
+  std::unique_ptr<ChildProcess> child;
+  enum class Stop { none, pruned, timeout } stop = Stop::none;
+  Clock::time_point deadline = Clock::time_point::max();  // --trial-timeout
+  Clock::time_point kill_at = Clock::time_point::max();   // SIGKILL after SIGTERM's grace
+  bool final_seen = false;
+};
+
+class SweepRun {
+ public:
+  explicit SweepRun(const SweepOptions& options) : options_(options) {}
+
+  int run() {
+    open_study();
+    Progress progress("sweep", static_cast<uint64_t>(target_));
+    progress_ = &progress;
+    report_progress();
+    if (options_.in_process) run_in_process();
+    else run_isolated();
+    progress.finish();
+    std::printf("%s", format_summary(trials_, config_.direction).c_str());
+    if (stop_code_) std::fprintf(stderr, "tessera sweep: stopped: %s\n", stop_message_.c_str());
+    return stop_code_;
+  }
+
+ private:
+  void open_study() {
+    if (options_.in_process) {
+      if (options_.parallel != 1) throw UsageError("--parallel: trials in one process (--isolation none) run one at a time");
+      if (options_.trial_timeout > 0) throw UsageError("--trial-timeout needs --isolation process");
+    }
+    if (options_.parallel < 1) throw UsageError("--parallel must be at least 1");
+    if (options_.resume) {
+      store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
+      if (!store_->has_study()) throw BadInput(options_.study.string() + ": no study to resume");
+      config_ = store_->study();
+      if (options_.config.target_trials > 0) {
+        config_.target_trials = options_.config.target_trials;
+        store_->set_target_trials(config_.target_trials);
+      }
+      prepare();
+      store_->mark_interrupted();
+      trials_ = store_->trials();
+      for (size_t i = 0; i < trials_.size(); ++i)
+        if (trials_[i].number != static_cast<int>(i)) throw BadInput(options_.study.string() + ": trial numbers have gaps");
+      for (auto& trial : trials_)
+        if (trial.state == TrialState::interrupted) rerun_.push_back(trial.number);
+    } else {
+      config_ = options_.config;
+      if (config_.target_trials < 1) throw UsageError("--trials must be at least 1");
+      prepare();
+      store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
+      if (store_->has_study())
+        throw UsageError("--study: " + options_.study.string() +
+                         " already holds a study; add --resume to continue it, or name another file");
+      store_->create_study(config_);
+    }
+    target_ = config_.target_trials;
+    if (auto capacity = sampler_->capacity(); capacity && *capacity < static_cast<size_t>(target_)) {
+      std::fprintf(stderr, "tessera sweep: the grid has %zu points; running %zu trials, not %d\n", *capacity,
+                   *capacity, target_);
+      target_ = static_cast<int>(*capacity);
+    }
+  }
+
+  // Checks everything a trial depends on before the first one starts.
+  void prepare() {
+    sampler_ = make_sampler(config_.sampler, config_.space, config_.direction, config_.seed);
+    pruner_ = make_pruner(config_.pruner, config_.direction);
+    if (pruner_ && options_.in_process) throw UsageError("--pruner needs --isolation process (a trial in this process cannot be stopped)");
+    std::vector<std::string> help_command = options_.tessera;
+    help_command.insert(help_command.end(), {"train", "--help"});
+    auto help = run_captured(help_command);
+    if (!WIFEXITED(help.wait_status) || WEXITSTATUS(help.wait_status) != 0)
+      throw Error(ExitCode::runtime_error, "'tessera train --help' failed: " + help.errors);
+    auto known = parse_train_help(help.output);
+    check_train_flags(known, config_.train_flags, config_.space, !options_.devices.empty());
+    if (known.defaults.contains("--batch")) {
+      auto& text = known.defaults["--batch"];
+      std::from_chars(text.data(), text.data() + text.size(), default_batch_);
+    }
+    if (!options_.devices.empty()) check_devices();
+  }
+
+  void check_devices() const {
+    std::vector<std::string> info_command = options_.tessera;
+    info_command.insert(info_command.end(), {"info", "--json"});
+    auto info = run_captured(info_command);
+    auto parsed = nlohmann::json::parse(info.output, nullptr, false);
+    if (!WIFEXITED(info.wait_status) || WEXITSTATUS(info.wait_status) != 0 || !parsed.contains("devices"))
+      throw Error(ExitCode::runtime_error, "'tessera info --json' failed: " + info.errors);
+    std::string present;
+    for (auto& device : parsed["devices"])
+      present += (present.empty() ? "" : ", ") + std::to_string(device.value("index", 0)) + " " + device.value("name", "");
+    for (int index : options_.devices)
+      if (index < 0 || static_cast<size_t>(index) >= parsed["devices"].size())
+        throw UsageError("--devices: there is no device " + std::to_string(index) + " (devices here: " +
+                         (present.empty() ? "none" : present) + ")");
+  }
+
+  // The trial to run next: one waiting for another attempt, else a new one.
+  std::optional<int> next_trial() {
+    if (stop_code_) return std::nullopt;
+    if (!rerun_.empty()) {
+      int number = rerun_.front();
+      rerun_.pop_front();
+      return number;
+    }
+    if (trials_.size() >= static_cast<size_t>(target_)) return std::nullopt;
+    Trial trial;
+    trial.number = static_cast<int>(trials_.size());
+    trial.params = sampler_->sample(trial.number, trials_);
+    store_->add_trial(trial.number, trial.params);
+    trials_.push_back(std::move(trial));
+    return trials_.back().number;
+  }
+
+  std::pair<int64_t, int64_t> initial_batch(const Trial& trial) const {
+    auto configured = [&](const char* name) -> int64_t {
+      if (trial.params.contains(name) && trial.params[name].is_number_integer()) return trial.params[name].get<int64_t>();
+      std::string flag = std::string("--") + name;
+      if (auto value = flag_value(config_.train_flags, flag)) return integer_flag(*value, flag);
+      return 0;
+    };
+    return {configured("batch"), configured("accumulate")};
+  }
+
+  // The micro-batch and accumulation an --oom-retry would use after `failed`, if any.
+  std::optional<std::pair<int64_t, int64_t>> smaller_batch(const Attempt& failed) const {
+    if (!options_.oom_retry || failed.state != TrialState::oom) return std::nullopt;
+    int64_t batch = failed.batch ? failed.batch : default_batch_;
+    int64_t accumulate = failed.accumulate ? failed.accumulate : 1;
+    if (batch % 2 != 0 || batch / 2 < options_.min_batch) return std::nullopt;
+    return std::pair{batch / 2, accumulate * 2};
+  }
+
+  Attempt start_attempt(Trial& trial) {
+    Attempt attempt;
+    attempt.index = static_cast<int>(trial.attempts.size());
+    std::tie(attempt.batch, attempt.accumulate) = initial_batch(trial);
+    if (!trial.attempts.empty()) {
+      auto& last = trial.attempts.back();
+      if (auto smaller = smaller_batch(last)) std::tie(attempt.batch, attempt.accumulate) = *smaller;
+      else std::tie(attempt.batch, attempt.accumulate) = std::pair{last.batch, last.accumulate};
+    }
+    if (!options_.devices.empty()) attempt.device_index = options_.devices[launches_ % options_.devices.size()];
+    ++launches_;
+    std::vector<std::string> flags = config_.train_flags;
+    for (auto& param : config_.space)
+      if (!param.is_environment()) {
+        flags.push_back(param.target());
+        flags.push_back(value_text(trial.params[param.name]));
+      }
+    if (attempt.batch) set_flag(flags, "--batch", std::to_string(attempt.batch));
+    if (attempt.accumulate) set_flag(flags, "--accumulate", std::to_string(attempt.accumulate));
+    if (attempt.device_index >= 0) set_flag(flags, "--device", std::to_string(attempt.device_index));
+    if (!options_.in_process) set_flag(flags, "--report-fd", std::to_string(ChildProcess::report_descriptor));
+    attempt.command = options_.tessera;
+    attempt.command.push_back("train");
+    attempt.command.insert(attempt.command.end(), flags.begin(), flags.end());
+    attempt.started = now_seconds();
+    store_->start_attempt(trial.number, attempt);
+    trial.state = TrialState::running;
+    trial.attempts.push_back(attempt);
+    return attempt;
+  }
+
+  Environment environment_of(const Trial& trial) const {
+    Environment environment;
+    for (auto& param : config_.space)
+      if (param.is_environment()) environment.emplace_back(param.target(), value_text(trial.params[param.name]));
+    return environment;
+  }
+
+  // Takes one report line; returns true when the pruner stops the trial.
+  bool take_report(int number, const std::string& line, bool& final_seen) {
+    auto record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_object()) return false;
+    Trial& trial = trials_[static_cast<size_t>(number)];
+    Attempt& attempt = trial.attempts.back();
+    auto type = record.value("type", "");
+    auto number_or_nan = [](const nlohmann::json& v) {
+      return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+    };
+    if (type == "intermediate" && record.contains("step")) {
+      attempt.intermediate.emplace_back(record["step"].get<int64_t>(), number_or_nan(record.value("value", nlohmann::json())));
+      if (record.contains("metrics")) attempt.metrics = record["metrics"];
+      store_->record_intermediate(number, attempt);
+      return pruner_ && pruner_->should_prune(trial, trials_);
+    }
+    if (type == "metrics" && record.contains("metrics")) attempt.metrics = record["metrics"];
+    if (type == "final") {
+      final_seen = true;
+      if (record.contains("value") && record["value"].is_number()) attempt.value = record["value"].get<double>();
+      if (record.contains("metrics")) attempt.metrics = record["metrics"];
+      if (record.contains("peak_device_bytes")) attempt.peak_device_bytes = record["peak_device_bytes"].get<uint64_t>();
+      if (record.contains("device")) attempt.device = record["device"].get<std::string>();
+    }
+    return false;
+  }
+
+  static TrialState state_of(Running::Stop stop, std::optional<int> exit_code, bool final_seen) {
+    if (exit_code == 0 && final_seen) return TrialState::complete;
+    if (stop == Running::Stop::pruned) return TrialState::pruned;
+    if (stop == Running::Stop::timeout) return TrialState::timeout;
+    if (!exit_code) return TrialState::crashed;
+    switch (static_cast<ExitCode>(*exit_code)) {
+      case ExitCode::out_of_device_memory: return TrialState::oom;
+      case ExitCode::diverged: return TrialState::diverged;
+      default: return TrialState::failed;
+    }
+  }
+
+  void finish(int number, TrialState state, std::optional<int> exit_code, std::optional<int> signal,
+              std::string stderr_tail) {
+    Trial& trial = trials_[static_cast<size_t>(number)];
+    Attempt& attempt = trial.attempts.back();
+    attempt.state = state;
+    attempt.exit_code = exit_code;
+    attempt.signal = signal;
+    attempt.stderr_tail = std::move(stderr_tail);
+    attempt.finished = now_seconds();
+    attempt.sweep_rss_bytes = resident_bytes();
+    bool retry = smaller_batch(attempt).has_value();
+    trial.state = retry ? TrialState::running : state;
+    trial.value = state == TrialState::complete ? attempt.value : std::nullopt;
+    store_->finish_attempt(number, attempt, trial.state, trial.value);
+    if (retry) rerun_.push_front(number);
+    nlohmann::json event = {{"trial", number}, {"attempt", attempt.index}, {"state", to_string(state)},
+                            {"seconds", attempt.finished - attempt.started}};
+    if (attempt.value) event["value"] = *attempt.value;
+    if (exit_code) event["exit_code"] = *exit_code;
+    if (signal) event["signal"] = *signal;
+    if (retry) event["retry_batch"] = smaller_batch(attempt)->first;
+    progress_->event(event);
+    report_progress();
+    bool nothing_worked = std::none_of(trials_.begin(), trials_.end(), [](auto& t) { return t.state == TrialState::complete; });
+    if (state == TrialState::failed && nothing_worked && exit_code &&
+        (*exit_code == static_cast<int>(ExitCode::bad_usage) || *exit_code == static_cast<int>(ExitCode::bad_input))) {
+      stop_code_ = *exit_code;
+      auto tail = attempt.stderr_tail;
+      while (!tail.empty() && tail.back() == '\n') tail.pop_back();
+      stop_message_ = "trial " + std::to_string(number) + " exited with " + std::to_string(*exit_code) + ": " +
+                      tail.substr(tail.rfind('\n') == std::string::npos ? 0 : tail.rfind('\n') + 1);
+    }
+  }
+
+  void report_progress() {
+    uint64_t done = 0;
+    std::optional<double> best;
+    for (auto& trial : trials_) {
+      done += is_finished(trial.state);
+      if (trial.value && (!best || better(config_.direction, *trial.value, *best))) best = trial.value;
+    }
+    nlohmann::json fields = {{"running", running_count_}};
+    if (best) fields["best"] = *best;
+    progress_->update(done, fields);
+  }
+
+  void run_isolated() {
+    std::vector<Running> running;
+    while (true) {
+      while (running.size() < static_cast<size_t>(options_.parallel)) {
+        auto number = next_trial();
+        if (!number) break;
+        Trial& trial = trials_[static_cast<size_t>(*number)];
+        Attempt attempt = start_attempt(trial);
+        Running started;
+        started.number = *number;
+        try {
+          started.child = std::make_unique<ChildProcess>(attempt.command, environment_of(trial));
+        } catch (const Error& e) {
+          finish(*number, TrialState::failed, std::nullopt, std::nullopt, e.what());
+          continue;
+        }
+        if (options_.trial_timeout > 0)
+          started.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(options_.trial_timeout));
+        running.push_back(std::move(started));
+      }
+      running_count_ = running.size();
+      if (running.empty()) break;
+      wait_for_children(running);
+      for (size_t i = 0; i < running.size();) {
+        if (service(running[i])) {
+          running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+          running_count_ = running.size();
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+
+  // Sleeps until a child has output, a deadline passes, or an exited child can be reaped.
+  static void wait_for_children(const std::vector<Running>& running) {
+    std::vector<pollfd> fds;
+    auto now = Clock::now();
+    auto wake = Clock::time_point::max();
+    for (auto& r : running) {
+      if (r.child->report_fd() >= 0) fds.push_back({r.child->report_fd(), POLLIN, 0});
+      if (r.child->stderr_fd() >= 0) fds.push_back({r.child->stderr_fd(), POLLIN, 0});
+      // Pipes closed: the child is exiting; look again shortly.
+      if (r.child->report_fd() < 0 && r.child->stderr_fd() < 0) wake = std::min(wake, now + std::chrono::milliseconds(2));
+      wake = std::min({wake, r.stop == Running::Stop::none ? r.deadline : Clock::time_point::max(), r.kill_at});
+    }
+    int timeout_ms = -1;
+    if (wake != Clock::time_point::max())
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1));
+    poll(fds.data(), fds.size(), timeout_ms);
+  }
+
+  // Reads a child's output and acts on it; returns true once its trial is finished.
+  bool service(Running& r) {
+    for (auto& line : r.child->read_report())
+      if (take_report(r.number, line, r.final_seen) && r.stop == Running::Stop::none) stop(r, Running::Stop::pruned);
+    r.child->read_stderr();
+    auto now = Clock::now();
+    if (r.stop == Running::Stop::none && now >= r.deadline) stop(r, Running::Stop::timeout);
+    if (now >= r.kill_at) {
+      r.child->send(SIGKILL);
+      r.kill_at = Clock::time_point::max();
+    }
+    if (r.child->report_fd() >= 0 || r.child->stderr_fd() >= 0 || !r.child->try_reap()) return false;
+    int status = r.child->wait_status();
+    std::optional<int> exit_code, signal;
+    if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status)) signal = WTERMSIG(status);
+    finish(r.number, state_of(r.stop, exit_code, r.final_seen), exit_code, signal, r.child->stderr_tail());
+    return true;
+  }
+
+  void stop(Running& r, Running::Stop why) {
+    r.stop = why;
+    r.child->send(SIGTERM);
+    r.kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(options_.timeout_grace));
+  }
+
+  void run_in_process() {
+    while (auto number = next_trial()) {
+      Trial& trial = trials_[static_cast<size_t>(*number)];
+      Attempt attempt = start_attempt(trial);
+      std::vector<std::string> args(attempt.command.begin() + static_cast<std::ptrdiff_t>(options_.tessera.size()) + 1,
+                                    attempt.command.end());
+      running_count_ = 1;
+      report_progress();
+      bool final_seen = false;
+      int exit_code = 0;
+      std::string errors;
+      {
+        ScopedEnvironment environment(environment_of(trial));
+        StderrCapture capture;
+        try {
+          exit_code = options_.in_process(args, [&](const std::string& line) { take_report(*number, line, final_seen); });
+        } catch (const std::exception& e) {
+          exit_code = exit_code_of(e);
+          std::fprintf(stderr, "%s\n", e.what());
+        }
+        errors = capture.tail();
+      }
+      running_count_ = 0;
+      finish(*number, state_of(Running::Stop::none, exit_code, final_seen), exit_code, std::nullopt, errors);
+    }
+  }
+
+  // Sets variables for a trial in this process and puts the old values back afterwards.
+  class ScopedEnvironment {
+   public:
+    explicit ScopedEnvironment(const Environment& variables) {
+      for (auto& [name, value] : variables) {
+        const char* old = std::getenv(name.c_str());
+        saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
+        setenv(name.c_str(), value.c_str(), 1);
+      }
+    }
+    ~ScopedEnvironment() {
+      for (auto& [name, old] : saved_) {
+        if (old) setenv(name.c_str(), old->c_str(), 1);
+        else unsetenv(name.c_str());
+      }
+    }
+    ScopedEnvironment(const ScopedEnvironment&) = delete;
+    ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+   private:
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+  };
+
+  // Sends this process's stderr to a temporary file for the length of a trial.
+  class StderrCapture {
+   public:
+    StderrCapture() : file_(std::tmpfile()) {
+      std::fflush(stderr);
+      saved_ = dup(STDERR_FILENO);
+      if (file_) dup2(fileno(file_), STDERR_FILENO);
+    }
+    ~StderrCapture() {
+      restore();
+      if (file_) std::fclose(file_);
+    }
+    StderrCapture(const StderrCapture&) = delete;
+    StderrCapture& operator=(const StderrCapture&) = delete;
+    std::string tail() {
+      restore();
+      if (!file_) return {};
+      std::fseek(file_, 0, SEEK_END);
+      long size = std::ftell(file_);
+      long start = std::max<long>(0, size - static_cast<long>(ChildProcess::stderr_tail_bytes));
+      std::fseek(file_, start, SEEK_SET);
+      std::string text(static_cast<size_t>(size - start), '\0');
+      text.resize(std::fread(text.data(), 1, text.size(), file_));
+      return text;
+    }
+
+   private:
+    void restore() {
+      if (saved_ < 0) return;
+      std::fflush(stderr);
+      dup2(saved_, STDERR_FILENO);
+      close(saved_);
+      saved_ = -1;
+    }
+    std::FILE* file_;
+    int saved_ = -1;
+  };
+
+  const SweepOptions& options_;
+  StudyConfig config_;
+  std::unique_ptr<StudyStore> store_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<Pruner> pruner_;
+  std::vector<Trial> trials_;
+  std::deque<int> rerun_;
+  int target_ = 0;
+  int64_t default_batch_ = 0;
+  size_t launches_ = 0, running_count_ = 0;
+  Progress* progress_ = nullptr;
+  int stop_code_ = 0;
+  std::string stop_message_;
+};
+
+}  // namespace
+
+int run_sweep(const SweepOptions& options) { return SweepRun(options).run(); }
+
+}  // namespace tessera::sweep

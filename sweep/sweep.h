@@ -1,0 +1,39 @@
+// A sweep: trials proposed by the sampler, run as child processes (or in this process with
+// --isolation none), pruned on their intermediate values, and recorded in the study store.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sweep/store.h"
+
+namespace tessera::sweep {
+
+// Runs `tessera train ARGS...` inside this process and returns its exit code; each report line
+// goes to the callback (tools/commands.h, run_train_in_process).
+using InProcessTrain = std::function<int(const std::vector<std::string>& args,
+                                         const std::function<void(const std::string& json_line)>& report)>;
+
+struct SweepOptions {
+  std::filesystem::path study;
+  // The new study's settings. With `resume` only target_trials counts (0: the study's).
+  StudyConfig config;
+  bool resume = false;
+  int parallel = 1;
+  std::vector<int> devices;    // given to trials in turn as --device; empty: train chooses
+  double trial_timeout = 0;    // seconds; 0: none
+  double timeout_grace = 10;   // seconds between SIGTERM and SIGKILL
+  bool oom_retry = false;
+  int64_t min_batch = 1;       // --oom-retry goes no lower
+  std::vector<std::string> tessera;  // the tessera executable: {path}
+  InProcessTrain in_process;          // set: --isolation none
+};
+
+// Runs the sweep to the study's trial count and returns the exit code: 0 when every trial was
+// run and recorded, whatever its state; 2 or 5 when the first trials fail for bad usage or
+// bad input (every trial would).
+int run_sweep(const SweepOptions& options);
+
+}  // namespace tessera::sweep

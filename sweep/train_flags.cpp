@@ -1,0 +1,97 @@
+#include "sweep/train_flags.h"
+
+#include <cctype>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace tessera::sweep {
+
+namespace {
+
+// "--lr" of "--lr=0.1"; empty for a token that is not a flag (a value, or a negative number).
+std::string flag_name(std::string_view token) {
+  if (token.size() < 2 || token.front() != '-') return {};
+  if (std::isdigit(static_cast<unsigned char>(token[1])) || token[1] == '.') return {};
+  if (token == "--") return {};
+  return std::string(token.substr(0, token.find('=')));
+}
+
+}  // namespace
+
+TrainFlags parse_train_help(const std::string& help) {
+  TrainFlags flags;
+  std::istringstream lines(help);
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t start = line.find_first_not_of(' ');
+    if (start == std::string::npos || line[start] != '-') continue;
+    std::string names = line.substr(start, line.find(' ', start) - start);
+    std::vector<std::string> on_line;
+    std::istringstream split(names);
+    for (std::string name; std::getline(split, name, ',');)
+      if (name.starts_with('-')) on_line.push_back(name);
+    size_t open = line.find('['), close = line.find(']', open == std::string::npos ? 0 : open);
+    for (auto& name : on_line) {
+      flags.names.insert(name);
+      if (open != std::string::npos && close != std::string::npos)
+        flags.defaults[name] = line.substr(open + 1, close - open - 1);
+    }
+  }
+  return flags;
+}
+
+void check_train_flags(const TrainFlags& known, const std::vector<std::string>& fixed, const SearchSpace& space,
+                       bool sweep_sets_device) {
+  std::set<std::string> fixed_names;
+  for (auto& token : fixed) {
+    std::string name = flag_name(token);
+    if (name.empty()) continue;
+    if (!known.names.contains(name))
+      throw UsageError("train flags after --: 'tessera train' has no flag " + name + " (see tessera train --help)");
+    fixed_names.insert(name);
+  }
+  for (auto& param : space) {
+    if (param.is_environment()) continue;
+    if (!known.names.contains(param.target()))
+      throw UsageError("--param " + param.name + ": 'tessera train' has no flag " + param.target() +
+                       " (see tessera train --help)");
+    if (fixed_names.contains(param.target()))
+      throw UsageError("--param " + param.name + ": " + param.target() + " is also among the fixed train flags");
+  }
+  if (fixed_names.contains("--report-fd"))
+    throw UsageError("train flags after --: --report-fd is set by the sweep");
+  if (sweep_sets_device && fixed_names.contains("--device"))
+    throw UsageError("--devices: the sweep sets --device; remove it from the train flags");
+  for (auto& param : space)
+    if (param.name == "report-fd" || (sweep_sets_device && param.name == "device"))
+      throw UsageError("--param " + param.name + ": set by the sweep");
+}
+
+std::optional<std::string> flag_value(const std::vector<std::string>& tokens, std::string_view flag) {
+  std::optional<std::string> value;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == flag && i + 1 < tokens.size()) value = tokens[i + 1];
+    else if (tokens[i].starts_with(std::string(flag) + "=")) value = tokens[i].substr(flag.size() + 1);
+  }
+  return value;
+}
+
+void set_flag(std::vector<std::string>& tokens, std::string_view flag, const std::string& value) {
+  bool found = false;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == flag && i + 1 < tokens.size()) {
+      tokens[i + 1] = value;
+      found = true;
+    } else if (tokens[i].starts_with(std::string(flag) + "=")) {
+      tokens[i] = std::string(flag) + "=" + value;
+      found = true;
+    }
+  }
+  if (!found) {
+    tokens.emplace_back(flag);
+    tokens.push_back(value);
+  }
+}
+
+}  // namespace tessera::sweep

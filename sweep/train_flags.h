@@ -1,0 +1,33 @@
+// The `train` flags a sweep passes: checked against what `tessera train --help` lists, and
+// edited for --oom-retry (--batch, --accumulate) and --devices (--device).
+#pragma once
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sweep/space.h"
+
+namespace tessera::sweep {
+
+struct TrainFlags {
+  std::set<std::string> names;                  // "--lr", "-h" ...
+  std::map<std::string, std::string> defaults;  // "--batch" -> "32" where the help shows [32]
+};
+
+// Reads the option lines of CLI11's help text.
+TrainFlags parse_train_help(const std::string& help);
+
+// Throws UsageError for a fixed flag or a --param that `train` does not have, a flag both
+// fixed and searched, or one the sweep sets itself (--report-fd; --device with --devices).
+void check_train_flags(const TrainFlags& known, const std::vector<std::string>& fixed, const SearchSpace& space,
+                       bool sweep_sets_device);
+
+// The value of `flag` in `tokens` ("--batch 32" or "--batch=32"), the last one if repeated.
+std::optional<std::string> flag_value(const std::vector<std::string>& tokens, std::string_view flag);
+// Replaces the value of `flag` in `tokens`, or appends the flag.
+void set_flag(std::vector<std::string>& tokens, std::string_view flag, const std::string& value);
+
+}  // namespace tessera::sweep
