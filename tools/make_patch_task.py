@@ -55,15 +55,18 @@ def nucleus_coverage(rng, labels, classes, size):
     angle = rng.uniform(0.0, np.pi, size=(n, MAX_NUCLEI))
     cy, cx = (rng.uniform(-2.0, size + 2.0, size=(2, n, MAX_NUCLEI)))
 
-    grid = np.arange(size, dtype=np.float64) + 0.5
-    dy = grid[None, None, :, None] - cy[:, :, None, None]                  # [n,B,S,1]
-    dx = grid[None, None, None, :] - cx[:, :, None, None]                  # [n,B,1,S]
-    cos, sin = np.cos(angle)[:, :, None, None], np.sin(angle)[:, :, None, None]
-    u = (dx * cos + dy * sin) * aspect[:, :, None, None]
-    v = (-dx * sin + dy * cos) / aspect[:, :, None, None]
+    def per_pixel(a):  # [n,B] -> [n,B,1,1] float32, to broadcast over the patch
+        return a.astype(np.float32)[:, :, None, None]
+    grid = np.arange(size, dtype=np.float32) + 0.5
+    dy = grid[None, None, :, None] - per_pixel(cy)                         # [n,B,S,1]
+    dx = grid[None, None, None, :] - per_pixel(cx)                         # [n,B,1,S]
+    cos, sin = per_pixel(np.cos(angle)), per_pixel(np.sin(angle))
+    u = (dx * cos + dy * sin) * per_pixel(aspect)
+    v = (dy * cos - dx * sin) / per_pixel(aspect)
     distance = np.sqrt(u * u + v * v)                                       # [n,B,S,S]
-    soft_disc = 1.0 / (1.0 + np.exp((distance - radius[:, :, None, None]) / (0.6 * scale)))
-    return (soft_disc * darkness[:, :, None, None]).max(axis=1)
+    edge = np.minimum((distance - per_pixel(radius)) / np.float32(0.6 * scale), 30.0)
+    soft_disc = 1.0 / (1.0 + np.exp(edge))
+    return (soft_disc * per_pixel(darkness)).max(axis=1)
 
 
 def stain_unevenness(rng, n, size):
