@@ -3,7 +3,10 @@
 #include <map>
 
 #include "compute/ops/add.h"
+#include "compute/ops/conv2d.h"
+#include "compute/ops/dropout.h"
 #include "compute/ops/flatten.h"
+#include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
 
@@ -64,9 +67,12 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
   using Factory = std::unique_ptr<Op> (*)(const LayerConfig&);
   static const std::map<std::string, Factory> factories = {
       {"relu", make_relu},
+      {"conv2d", make_conv2d},
+      {"linear", make_linear},
       {"max_pool2d", make_max_pool2d},
       {"flatten", make_flatten},
       {"add", make_add},
+      {"dropout", make_dropout},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {
