@@ -10,6 +10,7 @@ namespace tessera::cli {
 
 void add_info_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_forward_command(CLI::App& app);
 void add_synth_command(CLI::App& app);
 void add_tile_command(CLI::App& app);
 void add_sweep_command(CLI::App& app);

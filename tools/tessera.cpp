@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tessera 0.1.0");
   tessera::cli::add_info_command(app);
   tessera::cli::add_train_command(app);
+  tessera::cli::add_forward_command(app);
   tessera::cli::add_synth_command(app);
   tessera::cli::add_tile_command(app);
   tessera::cli::add_sweep_command(app);

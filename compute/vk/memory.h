@@ -65,6 +65,7 @@ class Allocator {
   // Throws OutOfDeviceMemory (exit 3) naming `what`, the bytes asked for and the budget.
   Buffer allocate(uint64_t bytes, MemoryUsage usage, const std::string& what);
   const MemoryStats& stats() const { return stats_; }
+  void set_budget(uint64_t bytes) { stats_.budget_bytes = bytes; }
   // Returns empty blocks to the driver.
   void trim();
   // The bytes a buffer of `bytes` takes in a block once aligned (for memory plans).

@@ -1,0 +1,44 @@
+// Checkpoints in HDF5 with PyTorch's parameter names and layouts (ARCHITECTURE.md, "Formats"):
+// root attribute `model` (JSON), `params/<name>` float32 datasets, and under `train/` the
+// optimizer state, the step counter and where the run stood.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compute/tensor.h"
+
+namespace tessera {
+
+struct HostArray {
+  Shape shape;
+  std::vector<float> values;
+};
+
+struct Checkpoint {
+  nlohmann::json model;                          // the model description
+  std::map<std::string, HostArray> params;       // "conv1.weight" -> values
+  std::map<std::string, HostArray> train;        // "optimizer/conv1.weight.exp_avg", "step" ...
+  nlohmann::json progress;                       // epoch, flags of the run (train/ attribute)
+};
+
+// Writes to PATH.partial and renames it over PATH: a killed run leaves the last whole checkpoint.
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// Throws BadInput naming the file and the dataset that is missing or malformed.
+Checkpoint read_checkpoint(const std::string& path);
+
+// Copies parameter and state values into device tensors by name, checking shapes; throws
+// BadInput naming the parameter (and the file) on a missing name or a shape mismatch.
+void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Tensor*>& tensors,
+                  const std::string& file, const std::string& group);
+
+bool is_checkpoint_path(const std::string& path);
+
+// Plain float32 arrays in an HDF5 file (inputs and outputs of `tessera forward`).
+HostArray read_hdf5_array(const std::string& path, const std::string& dataset);
+void write_hdf5_arrays(const std::string& path, const std::map<std::string, HostArray>& arrays);
+
+}  // namespace tessera

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tessera needs and builds it in build/ (Release with debug info).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install-deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build --parallel "$(nproc)"

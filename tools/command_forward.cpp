@@ -1,0 +1,83 @@
+// tessera forward: a model's logits for an HDF5 array of images, in eval mode.
+#include <algorithm>
+#include <memory>
+
+#include "common/error.h"
+#include "compute/checkpoint.h"
+#include "compute/network.h"
+#include "tools/commands.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct ForwardFlags {
+  std::string model, input, output;
+  int batch = 16, device = -1, classes = 2;
+};
+
+void run_forward(const ForwardFlags& f) {
+  HostArray x = read_hdf5_array(f.input, "x");
+  if (x.shape.size() != 4 || x.shape[1] != 3)
+    throw BadInput(f.input + ": dataset x must be float32 [N,3,H,W] (normalised images), got " + to_string(x.shape));
+  std::optional<Checkpoint> checkpoint;
+  nlohmann::json description;
+  if (is_checkpoint_path(f.model)) {
+    checkpoint = read_checkpoint(f.model);
+    description = checkpoint->model;
+  } else {
+    description = load_model_description(f.model, f.classes);
+  }
+  const int64_t n = x.shape[0], batch = std::min<int64_t>(f.batch, n);
+  const int64_t per_image = x.shape[1] * x.shape[2] * x.shape[3];
+  vk::ContextOptions options = vk::options_from_environment();
+  options.device_index = f.device;
+  vk::Context context(options);
+  Network network(description, {batch, 3, x.shape[2], x.shape[3]}, false);
+  network.allocate(context);
+  network.initialise(0);
+  if (checkpoint) {
+    std::map<std::string, Tensor*> tensors;
+    for (auto& named : network.named_tensors()) tensors[named.name] = named.tensor;
+    load_tensors(checkpoint->params, tensors, f.model, "params");
+  }
+  Tensor input(context, "input", {batch, 3, x.shape[2], x.shape[3]});
+  Tensor step(context, "step", {2}, DType::u32);
+  uint32_t zero[2] = {0, 0};
+  step.upload(zero, sizeof zero);
+  vk::Program program(context);
+  {
+    vk::Recorder recorder(context, program);
+    network.record_forward(recorder, context.kernels(), input, false, 0, step, 0);
+    recorder.finish();
+  }
+  const int64_t classes = network.output_shape()[1];
+  HostArray logits{{n, classes}, std::vector<float>(static_cast<size_t>(n * classes))};
+  std::vector<float> chunk(static_cast<size_t>(batch * per_image));
+  for (int64_t first = 0; first < n; first += batch) {
+    int64_t count = std::min(batch, n - first);
+    std::fill(chunk.begin(), chunk.end(), 0.0f);
+    std::copy_n(x.values.begin() + first * per_image, count * per_image, chunk.begin());
+    input.upload(chunk);
+    program.run();
+    auto out = network.output().download();
+    std::copy_n(out.begin(), count * classes, logits.values.begin() + first * classes);
+  }
+  write_hdf5_arrays(f.output, {{"logits", logits}});
+}
+
+}  // namespace
+
+void add_forward_command(CLI::App& app) {
+  auto* command = app.add_subcommand("forward", "Logits of a model for float32 images [N,3,H,W] in an HDF5 file");
+  auto flags = std::make_shared<ForwardFlags>();
+  command->add_option("--model", flags->model, "Checkpoint .h5 or preset")->required();
+  command->add_option("--input", flags->input, "HDF5 file with dataset x, float32 [N,3,H,W], normalised")->required();
+  command->add_option("--output", flags->output, "HDF5 file to write dataset logits [N,K] to")->required();
+  command->add_option("--classes", flags->classes, "Classes of a preset (not of a checkpoint)")->capture_default_str();
+  command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--device", flags->device, "Vulkan device index");
+  command->callback([flags] { run_forward(*flags); });
+}
+
+}  // namespace tessera::cli
