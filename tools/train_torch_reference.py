@@ -29,23 +29,29 @@ from torch import nn
 
 from tessera_presets import PRESETS, SMALL_CNN_DEFAULT_WIDTH, build_preset, normalise
 
+EXIT_BAD_INPUT = 5  # tessera's exit code for missing, corrupt or unreadable data
+
+
+class BadData(Exception):
+    """The patch file is missing or malformed; the message names the file and dataset."""
+
 
 def load_patches(path):
     """(x uint8 [N,H,W,3], y int64 [N]) from a PCam-layout file; errors name file and dataset."""
     try:
         f = h5py.File(path, "r")
     except OSError as error:
-        raise SystemExit(f"error: cannot open patch file {path}: {error}")
+        raise BadData(f"cannot open patch file {path}: {error}")
     with f:
         for name in ("x", "y"):
             if name not in f:
-                raise SystemExit(f"error: {path}: dataset '{name}' is missing")
+                raise BadData(f"{path}: dataset '{name}' is missing")
         x, y = f["x"], f["y"]
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[3] != 3:
-            raise SystemExit(f"error: {path}: dataset 'x' must be uint8 [N,H,W,3], "
+            raise BadData(f"{path}: dataset 'x' must be uint8 [N,H,W,3], "
                              f"got {x.dtype} {list(x.shape)}")
         if y.shape[0] != x.shape[0] or int(np.prod(y.shape[1:])) != 1:
-            raise SystemExit(f"error: {path}: dataset 'y' must be [N] or [N,1,1,1] with "
+            raise BadData(f"{path}: dataset 'y' must be [N] or [N,1,1,1] with "
                              f"N={x.shape[0]}, got {list(y.shape)}")
         return x[...], y[...].reshape(-1).astype(np.int64)
 
@@ -88,9 +94,9 @@ def train_epoch(model, optimizer, x, y, order, batch):
 
 @torch.no_grad()
 def evaluate(model, x, y, indices, batch):
-    """(mean loss, accuracy) over `indices` in eval mode; (nan, nan) when there are none."""
+    """(mean loss, accuracy) over `indices` in eval mode; (None, None) when there are none."""
     if len(indices) == 0:
-        return float("nan"), float("nan")
+        return None, None
     model.eval()
     loss_sum, correct = 0.0, 0
     for start in range(0, len(indices), batch):
@@ -132,12 +138,20 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        return train(args)
+    except BadData as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def train(args):
     torch.set_num_threads(args.threads)
     x, y = load_patches(args.data)
     classes = int(y.max()) + 1
     train_index, val_index = split(len(x), args.val_fraction)
     if len(train_index) < args.batch:
-        raise SystemExit(f"error: {args.data}: {len(train_index)} training patches, "
+        raise BadData(f"{args.data}: {len(train_index)} training patches, "
                          f"fewer than one batch of {args.batch}")
     torch.manual_seed(args.seed)
     model = build_preset(args.model, classes, x.shape[1:3], args.width)
