@@ -14,7 +14,7 @@ Prints one JSON line per epoch on stdout, with the fields of tessera train's epo
 {"event":"epoch","epoch":e,"train_loss":..,"train_accuracy":..,"val_loss":..,"val_accuracy":..}
 train_loss/train_accuracy are averaged over the epoch's training batches (train mode, as
 they were computed during the step); val_* over all validation patches in eval mode.
-Pass every flag explicitly when comparing with tessera, so both runs use the same values.
+Defaults are those of tessera train; pass flags explicitly in comparisons all the same.
 """
 import argparse
 import json
@@ -116,16 +116,16 @@ def parse_args(argv):
     parser.add_argument("--model", choices=PRESETS, default="small-cnn", help="preset (default small-cnn)")
     parser.add_argument("--width", type=int, default=SMALL_CNN_DEFAULT_WIDTH,
                         help=f"small-cnn width w (default {SMALL_CNN_DEFAULT_WIDTH})")
-    parser.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
-    parser.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
+    parser.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
     parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw", "adagrad"), default="sgd",
                         help="optimizer (default sgd)")
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed for init, dropout, order (default 0)")
-    parser.add_argument("--val-fraction", type=float, default=0.2,
-                        help="fraction of patches, taken from the end, for validation (default 0.2)")
+    parser.add_argument("--val-fraction", type=float, default=0.1,
+                        help="fraction of patches, taken from the end, for validation (default 0.1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="CPU threads for torch (default: all cores)")
     args = parser.parse_args(argv)
