@@ -9,6 +9,7 @@
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
+#include "compute/ops/softmax_cross_entropy.h"
 
 namespace tessera {
 
@@ -73,6 +74,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"flatten", make_flatten},
       {"add", make_add},
       {"dropout", make_dropout},
+      {"softmax_cross_entropy", make_softmax_cross_entropy},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {

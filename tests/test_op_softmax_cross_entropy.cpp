@@ -1,0 +1,92 @@
+// Softmax cross-entropy against a CPU reference in double, central differences with class
+// weights, and large logits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compute/ops/softmax_cross_entropy.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+// logits [N,C], labels [N], weights [C] -> l [N], with sum(l) = PyTorch's weighted mean
+std::vector<float> cross_entropy_cpu(const std::vector<float>& logits, const std::vector<float>& labels,
+                                     const std::vector<float>& weights) {
+  size_t samples = labels.size(), classes = weights.size();
+  double total = 0;
+  for (float label : labels) total += weights[static_cast<size_t>(label)];
+  std::vector<float> loss(samples);
+  for (size_t n = 0; n < samples; ++n) {
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(logits[n * classes + c]));
+    auto label = static_cast<size_t>(labels[n]);
+    loss[n] = static_cast<float>(weights[label] * (std::log(sum) - logits[n * classes + label]) / total);
+  }
+  return loss;
+}
+
+void set_labels(test::OpCheck& check, size_t classes) {
+  for (size_t n = 0; n < check.inputs[1].size(); ++n) check.inputs[1][n] = static_cast<float>((n * 7 + 3) % classes);
+}
+
+TEST(SoftmaxCrossEntropy, RejectsMismatchedShapes) {
+  SoftmaxCrossEntropy loss;
+  EXPECT_THROW(loss.infer({{4, 3}, {5}}), ShapeError);
+  EXPECT_THROW(loss.infer({{4, 3, 1}, {4}}), ShapeError);
+  EXPECT_EQ(loss.infer({{4, 3}, {4}}), (Shape{4}));
+}
+
+TEST(SoftmaxCrossEntropy, ForwardMatchesCpuWithClassWeights) {
+  SoftmaxCrossEntropy loss;
+  test::OpCheck check(test::context(), loss, {{13, 5}, {13}}, 1, {DType::f32, DType::u32});
+  set_labels(check, 5);
+  for (auto& x : check.inputs[0]) x *= 4;
+  check.tensors[0] = {1.0f, 0.5f, 2.0f, 3.0f, 0.25f};
+  test::expect_near(check.forward(), cross_entropy_cpu(check.inputs[0], check.inputs[1], check.tensors[0]), 1e-5,
+                    "weighted cross-entropy");
+}
+
+TEST(SoftmaxCrossEntropy, UnweightedSumIsTheMeanNegativeLogLikelihood) {
+  SoftmaxCrossEntropy loss;
+  test::OpCheck check(test::context(), loss, {{2, 2}, {2}}, 1, {DType::f32, DType::u32});
+  check.inputs[0] = {0.0f, 0.0f, 2.0f, 0.0f};
+  check.inputs[1] = {1.0f, 0.0f};
+  check.tensors[0] = {1.0f, 1.0f};
+  auto l = check.forward();
+  EXPECT_NEAR(l[0] + l[1], (std::log(2.0) + std::log(1.0 + std::exp(-2.0))) / 2, 1e-6);
+}
+
+TEST(SoftmaxCrossEntropy, LargeLogitsStayFinite) {
+  SoftmaxCrossEntropy loss;
+  test::OpCheck check(test::context(), loss, {{4, 3}, {4}}, 1, {DType::f32, DType::u32});
+  set_labels(check, 3);
+  for (auto& x : check.inputs[0]) x *= 1000;
+  check.tensors[0] = {1.0f, 1.0f, 1.0f};
+  test::expect_near(check.forward(), cross_entropy_cpu(check.inputs[0], check.inputs[1], check.tensors[0]), 1e-4,
+                    "cross-entropy of large logits");
+  auto grads = check.backward(std::vector<float>(4, 1.0f));
+  for (float g : grads[0]) EXPECT_TRUE(std::isfinite(g));
+}
+
+TEST(SoftmaxCrossEntropy, LabelOutsideTheClassesGivesNaN) {
+  SoftmaxCrossEntropy loss;
+  test::OpCheck check(test::context(), loss, {{3, 2}, {3}}, 1, {DType::f32, DType::u32});
+  check.inputs[1] = {0.0f, 2.0f, 1.0f};
+  check.tensors[0] = {1.0f, 1.0f};
+  auto l = check.forward();
+  EXPECT_TRUE(std::isnan(l[1]));
+}
+
+TEST(SoftmaxCrossEntropy, BackwardMatchesFiniteDifferences) {
+  SoftmaxCrossEntropy loss;
+  test::OpCheck check(test::context(), loss, {{11, 7}, {11}}, 3, {DType::f32, DType::u32});
+  set_labels(check, 7);
+  for (auto& x : check.inputs[0]) x *= 3;
+  check.tensors[0] = {1.0f, 0.5f, 2.0f, 3.0f, 0.25f, 1.5f, 0.75f};
+  check.expect_gradients_match(1e-2, 1e-2, 40);
+}
+
+}  // namespace
+}  // namespace tessera
