@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "sweep/train_flags.h"
+
 namespace tessera::sweep {
 
 namespace {
@@ -31,16 +33,23 @@ double duration(const Trial& trial) {
   return total;
 }
 
+// The searched flags of the best trial as its last attempt ran them (an --oom-retry changes
+// --batch and --accumulate), environment variables first.
 std::string best_flags(const Trial& best, const StudyConfig& config) {
-  std::string flags;
+  std::string environment;
+  std::vector<std::string> flags;
   for (auto& param : config.space) {
     auto text = value_text(best.params[param.name]);
-    flags += " " + (param.is_environment() ? param.target() + "=" + text : param.target() + " " + text);
+    if (param.is_environment()) environment += param.target() + "=" + text + " ";
+    else set_flag(flags, param.target(), text);
   }
   auto& last = best.attempts.back();
-  if (last.index > 0 && last.batch) flags += " --batch " + std::to_string(last.batch);
-  if (last.index > 0 && last.accumulate) flags += " --accumulate " + std::to_string(last.accumulate);
-  return flags.empty() ? flags : flags.substr(1);
+  if (last.index > 0 && last.batch) set_flag(flags, "--batch", std::to_string(last.batch));
+  if (last.index > 0 && last.accumulate) set_flag(flags, "--accumulate", std::to_string(last.accumulate));
+  std::string out = environment;
+  for (auto& token : flags) out += token + " ";
+  if (!out.empty()) out.pop_back();
+  return out;
 }
 
 std::string csv_field(const std::string& text) {

@@ -81,20 +81,25 @@ class ParzenEstimator {
   ParzenEstimator(const std::vector<double>& observations, const std::vector<double>& weights, double low,
                   double high, double prior_weight)
       : low_(low), high_(high) {
-    double range = high - low;
-    double min_sigma = range / std::min(100.0, 1.0 + static_cast<double>(observations.size()));
-    std::vector<double> sorted = observations;
+    double range = high - low, prior = 0.5 * (low + high);
+    double min_sigma = range / std::min(100.0, 2.0 + static_cast<double>(observations.size()));
+    // Bandwidths come from the gaps between neighbouring centres (the prior's among them): the
+    // wider gap on either side, except that the outermost centres look inwards only.
+    std::vector<double> centres = observations;
+    centres.push_back(prior);
+    std::vector<double> sorted = centres;
     std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < observations.size(); ++i) {
-      // The bandwidth is the wider gap to a neighbouring observation (or a bound).
-      double mu = observations[i];
-      auto at = std::lower_bound(sorted.begin(), sorted.end(), mu);
-      double left = at == sorted.begin() ? low : *std::prev(at);
-      auto after = std::upper_bound(sorted.begin(), sorted.end(), mu);
-      double right = after == sorted.end() ? high : *after;
-      add(mu, std::clamp(std::max(mu - left, right - mu), min_sigma, range), weights[i]);
-    }
-    add(0.5 * (low + high), range, prior_weight);
+    auto bandwidth = [&](double mu) {
+      size_t i = static_cast<size_t>(std::lower_bound(sorted.begin(), sorted.end(), mu) - sorted.begin());
+      double left_gap = mu - (i == 0 ? low : sorted[i - 1]);
+      double right_gap = (i + 1 == sorted.size() ? high : sorted[i + 1]) - mu;
+      if (sorted.size() >= 2 && i == 0) return right_gap;
+      if (sorted.size() >= 2 && i + 1 == sorted.size()) return left_gap;
+      return std::max(left_gap, right_gap);
+    };
+    for (size_t i = 0; i < observations.size(); ++i)
+      add(observations[i], std::clamp(bandwidth(observations[i]), min_sigma, range), weights[i]);
+    add(prior, range, prior_weight);
     double total = 0;
     for (auto& c : components_) total += c.weight;
     for (auto& c : components_) c.log_weight = std::log(c.weight / total);
@@ -140,16 +145,23 @@ class ParzenEstimator {
   std::vector<Component> components_;
 };
 
-// Category probabilities: the prior spread evenly plus each observation's weight on its own.
+// Category probabilities: a mixture of one kernel per observation (most of its mass on the
+// observed category, the rest spread over all, more so when observations are few) and a
+// uniform prior kernel.
 class CategoricalEstimator {
  public:
   CategoricalEstimator(const std::vector<double>& observations, const std::vector<double>& weights, size_t categories,
                        double prior_weight)
-      : probabilities_(categories, prior_weight / static_cast<double>(categories)) {
-    for (size_t i = 0; i < observations.size(); ++i) probabilities_[static_cast<size_t>(observations[i])] += weights[i];
-    double total = 0;
-    for (double p : probabilities_) total += p;
-    for (double& p : probabilities_) p /= total;
+      : probabilities_(categories, 0.0) {
+    double k = static_cast<double>(categories), spread = prior_weight / static_cast<double>(observations.size() + 1);
+    double total_weight = prior_weight;
+    for (double w : weights) total_weight += w;
+    for (double& p : probabilities_) p = prior_weight / total_weight / k;
+    for (size_t i = 0; i < observations.size(); ++i) {
+      double kernel_weight = weights[i] / total_weight, kernel_mass = 1.0 + spread * k;
+      for (double& p : probabilities_) p += kernel_weight * spread / kernel_mass;
+      probabilities_[static_cast<size_t>(observations[i])] += kernel_weight / kernel_mass;
+    }
   }
   double sample(Rng& rng) const {
     return static_cast<double>(std::discrete_distribution<size_t>(probabilities_.begin(), probabilities_.end())(rng));

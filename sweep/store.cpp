@@ -154,11 +154,12 @@ void StudyStore::initialize(Mode mode) {
   {
     sqlite3_stmt* statement = nullptr;
     int result = sqlite3_prepare_v2(db_, "SELECT name FROM sqlite_master WHERE type = 'table'", -1, &statement, nullptr);
-    while (result == SQLITE_OK && (result = sqlite3_step(statement)) == SQLITE_ROW) {
-      ++tables;
-      auto* name = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
-      has_format = has_format || std::string_view(name) == "tessera_study_format";
-    }
+    if (result == SQLITE_OK)
+      while ((result = sqlite3_step(statement)) == SQLITE_ROW) {
+        ++tables;
+        auto* name = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+        has_format = has_format || std::string_view(name) == "tessera_study_format";
+      }
     sqlite3_finalize(statement);
     if (result != SQLITE_DONE) throw not_a_study(sqlite3_errstr(result));
   }

@@ -57,7 +57,7 @@ class SweepRun {
  public:
   explicit SweepRun(const SweepOptions& options) : options_(options) {}
 
-  int run() {
+  void run() {
     open_study();
     Progress progress("sweep", static_cast<uint64_t>(target_));
     progress_ = &progress;
@@ -66,8 +66,7 @@ class SweepRun {
     else run_isolated();
     progress.finish();
     std::printf("%s", format_summary(trials_, config_.direction).c_str());
-    if (stop_code_) std::fprintf(stderr, "tessera sweep: stopped: %s\n", stop_message_.c_str());
-    return stop_code_;
+    if (stop_code_) throw Error(static_cast<ExitCode>(stop_code_), "sweep stopped: " + stop_message_);
   }
 
  private:
@@ -490,6 +489,6 @@ class SweepRun {
 
 }  // namespace
 
-int run_sweep(const SweepOptions& options) { return SweepRun(options).run(); }
+void run_sweep(const SweepOptions& options) { SweepRun(options).run(); }
 
 }  // namespace tessera::sweep

@@ -31,9 +31,9 @@ struct SweepOptions {
   InProcessTrain in_process;          // set: --isolation none
 };
 
-// Runs the sweep to the study's trial count and returns the exit code: 0 when every trial was
-// run and recorded, whatever its state; 2 or 5 when the first trials fail for bad usage or
-// bad input (every trial would).
-int run_sweep(const SweepOptions& options);
+// Runs the sweep to the study's trial count; every trial is recorded, whatever its state.
+// Throws UsageError or BadInput for a sweep that cannot work, and also when a trial fails with
+// exit code 2 or 5 before any trial completed (every trial would: bad flags, missing data).
+void run_sweep(const SweepOptions& options);
 
 }  // namespace tessera::sweep

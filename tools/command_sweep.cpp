@@ -1,8 +1,123 @@
-// tessera sweep (being built; see the issue that owns it).
+// tessera sweep: isolated hyperparameter search over any train flag (sweep/README.md).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "common/error.h"
+#include "sweep/report.h"
+#include "sweep/sweep.h"
 #include "tools/commands.h"
 
 namespace tessera::cli {
 
-void add_sweep_command(CLI::App& app) { app.add_subcommand("sweep", "(not built yet)"); }
+namespace {
+
+struct SweepFlags {
+  std::string study, sampler = "tpe", pruner = "none", direction = "minimize", isolation = "process";
+  std::string export_format, output;
+  std::vector<std::string> params, train_flags;
+  std::vector<int> devices;
+  int trials = 0, parallel = 1;
+  int64_t min_batch = 1;
+  uint64_t seed = 0;
+  double trial_timeout = 0, timeout_grace = 10;
+  bool oom_retry = false, resume = false, show = false;
+};
+
+void write_output(const std::string& text, const std::string& path) {
+  if (path.empty()) {
+    std::fputs(text.c_str(), stdout);
+    return;
+  }
+  std::ofstream file(path, std::ios::binary);
+  file << text;
+  if (!file.good()) throw UsageError("--output: cannot write " + path);
+}
+
+void show_or_export(const SweepFlags& f) {
+  sweep::StudyStore store(f.study, sweep::StudyStore::Mode::read_only);
+  auto config = store.study();
+  auto trials = store.trials();
+  if (f.show) write_output(sweep::format_table(trials, config), f.export_format.empty() ? f.output : "");
+  if (f.export_format == "csv") write_output(sweep::export_csv(trials, config), f.output);
+  else if (f.export_format == "json") write_output(sweep::export_json(trials, config), f.output);
+  else if (f.export_format == "svg") write_output(sweep::export_svg(trials, config), f.output);
+}
+
+void run(const SweepFlags& f) {
+  if (f.show || !f.export_format.empty()) return show_or_export(f);
+  sweep::SweepOptions options;
+  options.study = f.study;
+  options.resume = f.resume;
+  if (f.resume && !f.train_flags.empty())
+    throw UsageError("--resume: the study keeps its train flags; give none after --");
+  if (!f.resume && f.trials < 1) throw UsageError("--trials: how many trials to run (at least 1)");
+  if (!f.resume && f.params.empty()) throw UsageError("--param: nothing to search (e.g. --param lr=loguniform:1e-4:1e-1)");
+  options.config.direction = sweep::direction_from(f.direction);
+  options.config.sampler = f.sampler;
+  options.config.pruner = f.pruner;
+  options.config.seed = f.seed;
+  options.config.target_trials = f.trials;
+  options.config.space = sweep::parse_space(f.params);
+  options.config.train_flags = f.train_flags;
+  options.parallel = f.parallel;
+  options.devices = f.devices;
+  options.trial_timeout = f.trial_timeout;
+  options.timeout_grace = f.timeout_grace;
+  options.oom_retry = f.oom_retry;
+  options.min_batch = f.min_batch;
+  options.tessera = {std::filesystem::read_symlink("/proc/self/exe").string()};
+  if (f.isolation == "none") options.in_process = run_train_in_process;
+  sweep::run_sweep(options);
+}
+
+}  // namespace
+
+void add_sweep_command(CLI::App& app) {
+  auto* command = app.add_subcommand(
+      "sweep",
+      "Hyperparameter search over any train flag, one child process and one fresh device per trial.\n"
+      "  tessera sweep --study s.sqlite --trials 20 --param lr=loguniform:1e-4:1e-1 -- --data p.h5 --epochs 2\n"
+      "  tessera sweep --study s.sqlite --show | --export csv|json|svg [--output FILE]");
+  auto f = std::make_shared<SweepFlags>();
+  command->add_option("--study", f->study, "The study file (SQLite)")->required();
+  command->add_option("--trials", f->trials, "Trials in the study (with --resume: a new total)");
+  auto* param = command->add_option("--param", f->params,
+                                     "NAME=SPEC, NAME a train flag without dashes or env:VARIABLE; SPEC "
+                                     "uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH, logint:LOW:HIGH, "
+                                     "choice:A,B,...")
+                    ->expected(1)
+                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  auto* sampler = command->add_option("--sampler", f->sampler, "tpe, random or grid")->capture_default_str();
+  auto* pruner = command->add_option("--pruner", f->pruner, "none, median or asha")->capture_default_str();
+  auto* direction =
+      command->add_option("--direction", f->direction, "minimize or maximize the final value")->capture_default_str();
+  auto* seed = command->add_option("--seed", f->seed, "Seed of the sampler")->capture_default_str();
+  command->add_option("--parallel", f->parallel, "Trials at once")->capture_default_str();
+  command->add_option("--devices", f->devices, "Device indices given to trials in turn, e.g. 0,1")->delimiter(',');
+  command->add_option("--trial-timeout", f->trial_timeout, "Seconds before a trial is stopped (0: never)")
+      ->capture_default_str();
+  command->add_option("--timeout-grace", f->timeout_grace, "Seconds between SIGTERM and SIGKILL")->capture_default_str();
+  command->add_flag("--oom-retry", f->oom_retry, "Rerun an out-of-memory trial with half the --batch, twice --accumulate");
+  command->add_option("--min-batch", f->min_batch, "Smallest micro-batch --oom-retry goes down to")->capture_default_str();
+  command->add_option("--isolation", f->isolation, "process (a child per trial) or none (trials in this process)")
+      ->check(CLI::IsMember({"process", "none"}))
+      ->capture_default_str();
+  command->add_flag("--resume", f->resume, "Continue the study: rerun interrupted trials, then run the rest")
+      ->excludes(param)
+      ->excludes(sampler)
+      ->excludes(pruner)
+      ->excludes(direction)
+      ->excludes(seed);
+  auto* show = command->add_flag("--show", f->show, "Print the trials and the best parameters");
+  auto* export_format = command->add_option("--export", f->export_format, "Write the study as csv, json or svg")
+                            ->check(CLI::IsMember({"csv", "json", "svg"}));
+  command->add_option("--output", f->output, "File for --show or --export (default: stdout)");
+  command->add_option("train_flags", f->train_flags, "Fixed train flags, after --");
+  show->excludes(param);
+  export_format->excludes(param);
+  command->callback([f] { run(*f); });
+}
 
 }  // namespace tessera::cli

@@ -1,0 +1,366 @@
+// The sweep's parts without child processes: search space, samplers, pruners, study store, reports.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "common/error.h"
+#include "sweep/pruner.h"
+#include "sweep/report.h"
+#include "sweep/sampler.h"
+#include "sweep/store.h"
+#include "sweep/train_flags.h"
+
+namespace tessera::sweep {
+namespace {
+
+std::filesystem::path temporary_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("tessera_sweep_core_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = dir / name;
+  std::filesystem::remove(path);
+  std::filesystem::remove(path.string() + "-wal");
+  std::filesystem::remove(path.string() + "-shm");
+  return path;
+}
+
+Trial finished_trial(int number, TrialState state, std::optional<double> value,
+                     std::vector<std::pair<int64_t, double>> intermediate = {}) {
+  Trial trial;
+  trial.number = number;
+  trial.state = state;
+  trial.value = value;
+  Attempt attempt;
+  attempt.state = state;
+  attempt.value = value;
+  attempt.intermediate = std::move(intermediate);
+  trial.attempts.push_back(attempt);
+  return trial;
+}
+
+TEST(SweepSpace, ParsesEveryDistribution) {
+  auto space = parse_space({"lr=loguniform:1e-4:1e-1", "momentum=uniform:0:0.99", "width=int:8:64",
+                            "batch=choice:16,32,64", "optimizer=choice:sgd,adam", "env:TESSERA_FAULT=choice:none,nan",
+                            "epochs=logint:1:16"});
+  ASSERT_EQ(space.size(), 7u);
+  EXPECT_EQ(space[0].distribution, Distribution::log_uniform);
+  EXPECT_DOUBLE_EQ(space[0].low, 1e-4);
+  EXPECT_DOUBLE_EQ(space[0].high, 0.1);
+  EXPECT_EQ(space[0].target(), "--lr");
+  EXPECT_EQ(space[2].distribution, Distribution::integer);
+  EXPECT_EQ(space[3].choices, (std::vector<nlohmann::json>{16, 32, 64}));
+  EXPECT_TRUE(space[3].choices[0].is_number_integer());
+  EXPECT_EQ(space[4].choices[1], "adam");
+  EXPECT_TRUE(space[5].is_environment());
+  EXPECT_EQ(space[5].target(), "TESSERA_FAULT");
+  EXPECT_EQ(space[6].distribution, Distribution::log_integer);
+  EXPECT_EQ(space_from_json(to_json(space)).size(), 7u);
+  EXPECT_EQ(to_json(space_from_json(to_json(space))), to_json(space));
+}
+
+TEST(SweepSpace, RejectsMalformedParams) {
+  for (const char* bad : {"lr", "lr=", "lr=loguniform", "lr=loguniform:0:1", "lr=uniform:1:1", "lr=uniform:a:b",
+                          "lr=gauss:0:1", "width=int:8.5:64", "width=int:64:8", "batch=choice:", "batch=choice:1,,2",
+                          "batch=choice:1,1", "--lr=uniform:0:1", "=uniform:0:1", "env:=choice:a"}) {
+    try {
+      parse_param(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--param"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_space({"lr=uniform:0:1", "lr=uniform:0:2"}), UsageError);
+}
+
+TEST(SweepSpace, InternalAxisRoundTripsAndValuesPrintExactly) {
+  auto lr = parse_param("lr=loguniform:1e-4:1e-1");
+  EXPECT_NEAR(to_internal(lr, 0.01), std::log(0.01), 1e-12);
+  EXPECT_DOUBLE_EQ(from_internal(lr, std::log(0.01)).get<double>(), 0.01);
+  EXPECT_DOUBLE_EQ(from_internal(lr, 100.0).get<double>(), 0.1);  // clamped
+  auto width = parse_param("width=int:8:64");
+  EXPECT_EQ(from_internal(width, 8.4).get<int64_t>(), 8);
+  EXPECT_EQ(from_internal(width, 63.6).get<int64_t>(), 64);
+  auto batch = parse_param("batch=choice:16,32,64");
+  EXPECT_EQ(from_internal(batch, 1.2), 32);
+  EXPECT_EQ(to_internal(batch, 64), 2.0);
+  EXPECT_EQ(value_text(0.1), "0.1");
+  EXPECT_EQ(value_text(0.00123456789), "0.00123456789");
+  EXPECT_EQ(value_text(32), "32");
+  EXPECT_EQ(value_text("adam"), "adam");
+  EXPECT_EQ(std::stod(value_text(1.0 / 3.0)), 1.0 / 3.0);
+}
+
+TEST(SweepSpace, TrainFlagsAreCheckedAgainstTrainHelp) {
+  const std::string help =
+      "Train a model\nUsage: tessera train [OPTIONS]\n\nOptions:\n  -h,--help                   Print this help\n"
+      "  --data TEXT REQUIRED        Patches\n  --batch UINT [64]           Micro-batch\n"
+      "  --lr FLOAT:POSITIVE [0.01]  Learning rate\n  --device INT                Device\n"
+      "  --report-fd INT             Report\n  --dry-run                   Plan\n";
+  auto known = parse_train_help(help);
+  EXPECT_TRUE(known.names.contains("--data"));
+  EXPECT_TRUE(known.names.contains("-h"));
+  EXPECT_EQ(known.defaults.at("--batch"), "64");
+  EXPECT_EQ(known.defaults.at("--lr"), "0.01");
+  auto space = parse_space({"lr=loguniform:1e-4:1e-1"});
+  EXPECT_NO_THROW(check_train_flags(known, {"--data", "p.h5", "--batch=8", "--dry-run"}, space, false));
+  EXPECT_NO_THROW(check_train_flags(known, {"--data", "-1"}, space, false));
+  EXPECT_THROW(check_train_flags(known, {"--data", "p.h5", "--bogus", "1"}, space, false), UsageError);
+  EXPECT_THROW(check_train_flags(known, {"--lr", "0.1"}, space, false), UsageError);
+  EXPECT_THROW(check_train_flags(known, {"--report-fd", "5"}, space, false), UsageError);
+  EXPECT_THROW(check_train_flags(known, {"--device", "0"}, space, true), UsageError);
+  EXPECT_NO_THROW(check_train_flags(known, {"--device", "0"}, space, false));
+  EXPECT_THROW(check_train_flags(known, {}, parse_space({"widht=int:8:64"}), false), UsageError);
+  EXPECT_NO_THROW(check_train_flags(known, {}, parse_space({"env:TESSERA_FAULT=choice:nan"}), false));
+
+  std::vector<std::string> tokens = {"--data", "p.h5", "--batch=8"};
+  EXPECT_EQ(flag_value(tokens, "--batch"), "8");
+  EXPECT_EQ(flag_value(tokens, "--accumulate"), std::nullopt);
+  set_flag(tokens, "--batch", "4");
+  set_flag(tokens, "--accumulate", "2");
+  EXPECT_EQ(tokens, (std::vector<std::string>{"--data", "p.h5", "--batch=4", "--accumulate", "2"}));
+}
+
+TEST(SweepSampler, GridVisitsEveryCombinationOnce) {
+  auto space = parse_space({"batch=choice:16,32", "width=int:1:3", "optimizer=choice:sgd,adam"});
+  auto grid = make_sampler("grid", space, Direction::minimize, 0);
+  ASSERT_EQ(grid->capacity(), 12u);
+  std::set<std::string> seen;
+  for (int n = 0; n < 12; ++n) seen.insert(grid->sample(n, {}).dump());
+  EXPECT_EQ(seen.size(), 12u);
+  EXPECT_THROW(make_sampler("grid", parse_space({"lr=uniform:0:1"}), Direction::minimize, 0), UsageError);
+  EXPECT_THROW(make_sampler("grid", {}, Direction::minimize, 0), UsageError);
+  EXPECT_THROW(make_sampler("bayes", space, Direction::minimize, 0), UsageError);
+}
+
+TEST(SweepSampler, RandomStaysInBoundsAndRepeatsWithItsSeed) {
+  auto space = parse_space({"lr=loguniform:1e-4:1e-1", "width=logint:2:64", "opt=choice:a,b,c"});
+  auto sampler = make_sampler("random", space, Direction::minimize, 7);
+  std::set<std::string> optimizers;
+  double below_1e3 = 0;
+  for (int n = 0; n < 400; ++n) {
+    auto params = sampler->sample(n, {});
+    double lr = params["lr"].get<double>();
+    ASSERT_GE(lr, 1e-4);
+    ASSERT_LE(lr, 1e-1);
+    below_1e3 += lr < 1e-3;
+    int64_t width = params["width"].get<int64_t>();
+    ASSERT_GE(width, 2);
+    ASSERT_LE(width, 64);
+    optimizers.insert(params["opt"].get<std::string>());
+  }
+  // Log-uniform: a third of the draws fall in the lowest decade of three.
+  EXPECT_NEAR(below_1e3 / 400, 1.0 / 3.0, 0.08);
+  EXPECT_EQ(optimizers.size(), 3u);
+  EXPECT_EQ(sampler->sample(5, {}), make_sampler("random", space, Direction::minimize, 7)->sample(5, {}));
+  EXPECT_NE(sampler->sample(5, {}), make_sampler("random", space, Direction::minimize, 8)->sample(5, {}));
+}
+
+// A synthetic objective with its optimum at lr = 10^-2.5, x = 1.3, opt = c (value 0 there).
+double synthetic_objective(const nlohmann::json& params) {
+  double lr = params["lr"].get<double>(), x = params["x"].get<double>();
+  return std::pow(std::log10(lr) + 2.5, 2) + 0.5 * std::pow(x - 1.3, 2) + (params["opt"] == "c" ? 0.0 : 1.0);
+}
+
+double best_found(const std::string& sampler_name, uint64_t seed, int trials, Direction direction = Direction::minimize) {
+  auto space = parse_space({"lr=loguniform:1e-6:1", "x=uniform:-5:5", "opt=choice:a,b,c,d"});
+  auto sampler = make_sampler(sampler_name, space, direction, seed);
+  std::vector<Trial> history;
+  double best = INFINITY;
+  for (int n = 0; n < trials; ++n) {
+    Trial trial;
+    trial.number = n;
+    trial.params = sampler->sample(n, history);
+    double value = synthetic_objective(trial.params);
+    trial.value = direction == Direction::minimize ? value : -value;
+    trial.state = TrialState::complete;
+    history.push_back(trial);
+    best = std::min(best, value);
+  }
+  return best;
+}
+
+TEST(SweepSampler, TpeBeatsRandomSearchOnAKnownOptimum) {
+  const int seeds = 12, trials = 60;
+  double tpe_total = 0, random_total = 0;
+  int tpe_wins = 0;
+  for (uint64_t seed = 0; seed < seeds; ++seed) {
+    double tpe = best_found("tpe", seed, trials), random = best_found("random", seed, trials);
+    tpe_total += tpe;
+    random_total += random;
+    tpe_wins += tpe < random;
+  }
+  std::printf("mean best of %d trials over %d seeds: tpe %.4f, random %.4f; tpe better in %d\n", trials, seeds,
+              tpe_total / seeds, random_total / seeds, tpe_wins);
+  EXPECT_LT(tpe_total, 0.6 * random_total);
+  EXPECT_GE(tpe_wins, 8);
+  // Maximizing the negated objective is the same search.
+  EXPECT_NEAR(best_found("tpe", 3, trials, Direction::maximize), best_found("tpe", 3, trials), 1e-12);
+}
+
+TEST(SweepSampler, TpeLearnsFromDivergedAndPrunedTrials) {
+  // Large learning rates diverge; TPE should stop proposing them.
+  auto space = parse_space({"lr=loguniform:1e-5:1"});
+  auto sampler = make_sampler("tpe", space, Direction::minimize, 1);
+  std::vector<Trial> history;
+  int late_large = 0;
+  for (int n = 0; n < 50; ++n) {
+    Trial trial;
+    trial.number = n;
+    trial.params = sampler->sample(n, history);
+    double lr = trial.params["lr"].get<double>();
+    if (lr > 1e-2) trial.state = TrialState::diverged;
+    else {
+      trial.state = TrialState::complete;
+      trial.value = std::abs(std::log10(lr) + 3);
+    }
+    if (n >= 30) late_large += lr > 1e-2;
+    history.push_back(trial);
+  }
+  EXPECT_LE(late_large, 4);
+}
+
+TEST(SweepPruner, MedianStopsATrialWorseThanTheMedianAtItsStep) {
+  std::vector<Trial> trials;
+  for (int n = 0; n < 5; ++n)
+    trials.push_back(finished_trial(n, TrialState::complete, 1.0, {{1, 1.0 + 0.1 * n}, {2, 0.9}}));
+  auto median = make_pruner("median", Direction::minimize);
+  trials.push_back(finished_trial(5, TrialState::running, std::nullopt, {{1, 1.5}}));
+  EXPECT_TRUE(median->should_prune(trials.back(), trials));  // median at step 1 is 1.2
+  trials.back().attempts.back().intermediate = {{1, 1.1}};
+  EXPECT_FALSE(median->should_prune(trials.back(), trials));
+  // Fewer complete trials than the start-up count: never.
+  std::vector<Trial> few(trials.begin() + 2, trials.end());
+  few.back().attempts.back().intermediate = {{1, 5.0}};
+  EXPECT_FALSE(median->should_prune(few.back(), few));
+  auto maximizing = make_pruner("median", Direction::maximize);
+  trials.back().attempts.back().intermediate = {{1, 1.1}};
+  EXPECT_TRUE(maximizing->should_prune(trials.back(), trials));
+  EXPECT_EQ(make_pruner("none", Direction::minimize), nullptr);
+  EXPECT_THROW(make_pruner("hyperband", Direction::minimize), UsageError);
+}
+
+TEST(SweepPruner, AshaPromotesTheBestQuarterAtEachRung) {
+  auto asha = make_pruner("asha", Direction::minimize);
+  std::vector<Trial> trials;
+  // Eight trials reached rung 1 (step 1) with values 0.1 ... 0.8.
+  for (int n = 0; n < 8; ++n) trials.push_back(finished_trial(n, TrialState::complete, 0.1 * (n + 1), {{1, 0.1 * (n + 1)}}));
+  // With itself, nine values at rung 1: the best 9/4 = 2 go on.
+  trials.push_back(finished_trial(8, TrialState::running, std::nullopt, {{1, 0.15}}));
+  EXPECT_FALSE(asha->should_prune(trials.back(), trials));
+  trials.back().attempts.back().intermediate = {{1, 0.25}};
+  EXPECT_TRUE(asha->should_prune(trials.back(), trials));
+  // Between rungs (steps 2 and 3) nothing is decided; rung 2 is step 4.
+  trials.back().attempts.back().intermediate = {{1, 0.15}, {2, 9.0}};
+  EXPECT_FALSE(asha->should_prune(trials.back(), trials));
+  trials.back().attempts.back().intermediate = {{1, 0.15}, {2, 9.0}, {3, 9.0}, {4, 0.5}};
+  EXPECT_FALSE(asha->should_prune(trials.back(), trials));  // the first at rung 2 goes on
+  trials.push_back(finished_trial(9, TrialState::running, std::nullopt, {{1, 0.12}, {4, 0.6}}));
+  EXPECT_TRUE(asha->should_prune(trials.back(), trials));  // second at rung 2, worse than the first
+}
+
+TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
+  auto path = temporary_path("study.sqlite");
+  StudyConfig config;
+  config.direction = Direction::maximize;
+  config.sampler = "random";
+  config.seed = 42;
+  config.target_trials = 3;
+  config.space = parse_space({"lr=loguniform:1e-4:1e-1", "batch=choice:16,32"});
+  config.train_flags = {"--data", "patches.h5", "--epochs", "2"};
+  {
+    StudyStore store(path, StudyStore::Mode::read_write);
+    EXPECT_FALSE(store.has_study());
+    store.create_study(config);
+    store.add_trial(0, {{"lr", 0.01}, {"batch", 32}});
+    Attempt first;
+    first.command = {"tessera", "train", "--batch", "32"};
+    first.batch = 32;
+    first.started = 100;
+    store.start_attempt(0, first);
+    first.state = TrialState::oom;
+    first.exit_code = 3;
+    first.stderr_tail = "out of device memory";
+    first.finished = 101;
+    store.finish_attempt(0, first, TrialState::running, std::nullopt);
+    Attempt second = first;
+    second.index = 1;
+    second.batch = 16;
+    second.accumulate = 2;
+    second.state = TrialState::running;
+    store.start_attempt(0, second);
+    second.intermediate = {{1, 0.5}, {2, 0.75}};
+    store.record_intermediate(0, second);
+    second.state = TrialState::complete;
+    second.value = 0.75;
+    second.peak_device_bytes = 123456;
+    second.device = "llvmpipe";
+    second.metrics = {{"accuracy", 0.75}};
+    store.finish_attempt(0, second, TrialState::complete, 0.75);
+    store.add_trial(1, {{"lr", 0.001}, {"batch", 16}});
+    store.start_attempt(1, first);
+  }
+  StudyStore store(path, StudyStore::Mode::read_write);
+  ASSERT_TRUE(store.has_study());
+  auto loaded = store.study();
+  EXPECT_EQ(loaded.direction, Direction::maximize);
+  EXPECT_EQ(loaded.seed, 42u);
+  EXPECT_EQ(loaded.train_flags, config.train_flags);
+  EXPECT_EQ(to_json(loaded.space), to_json(config.space));
+  EXPECT_EQ(store.mark_interrupted(), 1);
+  auto trials = store.trials();
+  ASSERT_EQ(trials.size(), 2u);
+  EXPECT_EQ(trials[0].state, TrialState::complete);
+  EXPECT_EQ(trials[0].value, 0.75);
+  ASSERT_EQ(trials[0].attempts.size(), 2u);
+  EXPECT_EQ(trials[0].attempts[0].state, TrialState::oom);
+  EXPECT_EQ(trials[0].attempts[0].exit_code, 3);
+  EXPECT_EQ(trials[0].attempts[1].batch, 16);
+  EXPECT_EQ(trials[0].attempts[1].accumulate, 2);
+  EXPECT_EQ(trials[0].attempts[1].peak_device_bytes, 123456u);
+  EXPECT_EQ(trials[0].intermediate(), (std::vector<std::pair<int64_t, double>>{{1, 0.5}, {2, 0.75}}));
+  EXPECT_EQ(trials[1].state, TrialState::interrupted);
+  EXPECT_EQ(trials[1].attempts[0].state, TrialState::interrupted);
+
+  auto csv = export_csv(trials, loaded);
+  EXPECT_NE(csv.find("number,state,value,attempts"), std::string::npos);
+  EXPECT_NE(csv.find("0,complete,0.75,2,"), std::string::npos) << csv;
+  auto json = nlohmann::json::parse(export_json(trials, loaded));
+  EXPECT_EQ(json["best"]["number"], 0);
+  EXPECT_EQ(json["trials"][0]["attempts"][1]["intermediate"][1]["value"], 0.75);
+  auto table = format_table(trials, loaded);
+  EXPECT_NE(table.find("best flags: --lr 0.01 --batch 16 --accumulate 2"), std::string::npos) << table;
+  auto svg = export_svg(trials, loaded);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("lr against the objective"), std::string::npos);
+  EXPECT_NE(svg.find("batch against the objective"), std::string::npos);
+}
+
+TEST(SweepStore, RefusesFilesThatAreNotStudies) {
+  auto text = temporary_path("notes.sqlite");
+  std::ofstream(text) << "these are not the trials you are looking for\n";
+  EXPECT_THROW(StudyStore(text, StudyStore::Mode::read_write), BadInput);
+  EXPECT_THROW(StudyStore(text, StudyStore::Mode::read_only), BadInput);
+  auto missing = temporary_path("missing.sqlite");
+  EXPECT_THROW(StudyStore(missing, StudyStore::Mode::read_only), BadInput);
+  EXPECT_FALSE(std::filesystem::exists(missing));
+  // An SQLite database of something else.
+  auto foreign = temporary_path("foreign.sqlite");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE photos(id INTEGER)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  try {
+    StudyStore store(foreign, StudyStore::Mode::read_write);
+    ADD_FAILURE() << "a foreign database was accepted";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("not a tessera study"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::sweep
