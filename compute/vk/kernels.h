@@ -32,6 +32,8 @@ class Kernels {
   // The pipeline of shaders/<name>.comp with specialization constants 0..n-1 set to
   // `constants` (a shader gives its workgroup size and tile shapes this way).
   const Kernel& get(const std::string& name, const std::vector<int32_t>& constants = {});
+  // The device the kernels run on (ops pick tile shapes for it).
+  Context& context() const { return context_; }
 
  private:
   void load_cache();

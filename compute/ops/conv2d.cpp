@@ -1,0 +1,143 @@
+#include "compute/ops/conv2d.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "compute/ops/gemm.h"
+
+namespace tessera {
+
+namespace {
+// Split-K for the weight gradient: enough slices that a small weight still makes this many
+// blocks of work, each slice long enough to be worth a launch, and the partial sums bounded.
+constexpr int64_t kTargetBlocks = 256, kNominalBlock = 64 * 16, kMinSliceLength = 512;
+constexpr int64_t kMaxPartialElements = int64_t{4} << 20;
+}  // namespace
+
+std::unique_ptr<Op> make_conv2d(const LayerConfig& layer) {
+  if (layer.integer("groups", 1, 1) != 1) layer.fail("groups", "must be 1 (grouped convolutions are not supported)");
+  bool split = layer.json().contains("kernel_h") || layer.json().contains("kernel_w");
+  int64_t kernel_h = split ? layer.integer("kernel_h", std::nullopt, 1) : layer.integer("kernel", std::nullopt, 1);
+  int64_t kernel_w = split ? layer.integer("kernel_w", std::nullopt, 1) : kernel_h;
+  return std::make_unique<Conv2d>(layer.integer("out_channels", std::nullopt, 1), kernel_h, kernel_w,
+                                  layer.integer("stride", 1, 1), layer.integer("padding", 0, 0),
+                                  layer.boolean("bias", true));
+}
+
+Conv2d::Conv2d(int64_t out_channels, int64_t kernel_h, int64_t kernel_w, int64_t stride, int64_t padding, bool bias)
+    : has_bias_(bias) {
+  shape_.out_channels = out_channels;
+  shape_.kernel_h = kernel_h;
+  shape_.kernel_w = kernel_w;
+  shape_.stride = stride;
+  shape_.padding = padding;
+}
+
+Shape Conv2d::infer(const std::vector<Shape>& inputs) {
+  if (inputs.size() != 1) throw ShapeError("conv2d takes one input");
+  const Shape& x = inputs[0];
+  if (x.size() != 4) throw ShapeError("conv2d takes [N,C,H,W], got " + to_string(x));
+  Conv2dShape& s = shape_;
+  s.batch = x[0];
+  s.in_channels = x[1];
+  s.height = x[2];
+  s.width = x[3];
+  if (s.height + 2 * s.padding < s.kernel_h || s.width + 2 * s.padding < s.kernel_w)
+    throw ShapeError("conv2d: input " + to_string(x) + " with padding " + std::to_string(s.padding) +
+                     " is smaller than the kernel " + std::to_string(s.kernel_h) + "x" + std::to_string(s.kernel_w));
+  s.out_height = (s.height + 2 * s.padding - s.kernel_h) / s.stride + 1;
+  s.out_width = (s.width + 2 * s.padding - s.kernel_w) / s.stride + 1;
+
+  int64_t reduction = s.batch * s.out_height * s.out_width;
+  int64_t weights = s.out_channels * s.in_channels * s.kernel_h * s.kernel_w;
+  int64_t blocks = (weights + kNominalBlock - 1) / kNominalBlock;
+  int64_t slices = std::min({(kTargetBlocks + blocks - 1) / blocks, reduction / kMinSliceLength,
+                             kMaxPartialElements / weights});
+  slices = std::max<int64_t>(slices, 1);
+  slice_length_ = (reduction + slices - 1) / slices;
+  slices_ = (reduction + slice_length_ - 1) / slice_length_;
+  return {s.batch, s.out_channels, s.out_height, s.out_width};
+}
+
+std::vector<TensorSpec> Conv2d::tensors() const {
+  const Conv2dShape& s = shape_;
+  float bound = 1.0f / std::sqrt(static_cast<float>(s.in_channels * s.kernel_h * s.kernel_w));
+  std::vector<TensorSpec> specs{{"weight", {s.out_channels, s.in_channels, s.kernel_h, s.kernel_w},
+                                 TensorRole::parameter, DType::f32, {Init::uniform, bound}}};
+  if (has_bias_) specs.push_back({"bias", {s.out_channels}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
+  if (slices_ > 1)
+    specs.push_back({"weight_grad_partial", {slices_, s.out_channels, s.in_channels * s.kernel_h * s.kernel_w},
+                     TensorRole::saved});
+  return specs;
+}
+
+double Conv2d::forward_flops() const {
+  const Conv2dShape& s = shape_;
+  return 2.0 * static_cast<double>(s.batch * s.out_channels * s.out_height * s.out_width) *
+         static_cast<double>(s.in_channels * s.kernel_h * s.kernel_w);
+}
+
+Conv2d::Push Conv2d::push(bool accumulate) const {
+  const Conv2dShape& s = shape_;
+  auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
+  return {u(s.batch),    u(s.in_channels), u(s.height), u(s.width),  u(s.out_channels),   u(s.out_height), u(s.out_width),
+          u(s.kernel_h), u(s.kernel_w),    u(s.stride), u(s.padding), u(slice_length_), accumulate ? 1u : 0u};
+}
+
+void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  const Conv2dShape& s = shape_;
+  GemmTiles tiles = gemm_tiles(kernels);
+  auto& kernel = kernels.get("conv2d_forward", {tiles.group, tiles.rows, tiles.columns, has_bias_ ? 1 : 0});
+  int64_t rows_per_group = tiles.group * tiles.rows;
+  auto [groups_y, groups_z] = column_groups((s.batch * s.out_height * s.out_width + tiles.columns - 1) / tiles.columns);
+  const vk::Buffer& weight = t.tensors[0]->buffer();
+  recorder.dispatch(kernel,
+                    {vk::reads(t.inputs[0]->buffer()), vk::reads(weight),
+                     vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer())},
+                    push(false), static_cast<uint32_t>((s.out_channels + rows_per_group - 1) / rows_per_group),
+                    groups_y, groups_z);
+}
+
+void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  const Conv2dShape& s = shape_;
+  GemmTiles tiles = gemm_tiles(kernels);
+  int64_t rows_per_group = tiles.group * tiles.rows;
+  const vk::Buffer& dy = t.output_grad->buffer();
+  const vk::Buffer& weight = t.tensors[0]->buffer();
+
+  if (t.input_grads[0]) {
+    auto& kernel = kernels.get("conv2d_backward_data", {tiles.group, tiles.rows, tiles.columns});
+    bool accumulate = t.accumulate_input_grads[0];
+    const vk::Buffer& dx = t.input_grads[0]->buffer();
+    auto [groups_y, groups_z] = column_groups((s.batch * s.height * s.width + tiles.columns - 1) / tiles.columns);
+    recorder.dispatch(kernel, {vk::reads(dy), vk::reads(weight), accumulate ? vk::updates(dx) : vk::writes(dx)},
+                      push(accumulate),
+                      static_cast<uint32_t>((s.in_channels + rows_per_group - 1) / rows_per_group), groups_y,
+                      groups_z);
+  }
+
+  const vk::Buffer& dweight = t.grads[0]->buffer();
+  int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
+  auto& kernel = kernels.get("conv2d_backward_weight", {tiles.group, tiles.rows, tiles.columns});
+  const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
+  recorder.dispatch(kernel,
+                    {vk::reads(dy), vk::reads(t.inputs[0]->buffer()), slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
+                    push(slices_ == 1), static_cast<uint32_t>((s.out_channels + rows_per_group - 1) / rows_per_group),
+                    static_cast<uint32_t>((columns + tiles.columns - 1) / tiles.columns),
+                    static_cast<uint32_t>(slices_));
+  if (slices_ > 1) {
+    struct ReducePush {
+      uint32_t count, slices;
+    };
+    auto& reduce = kernels.get("conv2d_backward_weight_reduce", {static_cast<int32_t>(kElementwiseGroup)});
+    int64_t count = s.out_channels * columns;
+    recorder.dispatch_elements(reduce, {vk::reads(partial), vk::updates(dweight)},
+                               ReducePush{static_cast<uint32_t>(count), static_cast<uint32_t>(slices_)}, count,
+                               kElementwiseGroup);
+  }
+  if (has_bias_)
+    record_bias_backward(recorder, kernels, dy, t.grads[1]->buffer(), static_cast<uint32_t>(s.batch),
+                         static_cast<uint32_t>(s.out_channels), static_cast<uint32_t>(s.out_height * s.out_width));
+}
+
+}  // namespace tessera

@@ -1,0 +1,44 @@
+// 2-D convolution, PyTorch's nn.Conv2d (groups = 1): x [N,C,H,W], weight [O,C,KH,KW],
+// optional bias [O], any kernel size, stride and zero padding. Every pass is an implicit GEMM
+// (shaders/gemm_block.glsl) that reads x in place: no unfolded copy of the input.
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+struct Conv2dShape {
+  int64_t batch = 0, in_channels = 0, height = 0, width = 0;
+  int64_t out_channels = 0, out_height = 0, out_width = 0;
+  int64_t kernel_h = 1, kernel_w = 1, stride = 1, padding = 0;
+};
+
+class Conv2d : public Op {
+ public:
+  Conv2d(int64_t out_channels, int64_t kernel_h, int64_t kernel_w, int64_t stride, int64_t padding, bool bias);
+  std::string type() const override { return "conv2d"; }
+  // x [N,C,H,W] -> y [N,O,OH,OW], OH = (H + 2p - KH) / s + 1
+  Shape infer(const std::vector<Shape>& inputs) override;
+  // weight, bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch; where the weight gradient's
+  // reduction is split, a saved buffer for the partial sums of the slices.
+  std::vector<TensorSpec> tensors() const override;
+  // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
+  void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // dx (+)= the transposed convolution of dy; dweight += dy (*) x; dbias += sum dy
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  double forward_flops() const override;
+
+ private:
+  struct Push {
+    uint32_t batch, C, H, W, O, OH, OW, KH, KW, stride, pad, k_per_slice, accumulate;
+  };
+  Push push(bool accumulate) const;
+
+  Conv2dShape shape_;
+  bool has_bias_;
+  // The weight gradient's reduction (N*OH*OW) in `slices_` slices of `slice_length_`.
+  int64_t slices_ = 1, slice_length_ = 0;
+};
+
+std::unique_ptr<Op> make_conv2d(const LayerConfig& layer);
+
+}  // namespace tessera

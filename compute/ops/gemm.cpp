@@ -1,0 +1,53 @@
+#include "compute/ops/gemm.h"
+
+#include "compute/op.h"
+#include "compute/vk/context.h"
+
+namespace tessera {
+
+namespace {
+struct GemmPush {
+  uint32_t M, N, K;
+  uint32_t a_m, a_k, b_k, b_n, c_m, c_n;
+  uint32_t accumulate;
+};
+struct BiasPush {
+  uint32_t batch, channels, pixels;
+};
+constexpr uint64_t kMaxGroupsY = 65535;
+}  // namespace
+
+GemmTiles gemm_tiles(const vk::Kernels& kernels) {
+  const auto& device = kernels.context().info();
+  if (device.type == "cpu") return {static_cast<int32_t>(device.subgroup_size), 8, 16};
+  return {64, 4, 8};
+}
+
+std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
+  if (blocks <= kMaxGroupsY) return {static_cast<uint32_t>(blocks), 1};
+  uint64_t z = (blocks + kMaxGroupsY - 1) / kMaxGroupsY;
+  return {static_cast<uint32_t>((blocks + z - 1) / z), static_cast<uint32_t>(z)};
+}
+
+void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias) {
+  GemmTiles tiles = gemm_tiles(kernels);
+  auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0});
+  GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
+                accumulate ? 1u : 0u};
+  uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);
+  auto [groups_y, groups_z] = column_groups((N + tiles.columns - 1) / tiles.columns);
+  recorder.dispatch(kernel,
+                    {vk::reads(*a.buffer), vk::reads(*b.buffer), vk::reads(bias ? *bias : *a.buffer),
+                     accumulate ? vk::updates(*c.buffer) : vk::writes(*c.buffer)},
+                    push, (M + rows_per_group - 1) / rows_per_group, groups_y, groups_z);
+}
+
+void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const vk::Buffer& dy,
+                          const vk::Buffer& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
+  auto& kernel = kernels.get("bias_backward", {static_cast<int32_t>(kElementwiseGroup)});
+  recorder.dispatch_elements(kernel, {vk::reads(dy), vk::updates(dbias)}, BiasPush{batch, channels, pixels},
+                             channels, kElementwiseGroup);
+}
+
+}  // namespace tessera

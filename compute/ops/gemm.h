@@ -1,0 +1,38 @@
+// What the GEMM-shaped ops (conv2d, linear) share: tile shapes per device, a strided matrix
+// product and the bias gradient.
+#pragma once
+#include <cstdint>
+#include <utility>
+
+#include "compute/vk/kernels.h"
+#include "compute/vk/recorder.h"
+
+namespace tessera {
+
+// The register block of shaders/gemm_block.glsl: `group` invocations per workgroup, each
+// computing `rows` x `columns` outputs.
+struct GemmTiles {
+  int32_t group, rows, columns;
+};
+// CPU devices (lavapipe) want large blocks per invocation, since loads cost far more than FMAs
+// there; GPUs want many invocations.
+GemmTiles gemm_tiles(const vk::Kernels& kernels);
+
+// Workgroups (y, z) that count `blocks` column blocks without passing the y limit.
+std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks);
+
+// Element (row, col) of a strided matrix is at row * row_stride + col * col_stride.
+struct MatrixView {
+  const vk::Buffer* buffer;
+  uint32_t row_stride, col_stride;
+};
+
+// c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given).
+void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias = nullptr);
+
+// dbias[o] += sum_{n,i} dy[n,o,i] for dy [batch, channels, pixels].
+void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const vk::Buffer& dy,
+                          const vk::Buffer& dbias, uint32_t batch, uint32_t channels, uint32_t pixels);
+
+}  // namespace tessera

@@ -1,0 +1,55 @@
+#include "compute/ops/linear.h"
+
+#include <cmath>
+
+#include "compute/ops/gemm.h"
+
+namespace tessera {
+
+std::unique_ptr<Op> make_linear(const LayerConfig& layer) {
+  return std::make_unique<Linear>(layer.integer("out_features", std::nullopt, 1), layer.boolean("bias", true));
+}
+
+Shape Linear::infer(const std::vector<Shape>& inputs) {
+  if (inputs.size() != 1) throw ShapeError("linear takes one input");
+  if (inputs[0].size() != 2)
+    throw ShapeError("linear takes [batch, features], got " + to_string(inputs[0]) + " (flatten first)");
+  batch_ = inputs[0][0];
+  in_features_ = inputs[0][1];
+  return {batch_, out_features_};
+}
+
+std::vector<TensorSpec> Linear::tensors() const {
+  float bound = 1.0f / std::sqrt(static_cast<float>(in_features_));
+  std::vector<TensorSpec> specs{{"weight", {out_features_, in_features_}, TensorRole::parameter, DType::f32,
+                                 {Init::uniform, bound}}};
+  if (has_bias_) specs.push_back({"bias", {out_features_}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
+  return specs;
+}
+
+double Linear::forward_flops() const { return 2.0 * static_cast<double>(batch_ * out_features_ * in_features_); }
+
+void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  auto batch = static_cast<uint32_t>(batch_), in = static_cast<uint32_t>(in_features_),
+       out = static_cast<uint32_t>(out_features_);
+  // y^T [out, N] = weight [out, in] x^T [in, N]: rows are output features.
+  record_gemm(recorder, kernels, out, batch, in, {&t.tensors[0]->buffer(), in, 1}, {&t.inputs[0]->buffer(), 1, in},
+              {&t.output->buffer(), 1, out}, false, has_bias_ ? &t.tensors[1]->buffer() : nullptr);
+}
+
+void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  auto batch = static_cast<uint32_t>(batch_), in = static_cast<uint32_t>(in_features_),
+       out = static_cast<uint32_t>(out_features_);
+  const vk::Buffer& dy = t.output_grad->buffer();
+  if (t.input_grads[0]) {
+    // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
+    record_gemm(recorder, kernels, in, batch, out, {&t.tensors[0]->buffer(), 1, in}, {&dy, 1, out},
+                {&t.input_grads[0]->buffer(), 1, in}, t.accumulate_input_grads[0]);
+  }
+  // dweight [out, in] += dy^T [out, N] x [N, in]
+  record_gemm(recorder, kernels, out, in, batch, {&dy, 1, out}, {&t.inputs[0]->buffer(), in, 1},
+              {&t.grads[0]->buffer(), in, 1}, true);
+  if (has_bias_) record_bias_backward(recorder, kernels, dy, t.grads[1]->buffer(), batch, out, 1);
+}
+
+}  // namespace tessera

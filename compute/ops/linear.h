@@ -1,0 +1,28 @@
+// Linear (dense) layer, PyTorch's nn.Linear: y[n,o] = sum_i x[n,i] weight[o,i] + bias[o].
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+class Linear : public Op {
+ public:
+  Linear(int64_t out_features, bool bias) : out_features_(out_features), has_bias_(bias) {}
+  std::string type() const override { return "linear"; }
+  // x [N, in] -> y [N, out]
+  Shape infer(const std::vector<Shape>& inputs) override;
+  // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
+  std::vector<TensorSpec> tensors() const override;
+  // y = x weight^T + bias
+  void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  double forward_flops() const override;
+
+ private:
+  int64_t out_features_, in_features_ = 0, batch_ = 0;
+  bool has_bias_;
+};
+
+std::unique_ptr<Op> make_linear(const LayerConfig& layer);
+
+}  // namespace tessera

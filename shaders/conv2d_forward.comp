@@ -1,0 +1,51 @@
+#version 450
+// y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
+// as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
+#include "conv2d.glsl"
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const int TM = 4;
+layout(constant_id = 2) const int TN = 16;
+layout(constant_id = 3) const bool HAS_BIAS = true;
+layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
+layout(std430, binding = 3) writeonly buffer Y { float y[]; };
+
+// Per column: the image's offset in x and the window's top-left corner.
+uint column_image[TN];
+int column_top[TN], column_left[TN];
+
+float a_value(uint o, uint k) { return weight[o * p.C * p.KH * p.KW + k]; }
+void b_values(uint k, out float v[TN]) {
+  uint taps = p.KH * p.KW, c = k / taps, kh = (k % taps) / p.KW, kw = k % p.KW;
+  for (int j = 0; j < TN; ++j) {
+    int ih = column_top[j] + int(kh), iw = column_left[j] + int(kw);
+    bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
+    // Load from a clamped address and select: a branch around the load would be divergent.
+    float value = x[column_image[j] + (c * p.H + clamp(ih, 0, int(p.H) - 1)) * p.W + clamp(iw, 0, int(p.W) - 1)];
+    v[j] = inside ? value : 0.0;
+  }
+}
+#include "gemm_block.glsl"
+
+void main() {
+  uint pixels = p.OH * p.OW, columns = p.batch * pixels;
+  uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
+  uint n0 = block_first_column();
+  for (int j = 0; j < TN; ++j) {
+    uint n = min(n0 + j, columns - 1), pixel = n % pixels;
+    column_image[j] = n / pixels * p.C * p.H * p.W;
+    column_top[j] = int(pixel / p.OW * p.stride) - int(p.pad);
+    column_left[j] = int(pixel % p.OW * p.stride) - int(p.pad);
+  }
+  accumulate_block(m0, p.O, 0, p.C * p.KH * p.KW);
+  for (int i = 0; i < TM; ++i) {
+    uint o = m0 + i * gl_WorkGroupSize.x;
+    if (o >= p.O) break;
+    float shift = HAS_BIAS ? bias[o] : 0.0;
+    for (int j = 0; j < TN && n0 + j < columns; ++j) {
+      uint n = n0 + j;
+      y[(n / pixels * p.O + o) * pixels + n % pixels] = acc[i][j] + shift;
+    }
+  }
+}

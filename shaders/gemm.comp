@@ -1,0 +1,40 @@
+#version 450
+// C(m,n) (+)= sum_k A(m,k) B(k,n) (+ bias[m]), each operand addressed through two strides so
+// that one kernel serves every transposition (dense forward, both backward passes, benchmarks).
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const int TM = 4;
+layout(constant_id = 2) const int TN = 16;
+layout(constant_id = 3) const bool HAS_BIAS = false;
+layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
+layout(std430, binding = 3) buffer C { float c[]; };
+layout(push_constant) uniform Push {
+  uint M, N, K;
+  uint a_m, a_k, b_k, b_n, c_m, c_n;
+  uint accumulate;
+} p;
+
+uint b_columns[TN];
+
+float a_value(uint m, uint k) { return a[m * p.a_m + k * p.a_k]; }
+void b_values(uint k, out float v[TN]) {
+  for (int j = 0; j < TN; ++j) v[j] = b[k * p.b_k + b_columns[j]];
+}
+#include "gemm_block.glsl"
+
+void main() {
+  uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
+  uint n0 = block_first_column();
+  for (int j = 0; j < TN; ++j) b_columns[j] = min(n0 + j, p.N - 1) * p.b_n;
+  accumulate_block(m0, p.M, 0, p.K);
+  for (int i = 0; i < TM; ++i) {
+    uint m = m0 + i * gl_WorkGroupSize.x;
+    if (m >= p.M) break;
+    float shift = HAS_BIAS ? bias[m] : 0.0;
+    for (int j = 0; j < TN && n0 + j < p.N; ++j) {
+      uint at = m * p.c_m + (n0 + j) * p.c_n;
+      c[at] = p.accumulate != 0u ? c[at] + acc[i][j] + shift : acc[i][j] + shift;
+    }
+  }
+}

@@ -1,0 +1,132 @@
+// conv2d against plain CPU loops (forward and both backward passes) and central differences.
+#include <gtest/gtest.h>
+
+#include "compute/ops/conv2d.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+struct Case {
+  int64_t batch, channels, height, width, out_channels, kernel_h, kernel_w, stride, padding;
+  bool bias;
+};
+
+Conv2d make(const Case& c) { return Conv2d(c.out_channels, c.kernel_h, c.kernel_w, c.stride, c.padding, c.bias); }
+
+// Calls visit(x index, weight index, y index) for every multiply of the convolution.
+template <class Visit>
+void for_each_tap(const Case& c, Visit visit) {
+  int64_t oh_count = (c.height + 2 * c.padding - c.kernel_h) / c.stride + 1;
+  int64_t ow_count = (c.width + 2 * c.padding - c.kernel_w) / c.stride + 1;
+  for (int64_t n = 0; n < c.batch; ++n)
+    for (int64_t o = 0; o < c.out_channels; ++o)
+      for (int64_t oh = 0; oh < oh_count; ++oh)
+        for (int64_t ow = 0; ow < ow_count; ++ow)
+          for (int64_t ch = 0; ch < c.channels; ++ch)
+            for (int64_t kh = 0; kh < c.kernel_h; ++kh)
+              for (int64_t kw = 0; kw < c.kernel_w; ++kw) {
+                int64_t ih = oh * c.stride - c.padding + kh, iw = ow * c.stride - c.padding + kw;
+                if (ih < 0 || ih >= c.height || iw < 0 || iw >= c.width) continue;
+                visit(((n * c.channels + ch) * c.height + ih) * c.width + iw,
+                      ((o * c.channels + ch) * c.kernel_h + kh) * c.kernel_w + kw,
+                      ((n * c.out_channels + o) * oh_count + oh) * ow_count + ow);
+              }
+}
+
+std::vector<float> cpu_forward(const Case& c, const test::OpCheck& check) {
+  const auto& x = check.inputs[0];
+  const auto& weight = check.tensors[0];
+  std::vector<double> y(static_cast<size_t>(element_count(check.output_shape)), 0.0);
+  for_each_tap(c, [&](int64_t xi, int64_t wi, int64_t yi) { y[yi] += static_cast<double>(x[xi]) * weight[wi]; });
+  int64_t pixels = check.output_shape[2] * check.output_shape[3];
+  if (c.bias)
+    for (size_t i = 0; i < y.size(); ++i) y[i] += check.tensors[1][i / pixels % c.out_channels];
+  return std::vector<float>(y.begin(), y.end());
+}
+
+void expect_forward_matches(const Case& c) {
+  Conv2d conv = make(c);
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
+  test::expect_near(check.forward(), cpu_forward(c, check), 1e-4, "y");
+}
+
+// dx, dweight and dbias from the device against the CPU's, for one upstream gradient.
+void expect_backward_matches(const Case& c) {
+  Conv2d conv = make(c);
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
+  auto dy = test::random_values(static_cast<size_t>(element_count(check.output_shape)), 5);
+  auto grads = check.backward(dy);
+  const auto& x = check.inputs[0];
+  const auto& weight = check.tensors[0];
+  std::vector<double> dx(x.size(), 0.0), dweight(weight.size(), 0.0), dbias(static_cast<size_t>(c.out_channels), 0.0);
+  for_each_tap(c, [&](int64_t xi, int64_t wi, int64_t yi) {
+    dx[xi] += static_cast<double>(dy[yi]) * weight[wi];
+    dweight[wi] += static_cast<double>(dy[yi]) * x[xi];
+  });
+  int64_t pixels = check.output_shape[2] * check.output_shape[3];
+  for (size_t i = 0; i < dy.size(); ++i) dbias[i / pixels % c.out_channels] += dy[i];
+  test::expect_near(grads[0], std::vector<float>(dx.begin(), dx.end()), 1e-4, "dx");
+  test::expect_near(grads[1], std::vector<float>(dweight.begin(), dweight.end()), 1e-4, "dweight");
+  if (c.bias) test::expect_near(grads[2], std::vector<float>(dbias.begin(), dbias.end()), 1e-4, "dbias");
+}
+
+const Case k3_same{2, 3, 7, 9, 5, 3, 3, 1, 1, true};
+const Case k3_stride2{2, 3, 9, 7, 4, 3, 3, 2, 1, true};
+const Case k1_no_bias{3, 6, 5, 3, 7, 1, 1, 1, 0, false};
+const Case k7_stride2{1, 2, 13, 11, 3, 7, 7, 2, 3, true};
+const Case k2x3_stride3{2, 2, 8, 10, 3, 2, 3, 3, 0, true};
+const Case k5_valid{1, 4, 6, 7, 9, 5, 5, 1, 0, true};
+
+TEST(Conv2d, ForwardMatchesCpu) {
+  for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid}) expect_forward_matches(c);
+}
+
+TEST(Conv2d, BackwardMatchesCpu) {
+  for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid}) expect_backward_matches(c);
+}
+
+// A reduction long enough that the weight gradient is split into slices and summed.
+TEST(Conv2d, SplitWeightGradientMatchesCpu) {
+  Case c{2, 2, 24, 24, 3, 3, 3, 1, 1, true};
+  Conv2d conv = make(c);
+  conv.infer({{c.batch, c.channels, c.height, c.width}});
+  auto specs = conv.tensors();
+  ASSERT_EQ(specs.back().name, "weight_grad_partial");
+  EXPECT_GT(specs.back().shape[0], 1);
+  expect_backward_matches(c);
+}
+
+TEST(Conv2d, BackwardMatchesFiniteDifferences) {
+  for (const Case& c : {Case{2, 2, 5, 5, 3, 3, 3, 1, 1, true}, Case{1, 3, 7, 6, 2, 3, 3, 2, 1, false},
+                        Case{2, 3, 3, 5, 4, 1, 1, 1, 0, true}, Case{1, 2, 9, 8, 2, 7, 7, 2, 3, true}}) {
+    Conv2d conv = make(c);
+    test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
+    check.expect_gradients_match();
+  }
+}
+
+TEST(Conv2d, InitialisesLikePyTorch) {
+  Conv2d conv(8, 3, 3, 1, 1, true);
+  conv.infer({{1, 4, 5, 5}});
+  auto specs = conv.tensors();
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].shape, (Shape{8, 4, 3, 3}));
+  EXPECT_EQ(specs[0].init.kind, Init::uniform);
+  EXPECT_FLOAT_EQ(specs[0].init.scale, 1.0f / 6.0f);  // 1/sqrt(4*3*3)
+  EXPECT_FLOAT_EQ(specs[1].init.scale, 1.0f / 6.0f);
+  EXPECT_DOUBLE_EQ(conv.forward_flops(), 2.0 * 8 * 25 * 36);
+}
+
+TEST(Conv2d, ReadsItsFields) {
+  auto conv = make_op(LayerConfig({{"name", "c"}, {"type", "conv2d"}, {"out_channels", 4}, {"kernel_h", 1},
+                                   {"kernel_w", 3}, {"padding", 1}, {"bias", false}}));
+  EXPECT_EQ(conv->infer({{1, 2, 5, 5}}), (Shape{1, 4, 7, 5}));
+  EXPECT_EQ(conv->tensors().size(), 1u);
+  EXPECT_THROW(make_op(LayerConfig({{"name", "c"}, {"type", "conv2d"}, {"kernel", 3}})), ModelError);
+  EXPECT_THROW(conv->infer({{1, 2, 5}}), ShapeError);
+}
+
+}  // namespace
+}  // namespace tessera

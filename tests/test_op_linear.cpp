@@ -1,0 +1,84 @@
+// linear against plain CPU loops (forward and backward) and central differences.
+#include <gtest/gtest.h>
+
+#include "compute/ops/linear.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+struct Case {
+  int64_t batch, in, out;
+  bool bias;
+};
+
+TEST(Linear, ForwardMatchesCpu) {
+  for (const Case& c : {Case{3, 7, 5, true}, Case{17, 33, 9, false}, Case{1, 1, 1, true}, Case{64, 40, 130, true}}) {
+    Linear linear(c.out, c.bias);
+    test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
+    std::vector<float> expected(static_cast<size_t>(c.batch * c.out));
+    for (int64_t n = 0; n < c.batch; ++n)
+      for (int64_t o = 0; o < c.out; ++o) {
+        double sum = c.bias ? check.tensors[1][o] : 0.0;
+        for (int64_t i = 0; i < c.in; ++i) sum += static_cast<double>(check.inputs[0][n * c.in + i]) * check.tensors[0][o * c.in + i];
+        expected[n * c.out + o] = static_cast<float>(sum);
+      }
+    test::expect_near(check.forward(), expected, 1e-4, "y");
+  }
+}
+
+TEST(Linear, BackwardMatchesCpu) {
+  for (const Case& c : {Case{3, 7, 5, true}, Case{19, 33, 9, false}, Case{64, 40, 130, true}}) {
+    Linear linear(c.out, c.bias);
+    test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
+    auto dy = test::random_values(static_cast<size_t>(c.batch * c.out), 5);
+    auto grads = check.backward(dy);
+    const auto& x = check.inputs[0];
+    const auto& weight = check.tensors[0];
+    std::vector<float> dx(x.size()), dweight(weight.size()), dbias(static_cast<size_t>(c.out));
+    for (int64_t n = 0; n < c.batch; ++n)
+      for (int64_t i = 0; i < c.in; ++i) {
+        double sum = 0;
+        for (int64_t o = 0; o < c.out; ++o) sum += static_cast<double>(dy[n * c.out + o]) * weight[o * c.in + i];
+        dx[n * c.in + i] = static_cast<float>(sum);
+      }
+    for (int64_t o = 0; o < c.out; ++o) {
+      for (int64_t i = 0; i < c.in; ++i) {
+        double sum = 0;
+        for (int64_t n = 0; n < c.batch; ++n) sum += static_cast<double>(dy[n * c.out + o]) * x[n * c.in + i];
+        dweight[o * c.in + i] = static_cast<float>(sum);
+      }
+      double sum = 0;
+      for (int64_t n = 0; n < c.batch; ++n) sum += dy[n * c.out + o];
+      dbias[o] = static_cast<float>(sum);
+    }
+    test::expect_near(grads[0], dx, 1e-4, "dx");
+    test::expect_near(grads[1], dweight, 1e-4, "dweight");
+    if (c.bias) test::expect_near(grads[2], dbias, 1e-4, "dbias");
+  }
+}
+
+TEST(Linear, BackwardMatchesFiniteDifferences) {
+  for (const Case& c : {Case{4, 9, 5, true}, Case{3, 6, 11, false}}) {
+    Linear linear(c.out, c.bias);
+    test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
+    check.expect_gradients_match();
+  }
+}
+
+TEST(Linear, InitialisesLikePyTorchAndReadsItsFields) {
+  auto linear = make_op(LayerConfig({{"name", "fc"}, {"type", "linear"}, {"out_features", 10}}));
+  EXPECT_EQ(linear->infer({{2, 16}}), (Shape{2, 10}));
+  auto specs = linear->tensors();
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].shape, (Shape{10, 16}));
+  EXPECT_FLOAT_EQ(specs[0].init.scale, 0.25f);
+  EXPECT_FLOAT_EQ(specs[1].init.scale, 0.25f);
+  EXPECT_DOUBLE_EQ(linear->forward_flops(), 2.0 * 2 * 10 * 16);
+  EXPECT_THROW(linear->infer({{2, 3, 4, 4}}), ShapeError);
+  EXPECT_THROW(make_op(LayerConfig({{"name", "fc"}, {"type", "linear"}, {"out_features", 0}})), ModelError);
+}
+
+}  // namespace
+}  // namespace tessera
