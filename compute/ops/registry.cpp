@@ -3,6 +3,7 @@
 #include <map>
 
 #include "compute/ops/add.h"
+#include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/dropout.h"
 #include "compute/ops/flatten.h"
@@ -75,6 +76,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"add", make_add},
       {"dropout", make_dropout},
       {"softmax_cross_entropy", make_softmax_cross_entropy},
+      {"batch_norm2d", make_batch_norm2d},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {

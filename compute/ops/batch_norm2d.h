@@ -1,0 +1,29 @@
+// Batch normalisation, PyTorch's nn.BatchNorm2d (affine, tracked running statistics) on
+// [N,C,H,W], and BatchNorm1d's semantics on [N,C]. Training normalises with the batch's
+// statistics and updates the running ones; evaluation uses the running ones.
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+class BatchNorm2d : public Op {
+ public:
+  BatchNorm2d(float eps, float momentum) : eps_(eps), momentum_(momentum) {}
+  std::string type() const override { return "batch_norm2d"; }
+  Shape infer(const std::vector<Shape>& inputs) override;
+  // weight [C] (ones), bias [C] (zeros); running_mean [C] (zeros), running_var [C] (ones);
+  // saved: mean [C] and invstd [C], the statistics that forward normalised with
+  std::vector<TensorSpec> tensors() const override;
+  // x [N,C,(H,W)] -> y, one workgroup per channel
+  void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // dy -> dx, dweight, dbias, one workgroup per channel
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+
+ private:
+  float eps_, momentum_;
+  int64_t batch_ = 0, channels_ = 0, plane_ = 0;
+};
+
+std::unique_ptr<Op> make_batch_norm2d(const LayerConfig& layer);
+
+}  // namespace tessera

@@ -1,0 +1,174 @@
+// Batch norm: training and evaluation forward against the CPU in double, running statistics
+// as PyTorch updates them, central differences in both modes and on [N,C], and the backward
+// variant without an input gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compute/ops/batch_norm2d.h"
+#include "compute/vk/recorder.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+std::unique_ptr<Op> make() { return make_batch_norm2d(LayerConfig({{"name", "bn1"}, {"type", "batch_norm2d"}})); }
+
+struct Statistics {
+  std::vector<double> mean, variance;  // biased variance
+};
+
+// x [N,C,H,W] -> per-channel mean and variance
+Statistics statistics_cpu(const std::vector<float>& x, const Shape& shape) {
+  int64_t channels = shape[1], plane = element_count(shape) / (shape[0] * channels);
+  Statistics s{std::vector<double>(static_cast<size_t>(channels)), std::vector<double>(static_cast<size_t>(channels))};
+  double count = static_cast<double>(shape[0] * plane);
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t n = 0; n < shape[0]; ++n)
+      for (int64_t c = 0; c < channels; ++c)
+        for (int64_t i = 0; i < plane; ++i) {
+          double v = x[static_cast<size_t>((n * channels + c) * plane + i)];
+          auto cc = static_cast<size_t>(c);
+          if (pass == 0)
+            s.mean[cc] += v / count;
+          else
+            s.variance[cc] += (v - s.mean[cc]) * (v - s.mean[cc]) / count;
+        }
+  return s;
+}
+
+// y = (x - mean) / sqrt(variance + eps) * weight + bias
+std::vector<float> normalize_cpu(const std::vector<float>& x, const Shape& shape, const std::vector<double>& mean,
+                                 const std::vector<double>& variance, const std::vector<float>& weight,
+                                 const std::vector<float>& bias) {
+  int64_t channels = shape[1], plane = element_count(shape) / (shape[0] * channels);
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    auto c = static_cast<size_t>((static_cast<int64_t>(i) / plane) % channels);
+    y[i] = static_cast<float>((x[i] - mean[c]) / std::sqrt(variance[c] + 1e-5) * weight[c] + bias[c]);
+  }
+  return y;
+}
+
+TEST(BatchNorm2d, RejectsOtherRanks) {
+  EXPECT_THROW(make()->infer({{2, 3, 4}}), ShapeError);
+  EXPECT_THROW(make_batch_norm2d(LayerConfig({{"name", "bn"}, {"type", "batch_norm2d"}, {"eps", 0}})), ModelError);
+}
+
+TEST(BatchNorm2d, TrainingForwardMatchesCpu) {
+  for (Shape shape : {Shape{3, 4, 5, 7}, Shape{5, 6}, Shape{2, 3, 33, 17}}) {
+    auto op = make();
+    test::OpCheck check(test::context(), *op, {shape}, 4);
+    for (auto& x : check.inputs[0]) x = 3 * x + 5;  // a mean far from zero
+    auto s = statistics_cpu(check.inputs[0], shape);
+    test::expect_near(check.forward(),
+                      normalize_cpu(check.inputs[0], shape, s.mean, s.variance, check.tensors[0], check.tensors[1]),
+                      1e-4, "batch norm in training");
+  }
+}
+
+TEST(BatchNorm2d, EvaluationForwardUsesRunningStatistics) {
+  auto op = make();
+  Shape shape{3, 4, 5, 7};
+  test::OpCheck check(test::context(), *op, {shape}, 5);
+  check.training = false;
+  check.tensors[2] = {0.5f, -1.0f, 0.25f, 2.0f};
+  check.tensors[3] = {1.5f, 0.5f, 2.0f, 0.1f};
+  std::vector<double> mean(check.tensors[2].begin(), check.tensors[2].end()),
+      variance(check.tensors[3].begin(), check.tensors[3].end());
+  test::expect_near(check.forward(),
+                    normalize_cpu(check.inputs[0], shape, mean, variance, check.tensors[0], check.tensors[1]), 1e-5,
+                    "batch norm in evaluation");
+}
+
+// Runs the op on tensors of our own, for what OpCheck does not show: the state after
+// forward, and backward without an input gradient.
+struct DirectRun {
+  std::vector<std::vector<float>> tensors, grads;  // after the run
+  std::vector<float> input_grad;
+};
+DirectRun run_direct(Op& op, const Shape& shape, const std::vector<float>& x, bool with_input_grad) {
+  auto& context = test::context();
+  op.infer({shape});
+  Tensor input(context, "x", shape), output(context, "y", shape), output_grad(context, "dy", shape),
+      input_grad(context, "dx", shape);
+  input.upload(x);
+  output_grad.upload(test::random_values(x.size(), 9));
+  std::vector<std::unique_ptr<Tensor>> tensors, grads;
+  OpTensors t;
+  for (auto& spec : op.tensors()) {
+    tensors.push_back(std::make_unique<Tensor>(context, spec.name, spec.shape));
+    auto count = static_cast<size_t>(element_count(spec.shape));
+    tensors.back()->upload(std::vector<float>(count, spec.init.kind == Init::ones ? 1.0f : 0.0f));
+    grads.push_back(spec.role == TensorRole::parameter ? std::make_unique<Tensor>(context, spec.name + ".grad", spec.shape)
+                                                       : nullptr);
+    if (grads.back()) grads.back()->upload(std::vector<float>(count, 0.0f));
+    t.tensors.push_back(tensors.back().get());
+    t.grads.push_back(grads.back().get());
+  }
+  t.inputs = {&input};
+  t.input_grads = {with_input_grad ? &input_grad : nullptr};
+  t.accumulate_input_grads = {false};
+  t.output = &output;
+  t.output_grad = &output_grad;
+  vk::Program program(context);
+  {
+    vk::Recorder recorder(context, program);
+    op.forward(recorder, context.kernels(), t);
+    op.backward(recorder, context.kernels(), t);
+    recorder.finish();
+  }
+  program.run();
+  DirectRun result;
+  for (auto& tensor : tensors) result.tensors.push_back(tensor->download());
+  for (auto& grad : grads)
+    if (grad) result.grads.push_back(grad->download());
+  if (with_input_grad) result.input_grad = input_grad.download();
+  return result;
+}
+
+TEST(BatchNorm2d, RunningStatisticsMoveByMomentumWithUnbiasedVariance) {
+  auto op = make();
+  Shape shape{3, 4, 5, 7};
+  auto x = test::random_values(static_cast<size_t>(element_count(shape)), 6, 1, 4);
+  auto s = statistics_cpu(x, shape);
+  auto run = run_direct(*op, shape, x, true);
+  double count = 3 * 5 * 7;
+  std::vector<float> mean(4), var(4);
+  for (size_t c = 0; c < 4; ++c) {
+    mean[c] = static_cast<float>(0.1 * s.mean[c]);
+    var[c] = static_cast<float>(0.9 + 0.1 * s.variance[c] * count / (count - 1));
+  }
+  test::expect_near(run.tensors[2], mean, 1e-5, "running_mean");
+  test::expect_near(run.tensors[3], var, 1e-5, "running_var");
+}
+
+TEST(BatchNorm2d, ParameterGradientsWithoutInputGradient) {
+  auto op = make();
+  Shape shape{2, 3, 5, 5};
+  auto x = test::random_values(static_cast<size_t>(element_count(shape)), 7);
+  auto with = run_direct(*op, shape, x, true), without = run_direct(*op, shape, x, false);
+  test::expect_near(without.grads[0], with.grads[0], 1e-6, "dweight");
+  test::expect_near(without.grads[1], with.grads[1], 1e-6, "dbias");
+}
+
+TEST(BatchNorm2d, TrainingBackwardMatchesFiniteDifferences) {
+  for (Shape shape : {Shape{3, 2, 5, 7}, Shape{7, 3}}) {
+    auto op = make();
+    test::OpCheck check(test::context(), *op, {shape}, 8);
+    check.expect_gradients_match(1e-2, 2e-2, 32);
+  }
+}
+
+TEST(BatchNorm2d, EvaluationBackwardMatchesFiniteDifferences) {
+  auto op = make();
+  test::OpCheck check(test::context(), *op, {{2, 3, 5, 7}}, 9);
+  check.training = false;
+  check.tensors[2] = {0.5f, -1.0f, 0.25f};
+  check.tensors[3] = {1.5f, 0.5f, 2.0f};
+  check.expect_gradients_match(1e-2, 2e-2, 32);
+}
+
+}  // namespace
+}  // namespace tessera
