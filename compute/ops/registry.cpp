@@ -3,10 +3,12 @@
 #include <map>
 
 #include "compute/ops/add.h"
+#include "compute/ops/avg_pool2d.h"
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/dropout.h"
 #include "compute/ops/flatten.h"
+#include "compute/ops/global_avg_pool.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
@@ -77,6 +79,8 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"dropout", make_dropout},
       {"softmax_cross_entropy", make_softmax_cross_entropy},
       {"batch_norm2d", make_batch_norm2d},
+      {"avg_pool2d", make_avg_pool2d},
+      {"global_avg_pool", make_global_avg_pool},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {
