@@ -31,10 +31,10 @@ nlohmann::json small_cnn(int classes, int width) {
   nlohmann::json layers = nlohmann::json::array();
   layers.push_back(layer("conv1", "conv2d", {{"out_channels", width}, {"kernel", 3}, {"padding", 1}}));
   layers.push_back(layer("relu1", "relu"));
-  layers.push_back(layer("pool1", "max_pool2d", {{"kernel", 2}}));
+  layers.push_back(layer("pool1", "max_pool2d", {{"kernel_size", 2}}));
   layers.push_back(layer("conv2", "conv2d", {{"out_channels", 2 * width}, {"kernel", 3}, {"padding", 1}}));
   layers.push_back(layer("relu2", "relu"));
-  layers.push_back(layer("pool2", "max_pool2d", {{"kernel", 2}}));
+  layers.push_back(layer("pool2", "max_pool2d", {{"kernel_size", 2}}));
   layers.push_back(layer("flatten", "flatten"));
   layers.push_back(layer("fc1", "linear", {{"out_features", 4 * width}}));
   layers.push_back(layer("relu3", "relu"));
@@ -56,7 +56,7 @@ nlohmann::json resnet18(int classes) {
   layers.push_back(conv("conv1", 64, 7, 2, 3, "input"));
   layers.push_back(layer("bn1", "batch_norm2d"));
   layers.push_back(layer("relu", "relu"));
-  layers.push_back(layer("maxpool", "max_pool2d", {{"kernel", 3}, {"stride", 2}, {"padding", 1}}));
+  layers.push_back(layer("maxpool", "max_pool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}));
   std::string previous = "maxpool";
   int channels = 64;
   for (int stage = 1; stage <= 4; ++stage) {

@@ -277,6 +277,7 @@ class Run {
       }
       auto train_metrics = read_metrics();
       check_finite(train_metrics[0], epoch, steps);
+      if (progress) progress->update(done);
       double train_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       run_seconds += train_seconds;
       auto val_metrics = evaluate(val_loader, epoch);
