@@ -1,8 +1,60 @@
-// tessera synth (being built; see the issue that owns it).
+// tessera synth: a synthetic pyramidal slide with tumour regions and their ground truth.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "common/error.h"
+#include "data/synthetic_slide.h"
 #include "tools/commands.h"
 
 namespace tessera::cli {
 
-void add_synth_command(CLI::App& app) { app.add_subcommand("synth", "(not built yet)"); }
+namespace {
+
+struct SynthFlags {
+  std::string out, mask, geojson;
+  int64_t width = 0, height = 0;
+  data::SyntheticSlideOptions options;
+};
+
+std::string beside(const std::string& slide, const std::string& suffix) {
+  std::filesystem::path path(slide);
+  return (path.parent_path() / path.stem()).string() + suffix;
+}
+
+}  // namespace
+
+void add_synth_command(CLI::App& app) {
+  auto flags = std::make_shared<SynthFlags>();
+  flags->options.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto* command = app.add_subcommand(
+      "synth", "Write a synthetic pyramidal JPEG BigTIFF slide with tumour regions, a label mask and GeoJSON");
+  command->add_option("OUT", flags->out, "Slide to write (.tiff)")->required();
+  command->add_option("--width", flags->options.width, "Level-0 width in pixels")->required();
+  command->add_option("--height", flags->options.height, "Level-0 height in pixels")->required();
+  command->add_option("--seed", flags->options.seed, "Seed of the tissue layout and texture")->capture_default_str();
+  command->add_option("--tile-size", flags->options.tile_size, "TIFF tile size in pixels")->capture_default_str();
+  command->add_option("--quality", flags->options.quality, "JPEG quality")->capture_default_str();
+  command->add_option("--mpp", flags->options.mpp, "Microns per level-0 pixel")->capture_default_str();
+  command->add_option("--mask", flags->mask, "Label mask to write (default: OUT's name with .mask.tiff)");
+  command->add_option("--geojson", flags->geojson, "Tumour annotations to write (default: OUT's name with .geojson)");
+  command->add_option("--workers", flags->options.workers, "Threads rendering and compressing tiles")
+      ->capture_default_str();
+  command->callback([flags] {
+    auto& options = flags->options;
+    if (options.width < 1 || options.width > (int64_t{1} << 31)) throw UsageError("--width: between 1 and 2^31");
+    if (options.height < 1 || options.height > (int64_t{1} << 31)) throw UsageError("--height: between 1 and 2^31");
+    if (options.tile_size < 16 || options.tile_size % 16 || options.tile_size > 4096)
+      throw UsageError("--tile-size: a multiple of 16 up to 4096 (TIFF tiles)");
+    if (options.quality < 1 || options.quality > 100) throw UsageError("--quality: between 1 and 100");
+    if (!(options.mpp > 0)) throw UsageError("--mpp: must be positive");
+    if (options.workers < 1) throw UsageError("--workers: at least 1");
+    data::SyntheticSlidePaths paths{flags->out, flags->mask.empty() ? beside(flags->out, ".mask.tiff") : flags->mask,
+                                    flags->geojson.empty() ? beside(flags->out, ".geojson") : flags->geojson};
+    auto summary = data::write_synthetic_slide(options, paths);
+    std::printf("%s\n", summary.dump().c_str());
+  });
+}
 
 }  // namespace tessera::cli

@@ -1,0 +1,395 @@
+#include "data/slide.h"
+
+#include <fcntl.h>
+#include <openslide/openslide.h>
+#include <tiffio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdarg>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/error.h"
+#include "data/jpeg.h"
+
+namespace tessera::data {
+
+namespace {
+
+thread_local std::string last_tiff_error;
+
+void record_tiff_error(const char* module, const char* format, va_list args) {
+  std::array<char, 512> text{};
+  std::vsnprintf(text.data(), text.size(), format, args);
+  last_tiff_error = std::string(module ? module : "libtiff") + ": " + text.data();
+}
+
+// libtiff reports through global handlers: errors are kept for the exception that follows,
+// warnings (unknown vendor tags and the like) are dropped.
+void install_tiff_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    TIFFSetErrorHandler(record_tiff_error);
+    TIFFSetWarningHandler(nullptr);
+  });
+}
+
+bool has_tiff_signature(const std::string& path) {
+  std::array<char, 4> head{};
+  std::ifstream file(path, std::ios::binary);
+  if (!file.read(head.data(), head.size())) return false;
+  bool little = head[0] == 'I' && head[1] == 'I' && (head[2] == 42 || head[2] == 43) && head[3] == 0;
+  bool big = head[0] == 'M' && head[1] == 'M' && head[2] == 0 && (head[3] == 42 || head[3] == 43);
+  return little || big;
+}
+
+// Decoded tiles, least recently used first out, bounded in bytes.
+class TileCache {
+ public:
+  explicit TileCache(uint64_t capacity) : capacity_(capacity) {}
+  using Pixels = std::shared_ptr<const std::vector<uint8_t>>;
+
+  Pixels find(uint64_t key) {
+    std::lock_guard lock(mutex_);
+    auto found = index_.find(key);
+    if (found == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, found->second);
+    return found->second->second;
+  }
+
+  void insert(uint64_t key, Pixels pixels) {
+    std::lock_guard lock(mutex_);
+    if (index_.count(key) || pixels->size() > capacity_) return;
+    order_.emplace_front(key, pixels);
+    index_[key] = order_.begin();
+    bytes_ += pixels->size();
+    while (bytes_ > capacity_) {
+      bytes_ -= order_.back().second->size();
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+
+ private:
+  uint64_t capacity_, bytes_ = 0;
+  std::mutex mutex_;
+  std::list<std::pair<uint64_t, Pixels>> order_;
+  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, Pixels>>::iterator> index_;
+};
+
+std::string tile_name(int level, int64_t column, int64_t row) {
+  return "level " + std::to_string(level) + " tile column " + std::to_string(column) + " row " + std::to_string(row);
+}
+
+// Copies the part of a tile (origin tile_x, tile_y in level pixels) that overlaps the region.
+void copy_overlap(const uint8_t* tile, int64_t tile_x, int64_t tile_y, int tile_width, int tile_height,
+                  int64_t region_x, int64_t region_y, int region_width, int region_height, uint8_t* region) {
+  int64_t x0 = std::max(tile_x, region_x), x1 = std::min(tile_x + tile_width, region_x + region_width);
+  int64_t y0 = std::max(tile_y, region_y), y1 = std::min(tile_y + tile_height, region_y + region_height);
+  if (x0 >= x1 || y0 >= y1) return;
+  size_t bytes = static_cast<size_t>(x1 - x0) * 3;
+  for (int64_t y = y0; y < y1; ++y)
+    std::memcpy(region + ((y - region_y) * region_width + (x0 - region_x)) * 3,
+                tile + ((y - tile_y) * tile_width + (x0 - tile_x)) * 3, bytes);
+}
+
+class TiffSlide final : public Slide {
+  struct Level {
+    SlideLevel shape;
+    tdir_t directory = 0;
+    int64_t columns = 0, rows = 0;
+    bool ycbcr_jpeg = false;  // tiles decode with libturbojpeg; others go through TIFFReadRGBATile
+    std::vector<uint8_t> jpeg_tables;
+    std::vector<uint64_t> offsets, byte_counts;
+  };
+
+ public:
+  TiffSlide(const std::string& path, uint64_t cache_bytes) : path_(path), cache_(cache_bytes) {
+    install_tiff_handlers();
+    tiff_ = TIFFOpen(path.c_str(), "r");
+    if (!tiff_) throw BadInput(path + ": not a readable TIFF (" + last_tiff_error + ")");
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    uint64_t file_size = std::filesystem::file_size(path);
+    tdir_t directory = 0;
+    do {
+      if (!TIFFIsTiled(tiff_)) {
+        if (directory == 0)
+          throw BadInput(path + ": not a tiled TIFF (it is stored in strips); tile it first, e.g. "
+                                "`vips tiffsave IN OUT --tile --pyramid --compression jpeg --bigtiff`");
+        continue;
+      }
+      Level level = read_level(directory);
+      if (!levels_.empty() && level.shape.width >= levels_.front().shape.width) continue;
+      check_within_file(level, file_size);
+      levels_.push_back(std::move(level));
+    } while (TIFFReadDirectory(tiff_) && ++directory);
+    std::sort(levels_.begin(), levels_.end(), [](auto& a, auto& b) { return a.shape.width > b.shape.width; });
+    for (auto& level : levels_) {
+      level.shape.downsample = 0.5 * (static_cast<double>(levels_[0].shape.width) / level.shape.width +
+                                      static_cast<double>(levels_[0].shape.height) / level.shape.height);
+      shapes_.push_back(level.shape);
+    }
+    TIFFSetDirectory(tiff_, levels_[0].directory);
+    current_directory_ = levels_[0].directory;
+    read_resolution();
+  }
+
+  ~TiffSlide() override {
+    if (fd_ >= 0) ::close(fd_);
+    if (tiff_) TIFFClose(tiff_);
+  }
+
+  const std::string& path() const override { return path_; }
+  std::string format() const override { return "tiff"; }
+  const std::vector<SlideLevel>& levels() const override { return shapes_; }
+  double mpp_x() const override { return mpp_x_; }
+  double mpp_y() const override { return mpp_y_; }
+
+  void read_region(int level_index, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
+    const Level& level = levels_.at(static_cast<size_t>(level_index));
+    std::memset(rgb, 255, static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
+    int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
+    int64_t first_column = std::max<int64_t>(0, x / tile_width);
+    int64_t last_column = std::min<int64_t>(level.columns - 1, (x + width - 1) / tile_width);
+    int64_t first_row = std::max<int64_t>(0, y / tile_height);
+    int64_t last_row = std::min<int64_t>(level.rows - 1, (y + height - 1) / tile_height);
+    for (int64_t row = first_row; row <= last_row; ++row)
+      for (int64_t column = first_column; column <= last_column; ++column) {
+        auto pixels = decoded_tile(level_index, column, row);
+        if (pixels)
+          copy_overlap(pixels->data(), column * tile_width, row * tile_height, tile_width, tile_height, x, y, width,
+                       height, rgb);
+      }
+  }
+
+  std::optional<std::vector<uint8_t>> jpeg_tile(int level_index, int64_t column, int64_t row) const override {
+    const Level& level = levels_.at(static_cast<size_t>(level_index));
+    if (!level.ycbcr_jpeg) return std::nullopt;
+    auto raw = raw_tile(level, level_index, column, row);
+    if (raw.empty()) return std::nullopt;
+    return complete_jpeg(level, raw);
+  }
+
+ private:
+  Level read_level(tdir_t directory) {
+    Level level;
+    level.directory = directory;
+    uint32_t width = 0, height = 0, tile_width = 0, tile_height = 0;
+    uint16_t compression = COMPRESSION_NONE, photometric = PHOTOMETRIC_RGB;
+    TIFFGetField(tiff_, TIFFTAG_IMAGEWIDTH, &width);
+    TIFFGetField(tiff_, TIFFTAG_IMAGELENGTH, &height);
+    TIFFGetField(tiff_, TIFFTAG_TILEWIDTH, &tile_width);
+    TIFFGetField(tiff_, TIFFTAG_TILELENGTH, &tile_height);
+    TIFFGetField(tiff_, TIFFTAG_COMPRESSION, &compression);
+    TIFFGetField(tiff_, TIFFTAG_PHOTOMETRIC, &photometric);
+    if (!width || !height || !tile_width || !tile_height)
+      throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no image or tile size");
+    level.shape = {width, height, 1.0, static_cast<int>(tile_width), static_cast<int>(tile_height)};
+    level.columns = (width + tile_width - 1) / tile_width;
+    level.rows = (height + tile_height - 1) / tile_height;
+    uint16_t samples = 0, bits = 0;
+    TIFFGetFieldDefaulted(tiff_, TIFFTAG_SAMPLESPERPIXEL, &samples);
+    TIFFGetFieldDefaulted(tiff_, TIFFTAG_BITSPERSAMPLE, &bits);
+    level.ycbcr_jpeg =
+        compression == COMPRESSION_JPEG && photometric == PHOTOMETRIC_YCBCR && samples == 3 && bits == 8;
+    uint32_t table_size = 0;
+    void* tables = nullptr;
+    if (TIFFGetField(tiff_, TIFFTAG_JPEGTABLES, &table_size, &tables) && table_size > 4)
+      level.jpeg_tables.assign(static_cast<uint8_t*>(tables), static_cast<uint8_t*>(tables) + table_size);
+    uint64_t* offsets = nullptr;
+    uint64_t* byte_counts = nullptr;
+    size_t tiles = TIFFNumberOfTiles(tiff_);
+    if (!TIFFGetField(tiff_, TIFFTAG_TILEOFFSETS, &offsets) || !TIFFGetField(tiff_, TIFFTAG_TILEBYTECOUNTS, &byte_counts))
+      throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no tile offsets (" +
+                     last_tiff_error + ")");
+    level.offsets.assign(offsets, offsets + tiles);
+    level.byte_counts.assign(byte_counts, byte_counts + tiles);
+    return level;
+  }
+
+  void check_within_file(const Level& level, uint64_t file_size) const {
+    for (size_t tile = 0; tile < level.offsets.size(); ++tile)
+      if (level.byte_counts[tile] && level.offsets[tile] + level.byte_counts[tile] > file_size)
+        throw BadInput(path_ + ": truncated: " +
+                       tile_name(static_cast<int>(levels_.size()), static_cast<int64_t>(tile) % level.columns,
+                                 static_cast<int64_t>(tile) / level.columns) +
+                       " ends at byte " + std::to_string(level.offsets[tile] + level.byte_counts[tile]) +
+                       ", the file has " + std::to_string(file_size));
+  }
+
+  void read_resolution() {
+    float x_resolution = 0, y_resolution = 0;
+    uint16_t unit = RESUNIT_NONE;
+    TIFFGetFieldDefaulted(tiff_, TIFFTAG_RESOLUTIONUNIT, &unit);
+    double microns_per_unit = unit == RESUNIT_CENTIMETER ? 1e4 : unit == RESUNIT_INCH ? 25400 : 0;
+    if (microns_per_unit > 0 && TIFFGetField(tiff_, TIFFTAG_XRESOLUTION, &x_resolution) && x_resolution > 0 &&
+        TIFFGetField(tiff_, TIFFTAG_YRESOLUTION, &y_resolution) && y_resolution > 0) {
+      mpp_x_ = microns_per_unit / x_resolution;
+      mpp_y_ = microns_per_unit / y_resolution;
+    }
+  }
+
+  // The tile's bytes as stored; empty for a tile the file leaves out (byte count 0).
+  std::vector<uint8_t> raw_tile(const Level& level, int level_index, int64_t column, int64_t row) const {
+    size_t tile = static_cast<size_t>(row * level.columns + column);
+    std::vector<uint8_t> bytes(level.byte_counts.at(tile));
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t got = ::pread(fd_, bytes.data() + done, bytes.size() - done,
+                            static_cast<off_t>(level.offsets[tile] + done));
+      if (got <= 0)
+        throw BadInput(path_ + ": " + tile_name(level_index, column, row) + ": cannot read " +
+                       std::to_string(bytes.size()) + " bytes at offset " + std::to_string(level.offsets[tile]) +
+                       (got < 0 ? std::string(": ") + std::strerror(errno) : std::string(": end of file")));
+      done += static_cast<size_t>(got);
+    }
+    return bytes;
+  }
+
+  // Abbreviated tile streams share the directory's JPEGTables: tables without EOI, tile without SOI.
+  static std::vector<uint8_t> complete_jpeg(const Level& level, std::vector<uint8_t> raw) {
+    if (level.jpeg_tables.empty() || raw.size() < 2) return raw;
+    std::vector<uint8_t> jpeg(level.jpeg_tables.begin(), level.jpeg_tables.end() - 2);
+    jpeg.insert(jpeg.end(), raw.begin() + 2, raw.end());
+    return jpeg;
+  }
+
+  TileCache::Pixels decoded_tile(int level_index, int64_t column, int64_t row) const {
+    const Level& level = levels_[static_cast<size_t>(level_index)];
+    uint64_t key = (static_cast<uint64_t>(level_index) << 56) | (static_cast<uint64_t>(row) << 28) |
+                   static_cast<uint64_t>(column);
+    if (auto cached = cache_.find(key)) return cached;
+    int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
+    auto pixels = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tile_width) * tile_height * 3);
+    if (level.ycbcr_jpeg) {
+      auto raw = raw_tile(level, level_index, column, row);
+      if (raw.empty()) return nullptr;
+      auto jpeg = complete_jpeg(level, std::move(raw));
+      if (auto problem = decode_jpeg(jpeg.data(), jpeg.size(), tile_width, tile_height, pixels->data());
+          !problem.empty())
+        throw BadInput(path_ + ": " + tile_name(level_index, column, row) + ": corrupt JPEG: " + problem);
+    } else {
+      read_rgba_tile(level, level_index, column, row, pixels->data());
+    }
+    cache_.insert(key, pixels);
+    return pixels;
+  }
+
+  // Any other compression or colour space, through libtiff's RGBA interface (one thread at a time).
+  void read_rgba_tile(const Level& level, int level_index, int64_t column, int64_t row, uint8_t* rgb) const {
+    int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
+    std::vector<uint32_t> rgba(static_cast<size_t>(tile_width) * tile_height);
+    std::lock_guard lock(tiff_mutex_);
+    if (current_directory_ != level.directory) {
+      TIFFSetDirectory(tiff_, level.directory);
+      current_directory_ = level.directory;
+    }
+    if (!TIFFReadRGBATile(tiff_, static_cast<uint32_t>(column * tile_width), static_cast<uint32_t>(row * tile_height),
+                          rgba.data()))
+      throw BadInput(path_ + ": " + tile_name(level_index, column, row) + ": " + last_tiff_error);
+    // TIFFReadRGBATile puts the origin at the bottom left.
+    for (int y = 0; y < tile_height; ++y)
+      for (int x = 0; x < tile_width; ++x) {
+        uint32_t pixel = rgba[static_cast<size_t>(tile_height - 1 - y) * tile_width + x];
+        uint8_t* out = rgb + (static_cast<size_t>(y) * tile_width + x) * 3;
+        out[0] = static_cast<uint8_t>(TIFFGetR(pixel));
+        out[1] = static_cast<uint8_t>(TIFFGetG(pixel));
+        out[2] = static_cast<uint8_t>(TIFFGetB(pixel));
+      }
+  }
+
+  std::string path_;
+  TIFF* tiff_ = nullptr;
+  int fd_ = -1;
+  std::vector<Level> levels_;
+  std::vector<SlideLevel> shapes_;
+  double mpp_x_ = 0, mpp_y_ = 0;
+  mutable TileCache cache_;
+  mutable std::mutex tiff_mutex_;
+  mutable tdir_t current_directory_ = 0;
+};
+
+class OpenSlideSlide final : public Slide {
+ public:
+  OpenSlideSlide(const std::string& path, const char* vendor) : path_(path), vendor_(vendor ? vendor : "unknown") {
+    slide_ = openslide_open(path.c_str());
+    if (!slide_) throw BadInput(path + ": not a slide that OpenSlide or libtiff can read");
+    if (const char* error = openslide_get_error(slide_)) {
+      std::string message = path + ": OpenSlide: " + error;
+      openslide_close(slide_);
+      throw BadInput(message);
+    }
+    for (int32_t level = 0; level < openslide_get_level_count(slide_); ++level) {
+      SlideLevel shape;
+      openslide_get_level_dimensions(slide_, level, &shape.width, &shape.height);
+      shape.downsample = openslide_get_level_downsample(slide_, level);
+      shape.tile_width = integer_property("openslide.level[" + std::to_string(level) + "].tile-width", 256);
+      shape.tile_height = integer_property("openslide.level[" + std::to_string(level) + "].tile-height", 256);
+      levels_.push_back(shape);
+    }
+    mpp_x_ = number_property(OPENSLIDE_PROPERTY_NAME_MPP_X);
+    mpp_y_ = number_property(OPENSLIDE_PROPERTY_NAME_MPP_Y);
+  }
+
+  ~OpenSlideSlide() override { openslide_close(slide_); }
+
+  const std::string& path() const override { return path_; }
+  std::string format() const override { return "openslide:" + vendor_; }
+  const std::vector<SlideLevel>& levels() const override { return levels_; }
+  double mpp_x() const override { return mpp_x_; }
+  double mpp_y() const override { return mpp_y_; }
+
+  void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
+    double downsample = levels_.at(static_cast<size_t>(level)).downsample;
+    std::vector<uint32_t> argb(static_cast<size_t>(width) * static_cast<size_t>(height));
+    openslide_read_region(slide_, argb.data(), static_cast<int64_t>(static_cast<double>(x) * downsample),
+                          static_cast<int64_t>(static_cast<double>(y) * downsample), level, width, height);
+    if (const char* error = openslide_get_error(slide_))
+      throw BadInput(path_ + ": OpenSlide: level " + std::to_string(level) + " region at " + std::to_string(x) +
+                     "," + std::to_string(y) + ": " + error);
+    // Premultiplied ARGB composited over white: colour + (255 - alpha).
+    for (size_t i = 0; i < argb.size(); ++i) {
+      uint32_t pixel = argb[i];
+      uint32_t transparent = 255 - (pixel >> 24);
+      rgb[3 * i] = static_cast<uint8_t>(((pixel >> 16) & 255) + transparent);
+      rgb[3 * i + 1] = static_cast<uint8_t>(((pixel >> 8) & 255) + transparent);
+      rgb[3 * i + 2] = static_cast<uint8_t>((pixel & 255) + transparent);
+    }
+  }
+
+  std::optional<std::vector<uint8_t>> jpeg_tile(int, int64_t, int64_t) const override { return std::nullopt; }
+
+ private:
+  int integer_property(const std::string& name, int fallback) const {
+    const char* value = openslide_get_property_value(slide_, name.c_str());
+    return value ? std::atoi(value) : fallback;
+  }
+  double number_property(const char* name) const {
+    const char* value = openslide_get_property_value(slide_, name);
+    return value ? std::atof(value) : 0.0;
+  }
+
+  std::string path_, vendor_;
+  openslide_t* slide_ = nullptr;
+  std::vector<SlideLevel> levels_;
+  double mpp_x_ = 0, mpp_y_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes) {
+  if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
+    throw BadInput(path + ": no such slide");
+  const char* vendor = openslide_detect_vendor(path.c_str());
+  bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
+  if (generic && has_tiff_signature(path)) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
+  return std::make_unique<OpenSlideSlide>(path, vendor);
+}
+
+}  // namespace tessera::data

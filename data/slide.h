@@ -1,0 +1,41 @@
+// Whole-slide images behind one interface: libtiff for tiled TIFF and BigTIFF, OpenSlide for the
+// vendor formats (SVS, NDPI, MRXS, ...).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera::data {
+
+struct SlideLevel {
+  int64_t width = 0, height = 0;
+  double downsample = 1;  // level-0 pixels per pixel of this level
+  int tile_width = 0, tile_height = 0;  // the file's own tiles
+};
+
+class Slide {
+ public:
+  virtual ~Slide() = default;
+  virtual const std::string& path() const = 0;
+  // "tiff", or "openslide:<vendor>".
+  virtual std::string format() const = 0;
+  virtual const std::vector<SlideLevel>& levels() const = 0;
+  // Microns per level-0 pixel; 0 when the file does not say.
+  virtual double mpp_x() const = 0;
+  virtual double mpp_y() const = 0;
+  // Writes [x, x + width) x [y, y + height) of `level` (in that level's pixels) as RGB, row-major;
+  // what lies outside the image is white. Safe from several threads. Throws BadInput naming the
+  // file and the tile when a tile is corrupt.
+  virtual void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const = 0;
+  // The file's own tile (column, row) of `level` as a complete JPEG stream that decodes to RGB,
+  // when the file stores it that way (so it can be copied without decoding); else nothing.
+  virtual std::optional<std::vector<uint8_t>> jpeg_tile(int level, int64_t column, int64_t row) const = 0;
+};
+
+// Opens a slide by its content. Throws BadInput naming the file when it is missing, truncated,
+// not tiled or not a slide. Decoded tiles of a TIFF are cached up to `tile_cache_bytes`.
+std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes = uint64_t{64} << 20);
+
+}  // namespace tessera::data

@@ -1,0 +1,259 @@
+#include "data/tiler.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/progress.h"
+#include "data/jpeg.h"
+#include "data/ordered_parallel.h"
+#include "data/slide.h"
+#include "data/tile_store.h"
+#include "data/tissue.h"
+
+namespace tessera::data {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string canonical_path(const std::string& path) {
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
+const char* encoding_name(TileEncoding encoding) { return encoding == TileEncoding::jpeg ? "jpeg" : "raw"; }
+
+// What one grid position became.
+struct TileResult {
+  TileStoreWriter::Tile tile;
+  uint32_t label = 0;
+  bool copied = false;  // the file's JPEG bytes, not decoded and encoded again
+  std::string corrupt;  // why the tile was skipped
+};
+
+// The settings that must match for a run to continue a slide an earlier run started.
+nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
+  return {{"level", options.level},
+          {"tile_size", options.size},
+          {"encoding", encoding_name(options.encoding)},
+          {"quality", options.quality},
+          {"min_tissue", options.min_tissue},
+          {"tissue_threshold_flag", options.tissue_threshold ? nlohmann::json(*options.tissue_threshold) : nlohmann::json()},
+          {"labels", job.labels.empty() ? "" : canonical_path(job.labels)},
+          {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
+          {"label_coverage", options.label_coverage},
+          {"label_class", options.label_class}};
+}
+
+class SlideTiler {
+ public:
+  SlideTiler(const SlideJob& job, const TilerOptions& options, TileStoreWriter& store)
+      : job_(job), options_(options), store_(store), slide_(open_slide(job.slide, options.tile_cache_bytes)) {}
+
+  nlohmann::json run() {
+    auto start = Clock::now();
+    std::string path = canonical_path(job_.slide);
+    nlohmann::json settings = settings_of(job_, options_);
+    auto slides = store_.slides();
+    uint32_t id = slides.empty() ? 0 : slides.rbegin()->first + 1;
+    nlohmann::json entry;
+    for (auto& [existing_id, existing] : slides) {
+      if (existing.value("tile_size", options_.size) != options_.size)
+        throw UsageError("--size: the store holds tiles of " + std::to_string(existing.value("tile_size", 0)) +
+                         " pixels; use another --out for " + std::to_string(options_.size));
+      if (existing.value("path", "") != path) continue;
+      if (existing["settings"] != settings)
+        throw UsageError("--out: the store already holds " + path + " tiled with other settings (" +
+                         existing["settings"].dump() + "); use another --out");
+      id = existing_id;
+      entry = existing;
+    }
+    if (entry.is_null()) entry = describe_slide(path, settings);
+    nlohmann::json summary = {{"slide", path}, {"id", id}};
+    if (entry.value("complete", false)) {
+      summary.update({{"status", "already complete"}, {"tiles", entry["tiles"]}});
+      return summary;
+    }
+
+    const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
+    double tile_extent = options_.size * level.downsample;
+    TissueMask tissue(*slide_, tile_extent, options_.tissue_threshold);
+    std::unique_ptr<TileLabeler> labeler;
+    if (!job_.labels.empty())
+      labeler = open_labels(job_.labels, slide_->levels()[0].width, slide_->levels()[0].height, options_.label_rule,
+                            options_.label_coverage, options_.label_class);
+    int64_t columns = level.width / options_.size, rows = level.height / options_.size;
+    std::vector<uint32_t> candidates;
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t column = 0; column < columns; ++column) {
+        double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
+        if (tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) >= options_.min_tissue)
+          candidates.push_back(static_cast<uint32_t>(row * columns + column));
+      }
+    entry["grid"] = {columns, rows};
+    entry["tissue_level"] = tissue.level();
+    entry["tissue_threshold"] = tissue.threshold();
+    entry["candidates"] = candidates.size();
+    size_t done = entry.value("done", size_t{0});
+    size_t resumed_from = done;
+    if (done == 0) store_.commit(id, entry, {});
+
+    bool aligned = options_.encoding == TileEncoding::jpeg && level.tile_width == options_.size &&
+                   level.tile_height == options_.size;
+    uint64_t copied = 0, written = 0;
+    std::vector<TileStoreWriter::Tile> batch;
+    uint64_t batch_bytes = 0;
+    Progress progress("tile", candidates.size());
+    auto commit = [&](size_t processed) {
+      entry["done"] = processed;
+      store_.commit(id, entry, batch);
+      batch.clear();
+      batch_bytes = 0;
+    };
+    ordered_parallel<TileResult>(
+        candidates.size() - done, options_.workers, static_cast<size_t>(options_.workers) * 32,
+        [&](size_t i) { return make_tile(id, candidates[done + i], columns, level, aligned, labeler.get()); },
+        [&](size_t i, TileResult&& result) {
+          size_t processed = done + i + 1;
+          if (!result.corrupt.empty()) {
+            entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
+            progress.event({{"warning", "corrupt tile skipped"}, {"slide", path}, {"error", result.corrupt}});
+          } else {
+            std::string label = std::to_string(result.label);
+            entry["label_counts"][label] = entry["label_counts"].value(label, 0) + 1;
+            entry["tiles"] = entry.value("tiles", 0) + 1;
+            copied += result.copied;
+            ++written;
+            batch_bytes += result.tile.value.size();
+            batch.push_back(std::move(result.tile));
+          }
+          if (batch_bytes >= options_.commit_bytes || batch.size() >= options_.commit_tiles ||
+              processed == candidates.size())
+            commit(processed);
+          progress.update(processed, {{"slide", id}, {"written", written}});
+        });
+    entry["complete"] = true;
+    commit(candidates.size());
+    progress.finish();
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    summary.update({{"status", resumed_from ? "resumed" : "tiled"},
+                    {"grid", entry["grid"]},
+                    {"tissue_threshold", tissue.threshold()},
+                    {"candidates", candidates.size()},
+                    {"resumed_from", resumed_from},
+                    {"written", written},
+                    {"copied_jpeg", copied},
+                    {"corrupt_tiles", entry.value("corrupt_tiles", 0)},
+                    {"tiles", entry.value("tiles", 0)},
+                    {"label_counts", entry.value("label_counts", nlohmann::json::object())},
+                    {"seconds", seconds},
+                    {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}});
+    return summary;
+  }
+
+ private:
+  nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
+    const SlideLevel& base = slide_->levels()[0];
+    const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
+    return {{"path", path},
+            {"name", std::filesystem::path(path).filename().string()},
+            {"format", slide_->format()},
+            {"width", base.width},
+            {"height", base.height},
+            {"level", options_.level},
+            {"level_width", level.width},
+            {"level_height", level.height},
+            {"downsample", level.downsample},
+            {"tile_size", options_.size},
+            {"mpp_x", slide_->mpp_x()},
+            {"mpp_y", slide_->mpp_y()},
+            {"settings", settings},
+            {"done", 0},
+            {"tiles", 0},
+            {"corrupt_tiles", 0},
+            {"label_counts", nlohmann::json::object()},
+            {"complete", false}};
+  }
+
+  TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned,
+                       const TileLabeler* labeler) const {
+    const int size = options_.size;
+    int64_t column = position % columns, row = position / columns;
+    double x0 = static_cast<double>(column * size) * level.downsample;
+    double y0 = static_cast<double>(row * size) * level.downsample;
+    double extent = size * level.downsample;
+    TileResult result;
+    result.label = labeler ? labeler->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    TileHeader header{static_cast<uint16_t>(size), static_cast<uint16_t>(size), 3, options_.encoding, result.label,
+                      static_cast<uint32_t>(std::lround(x0)), static_cast<uint32_t>(std::lround(y0))};
+    result.tile.key = {id, static_cast<uint32_t>(options_.level), static_cast<uint32_t>(row),
+                       static_cast<uint32_t>(column)};
+    std::string where = "level " + std::to_string(options_.level) + " tile column " + std::to_string(column) +
+                        " row " + std::to_string(row);
+    if (aligned) {
+      if (auto jpeg = slide_->jpeg_tile(options_.level, column, row)) {
+        if (auto problem = check_jpeg(jpeg->data(), jpeg->size(), size, size); !problem.empty()) {
+          result.corrupt = job_.slide + ": " + where + ": corrupt JPEG: " + problem;
+          return result;
+        }
+        result.tile.value = encode_tile_value(header, jpeg->data(), jpeg->size());
+        result.copied = true;
+        return result;
+      }
+    }
+    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * 3);
+    try {
+      slide_->read_region(options_.level, column * size, row * size, size, size, rgb.data());
+    } catch (const BadInput& e) {
+      result.corrupt = e.what();
+      return result;
+    }
+    if (options_.encoding == TileEncoding::raw) {
+      result.tile.value = encode_tile_value(header, rgb.data(), rgb.size());
+    } else {
+      auto jpeg = encode_jpeg(rgb.data(), size, size, options_.quality);
+      result.tile.value = encode_tile_value(header, jpeg.data(), jpeg.size());
+    }
+    return result;
+  }
+
+  const SlideJob& job_;
+  const TilerOptions& options_;
+  TileStoreWriter& store_;
+  std::unique_ptr<Slide> slide_;
+};
+
+}  // namespace
+
+nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
+  auto start = Clock::now();
+  // Every input is checked before the first tile is written.
+  for (const SlideJob& job : jobs) {
+    auto slide = open_slide(job.slide, options.tile_cache_bytes);
+    if (options.level < 0 || static_cast<size_t>(options.level) >= slide->levels().size())
+      throw UsageError("--level: " + job.slide + " has levels 0 to " + std::to_string(slide->levels().size() - 1));
+    if (!job.labels.empty())
+      open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
+                  options.label_coverage, options.label_class);
+  }
+  TileStoreWriter writer(store);
+  nlohmann::json slides = nlohmann::json::array();
+  uint64_t written = 0, corrupt = 0;
+  for (const SlideJob& job : jobs) {
+    auto summary = SlideTiler(job, options, writer).run();
+    written += summary.value("written", uint64_t{0});
+    corrupt += summary.value("corrupt_tiles", uint64_t{0});
+    slides.push_back(std::move(summary));
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return {{"store", store},
+          {"slides", slides},
+          {"written", written},
+          {"corrupt_tiles", corrupt},
+          {"map_size", writer.map_size()},
+          {"seconds", seconds},
+          {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}};
+}
+
+}  // namespace tessera::data

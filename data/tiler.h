@@ -1,0 +1,43 @@
+// Slides into the LMDB tile store: tissue detection, labels, decoding and encoding on worker
+// threads, large transactions in key order; a killed run, started again, ends with the same tiles.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/labels.h"
+#include "data/tile_format.h"
+
+namespace tessera::data {
+
+struct TilerOptions {
+  int size = 256;
+  int level = 0;
+  double min_tissue = 0.5;
+  std::optional<int> tissue_threshold;  // saturation 0-255; Otsu's when absent
+  LabelRule label_rule = LabelRule::centre;
+  double label_coverage = 0.5;
+  std::string label_class = "Tumor";
+  TileEncoding encoding = TileEncoding::jpeg;
+  int quality = 90;
+  int workers = 1;
+  uint64_t commit_bytes = uint64_t{64} << 20;  // a transaction commits at this many value bytes
+  size_t commit_tiles = 8192;                  // ... or this many tiles
+  uint64_t tile_cache_bytes = uint64_t{64} << 20;
+};
+
+struct SlideJob {
+  std::string slide;
+  std::string labels;  // empty: every tile gets label 0
+};
+
+// Tiles each slide into the store at `store` (created if needed), resuming slides a previous
+// run left unfinished and skipping finished ones. Throws BadInput naming the file when a slide
+// or label file cannot be read (before any tile is written); corrupt tiles are reported,
+// counted and skipped. Returns the summary.
+nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options);
+
+}  // namespace tessera::data
