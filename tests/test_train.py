@@ -55,9 +55,19 @@ class TrainTest(unittest.TestCase):
                         "--count", "320", "--size", "16", "--seed", "3"], check=True, capture_output=True)
 
     def base(self, *extra):
-        return ["train", "--data", self.data, "--model", "small-cnn", "--width", "4", "--batch", "16",
-                "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--seed", "7", "--workers", "2",
-                "--val-fraction", "0.2", *extra]
+        """train on the task with settings that flags in `extra` override."""
+        flags = {"--data": self.data, "--model": "small-cnn", "--width": "4", "--batch": "16",
+                 "--optimizer": "sgd", "--lr": "0.05", "--momentum": "0.9", "--seed": "7",
+                 "--workers": "2", "--val-fraction": "0.2"}
+        switches = []
+        extra = list(extra)
+        while extra:
+            name = extra.pop(0)
+            if extra and not extra[0].startswith("--"):
+                flags[name] = extra.pop(0)
+            else:
+                switches.append(name)
+        return ["train"] + [item for pair in flags.items() for item in pair] + switches
 
     def test_same_seed_same_losses(self):
         _, _, first, _ = run(self.base("--epochs", "2"))
@@ -121,15 +131,16 @@ class TrainTest(unittest.TestCase):
 
         model = os.path.join(self.dir, "bad_field.json")
         with open(model, "w") as f:
-            json.dump({"layers": [{"name": "c", "type": "conv2d", "out_channels": "many"}]}, f)
+            json.dump({"layers": [{"name": "c", "type": "conv2d", "kernel": 3, "out_channels": "many"}]}, f)
         code, _, err, _ = run(self.base("--model", model), check=False)
         self.assertEqual(code, 5)
         self.assertIn("'out_channels'", err)
 
         model = os.path.join(self.dir, "bad_shapes.json")
         with open(model, "w") as f:
-            json.dump({"layers": [{"name": "a", "type": "linear", "out_features": 4},
-                                  {"name": "b", "type": "add", "inputs": ["a", "input"]}]}, f)
+            json.dump({"layers": [{"name": "f", "type": "flatten"},
+                                  {"name": "a", "type": "linear", "out_features": 4},
+                                  {"name": "b", "type": "add", "inputs": ["a", "f"]}]}, f)
         code, _, err, _ = run(self.base("--model", model), check=False)
         self.assertEqual(code, 5)
         self.assertIn("'b'", err)
