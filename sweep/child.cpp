@@ -68,7 +68,8 @@ std::vector<std::string> environment_with(const Environment& changes) {
     for (auto& [name, value] : changes) replaced = replaced || (text.starts_with(name) && text.size() > name.size() && text[name.size()] == '=');
     if (!replaced) entries.emplace_back(text);
   }
-  for (auto& [name, value] : changes) entries.push_back(name + "=" + value);
+  for (auto& [name, value] : changes)
+    if (!value.empty()) entries.push_back(name + "=" + value);
   return entries;
 }
 
@@ -163,8 +164,8 @@ void ChildProcess::wait() {
   }
 }
 
-CapturedRun run_captured(const std::vector<std::string>& command) {
-  ChildProcess child(command, {}, ChildProcess::Output::report);
+CapturedRun run_captured(const std::vector<std::string>& command, const Environment& environment) {
+  ChildProcess child(command, environment, ChildProcess::Output::report);
   CapturedRun run;
   while (child.report_fd() >= 0 || child.stderr_fd() >= 0) {
     pollfd fds[2] = {{child.report_fd(), POLLIN, 0}, {child.stderr_fd(), POLLIN, 0}};

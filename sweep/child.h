@@ -11,7 +11,8 @@
 
 namespace tessera::sweep {
 
-// Variables set (or replaced) in the child's environment, on top of the sweep's own.
+// Variables set (or replaced) in the child's environment, on top of the sweep's own; an empty
+// value removes the variable.
 using Environment = std::vector<std::pair<std::string, std::string>>;
 
 class ChildProcess {
@@ -65,7 +66,7 @@ struct CapturedRun {
 };
 
 // Runs `command` to the end and returns its stdout, e.g. `tessera train --help`.
-CapturedRun run_captured(const std::vector<std::string>& command);
+CapturedRun run_captured(const std::vector<std::string>& command, const Environment& environment = {});
 
 // The resident memory of this process in bytes.
 uint64_t resident_bytes();

@@ -100,7 +100,7 @@ Param parse_param(std::string_view text) {
     while (true) {
       size_t comma = rest.find(',', start);
       std::string_view item = trim(rest.substr(start, comma == std::string_view::npos ? rest.npos : comma - start));
-      if (item.empty()) throw fail("an empty choice");
+      if (item.empty() && !param.is_environment()) throw fail("an empty choice");
       if (!seen.insert(std::string(item)).second) throw fail("the choice '" + std::string(item) + "' twice");
       param.choices.push_back(choice_value(item));
       if (comma == std::string_view::npos) break;

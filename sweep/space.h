@@ -1,6 +1,7 @@
 // The search space: one Param per `--param NAME=SPEC`, where NAME is a `train` flag without its
 // dashes (lr -> --lr) or env:VAR for an environment variable of the child, and SPEC is
 //   uniform:LOW:HIGH   loguniform:LOW:HIGH   int:LOW:HIGH   logint:LOW:HIGH   choice:A,B,C
+// An empty choice of an environment variable (env:TESSERA_FAULT=choice:,nan) leaves it unset.
 #pragma once
 #include <cstdint>
 #include <string>

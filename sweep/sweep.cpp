@@ -279,7 +279,6 @@ class SweepRun {
     if (signal) event["signal"] = *signal;
     if (retry) event["retry_batch"] = smaller_batch(attempt)->first;
     progress_->event(event);
-    report_progress();
     bool nothing_worked = std::none_of(trials_.begin(), trials_.end(), [](auto& t) { return t.state == TrialState::complete; });
     if (state == TrialState::failed && nothing_worked && exit_code &&
         (*exit_code == static_cast<int>(ExitCode::bad_usage) || *exit_code == static_cast<int>(ExitCode::bad_input))) {
@@ -327,14 +326,10 @@ class SweepRun {
       running_count_ = running.size();
       if (running.empty()) break;
       wait_for_children(running);
-      for (size_t i = 0; i < running.size();) {
-        if (service(running[i])) {
-          running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
-          running_count_ = running.size();
-        } else {
-          ++i;
-        }
-      }
+      size_t before = running.size();
+      std::erase_if(running, [this](Running& r) { return service(r); });
+      running_count_ = running.size();
+      if (running.size() != before) report_progress();
     }
   }
 
@@ -408,17 +403,20 @@ class SweepRun {
       }
       running_count_ = 0;
       finish(*number, state_of(Running::Stop::none, exit_code, final_seen), exit_code, std::nullopt, errors);
+      report_progress();
     }
   }
 
-  // Sets variables for a trial in this process and puts the old values back afterwards.
+  // Sets (or, when empty, removes) variables for a trial in this process and puts the old
+  // values back afterwards.
   class ScopedEnvironment {
    public:
     explicit ScopedEnvironment(const Environment& variables) {
       for (auto& [name, value] : variables) {
         const char* old = std::getenv(name.c_str());
         saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
-        setenv(name.c_str(), value.c_str(), 1);
+        if (value.empty()) unsetenv(name.c_str());
+        else setenv(name.c_str(), value.c_str(), 1);
       }
     }
     ~ScopedEnvironment() {

@@ -31,11 +31,14 @@ TrainFlags parse_train_help(const std::string& help) {
     std::istringstream split(names);
     for (std::string name; std::getline(split, name, ',');)
       if (name.starts_with('-')) on_line.push_back(name);
-    size_t open = line.find('['), close = line.find(']', open == std::string::npos ? 0 : open);
+    // CLI11 writes a default after the type: "--batch INT=32".
+    std::istringstream words(line.substr(start));
+    std::string first, type;
+    words >> first >> type;
+    auto equals = type.rfind('=');
     for (auto& name : on_line) {
       flags.names.insert(name);
-      if (open != std::string::npos && close != std::string::npos)
-        flags.defaults[name] = line.substr(open + 1, close - open - 1);
+      if (!type.starts_with('-') && equals != std::string::npos) flags.defaults[name] = type.substr(equals + 1);
     }
   }
   return flags;

@@ -14,7 +14,7 @@ namespace tessera::sweep {
 
 struct TrainFlags {
   std::set<std::string> names;                  // "--lr", "-h" ...
-  std::map<std::string, std::string> defaults;  // "--batch" -> "32" where the help shows [32]
+  std::map<std::string, std::string> defaults;  // "--batch" -> "32" where the help shows one
 };
 
 // Reads the option lines of CLI11's help text.

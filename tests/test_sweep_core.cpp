@@ -45,7 +45,7 @@ Trial finished_trial(int number, TrialState state, std::optional<double> value,
 
 TEST(SweepSpace, ParsesEveryDistribution) {
   auto space = parse_space({"lr=loguniform:1e-4:1e-1", "momentum=uniform:0:0.99", "width=int:8:64",
-                            "batch=choice:16,32,64", "optimizer=choice:sgd,adam", "env:TESSERA_FAULT=choice:none,nan",
+                            "batch=choice:16,32,64", "optimizer=choice:sgd,adam", "env:TESSERA_FAULT=choice:,nan,leak:1MiB",
                             "epochs=logint:1:16"});
   ASSERT_EQ(space.size(), 7u);
   EXPECT_EQ(space[0].distribution, Distribution::log_uniform);
@@ -58,6 +58,7 @@ TEST(SweepSpace, ParsesEveryDistribution) {
   EXPECT_EQ(space[4].choices[1], "adam");
   EXPECT_TRUE(space[5].is_environment());
   EXPECT_EQ(space[5].target(), "TESSERA_FAULT");
+  EXPECT_EQ(space[5].choices, (std::vector<nlohmann::json>{"", "nan", "leak:1MiB"}));
   EXPECT_EQ(space[6].distribution, Distribution::log_integer);
   EXPECT_EQ(space_from_json(to_json(space)).size(), 7u);
   EXPECT_EQ(to_json(space_from_json(to_json(space))), to_json(space));
@@ -98,14 +99,17 @@ TEST(SweepSpace, InternalAxisRoundTripsAndValuesPrintExactly) {
 TEST(SweepSpace, TrainFlagsAreCheckedAgainstTrainHelp) {
   const std::string help =
       "Train a model\nUsage: tessera train [OPTIONS]\n\nOptions:\n  -h,--help                   Print this help\n"
-      "  --data TEXT REQUIRED        Patches\n  --batch UINT [64]           Micro-batch\n"
-      "  --lr FLOAT:POSITIVE [0.01]  Learning rate\n  --device INT                Device\n"
+      "  --data TEXT REQUIRED        Patches\n  --batch INT=64              Micro-batch\n"
+      "  --optimizer TEXT:{sgd,adam,adamw,adagrad}=sgd\n                              sgd, adam\n"
+      "  --lr FLOAT:POSITIVE=0.01    Learning rate\n  --device INT                Device\n"
       "  --report-fd INT             Report\n  --dry-run                   Plan\n";
   auto known = parse_train_help(help);
   EXPECT_TRUE(known.names.contains("--data"));
   EXPECT_TRUE(known.names.contains("-h"));
   EXPECT_EQ(known.defaults.at("--batch"), "64");
   EXPECT_EQ(known.defaults.at("--lr"), "0.01");
+  EXPECT_EQ(known.defaults.at("--optimizer"), "sgd");
+  EXPECT_FALSE(known.defaults.contains("--data"));
   auto space = parse_space({"lr=loguniform:1e-4:1e-1"});
   EXPECT_NO_THROW(check_train_flags(known, {"--data", "p.h5", "--batch=8", "--dry-run"}, space, false));
   EXPECT_NO_THROW(check_train_flags(known, {"--data", "-1"}, space, false));

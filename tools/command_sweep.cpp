@@ -88,14 +88,17 @@ void add_sweep_command(CLI::App& app) {
                                      "uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH, logint:LOW:HIGH, "
                                      "choice:A,B,...")
                     ->expected(1)
-                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+                    ->allow_extra_args(false);  // one value per --param, so that it never eats the `--`
   auto* sampler = command->add_option("--sampler", f->sampler, "tpe, random or grid")->capture_default_str();
   auto* pruner = command->add_option("--pruner", f->pruner, "none, median or asha")->capture_default_str();
   auto* direction =
       command->add_option("--direction", f->direction, "minimize or maximize the final value")->capture_default_str();
   auto* seed = command->add_option("--seed", f->seed, "Seed of the sampler")->capture_default_str();
   command->add_option("--parallel", f->parallel, "Trials at once")->capture_default_str();
-  command->add_option("--devices", f->devices, "Device indices given to trials in turn, e.g. 0,1")->delimiter(',');
+  command->add_option("--devices", f->devices, "Device indices given to trials in turn, e.g. 0,1")
+      ->delimiter(',')
+      ->allow_extra_args(false);
   command->add_option("--trial-timeout", f->trial_timeout, "Seconds before a trial is stopped (0: never)")
       ->capture_default_str();
   command->add_option("--timeout-grace", f->timeout_grace, "Seconds between SIGTERM and SIGKILL")->capture_default_str();
