@@ -383,12 +383,14 @@ class OpenSlideSlide final : public Slide {
 
 }  // namespace
 
-std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes) {
+std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader) {
   if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
     throw BadInput(path + ": no such slide");
+  if (reader == SlideReader::libtiff) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
   const char* vendor = openslide_detect_vendor(path.c_str());
   bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
-  if (generic && has_tiff_signature(path)) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
+  if (reader == SlideReader::automatic && generic && has_tiff_signature(path))
+    return std::make_unique<TiffSlide>(path, tile_cache_bytes);
   return std::make_unique<OpenSlideSlide>(path, vendor);
 }
 

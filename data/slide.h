@@ -34,8 +34,15 @@ class Slide {
   virtual std::optional<std::vector<uint8_t>> jpeg_tile(int level, int64_t column, int64_t row) const = 0;
 };
 
-// Opens a slide by its content. Throws BadInput naming the file when it is missing, truncated,
-// not tiled or not a slide. Decoded tiles of a TIFF are cached up to `tile_cache_bytes`.
-std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes = uint64_t{64} << 20);
+enum class SlideReader {
+  automatic,  // libtiff for generic tiled TIFF (its JPEG tiles can be copied), else OpenSlide
+  libtiff,
+  openslide,
+};
+
+// Opens a slide. Throws BadInput naming the file when it is missing, truncated, not tiled or not
+// a slide. Decoded tiles of a TIFF are cached up to `tile_cache_bytes`.
+std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes = uint64_t{64} << 20,
+                                  SlideReader reader = SlideReader::automatic);
 
 }  // namespace tessera::data

@@ -198,6 +198,10 @@ class TileStore final : public PatchSource {
     for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
       keys_.push_back(decode_tile_key(key.mv_data, key.mv_size));
+    mdb_cursor_close(cursor.cursor);
+    cursor.cursor = nullptr;
+    // Database handles opened in a transaction survive only if it commits.
+    if (int rc = txn.commit()) fail(path, "reading", rc);
   }
 
   ~TileStore() override {
