@@ -1,5 +1,7 @@
 // tessera forward: a model's logits for an HDF5 array of images, in eval mode.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include "common/error.h"
@@ -54,16 +56,22 @@ void run_forward(const ForwardFlags& f) {
   const int64_t classes = network.output_shape()[1];
   HostArray logits{{n, classes}, std::vector<float>(static_cast<size_t>(n * classes))};
   std::vector<float> chunk(static_cast<size_t>(batch * per_image));
+  double device_seconds = 0;
   for (int64_t first = 0; first < n; first += batch) {
     int64_t count = std::min(batch, n - first);
     std::fill(chunk.begin(), chunk.end(), 0.0f);
     std::copy_n(x.values.begin() + first * per_image, count * per_image, chunk.begin());
     input.upload(chunk);
+    auto start = std::chrono::steady_clock::now();
     program.run();
+    device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     auto out = network.output().download();
     std::copy_n(out.begin(), count * classes, logits.values.begin() + first * classes);
   }
   write_hdf5_arrays(f.output, {{"logits", logits}});
+  nlohmann::json summary = {{"images", n}, {"batch", batch}, {"device", context.info().name},
+                            {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds}};
+  std::fprintf(stderr, "%s\n", summary.dump().c_str());
 }
 
 }  // namespace

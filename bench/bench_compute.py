@@ -1,0 +1,100 @@
+"""Compute benchmark of issue 2, in one run: prints one JSON object.
+
+GEMM GFLOPS at 1024^3 (bench_gemm), and images/second forward and for a training step for
+small-cnn at batch 64 on 3x96x96 and resnet18 at batch 16 on 3x224x224 (tessera forward and
+tessera train on generated data), beside the same figures from PyTorch on the same machine
+(bench_torch.py) when /usr/bin/python3 has torch, and the ratios tessera / PyTorch.
+
+Run: /usr/bin/python3 bench/bench_compute.py --build build [--skip-resnet] [--device cpu|cuda]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def last_json(text, key):
+    for line in reversed(text.splitlines()):
+        if line.startswith("{") and key in line:
+            return json.loads(line)
+    raise RuntimeError(f"no JSON line with {key} in:\n{text[-2000:]}")
+
+
+def tessera_figures(tessera, model, batch, size, steps, work):
+    """images/s of tessera forward (device time) and of training steps (one epoch)."""
+    images = os.path.join(work, f"{model}-x.h5")
+    rng = np.random.default_rng(0)
+    with h5py.File(images, "w") as f:
+        f["x"] = rng.standard_normal((batch * 2, 3, size, size), dtype=np.float32)
+    classes = "1000" if model == "resnet18" else "2"
+    run = subprocess.run([tessera, "forward", "--model", model, "--classes", classes, "--input", images,
+                          "--output", os.path.join(work, "logits.h5"), "--batch", str(batch)],
+                         capture_output=True, text=True, check=True)
+    forward = last_json(run.stderr, "images_per_second")["images_per_second"]
+
+    patches = os.path.join(work, f"{model}-patches.h5")
+    with h5py.File(patches, "w") as f:
+        f["x"] = rng.integers(0, 256, (batch * steps, size, size, 3), dtype=np.uint8)
+        f["y"] = rng.integers(0, int(classes), batch * steps, dtype=np.uint8)
+    run = subprocess.run([tessera, "train", "--data", patches, "--model", model, "--batch", str(batch),
+                          "--epochs", "1", "--val-fraction", "0", "--optimizer", "sgd", "--momentum", "0.9",
+                          "--lr", "0.01"], capture_output=True, text=True, check=True)
+    train = last_json(run.stderr, '"event":"epoch"')["images_per_second"]
+    return {"forward_images_per_second": forward, "train_images_per_second": train}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"), help="CMake build directory")
+    parser.add_argument("--skip-resnet", action="store_true", help="leave resnet18 out (slow on lavapipe)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="PyTorch's device")
+    args = parser.parse_args()
+    tessera = os.path.join(args.build, "tools", "tessera")
+    result = {"tessera": {}}
+    gemm = subprocess.run([os.path.join(args.build, "bench", "bench_gemm")], capture_output=True, text=True, check=True)
+    result["tessera"]["gemm"] = last_json(gemm.stdout, "{")
+    models = [("small-cnn", 64, 96, 3)] + ([] if args.skip_resnet else [("resnet18", 16, 224, 2)])
+    with tempfile.TemporaryDirectory() as work:
+        for model, batch, size, steps in models:
+            result["tessera"][model] = tessera_figures(tessera, model, batch, size, steps, work)
+    try:
+        torch = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch.py"),
+                                "--device", args.device], capture_output=True, text=True, check=True)
+        result["pytorch"] = json.loads(torch.stdout)
+    except (OSError, subprocess.CalledProcessError) as error:
+        result["pytorch"] = {"unavailable": str(error)}
+    result["ratios"] = ratios(result)
+    json.dump(result, sys.stdout, indent=2)
+    print()
+
+
+def ratios(result):
+    """tessera / PyTorch for every figure both have (matching keys by model and pass)."""
+    out = {}
+    torch = result.get("pytorch", {})
+    for model in ("small-cnn", "resnet18"):
+        ours, theirs = result["tessera"].get(model), torch.get(model) if isinstance(torch, dict) else None
+        if not ours or not isinstance(theirs, dict):
+            continue
+        for ours_key, their_keys in (("forward_images_per_second", ("forward_images_per_second", "forward")),
+                                     ("train_images_per_second", ("train_images_per_second", "train_step",
+                                                                  "train"))):
+            for key in their_keys:
+                value = theirs.get(key)
+                if isinstance(value, dict):
+                    value = value.get("images_per_second")
+                if isinstance(value, (int, float)) and value > 0:
+                    out[f"{model} {ours_key}"] = ours[ours_key] / value
+                    break
+    return out
+
+
+if __name__ == "__main__":
+    main()
