@@ -235,15 +235,16 @@ class TissueModel {
     for (auto [column, row] : cells) {
       double cx = (column + 0.5 + 0.16 * (uniform(rng) - 0.5)) * cell_width;
       double cy = (row + 0.5 + 0.16 * (uniform(rng) - 0.5)) * cell_height;
-      tissue_.emplace_back(cx, cy, cell_size * (0.25 + 0.07 * uniform(rng)), rng, 0.25);
+      tissue_.emplace_back(cx, cy, cell_size * (0.26 + 0.07 * uniform(rng)), rng, 0.2);
     }
     for (size_t blob = 0; blob < tissue_.size(); ++blob) {
-      if (uniform(rng) > 0.6 && !(blob + 1 == tissue_.size() && tumour_.empty())) continue;
+      if (uniform(rng) > 0.75 && !(blob + 1 == tissue_.size() && tumour_.empty())) continue;
+      // Inside its host: the tumour reaches at most 1.2 times its radius from its centre.
       const StarPolygon& host = tissue_[blob];
-      double angle = two_pi * uniform(rng), offset = 0.25 * host.inner() * uniform(rng);
+      double angle = two_pi * uniform(rng), offset = 0.15 * host.inner() * uniform(rng);
       double room = host.inner() - offset;
       tumour_.emplace_back(host.cx() + offset * std::cos(angle), host.cy() + offset * std::sin(angle),
-                           room * (0.45 + 0.25 * uniform(rng)) / 1.2, rng, 0.2);
+                           room * (0.6 + 0.25 * uniform(rng)) / 1.2, rng, 0.2);
     }
     std::uniform_real_distribution<double> tint(0.95, 1.05);
     tint_ = {tint(rng), tint(rng), tint(rng)};

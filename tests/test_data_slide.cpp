@@ -1,0 +1,317 @@
+// Slide readers, synthetic slides, tissue detection, labels and the tiler, through the library.
+#include <gtest/gtest.h>
+#include <tiffio.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "data/jpeg.h"
+#include "data/labels.h"
+#include "data/slide.h"
+#include "data/synthetic_slide.h"
+#include "data/tiler.h"
+#include "data/tile_store.h"
+#include "data/tissue.h"
+
+namespace fs = std::filesystem;
+using namespace tessera;
+using namespace tessera::data;
+
+namespace {
+
+fs::path directory() {
+  static fs::path path = [] {
+    fs::path p = fs::temp_directory_path() / "tessera_test_data_slide";
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+  }();
+  return path;
+}
+
+// One synthetic slide for the whole suite: 3072 x 2048, levels 3072, 1536.
+const nlohmann::json& synthetic() {
+  static nlohmann::json summary = [] {
+    SyntheticSlideOptions options;
+    options.width = 3072;
+    options.height = 2048;
+    options.seed = 11;
+    options.workers = 2;
+    return write_synthetic_slide(options, {(directory() / "slide.tiff").string(), (directory() / "slide.mask.tiff").string(),
+                                           (directory() / "slide.geojson").string()});
+  }();
+  return summary;
+}
+
+std::string slide_path() {
+  synthetic();
+  return (directory() / "slide.tiff").string();
+}
+
+template <class Function>
+std::string bad_input_message(Function&& function) {
+  try {
+    function();
+  } catch (const BadInput& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no BadInput";
+  return {};
+}
+
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+}  // namespace
+
+TEST(Slide, SyntheticSlideIsAPyramidWithResolution) {
+  EXPECT_EQ(synthetic()["levels"], nlohmann::json::parse("[[3072,2048],[1536,1024]]"));
+  auto slide = open_slide(slide_path());
+  EXPECT_EQ(slide->format(), "tiff");
+  ASSERT_EQ(slide->levels().size(), 2u);
+  EXPECT_EQ(slide->levels()[0].width, 3072);
+  EXPECT_EQ(slide->levels()[1].height, 1024);
+  EXPECT_DOUBLE_EQ(slide->levels()[1].downsample, 2.0);
+  EXPECT_EQ(slide->levels()[0].tile_width, 256);
+  EXPECT_NEAR(slide->mpp_x(), 0.25, 1e-6);
+  double tissue = synthetic()["tissue_fraction"], tumour = synthetic()["tumour_fraction"];
+  EXPECT_GT(tissue, 0.1);
+  EXPECT_LT(tissue, 0.6);
+  EXPECT_GT(tumour, 0.005);
+  EXPECT_LT(tumour, tissue);
+}
+
+TEST(Slide, LibtiffAndOpenSlideReadTheSamePixels) {
+  auto tiff = open_slide(slide_path(), uint64_t{8} << 20, SlideReader::libtiff);
+  auto openslide = open_slide(slide_path(), uint64_t{8} << 20, SlideReader::openslide);
+  EXPECT_EQ(openslide->format(), "openslide:generic-tiff");
+  ASSERT_EQ(openslide->levels().size(), tiff->levels().size());
+  for (int level = 0; level < 2; ++level) {
+    // A region across four file tiles, part of it beyond the right edge at level 1.
+    int64_t x = level == 0 ? 1000 : 1400, y = 700;
+    std::vector<uint8_t> a(300 * 300 * 3), b(a.size());
+    tiff->read_region(level, x, y, 300, 300, a.data());
+    openslide->read_region(level, x, y, 300, 300, b.data());
+    double difference = 0;
+    int largest = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      int d = std::abs(int(a[i]) - int(b[i]));
+      difference += d;
+      largest = std::max(largest, d);
+    }
+    EXPECT_LT(difference / static_cast<double>(a.size()), 0.5) << "level " << level;
+    EXPECT_LE(largest, 8) << "level " << level;
+    if (level == 1) {
+      EXPECT_EQ(a[(299 * 300 + 299) * 3], 255) << "beyond the edge is white";
+    }
+  }
+}
+
+TEST(Slide, FileJpegTilesDecodeToWhatTheReaderReturns) {
+  auto slide = open_slide(slide_path());
+  auto jpeg = slide->jpeg_tile(0, 4, 3);
+  ASSERT_TRUE(jpeg.has_value());
+  std::vector<uint8_t> decoded(256 * 256 * 3), region(decoded.size());
+  EXPECT_EQ(decode_jpeg(jpeg->data(), jpeg->size(), 256, 256, decoded.data()), "");
+  slide->read_region(0, 4 * 256, 3 * 256, 256, 256, region.data());
+  EXPECT_EQ(decoded, region);
+}
+
+TEST(Tissue, DetectedTissueMatchesTheSyntheticTissueArea) {
+  auto slide = open_slide(slide_path());
+  TissueMask mask(*slide, 256, std::nullopt);
+  EXPECT_EQ(mask.level(), 1);
+  EXPECT_GT(mask.threshold(), 20);
+  EXPECT_LT(mask.threshold(), 120);
+  double detected = mask.tissue_fraction(0, 0, 3072, 2048);
+  EXPECT_NEAR(detected, synthetic()["tissue_fraction"].get<double>(), 0.02);
+  EXPECT_EQ(mask.tissue_fraction(0, 0, 64, 64), 0.0) << "the corner is glass";
+}
+
+TEST(Tissue, OtsuSplitsTwoModes) {
+  std::vector<uint64_t> histogram(256, 0);
+  histogram[5] = 1000;
+  histogram[6] = 500;
+  histogram[80] = 300;
+  histogram[90] = 300;
+  int threshold = otsu_threshold(histogram);
+  EXPECT_GT(threshold, 6);
+  EXPECT_LE(threshold, 80);
+}
+
+TEST(Labels, GeoJsonPolygonsWithHolesAndMultiPolygons) {
+  auto path = directory() / "shapes.geojson";
+  write_text(path, R"({"type":"FeatureCollection","features":[
+    {"type":"Feature","properties":{"classification":{"name":"Tumor"}},"geometry":{"type":"Polygon",
+     "coordinates":[[[0,0],[100,0],[100,100],[0,100],[0,0]],[[40,40],[60,40],[60,60],[40,60],[40,40]]]}},
+    {"type":"Feature","properties":{"classification":{"name":"Tumor"}},"geometry":{"type":"MultiPolygon",
+     "coordinates":[[[[200,0],[300,0],[300,100],[200,100],[200,0]]],[[[400,0],[500,0],[500,100],[400,100],[400,0]]]]}},
+    {"type":"Feature","properties":{"classification":{"name":"Stroma"}},"geometry":{"type":"Polygon",
+     "coordinates":[[[600,0],[700,0],[700,100],[600,100],[600,0]]]}}]})");
+  auto centre = open_labels(path.string(), 1000, 1000, LabelRule::centre, 0.5, "Tumor");
+  EXPECT_EQ(centre->label(0, 0, 100, 100), 0u) << "the centre lies in the hole";
+  EXPECT_EQ(centre->label(0, 0, 40, 40), 1u);
+  EXPECT_EQ(centre->label(200, 0, 300, 100), 1u);
+  EXPECT_EQ(centre->label(400, 0, 500, 100), 1u);
+  EXPECT_EQ(centre->label(300, 0, 400, 100), 0u);
+  EXPECT_EQ(centre->label(600, 0, 700, 100), 0u) << "Stroma is not the label class";
+  // The square with its hole is 96% covered; half of [50, 150) x [0, 100) is.
+  auto coverage = open_labels(path.string(), 1000, 1000, LabelRule::coverage, 0.9, "Tumor");
+  EXPECT_EQ(coverage->label(0, 0, 100, 100), 1u);
+  EXPECT_EQ(coverage->label(50, 0, 150, 100), 0u);
+  auto half = open_labels(path.string(), 1000, 1000, LabelRule::coverage, 0.45, "Tumor");
+  EXPECT_EQ(half->label(50, 0, 150, 100), 1u);
+}
+
+TEST(Labels, MaskAndGeoJsonOfASyntheticSlideAgree) {
+  synthetic();
+  auto mask = open_labels((directory() / "slide.mask.tiff").string(), 3072, 2048, LabelRule::centre, 0.5, "Tumor");
+  auto geojson = open_labels((directory() / "slide.geojson").string(), 3072, 2048, LabelRule::centre, 0.5, "Tumor");
+  int agree = 0, tumour = 0, total = 0;
+  for (int y = 0; y < 2048; y += 64)
+    for (int x = 0; x < 3072; x += 64, ++total) {
+      uint32_t a = mask->label(x, y, x + 64, y + 64), b = geojson->label(x, y, x + 64, y + 64);
+      agree += a == b;
+      tumour += b;
+    }
+  EXPECT_GT(tumour, 0.5 * synthetic()["tumour_fraction"].get<double>() * total);
+  EXPECT_GE(agree, total - tumour / 10 - 2);
+}
+
+TEST(BadInput, MissingSlide) {
+  auto message = bad_input_message([] { open_slide((directory() / "absent.tiff").string()); });
+  EXPECT_NE(message.find("absent.tiff: no such slide"), std::string::npos) << message;
+}
+
+TEST(BadInput, TruncatedTiff) {
+  auto truncated = directory() / "truncated.tiff";
+  fs::copy_file(slide_path(), truncated, fs::copy_options::overwrite_existing);
+  // Keep the first directory (written after level 0's tiles) but cut into level 0's last tiles.
+  TIFF* tiff = TIFFOpen(truncated.c_str(), "r");
+  ASSERT_NE(tiff, nullptr);
+  uint64_t* offsets = nullptr;
+  ASSERT_TRUE(TIFFGetField(tiff, TIFFTAG_TILEOFFSETS, &offsets));
+  uint64_t cut = offsets[TIFFNumberOfTiles(tiff) - 2];
+  TIFFClose(tiff);
+  fs::resize_file(truncated, cut);
+  auto message = bad_input_message([&] { open_slide(truncated.string()); });
+  EXPECT_NE(message.find("truncated.tiff"), std::string::npos) << message;
+}
+
+TEST(BadInput, StrippedTiffIsNotTiled) {
+  auto path = directory() / "stripped.tiff";
+  TIFF* tiff = TIFFOpen(path.c_str(), "w");
+  ASSERT_NE(tiff, nullptr);
+  TIFFSetField(tiff, TIFFTAG_IMAGEWIDTH, 64);
+  TIFFSetField(tiff, TIFFTAG_IMAGELENGTH, 64);
+  TIFFSetField(tiff, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(tiff, TIFFTAG_SAMPLESPERPIXEL, 3);
+  TIFFSetField(tiff, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_RGB);
+  TIFFSetField(tiff, TIFFTAG_ROWSPERSTRIP, 16);
+  std::vector<uint8_t> row(64 * 3, 200);
+  for (uint32_t y = 0; y < 64; ++y) TIFFWriteScanline(tiff, row.data(), y, 0);
+  TIFFClose(tiff);
+  auto message = bad_input_message([&] { open_slide(path.string()); });
+  EXPECT_NE(message.find("stripped.tiff: not a tiled TIFF"), std::string::npos) << message;
+}
+
+TEST(BadInput, NotASlideAtAll) {
+  auto path = directory() / "notes.txt";
+  write_text(path, "hello");
+  auto message = bad_input_message([&] { open_slide(path.string()); });
+  EXPECT_NE(message.find("notes.txt"), std::string::npos) << message;
+}
+
+TEST(BadInput, InvalidGeoJson) {
+  auto broken = directory() / "broken.geojson";
+  write_text(broken, R"({"type":"FeatureCollection","features":[{"type":"Feature")");
+  auto message = bad_input_message([&] { open_labels(broken.string(), 100, 100, LabelRule::centre, 0.5, "Tumor"); });
+  EXPECT_NE(message.find("broken.geojson: not valid JSON"), std::string::npos) << message;
+  auto wrong = directory() / "wrong.geojson";
+  write_text(wrong, R"({"type":"FeatureCollection","features":[{"type":"Feature","properties":{"classification":
+    {"name":"Tumor"}},"geometry":{"type":"Polygon","coordinates":[[[0,0],[1,"a"],[1,1],[0,0]]]}}]})");
+  message = bad_input_message([&] { open_labels(wrong.string(), 100, 100, LabelRule::centre, 0.5, "Tumor"); });
+  EXPECT_NE(message.find("wrong.geojson: feature 0: a position is not [x, y]"), std::string::npos) << message;
+}
+
+TEST(BadInput, CorruptJpegTileIsNamedCountedAndSkipped) {
+  auto corrupt = directory() / "corrupt.tiff";
+  fs::copy_file(slide_path(), corrupt, fs::copy_options::overwrite_existing);
+  // Find a tissue tile in the middle of level 0 and scramble its entropy-coded data.
+  auto slide = open_slide(corrupt.string());
+  TissueMask tissue(*slide, 256, std::nullopt);
+  int64_t column = 0, row = 0;
+  double most = 0;
+  for (int64_t r = 2; r < 6; ++r)
+    for (int64_t c = 2; c < 10; ++c)
+      if (double fraction = tissue.tissue_fraction(c * 256.0, r * 256.0, c * 256.0 + 256, r * 256.0 + 256); fraction > most) {
+        most = fraction;
+        column = c;
+        row = r;
+      }
+  ASSERT_GT(column, 0);
+  slide.reset();
+  TIFF* tiff = TIFFOpen(corrupt.c_str(), "r");
+  uint64_t *offsets = nullptr, *counts = nullptr;
+  TIFFGetField(tiff, TIFFTAG_TILEOFFSETS, &offsets);
+  TIFFGetField(tiff, TIFFTAG_TILEBYTECOUNTS, &counts);
+  uint64_t offset = offsets[row * 12 + column], count = counts[row * 12 + column];
+  TIFFClose(tiff);
+  {
+    std::fstream file(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(offset + count / 2));
+    std::string garbage(64, '\xff');
+    for (size_t i = 1; i < garbage.size(); i += 2) garbage[i] = static_cast<char>(0xd0 + i % 8);
+    file.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  }
+  std::string name = "level 0 tile column " + std::to_string(column) + " row " + std::to_string(row);
+  slide = open_slide(corrupt.string());
+  std::vector<uint8_t> rgb(256 * 256 * 3);
+  auto message = bad_input_message([&] { slide->read_region(0, column * 256, row * 256, 256, 256, rgb.data()); });
+  EXPECT_NE(message.find("corrupt.tiff: " + name + ": corrupt JPEG"), std::string::npos) << message;
+
+  for (auto encoding : {TileEncoding::jpeg, TileEncoding::raw}) {
+    auto store = directory() / (encoding == TileEncoding::jpeg ? "corrupt_jpeg.lmdb" : "corrupt_raw.lmdb");
+    fs::remove_all(store);
+    TilerOptions options;
+    options.encoding = encoding;
+    options.workers = 2;
+    auto summary = tile_slides({{corrupt.string(), ""}}, store.string(), options);
+    auto& result = summary["slides"][0];
+    EXPECT_EQ(result["corrupt_tiles"], 1);
+    EXPECT_EQ(result["written"].get<int>(), result["candidates"].get<int>() - 1);
+    EXPECT_GT(result["written"].get<int>(), 5);
+    EXPECT_EQ(open_tile_store(store.string())->size(), result["written"].get<size_t>());
+  }
+}
+
+TEST(Tiler, CopiesFileJpegsAndLabelsTumourTiles) {
+  auto store = directory() / "tiles.lmdb";
+  fs::remove_all(store);
+  TilerOptions options;
+  options.workers = 2;
+  auto summary = tile_slides({{slide_path(), (directory() / "slide.geojson").string()}}, store.string(), options);
+  auto& result = summary["slides"][0];
+  int written = result["written"];
+  EXPECT_EQ(result["copied_jpeg"], written) << "256-pixel tiles at level 0 match the file's tiles";
+  EXPECT_EQ(result["grid"], nlohmann::json::parse("[12, 8]"));
+  // About the tissue area in tiles (tiles at least half tissue).
+  double expected = synthetic()["tissue_fraction"].get<double>() * 96;
+  EXPECT_NEAR(written, expected, 0.25 * expected);
+  EXPECT_GT(result["label_counts"].value("1", 0), 0);
+
+  // Tiled again: nothing to do. Tiled at level 1 into raw 128-pixel tiles: decoded and cut.
+  auto again = tile_slides({{slide_path(), (directory() / "slide.geojson").string()}}, store.string(), options);
+  EXPECT_EQ(again["slides"][0]["status"], "already complete");
+  auto raw_store = directory() / "raw.lmdb";
+  fs::remove_all(raw_store);
+  options.encoding = TileEncoding::raw;
+  options.size = 128;
+  options.level = 1;
+  auto raw = tile_slides({{slide_path(), (directory() / "slide.mask.tiff").string()}}, raw_store.string(), options);
+  EXPECT_EQ(raw["slides"][0]["copied_jpeg"], 0);
+  EXPECT_EQ(raw["slides"][0]["grid"], nlohmann::json::parse("[12, 8]"));
+  auto patches = open_tile_store(raw_store.string());
+  EXPECT_EQ(patches->width(), 128);
+  EXPECT_EQ(patches->size(), raw["slides"][0]["written"].get<size_t>());
+}
