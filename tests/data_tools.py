@@ -1,0 +1,96 @@
+"""Shared helpers of the tests/test_data_*.py scripts: run tessera, read a tile store with
+python3-lmdb and nothing of tessera's (an independent reader of the format in ARCHITECTURE.md)."""
+import io
+import json
+import os
+import struct
+import subprocess
+import zlib
+
+import lmdb
+from PIL import Image
+
+HEADER = struct.Struct("<BBBBHHIIIII")
+
+
+def run(binary, *args, check=True, **kwargs):
+    result = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, **kwargs)
+    if check and result.returncode != 0:
+        raise AssertionError(f"tessera {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def summary(result):
+    """The JSON summary a command prints as its last stdout line."""
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def synth(binary, path, width, height, seed):
+    return summary(run(binary, "synth", path, "--width", width, "--height", height, "--seed", seed))
+
+
+def read_store(path):
+    """(tiles, slides): tiles maps key tuples (slide, level, row, column) to value bytes."""
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=2)
+    tiles_db = env.open_db(b"tiles", create=False)
+    slides_db = env.open_db(b"slides", create=False)
+    tiles, slides = {}, {}
+    with env.begin() as txn:
+        for key, value in txn.cursor(db=tiles_db):
+            assert len(key) == 16, key
+            tiles[struct.unpack(">IIII", key)] = bytes(value)
+        for key, value in txn.cursor(db=slides_db):
+            slides[struct.unpack(">I", key)[0]] = json.loads(bytes(value))
+    env.close()
+    return tiles, slides
+
+
+def parse_value(key, value):
+    """Header fields and pixels (H x W x 3 bytes as a PIL image) of a verified value."""
+    version, encoding, channels, _, width, height, label, x, y, size, crc = HEADER.unpack_from(value)
+    assert version == 1 and channels == 3, (key, version, channels)
+    assert size == len(value) - HEADER.size, key
+    assert zlib.crc32(value[:24] + value[28:]) == crc, f"checksum of {key}"
+    pixels = value[28:]
+    if encoding == 1:
+        image = Image.open(io.BytesIO(pixels))
+        image.load()
+        image = image.convert("RGB")
+    else:
+        image = Image.frombytes("RGB", (width, height), pixels)
+    assert image.size == (width, height), key
+    return {"label": label, "x": x, "y": y, "width": width, "height": height, "encoding": encoding, "image": image}
+
+
+def point_in_polygons(x, y, polygons):
+    """Even-odd rule over each polygon's rings; True inside any polygon."""
+    for rings in polygons:
+        inside = False
+        for ring in rings:
+            for (x1, y1), (x2, y2) in zip(ring, ring[1:] + ring[:1]):
+                if (y1 > y) != (y2 > y) and x < (x2 - x1) * (y - y1) / (y2 - y1) + x1:
+                    inside = not inside
+        if inside:
+            return True
+    return False
+
+
+def tumour_polygons(geojson_path):
+    with open(geojson_path) as f:
+        document = json.load(f)
+    polygons = []
+    for feature in document["features"]:
+        if feature["properties"]["classification"]["name"] != "Tumor":
+            continue
+        geometry = feature["geometry"]
+        if geometry["type"] == "Polygon":
+            polygons.append(geometry["coordinates"])
+        else:
+            polygons.extend(geometry["coordinates"])
+    return polygons
+
+
+def workdir(name):
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tessera_{name}_{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path

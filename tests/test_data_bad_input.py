@@ -1,0 +1,101 @@
+"""Bad input to `tessera tile` and `tessera synth`: the exit codes of ARCHITECTURE.md (5 bad
+input, 2 bad usage) and messages that name the file, the tile or the flag."""
+import json
+import os
+import shutil
+import struct
+import sys
+
+from PIL import Image
+
+from data_tools import read_store, run, summary, synth, workdir
+
+
+def expect(result, code, *words):
+    assert result.returncode == code, (result.returncode, code, result.stderr)
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+
+
+def tile_offsets(path):
+    """Level 0's tile offsets and byte counts from a little-endian BigTIFF's first directory."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b"II+\x00", "tessera synth writes BigTIFF"
+    (directory,) = struct.unpack_from("<Q", data, 8)
+    (count,) = struct.unpack_from("<Q", data, directory)
+    fields = {}
+    for i in range(count):
+        tag, kind, n, value = struct.unpack_from("<HHQQ", data, directory + 8 + 20 * i)
+        fields[tag] = (n, value)
+    def longs(tag):
+        n, where = fields[tag]
+        return list(struct.unpack_from(f"<{n}Q", data, where)) if n > 1 else [where]
+    return longs(324), longs(325)  # TileOffsets, TileByteCounts
+
+
+def main(binary):
+    work = workdir("test_data_bad_input")
+    slide = os.path.join(work, "slide.tiff")
+    synth(binary, slide, 2048, 2048, 41)
+    store = os.path.join(work, "tiles.lmdb")
+
+    missing = os.path.join(work, "absent.svs")
+    expect(run(binary, "tile", missing, "--out", store, check=False), 5, "absent.svs")
+    assert not os.path.exists(store), "nothing is written when an input is bad"
+
+    truncated = os.path.join(work, "truncated.tiff")
+    with open(slide, "rb") as f:
+        data = f.read()
+    offsets, _ = tile_offsets(slide)
+    with open(truncated, "wb") as f:
+        f.write(data[: offsets[len(offsets) // 2]])
+    expect(run(binary, "tile", truncated, "--out", store, check=False), 5, "truncated.tiff")
+
+    stripped = os.path.join(work, "stripped.tiff")
+    Image.new("RGB", (300, 200), (230, 150, 200)).save(stripped)
+    expect(run(binary, "tile", stripped, "--out", store, check=False), 5, "stripped.tiff: not a tiled TIFF")
+
+    geojson = os.path.join(work, "broken.geojson")
+    with open(geojson, "w") as f:
+        f.write('{"type": "FeatureCollection", "features": [')
+    expect(run(binary, "tile", slide, "--out", store, "--labels", geojson, check=False), 5,
+           "broken.geojson: not valid JSON")
+    not_geojson = os.path.join(work, "points.geojson")
+    with open(not_geojson, "w") as f:
+        json.dump({"type": "FeatureCollection", "features": [{"type": "Feature", "properties": {
+            "classification": {"name": "Tumor"}}, "geometry": {"type": "Point", "coordinates": [1, 2]}}]}, f)
+    expect(run(binary, "tile", slide, "--out", store, "--labels", not_geojson, check=False), 5,
+           "points.geojson: feature 0: geometry type 'Point'")
+
+    expect(run(binary, "tile", slide, "--out", store, "--encoding", "png", check=False), 2, "--encoding")
+    expect(run(binary, "tile", slide, "--out", store, "--level", 7, check=False), 2, "--level")
+    expect(run(binary, "tile", slide, slide, "--out", store, "--labels", geojson, check=False), 2, "--labels")
+    expect(run(binary, "tile", slide, "--out", store, "--min-tissue", 2, check=False), 2, "--min-tissue")
+    expect(run(binary, "synth", os.path.join(work, "x.tiff"), "--width", 0, "--height", 10, check=False), 2, "--width")
+
+    # A corrupt JPEG tile in the middle of level 0: named, counted, skipped; the run goes on.
+    reference = summary(run(binary, "tile", slide, "--out", os.path.join(work, "reference.lmdb")))["slides"][0]
+    reference_tiles, _ = read_store(os.path.join(work, "reference.lmdb"))
+    row, column = sorted(key[2:] for key in reference_tiles)[len(reference_tiles) // 2]
+    offsets, counts = tile_offsets(slide)
+    index = row * 8 + column
+    corrupt = os.path.join(work, "corrupt.tiff")
+    with open(corrupt, "wb") as f:
+        middle = offsets[index] + counts[index] // 2
+        f.write(data[:middle] + bytes([0xFF, 0xD3] * 40) + data[middle + 80:])
+    result = run(binary, "tile", corrupt, "--out", os.path.join(work, "corrupt.lmdb"))
+    warnings = [json.loads(line) for line in result.stderr.splitlines() if '"warning"' in line]
+    assert len(warnings) == 1, result.stderr
+    assert f"level 0 tile column {column} row {row}: corrupt JPEG" in warnings[0]["error"], warnings
+    tiled = summary(result)["slides"][0]
+    assert tiled["corrupt_tiles"] == 1 and tiled["written"] == reference["written"] - 1, tiled
+    corrupt_tiles, slides = read_store(os.path.join(work, "corrupt.lmdb"))
+    assert set(reference_tiles) - set(corrupt_tiles) == {(0, 0, row, column)}
+    assert slides[0]["corrupt_tiles"] == 1 and slides[0]["complete"]
+    shutil.rmtree(work)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

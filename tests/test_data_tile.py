@@ -1,0 +1,80 @@
+"""tessera synth and tessera tile, checked with independent readers: OpenSlide's command line
+tool for the slide, python3-lmdb, zlib and PIL for the tile store."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+from data_tools import parse_value, point_in_polygons, read_store, run, summary, synth, tumour_polygons, workdir
+
+
+def main(binary):
+    work = workdir("test_data_tile")
+    slide = os.path.join(work, "slide.tiff")
+    made = synth(binary, slide, 4096, 4096, 21)
+    assert made["levels"] == [[4096, 4096], [2048, 2048], [1024, 1024]], made["levels"]
+    assert os.path.exists(os.path.join(work, "slide.mask.tiff"))
+    assert 0.1 < made["tissue_fraction"] < 0.6 and 0.005 < made["tumour_fraction"] < made["tissue_fraction"], made
+
+    if shutil.which("openslide-show-properties"):
+        properties = subprocess.run(["openslide-show-properties", slide], capture_output=True, text=True, check=True).stdout
+        assert "openslide.vendor: 'generic-tiff'" in properties, properties
+        assert "openslide.level-count: '3'" in properties, properties
+        assert "openslide.level[2].downsample: '4'" in properties, properties
+
+    store = os.path.join(work, "tiles.lmdb")
+    geojson = os.path.join(work, "slide.geojson")
+    result = summary(run(binary, "tile", slide, "--out", store, "--labels", geojson, "--workers", 2))
+    tiled = result["slides"][0]
+    tiles, slides = read_store(store)
+    assert len(tiles) == tiled["written"] == tiled["tiles"], (len(tiles), tiled)
+    assert tiled["copied_jpeg"] == tiled["written"], "aligned 256-pixel tiles are copied, not re-encoded"
+    # Tiles at least half tissue: about the tissue area, counted in 256-pixel tiles.
+    expected = made["tissue_fraction"] * 256
+    assert abs(len(tiles) - expected) < 0.25 * expected, (len(tiles), expected)
+    entry = slides[0]
+    assert entry["path"] == os.path.abspath(slide) and entry["complete"] and entry["tile_size"] == 256, entry
+    assert entry["width"] == 4096 and abs(entry["mpp_x"] - 0.25) < 1e-6, entry
+
+    polygons = tumour_polygons(geojson)
+    brightness = {0: [], 1: []}
+    for key, value in tiles.items():
+        slide_id, level, row, column = key
+        tile = parse_value(key, value)
+        assert (slide_id, level) == (0, 0) and tile["encoding"] == 1, key
+        assert (tile["x"], tile["y"]) == (column * 256, row * 256), (key, tile["x"], tile["y"])
+        expected_label = int(point_in_polygons(column * 256 + 128, row * 256 + 128, polygons))
+        assert tile["label"] == expected_label, (key, tile["label"])
+        pixels = np.asarray(tile["image"], dtype=np.float64)
+        brightness[tile["label"]].append(pixels.mean())
+    assert len(brightness[1]) >= 3, "some tumour tiles"
+    assert sum(map(len, brightness.values())) == len(tiles)
+    normal, tumour = np.mean(brightness[0]), np.mean(brightness[1])
+    print(f"tiles {len(tiles)}, tumour {len(brightness[1])}, mean brightness normal {normal:.1f} tumour {tumour:.1f}")
+    assert normal - tumour > 15, "tumour tiles are darker (denser, larger, darker nuclei)"
+
+    # Labels from the low-resolution mask agree with the polygons.
+    mask_store = os.path.join(work, "mask.lmdb")
+    run(binary, "tile", slide, "--out", mask_store, "--labels", os.path.join(work, "slide.mask.tiff"))
+    mask_tiles, _ = read_store(mask_store)
+    assert mask_tiles.keys() == tiles.keys()
+    agree = sum(parse_value(k, v)["label"] == parse_value(k, tiles[k])["label"] for k, v in mask_tiles.items())
+    assert agree >= len(tiles) - 2, (agree, len(tiles))
+
+    # Raw re-encoding at level 1 with 128-pixel tiles: pixels as the slide has them.
+    raw_store = os.path.join(work, "raw.lmdb")
+    raw = summary(run(binary, "tile", slide, "--out", raw_store, "--level", 1, "--size", 128, "--encoding", "raw"))
+    raw_tiles, raw_slides = read_store(raw_store)
+    assert raw["slides"][0]["copied_jpeg"] == 0 and len(raw_tiles) == raw["written"] > 0
+    key, value = next(iter(raw_tiles.items()))
+    tile = parse_value(key, value)
+    assert tile["encoding"] == 0 and tile["width"] == 128 and (tile["x"], tile["y"]) == (key[3] * 256, key[2] * 256)
+    assert raw_slides[0]["downsample"] == 2.0
+    shutil.rmtree(work)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
