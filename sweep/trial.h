@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,6 +20,7 @@ std::string_view to_string(TrialState state);
 // Throws BadInput for a name that is not a state (a damaged study file).
 TrialState trial_state_from(std::string_view name);
 bool is_finished(TrialState state);
+inline std::ostream& operator<<(std::ostream& out, TrialState state) { return out << to_string(state); }
 
 enum class Direction { minimize, maximize };
 std::string_view to_string(Direction direction);

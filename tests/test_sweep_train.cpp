@@ -1,0 +1,362 @@
+// tessera sweep against the real `tessera train`: faults in trials, the in-process leak that
+// isolation solves, --oom-retry, a killed and resumed sweep, bad input, and a learning-rate
+// search on a small patch task.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "sweep/child.h"
+#include "sweep/store.h"
+
+namespace tessera::sweep {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path work_dir() {
+  auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  auto dir = fs::temp_directory_path() / ("tessera_sweep_" + std::to_string(getpid())) / info->name();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A PCam-layout patch task from tools/make_patch_task.py, made once per size.
+std::string patch_task(int count, int size) {
+  auto path = fs::temp_directory_path() / ("tessera_sweep_" + std::to_string(getpid())) /
+              ("task_" + std::to_string(count) + "x" + std::to_string(size) + ".h5");
+  if (!fs::exists(path)) {
+    fs::create_directories(path.parent_path());
+    auto made = run_captured({"/usr/bin/python3", TESSERA_SOURCE_DIR "/tools/make_patch_task.py", "--out",
+                              path.string(), "--count", std::to_string(count), "--size", std::to_string(size),
+                              "--seed", "1"});
+    EXPECT_EQ(made.wait_status, 0) << made.errors;
+  }
+  return path.string();
+}
+
+struct Result {
+  int exit_code;
+  std::string output, errors;
+};
+
+Result tessera(std::vector<std::string> args, const Environment& environment = {}) {
+  args.insert(args.begin(), TESSERA_BINARY);
+  auto run = run_captured(args, environment);
+  return {WIFEXITED(run.wait_status) ? WEXITSTATUS(run.wait_status) : 128 + WTERMSIG(run.wait_status), run.output,
+          run.errors};
+}
+
+std::vector<Trial> trials_of(const fs::path& study) {
+  return StudyStore(study, StudyStore::Mode::read_only).trials();
+}
+
+int64_t resident_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+// Runs a sweep as a child, sampling its resident memory every 20 ms until it exits.
+struct Sampled {
+  int exit_code;
+  std::string errors;
+  std::vector<int64_t> resident_kib;
+};
+
+Sampled sweep_sampling_memory(std::vector<std::string> args, const Environment& environment) {
+  args.insert(args.begin(), {TESSERA_BINARY, "sweep"});
+  ChildProcess sweep(args, environment);
+  Sampled sampled;
+  while (sweep.report_fd() >= 0 || sweep.stderr_fd() >= 0) {
+    pollfd fds[2] = {{sweep.report_fd(), POLLIN, 0}, {sweep.stderr_fd(), POLLIN, 0}};
+    poll(fds, 2, 20);
+    sweep.read_report();
+    sweep.read_stderr();
+    if (int64_t kib = resident_kib(sweep.pid()); kib > 0) sampled.resident_kib.push_back(kib);
+  }
+  sweep.wait();
+  sampled.exit_code = WIFEXITED(sweep.wait_status()) ? WEXITSTATUS(sweep.wait_status()) : -1;
+  sampled.errors = sweep.stderr_tail();
+  return sampled;
+}
+
+TEST(SweepCommand, BadInputIsAClearErrorBeforeAnyTrial) {
+  auto dir = work_dir();
+  auto data = patch_task(64, 16);
+  auto study = (dir / "study.sqlite").string();
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+    std::string message;
+  };
+  std::ofstream(dir / "notes.sqlite") << "not a database\n";
+  std::vector<Case> cases = {
+      {{"--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data, "--bogus", "1"}, 2, "--bogus"},
+      {{"--param", "widht=int:4:8", "--", "--data", data}, 2, "--widht"},
+      {{"--param", "lr=loguniform:0:1", "--", "--data", data}, 2, "LOW > 0"},
+      {{"--param", "lr=normal:0:1", "--", "--data", data}, 2, "unknown distribution"},
+      {{"--sampler", "grid", "--param", "batch=choice:", "--", "--data", data}, 2, "empty choice"},
+      {{"--sampler", "grid", "--param", "lr=uniform:0.1:1", "--", "--data", data}, 2, "continuous"},
+      {{"--devices", "0,7", "--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data}, 2, "no device 7"},
+      {{"--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data, "--report-fd", "5"}, 2, "--report-fd"},
+      {{"--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data, "--lr", "0.1"}, 2, "--lr"},
+  };
+  for (auto& c : cases) {
+    std::vector<std::string> args = {"sweep", "--study", study, "--trials", "2"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto result = tessera(args);
+    EXPECT_EQ(result.exit_code, c.exit_code) << c.message << ": " << result.errors;
+    EXPECT_NE(result.errors.find(c.message), std::string::npos) << result.errors;
+    EXPECT_FALSE(fs::exists(study)) << "a failed check left a study behind (" << c.message << ")";
+  }
+  auto not_a_study = tessera({"sweep", "--study", (dir / "notes.sqlite").string(), "--trials", "2", "--param",
+                              "lr=loguniform:1e-3:1e-1", "--", "--data", data});
+  EXPECT_EQ(not_a_study.exit_code, 5);
+  EXPECT_NE(not_a_study.errors.find("not a tessera study"), std::string::npos) << not_a_study.errors;
+  auto show = tessera({"sweep", "--study", (dir / "notes.sqlite").string(), "--show"});
+  EXPECT_EQ(show.exit_code, 5);
+  auto missing = tessera({"sweep", "--study", (dir / "missing.sqlite").string(), "--export", "csv"});
+  EXPECT_EQ(missing.exit_code, 5);
+  EXPECT_NE(missing.errors.find("missing.sqlite"), std::string::npos) << missing.errors;
+
+  // Data that every trial would fail on stops the sweep after the first, with train's code.
+  auto no_data = tessera({"sweep", "--study", study, "--trials", "4", "--param", "lr=loguniform:1e-3:1e-1", "--",
+                          "--data", (dir / "absent.h5").string()});
+  EXPECT_EQ(no_data.exit_code, 5) << no_data.errors;
+  EXPECT_NE(no_data.errors.find("absent.h5"), std::string::npos) << no_data.errors;
+  auto trials = trials_of(study);
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0].state, TrialState::failed);
+  EXPECT_EQ(trials[0].attempts[0].exit_code, 5);
+  auto again = tessera({"sweep", "--study", study, "--trials", "2", "--param", "lr=loguniform:1e-3:1e-1", "--",
+                        "--data", data});
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_NE(again.errors.find("--resume"), std::string::npos) << again.errors;
+}
+
+TEST(SweepTrain, FaultyTrialsAreRecordedWhileTheOthersFinish) {
+  auto dir = work_dir();
+  auto study = (dir / "faults.sqlite").string();
+  // An empty value leaves TESSERA_FAULT unset: a healthy trial.
+  auto result = tessera({"sweep", "--study", study, "--trials", "7", "--sampler", "grid", "--parallel", "2",
+                         "--trial-timeout", "15", "--timeout-grace", "1", "--param",
+                         "env:TESSERA_FAULT=choice:,leak:1MiB,segfault,hang,oom,nan", "--", "--data", patch_task(64, 16), "--epochs", "1", "--batch", "16"});
+  ASSERT_EQ(result.exit_code, 0) << result.errors;
+  auto trials = trials_of(study);
+  ASSERT_EQ(trials.size(), 6u);  // the grid's size, though 7 were asked for
+  std::map<std::string, const Trial*> by_fault;
+  for (auto& trial : trials) by_fault[trial.params["env:TESSERA_FAULT"].get<std::string>()] = &trial;
+  for (auto* healthy : {by_fault[""], by_fault["leak:1MiB"]}) {
+    EXPECT_EQ(healthy->state, TrialState::complete);
+    ASSERT_TRUE(healthy->value.has_value());
+    EXPECT_GT(*healthy->value, 0.0);
+    EXPECT_LT(*healthy->value, 5.0);
+    EXPECT_EQ(healthy->intermediate().size(), 1u);
+    EXPECT_GT(healthy->attempts[0].peak_device_bytes.value_or(0), 0u);
+    EXPECT_FALSE(healthy->attempts[0].device.empty());
+  }
+  // The leaked MiB shows in the leaking trial's peak.
+  EXPECT_GE(*by_fault["leak:1MiB"]->attempts[0].peak_device_bytes, *by_fault[""]->attempts[0].peak_device_bytes + (1u << 20));
+  EXPECT_EQ(by_fault["segfault"]->state, TrialState::crashed);
+  EXPECT_EQ(by_fault["segfault"]->attempts[0].signal, SIGSEGV);
+  EXPECT_EQ(by_fault["hang"]->state, TrialState::timeout);
+  EXPECT_GE(by_fault["hang"]->attempts[0].finished - by_fault["hang"]->attempts[0].started, 15.0);
+  EXPECT_LT(by_fault["hang"]->attempts[0].finished - by_fault["hang"]->attempts[0].started, 30.0);
+  EXPECT_EQ(by_fault["oom"]->state, TrialState::oom);
+  EXPECT_EQ(by_fault["oom"]->attempts[0].exit_code, 3);
+  EXPECT_NE(by_fault["oom"]->attempts[0].stderr_tail.find("budget"), std::string::npos)
+      << by_fault["oom"]->attempts[0].stderr_tail;
+  EXPECT_EQ(by_fault["nan"]->state, TrialState::diverged);
+  EXPECT_EQ(by_fault["nan"]->attempts[0].exit_code, 4);
+
+  auto shown = tessera({"sweep", "--study", study, "--show"});
+  EXPECT_EQ(shown.exit_code, 0);
+  for (const char* state : {"complete", "crashed", "timeout", "oom", "diverged"})
+    EXPECT_NE(shown.output.find(state), std::string::npos) << shown.output;
+  auto svg_path = dir / "history.svg";
+  EXPECT_EQ(tessera({"sweep", "--study", study, "--export", "svg", "--output", svg_path.string()}).exit_code, 0);
+  std::ifstream svg(svg_path);
+  std::string text((std::istreambuf_iterator<char>(svg)), {});
+  EXPECT_NE(text.find("optimisation history"), std::string::npos);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n') > 10, true);
+}
+
+TEST(SweepTrain, LeakingTrialsExhaustOneProcessButNotIsolatedTrials) {
+  auto dir = work_dir();
+  // Each trial leaks 5 MiB of a 16 MiB budget and needs about 5 MiB itself.
+  Environment leaking = {{"TESSERA_FAULT", "leak:5MiB"}};
+  std::vector<std::string> common = {"--trials", "5", "--sampler", "random", "--param", "lr=loguniform:1e-3:1e-1",
+                                     "--", "--data", patch_task(64, 16), "--epochs", "1", "--batch", "16",
+                                     "--device-memory-limit", "16MiB"};
+  std::vector<std::string> in_process = {"--study", (dir / "none.sqlite").string(), "--isolation", "none"};
+  in_process.insert(in_process.end(), common.begin(), common.end());
+  auto shared = sweep_sampling_memory(in_process, leaking);
+  ASSERT_EQ(shared.exit_code, 0) << shared.errors;
+  auto shared_trials = trials_of(dir / "none.sqlite");
+  ASSERT_EQ(shared_trials.size(), 5u);
+  EXPECT_EQ(shared_trials[0].state, TrialState::complete);
+  EXPECT_EQ(shared_trials[1].state, TrialState::complete);
+  for (size_t t = 2; t < 5; ++t) {
+    EXPECT_EQ(shared_trials[t].state, TrialState::oom) << "trial " << t;
+    EXPECT_NE(shared_trials[t].attempts[0].stderr_tail.find("in use"), std::string::npos)
+        << shared_trials[t].attempts[0].stderr_tail;
+  }
+
+  std::vector<std::string> isolated = {"--study", (dir / "process.sqlite").string(), "--parallel", "2"};
+  isolated.insert(isolated.end(), common.begin(), common.end());
+  auto separate = sweep_sampling_memory(isolated, leaking);
+  ASSERT_EQ(separate.exit_code, 0) << separate.errors;
+  auto trials = trials_of(dir / "process.sqlite");
+  ASSERT_EQ(trials.size(), 5u);
+  uint64_t lowest = UINT64_MAX, highest = 0;
+  for (auto& trial : trials) {
+    EXPECT_EQ(trial.state, TrialState::complete) << "trial " << trial.number;
+    lowest = std::min(lowest, trial.attempts[0].sweep_rss_bytes);
+    highest = std::max(highest, trial.attempts[0].sweep_rss_bytes);
+  }
+  // The sweep's own memory, as it measured itself after each trial and as sampled from
+  // outside, stays flat and small: nothing of a trial lives in it.
+  std::printf("isolated sweep resident memory: %.1f to %.1f MiB after trials, sampled peak %.1f MiB; "
+              "in-process sweep sampled peak %.1f MiB\n",
+              lowest / 1048576.0, highest / 1048576.0,
+              *std::max_element(separate.resident_kib.begin(), separate.resident_kib.end()) / 1024.0,
+              *std::max_element(shared.resident_kib.begin(), shared.resident_kib.end()) / 1024.0);
+  EXPECT_LT(highest - lowest, 1u << 20);
+  ASSERT_GT(separate.resident_kib.size(), 10u);
+  auto settled = separate.resident_kib.begin() + static_cast<std::ptrdiff_t>(separate.resident_kib.size() / 4);
+  auto [low, high] = std::minmax_element(settled, separate.resident_kib.end());
+  EXPECT_LT(*high - *low, 2048) << "KiB of growth";
+  EXPECT_LT(*high, 64 * 1024) << "KiB";
+}
+
+TEST(SweepTrain, OomRetryHalvesTheMicroBatchAndKeepsTheEffectiveBatch) {
+  auto dir = work_dir();
+  auto study = (dir / "retry.sqlite").string();
+  // Micro-batches of 64 and 32 need about 17 and 9.1 MiB; 16 needs 5.1 MiB.
+  std::vector<std::string> flags = {"--", "--data", patch_task(256, 16), "--epochs", "1", "--batch", "64",
+                                    "--device-memory-limit", "8MiB"};
+  std::vector<std::string> args = {"sweep", "--study", study, "--trials", "1", "--sampler", "grid", "--param",
+                                   "lr=choice:0.05", "--oom-retry"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto result = tessera(args);
+  ASSERT_EQ(result.exit_code, 0) << result.errors;
+  auto trials = trials_of(study);
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0].state, TrialState::complete);
+  ASSERT_EQ(trials[0].attempts.size(), 3u);
+  std::vector<std::pair<int64_t, int64_t>> batches;
+  for (auto& attempt : trials[0].attempts) batches.push_back({attempt.batch, attempt.accumulate});
+  EXPECT_EQ(batches, (std::vector<std::pair<int64_t, int64_t>>{{64, 0}, {32, 2}, {16, 4}}));
+  EXPECT_EQ(trials[0].attempts[0].state, TrialState::oom);
+  EXPECT_EQ(trials[0].attempts[1].state, TrialState::oom);
+  EXPECT_EQ(trials[0].attempts[2].state, TrialState::complete);
+  EXPECT_LE(*trials[0].attempts[2].peak_device_bytes, 8u << 20);
+  auto& command = trials[0].attempts[2].command;
+  auto at = std::find(command.begin(), command.end(), "--accumulate");
+  ASSERT_NE(at, command.end());
+  EXPECT_EQ(*(at + 1), "4");
+
+  // With a floor of 32 the trial ends out of memory after two attempts.
+  auto floored = (dir / "floor.sqlite").string();
+  args[2] = floored;
+  args.insert(args.begin() + 10, {"--min-batch", "32"});
+  ASSERT_EQ(tessera(args).exit_code, 0);
+  auto floor_trials = trials_of(floored);
+  EXPECT_EQ(floor_trials[0].state, TrialState::oom);
+  EXPECT_EQ(floor_trials[0].attempts.size(), 2u);
+}
+
+TEST(SweepTrain, KilledSweepResumesWithEveryTrialRecordedOnce) {
+  auto dir = work_dir();
+  auto study = dir / "resume.sqlite";
+  // Trial 1 runs four epochs, so it is still running when trial 0 (one epoch) has finished.
+  std::vector<std::string> args = {TESSERA_BINARY, "sweep", "--study", study.string(), "--trials", "4",
+                                   "--parallel", "2", "--sampler", "grid", "--param", "lr=choice:0.01,0.03",
+                                   "--param", "epochs=choice:1,4", "--", "--data", patch_task(64, 16), "--batch",
+                                   "16"};
+  {
+    ChildProcess sweep(args, {});
+    bool first_complete = false;
+    for (int polls = 0; polls < 1200 && !first_complete; ++polls) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      sweep.read_stderr();
+      if (!fs::exists(study)) continue;
+      try {
+        auto trials = trials_of(study);
+        first_complete = !trials.empty() && trials[0].state == TrialState::complete;
+      } catch (const std::exception&) {
+        // The study is still being created.
+      }
+    }
+    ASSERT_TRUE(first_complete) << sweep.stderr_tail();
+    sweep.send(SIGKILL);
+    sweep.wait();
+    ASSERT_TRUE(WIFSIGNALED(sweep.wait_status()));
+  }
+  auto before = trials_of(study);
+  ASSERT_GE(before.size(), 2u);
+  EXPECT_EQ(before[1].state, TrialState::running);
+  double first_finished = before[0].attempts[0].finished;
+
+  auto resumed = tessera({"sweep", "--study", study.string(), "--resume", "--parallel", "2"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.errors;
+  auto after = trials_of(study);
+  ASSERT_EQ(after.size(), 4u);
+  std::set<std::string> params;
+  for (size_t n = 0; n < after.size(); ++n) {
+    EXPECT_EQ(after[n].number, static_cast<int>(n));
+    EXPECT_EQ(after[n].state, TrialState::complete) << "trial " << n;
+    params.insert(after[n].params.dump());
+    // A trial that was running is interrupted once and then complete; no other attempts.
+    for (size_t a = 0; a + 1 < after[n].attempts.size(); ++a)
+      EXPECT_EQ(after[n].attempts[a].state, TrialState::interrupted) << "trial " << n;
+  }
+  EXPECT_EQ(params.size(), 4u) << "every grid point once";
+  ASSERT_EQ(after[0].attempts.size(), 1u) << "a finished trial is not run again";
+  EXPECT_EQ(after[0].attempts[0].finished, first_finished);
+  EXPECT_EQ(after[1].attempts.size(), 2u);
+  EXPECT_EQ(after[1].intermediate().size(), 4u);
+}
+
+TEST(SweepTrain, FindsAGoodLearningRateOnAPatchTask) {
+  auto dir = work_dir();
+  auto study = (dir / "lr.sqlite").string();
+  auto result = tessera({"sweep", "--study", study, "--trials", "4", "--parallel", "2", "--sampler", "grid",
+                         "--param", "lr=choice:0.001,0.01,0.1,1", "--", "--data", patch_task(512, 16), "--epochs",
+                         "3", "--batch", "32", "--width", "8", "--momentum", "0.9"});
+  ASSERT_EQ(result.exit_code, 0) << result.errors;
+  auto trials = trials_of(study);
+  ASSERT_EQ(trials.size(), 4u);
+  std::map<double, double> loss_by_lr;
+  for (auto& trial : trials) {
+    ASSERT_EQ(trial.state, TrialState::complete);
+    loss_by_lr[trial.params["lr"].get<double>()] = *trial.value;
+  }
+  auto json = nlohmann::json::parse(tessera({"sweep", "--study", study, "--export", "json"}).output);
+  double best_lr = json["best"]["params"]["lr"].get<double>(), best = json["best"]["value"].get<double>();
+  std::printf("validation loss by learning rate: 0.001 %.3f, 0.01 %.3f, 0.1 %.3f, 1 %.3f\n", loss_by_lr[0.001],
+              loss_by_lr[0.01], loss_by_lr[0.1], loss_by_lr[1]);
+  EXPECT_EQ(best_lr, 0.1);
+  // Chance level is ln 2 = 0.693: the best rate learns, the others barely move.
+  EXPECT_LT(best, 0.62);
+  for (auto& [lr, loss] : loss_by_lr) {
+    if (lr != best_lr) {
+      EXPECT_GT(loss, best + 0.05) << "lr " << lr;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::sweep
