@@ -28,8 +28,8 @@ tjhandle decompressor() {
 
 std::string check_header(tjhandle handle, const uint8_t* data, size_t size, int width, int height) {
   int stream_width = 0, stream_height = 0, subsampling = 0, colorspace = 0;
-  if (tjDecompressHeader3(handle, data, static_cast<unsigned long>(size), &stream_width, &stream_height,
-                          &subsampling, &colorspace) != 0)
+  if (tjDecompressHeader3(handle, data, static_cast<unsigned long>(size), &stream_width, &stream_height, &subsampling,
+                          &colorspace) != 0)
     return tjGetErrorStr2(handle);
   if (stream_width != width || stream_height != height)
     return "JPEG is " + std::to_string(stream_width) + "x" + std::to_string(stream_height) + ", expected " +
@@ -43,8 +43,7 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int 
   tjhandle handle = compressor();
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
-  if (tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &buffer, &size, TJSAMP_420, quality,
-                  0) != 0) {
+  if (tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &buffer, &size, TJSAMP_420, quality, 0) != 0) {
     tjFree(buffer);
     throw std::runtime_error(std::string("libturbojpeg: ") + tjGetErrorStr2(handle));
   }
@@ -67,8 +66,8 @@ std::string check_jpeg(const uint8_t* data, size_t size, int width, int height) 
   if (auto problem = check_header(handle, data, size, width, height); !problem.empty()) return problem;
   int small_width = (width + 7) / 8, small_height = (height + 7) / 8;
   std::vector<uint8_t> thumbnail(static_cast<size_t>(small_width) * static_cast<size_t>(small_height) * 3);
-  if (tjDecompress2(handle, data, static_cast<unsigned long>(size), thumbnail.data(), small_width, 0,
-                    small_height, TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
+  if (tjDecompress2(handle, data, static_cast<unsigned long>(size), thumbnail.data(), small_width, 0, small_height,
+                    TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
     return tjGetErrorStr2(handle);
   return {};
 }

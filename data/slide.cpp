@@ -120,8 +120,9 @@ class TiffSlide final : public Slide {
     do {
       if (!TIFFIsTiled(tiff_)) {
         if (directory == 0)
-          throw BadInput(path + ": not a tiled TIFF (it is stored in strips); tile it first, e.g. "
-                                "`vips tiffsave IN OUT --tile --pyramid --compression jpeg --bigtiff`");
+          throw BadInput(path +
+                         ": not a tiled TIFF (it is stored in strips); tile it first, e.g. "
+                         "`vips tiffsave IN OUT --tile --pyramid --compression jpeg --bigtiff`");
         continue;
       }
       Level level = read_level(directory);
@@ -196,8 +197,7 @@ class TiffSlide final : public Slide {
     uint16_t samples = 0, bits = 0;
     TIFFGetFieldDefaulted(tiff_, TIFFTAG_SAMPLESPERPIXEL, &samples);
     TIFFGetFieldDefaulted(tiff_, TIFFTAG_BITSPERSAMPLE, &bits);
-    level.ycbcr_jpeg =
-        compression == COMPRESSION_JPEG && photometric == PHOTOMETRIC_YCBCR && samples == 3 && bits == 8;
+    level.ycbcr_jpeg = compression == COMPRESSION_JPEG && photometric == PHOTOMETRIC_YCBCR && samples == 3 && bits == 8;
     uint32_t table_size = 0;
     void* tables = nullptr;
     if (TIFFGetField(tiff_, TIFFTAG_JPEGTABLES, &table_size, &tables) && table_size > 4)
@@ -205,9 +205,10 @@ class TiffSlide final : public Slide {
     uint64_t* offsets = nullptr;
     uint64_t* byte_counts = nullptr;
     size_t tiles = TIFFNumberOfTiles(tiff_);
-    if (!TIFFGetField(tiff_, TIFFTAG_TILEOFFSETS, &offsets) || !TIFFGetField(tiff_, TIFFTAG_TILEBYTECOUNTS, &byte_counts))
-      throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no tile offsets (" +
-                     last_tiff_error + ")");
+    if (!TIFFGetField(tiff_, TIFFTAG_TILEOFFSETS, &offsets) ||
+        !TIFFGetField(tiff_, TIFFTAG_TILEBYTECOUNTS, &byte_counts))
+      throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no tile offsets (" + last_tiff_error +
+                     ")");
     level.offsets.assign(offsets, offsets + tiles);
     level.byte_counts.assign(byte_counts, byte_counts + tiles);
     return level;
@@ -241,8 +242,8 @@ class TiffSlide final : public Slide {
     std::vector<uint8_t> bytes(level.byte_counts.at(tile));
     size_t done = 0;
     while (done < bytes.size()) {
-      ssize_t got = ::pread(fd_, bytes.data() + done, bytes.size() - done,
-                            static_cast<off_t>(level.offsets[tile] + done));
+      ssize_t got =
+          ::pread(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(level.offsets[tile] + done));
       if (got <= 0)
         throw BadInput(path_ + ": " + tile_name(level_index, column, row) + ": cannot read " +
                        std::to_string(bytes.size()) + " bytes at offset " + std::to_string(level.offsets[tile]) +
@@ -262,8 +263,8 @@ class TiffSlide final : public Slide {
 
   TileCache::Pixels decoded_tile(int level_index, int64_t column, int64_t row) const {
     const Level& level = levels_[static_cast<size_t>(level_index)];
-    uint64_t key = (static_cast<uint64_t>(level_index) << 56) | (static_cast<uint64_t>(row) << 28) |
-                   static_cast<uint64_t>(column);
+    uint64_t key =
+        (static_cast<uint64_t>(level_index) << 56) | (static_cast<uint64_t>(row) << 28) | static_cast<uint64_t>(column);
     if (auto cached = cache_.find(key)) return cached;
     int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
     auto pixels = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tile_width) * tile_height * 3);
@@ -351,8 +352,8 @@ class OpenSlideSlide final : public Slide {
     openslide_read_region(slide_, argb.data(), static_cast<int64_t>(static_cast<double>(x) * downsample),
                           static_cast<int64_t>(static_cast<double>(y) * downsample), level, width, height);
     if (const char* error = openslide_get_error(slide_))
-      throw BadInput(path_ + ": OpenSlide: level " + std::to_string(level) + " region at " + std::to_string(x) +
-                     "," + std::to_string(y) + ": " + error);
+      throw BadInput(path_ + ": OpenSlide: level " + std::to_string(level) + " region at " + std::to_string(x) + "," +
+                     std::to_string(y) + ": " + error);
     // Premultiplied ARGB composited over white: colour + (255 - alpha).
     for (size_t i = 0; i < argb.size(); ++i) {
       uint32_t pixel = argb[i];

@@ -11,7 +11,7 @@ namespace tessera::data {
 
 struct SlideLevel {
   int64_t width = 0, height = 0;
-  double downsample = 1;  // level-0 pixels per pixel of this level
+  double downsample = 1;                // level-0 pixels per pixel of this level
   int tile_width = 0, tile_height = 0;  // the file's own tiles
 };
 

@@ -155,7 +155,8 @@ class StarPolygon {
     for (size_t v = first;; v = (v + 1) % xs_.size()) {
       size_t next = (v + 1) % xs_.size();
       local_inner = std::min(local_inner, segment_distance(cx_, cy_, xs_[v], ys_[v], xs_[next], ys_[next]));
-      local_outer = std::max({local_outer, std::hypot(xs_[v] - cx_, ys_[v] - cy_), std::hypot(xs_[next] - cx_, ys_[next] - cy_)});
+      local_outer =
+          std::max({local_outer, std::hypot(xs_[v] - cx_, ys_[v] - cy_), std::hypot(xs_[next] - cx_, ys_[next] - cy_)});
       if (v == last) break;
     }
     if (near > local_outer) return Overlap::outside;
@@ -174,8 +175,7 @@ class StarPolygon {
 
   nlohmann::json ring() const {
     auto coordinates = nlohmann::json::array();
-    for (size_t v = 0; v <= xs_.size(); ++v)
-      coordinates.push_back({xs_[v % xs_.size()], ys_[v % ys_.size()]});
+    for (size_t v = 0; v <= xs_.size(); ++v) coordinates.push_back({xs_[v % xs_.size()], ys_[v % ys_.size()]});
     return coordinates;
   }
 
@@ -363,8 +363,7 @@ std::vector<std::pair<int64_t, int64_t>> pyramid(int64_t width, int64_t height) 
   return levels;
 }
 
-void write_mask(const TissueModel& model, int64_t width, int64_t height, const std::string& path,
-                int64_t downsample) {
+void write_mask(const TissueModel& model, int64_t width, int64_t height, const std::string& path, int64_t downsample) {
   int64_t mask_width = (width + downsample - 1) / downsample, mask_height = (height + downsample - 1) / downsample;
   TiffFile tiff = create_tiff(path, "w");
   TIFFSetField(tiff.get(), TIFFTAG_IMAGEWIDTH, static_cast<uint32_t>(mask_width));
@@ -374,7 +373,8 @@ void write_mask(const TissueModel& model, int64_t width, int64_t height, const s
   TIFFSetField(tiff.get(), TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
   TIFFSetField(tiff.get(), TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
   TIFFSetField(tiff.get(), TIFFTAG_ROWSPERSTRIP, 64);
-  std::string description = nlohmann::json{{"downsample", downsample}, {"values", {{"0", "other"}, {"1", "Tumor"}}}}.dump();
+  std::string description =
+      nlohmann::json{{"downsample", downsample}, {"values", {{"0", "other"}, {"1", "Tumor"}}}}.dump();
   TIFFSetField(tiff.get(), TIFFTAG_IMAGEDESCRIPTION, description.c_str());
   std::vector<uint8_t> row(static_cast<size_t>(mask_width));
   for (int64_t y = 0; y < mask_height; ++y) {
@@ -390,10 +390,11 @@ void write_mask(const TissueModel& model, int64_t width, int64_t height, const s
 void write_geojson(const TissueModel& model, const std::string& path) {
   auto features = nlohmann::json::array();
   for (auto& polygon : model.tumours())
-    features.push_back({{"type", "Feature"},
-                        {"geometry", {{"type", "Polygon"}, {"coordinates", {polygon.ring()}}}},
-                        {"properties",
-                         {{"objectType", "annotation"}, {"classification", {{"name", "Tumor"}, {"color", {200, 0, 0}}}}}}});
+    features.push_back(
+        {{"type", "Feature"},
+         {"geometry", {{"type", "Polygon"}, {"coordinates", {polygon.ring()}}}},
+         {"properties",
+          {{"objectType", "annotation"}, {"classification", {{"name", "Tumor"}, {"color", {200, 0, 0}}}}}}});
   std::ofstream file(path);
   file << nlohmann::json{{"type", "FeatureCollection"}, {"features", features}}.dump() << "\n";
   if (!file) throw Error(ExitCode::runtime_error, path + ": cannot write the annotations");
@@ -410,11 +411,13 @@ nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const
 
   uint64_t total_tiles = 0;
   for (auto [level_width, level_height] : levels)
-    total_tiles += static_cast<uint64_t>((level_width + size - 1) / size) * static_cast<uint64_t>((level_height + size - 1) / size);
+    total_tiles += static_cast<uint64_t>((level_width + size - 1) / size) *
+                   static_cast<uint64_t>((level_height + size - 1) / size);
   Progress progress("synth", total_tiles);
 
   std::vector<uint8_t> white_pixels(static_cast<size_t>(size) * size * 3, TissueModel::background);
-  auto white_tile = std::make_shared<const std::vector<uint8_t>>(encode_jpeg(white_pixels.data(), size, size, options.quality));
+  auto white_tile =
+      std::make_shared<const std::vector<uint8_t>>(encode_jpeg(white_pixels.data(), size, size, options.quality));
 
   TiffFile tiff = create_tiff(paths.slide, "w8");
   uint64_t done = 0, tissue_tiles = 0;
@@ -438,8 +441,8 @@ nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const
     TIFFSetField(out, TIFFTAG_YRESOLUTION, 1e4 / (options.mpp * downsample));
     TIFFSetField(out, TIFFTAG_SOFTWARE, "tessera synth");
     if (level == 0) {
-      std::string description = "tessera synthetic slide seed=" + std::to_string(options.seed) +
-                                " mpp=" + std::to_string(options.mpp);
+      std::string description =
+          "tessera synthetic slide seed=" + std::to_string(options.seed) + " mpp=" + std::to_string(options.mpp);
       TIFFSetField(out, TIFFTAG_IMAGEDESCRIPTION, description.c_str());
     }
     int64_t columns = (level_width + size - 1) / size, rows = (level_height + size - 1) / size;

@@ -101,8 +101,8 @@ TileValue parse_tile_value(const void* data, size_t size, const std::string& whe
   if (get_little_endian<uint32_t>(in + 24) != checksum(in, value.pixels, value.pixel_bytes))
     throw BadInput(where + ": checksum mismatch (the value is corrupt)");
   if (value.header.channels != 3 || value.header.encoding > TileEncoding::jpeg)
-    throw BadInput(where + ": unsupported tile (channels " + std::to_string(value.header.channels) +
-                   ", encoding " + std::to_string(in[1]) + ")");
+    throw BadInput(where + ": unsupported tile (channels " + std::to_string(value.header.channels) + ", encoding " +
+                   std::to_string(in[1]) + ")");
   return value;
 }
 

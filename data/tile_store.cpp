@@ -16,8 +16,9 @@ namespace {
 std::string lmdb_message(int rc) {
   std::string text = mdb_strerror(rc);
   if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT || rc == EIO)
-    text += " (the disk is full or a file size limit was reached; the tiles committed before are kept, "
-            "free some space and run the same command again to resume)";
+    text +=
+        " (the disk is full or a file size limit was reached; the tiles committed before are kept, "
+        "free some space and run the same command again to resume)";
   return text;
 }
 
@@ -190,7 +191,8 @@ class TileStore final : public PatchSource {
       const nlohmann::json& label_counts = entry["label_counts"];
       if (label_counts.is_object())
         for (auto& [label, count] : label_counts.items())
-            if (count.get<uint64_t>() > 0) class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
+          if (count.get<uint64_t>() > 0)
+            class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
     }
     Cursor cursor;
     if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail(path, "reading tiles", rc);

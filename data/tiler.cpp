@@ -39,7 +39,8 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"encoding", encoding_name(options.encoding)},
           {"quality", options.quality},
           {"min_tissue", options.min_tissue},
-          {"tissue_threshold_flag", options.tissue_threshold ? nlohmann::json(*options.tissue_threshold) : nlohmann::json()},
+          {"tissue_threshold_flag",
+           options.tissue_threshold ? nlohmann::json(*options.tissue_threshold) : nlohmann::json()},
           {"labels", job.labels.empty() ? "" : canonical_path(job.labels)},
           {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
           {"label_coverage", options.label_coverage},
@@ -185,12 +186,17 @@ class SlideTiler {
     double extent = size * level.downsample;
     TileResult result;
     result.label = labeler ? labeler->label(x0, y0, x0 + extent, y0 + extent) : 0;
-    TileHeader header{static_cast<uint16_t>(size), static_cast<uint16_t>(size), 3, options_.encoding, result.label,
-                      static_cast<uint32_t>(std::lround(x0)), static_cast<uint32_t>(std::lround(y0))};
+    TileHeader header{static_cast<uint16_t>(size),
+                      static_cast<uint16_t>(size),
+                      3,
+                      options_.encoding,
+                      result.label,
+                      static_cast<uint32_t>(std::lround(x0)),
+                      static_cast<uint32_t>(std::lround(y0))};
     result.tile.key = {id, static_cast<uint32_t>(options_.level), static_cast<uint32_t>(row),
                        static_cast<uint32_t>(column)};
-    std::string where = "level " + std::to_string(options_.level) + " tile column " + std::to_string(column) +
-                        " row " + std::to_string(row);
+    std::string where = "level " + std::to_string(options_.level) + " tile column " + std::to_string(column) + " row " +
+                        std::to_string(row);
     if (aligned) {
       if (auto jpeg = slide_->jpeg_tile(options_.level, column, row)) {
         if (auto problem = check_jpeg(jpeg->data(), jpeg->size(), size, size); !problem.empty()) {

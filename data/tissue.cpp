@@ -83,7 +83,8 @@ TissueMask::TissueMask(const Slide& slide, double tile_extent, std::optional<int
       slide.read_region(level_, block_x, block_y, block_width, block_height, rgb.data());
       for (int y = 0; y < block_height; ++y)
         for (int x = 0; x < block_width; ++x) {
-          size_t cell = static_cast<size_t>((block_y + y) / reduction) * width_ + static_cast<size_t>((block_x + x) / reduction);
+          size_t cell =
+              static_cast<size_t>((block_y + y) / reduction) * width_ + static_cast<size_t>((block_x + x) / reduction);
           sums[cell] += saturation_of(&rgb[(static_cast<size_t>(y) * block_width + x) * 3]);
           ++counts[cell];
         }

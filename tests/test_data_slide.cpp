@@ -10,8 +10,8 @@
 #include "data/labels.h"
 #include "data/slide.h"
 #include "data/synthetic_slide.h"
-#include "data/tiler.h"
 #include "data/tile_store.h"
+#include "data/tiler.h"
 #include "data/tissue.h"
 
 namespace fs = std::filesystem;
@@ -38,8 +38,9 @@ const nlohmann::json& synthetic() {
     options.height = 2048;
     options.seed = 11;
     options.workers = 2;
-    return write_synthetic_slide(options, {(directory() / "slide.tiff").string(), (directory() / "slide.mask.tiff").string(),
-                                           (directory() / "slide.geojson").string()});
+    return write_synthetic_slide(options,
+                                 {(directory() / "slide.tiff").string(), (directory() / "slide.mask.tiff").string(),
+                                  (directory() / "slide.geojson").string()});
   }();
   return summary;
 }
@@ -244,7 +245,8 @@ TEST(BadInput, CorruptJpegTileIsNamedCountedAndSkipped) {
   double most = 0;
   for (int64_t r = 2; r < 6; ++r)
     for (int64_t c = 2; c < 10; ++c)
-      if (double fraction = tissue.tissue_fraction(c * 256.0, r * 256.0, c * 256.0 + 256, r * 256.0 + 256); fraction > most) {
+      if (double fraction = tissue.tissue_fraction(c * 256.0, r * 256.0, c * 256.0 + 256, r * 256.0 + 256);
+          fraction > most) {
         most = fraction;
         column = c;
         row = r;

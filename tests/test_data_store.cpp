@@ -27,14 +27,20 @@ fs::path fresh_directory(const std::string& name) {
 // A tile whose pixels depend on its key, so a mix-up shows.
 std::vector<uint8_t> pattern(const TileKey& key, int size) {
   std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * 3);
-  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 7 + key.row * 31 + key.column * 17 + key.slide * 5);
+  for (size_t i = 0; i < rgb.size(); ++i)
+    rgb[i] = static_cast<uint8_t>(i * 7 + key.row * 31 + key.column * 17 + key.slide * 5);
   return rgb;
 }
 
 TileStoreWriter::Tile raw_tile(const TileKey& key, int size, uint32_t label) {
   auto rgb = pattern(key, size);
-  TileHeader header{static_cast<uint16_t>(size), static_cast<uint16_t>(size), 3, TileEncoding::raw, label,
-                    key.column * 256, key.row * 256};
+  TileHeader header{static_cast<uint16_t>(size),
+                    static_cast<uint16_t>(size),
+                    3,
+                    TileEncoding::raw,
+                    label,
+                    key.column * 256,
+                    key.row * 256};
   return {key, encode_tile_value(header, rgb.data(), rgb.size())};
 }
 
@@ -156,7 +162,8 @@ TEST(TileStore, CorruptValueNamesItsKey) {
   auto key_bytes = encode_tile_key({0, 0, 1, 2});
   MDB_val key{key_bytes.size(), key_bytes.data()}, value;
   ASSERT_EQ(mdb_get(txn, tiles, &key, &value), 0);
-  std::vector<uint8_t> bytes(static_cast<uint8_t*>(value.mv_data), static_cast<uint8_t*>(value.mv_data) + value.mv_size);
+  std::vector<uint8_t> bytes(static_cast<uint8_t*>(value.mv_data),
+                             static_cast<uint8_t*>(value.mv_data) + value.mv_size);
   bytes[tile_header_size + 5] ^= 0xff;
   MDB_val corrupted{bytes.size(), bytes.data()};
   ASSERT_EQ(mdb_put(txn, tiles, &key, &corrupted, 0), 0);

@@ -25,8 +25,7 @@ void add_tile_command(CLI::App& app) {
   auto flags = std::make_shared<TileFlags>();
   flags->options.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto* command = app.add_subcommand("tile", "Tile slides into an LMDB tile store (tissue only, with labels)");
-  command->add_option("SLIDE", flags->slides, "Slides (tiled TIFF/BigTIFF, or any format OpenSlide reads)")
-      ->required();
+  command->add_option("SLIDE", flags->slides, "Slides (tiled TIFF/BigTIFF, or any format OpenSlide reads)")->required();
   command->add_option("--out", flags->out, "Tile store (LMDB directory); an unfinished run there resumes")->required();
   command->add_option("--size", flags->options.size, "Tile size in pixels")->capture_default_str();
   command->add_option("--level", flags->options.level, "Pyramid level to tile")->capture_default_str();
@@ -36,8 +35,10 @@ void add_tile_command(CLI::App& app) {
                       "Saturation (0-255) above which a pixel is tissue (default: Otsu's threshold)");
   command->add_option("--labels", flags->labels,
                       "Per slide, in order: a label mask TIFF or GeoJSON annotations (.geojson)");
-  command->add_option("--label-rule", flags->label_rule, "centre: the class at the tile centre; coverage: a class "
-                                                         "covering --label-coverage of the tile")
+  command
+      ->add_option("--label-rule", flags->label_rule,
+                   "centre: the class at the tile centre; coverage: a class "
+                   "covering --label-coverage of the tile")
       ->capture_default_str();
   command->add_option("--label-coverage", flags->options.label_coverage, "Fraction for --label-rule coverage")
       ->capture_default_str();
