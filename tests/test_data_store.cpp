@@ -116,7 +116,11 @@ TEST(TileStore, OpenPatchesOpensAStoreDirectoryAndRejectsOtherThings) {
   TileStoreWriter(path.string()).commit(0, entry(8, {{"0", 1}}), {raw_tile({0, 0, 0, 0}, 8, 0)});
   EXPECT_TRUE(is_tile_store_path(path.string()));
   EXPECT_EQ(open_tile_store(path.string())->size(), 1u);
+  EXPECT_EQ(open_patches(path.string())->size(), 1u);
+  EXPECT_EQ(open_patches(path.string())->group(0), 0u);
   EXPECT_THROW(open_tile_store((path / "missing.lmdb").string()), BadInput);
+  EXPECT_THROW(open_patches((path / "missing.lmdb").string()), BadInput);
+  EXPECT_THROW(open_patches((path / "data.mdb.txt").string()), BadInput);
 }
 
 TEST(TileStore, MapGrowsWhenFull) {
