@@ -176,7 +176,7 @@ TEST(SweepTrain, FaultyTrialsAreRecordedWhileTheOthersFinish) {
   EXPECT_LT(by_fault["hang"]->attempts[0].finished - by_fault["hang"]->attempts[0].started, 30.0);
   EXPECT_EQ(by_fault["oom"]->state, TrialState::oom);
   EXPECT_EQ(by_fault["oom"]->attempts[0].exit_code, 3);
-  EXPECT_NE(by_fault["oom"]->attempts[0].stderr_tail.find("budget"), std::string::npos)
+  EXPECT_NE(by_fault["oom"]->attempts[0].stderr_tail.find("TESSERA_FAULT=oom"), std::string::npos)
       << by_fault["oom"]->attempts[0].stderr_tail;
   EXPECT_EQ(by_fault["nan"]->state, TrialState::diverged);
   EXPECT_EQ(by_fault["nan"]->attempts[0].exit_code, 4);
