@@ -330,6 +330,36 @@ TEST(SweepTrain, KilledSweepResumesWithEveryTrialRecordedOnce) {
   EXPECT_EQ(after[1].intermediate().size(), 4u);
 }
 
+TEST(SweepTrain, AshaStopsTheTrialThatIsBehindAtTheFirstRung) {
+  auto dir = work_dir();
+  // The same two trials (training is deterministic) minimizing and maximizing: at the first rung
+  // (epoch 1) the second trial is behind in exactly one direction, and only there it is stopped.
+  std::map<std::string, std::vector<Trial>> by_direction;
+  for (std::string direction : {"minimize", "maximize"}) {
+    auto study = (dir / (direction + ".sqlite")).string();
+    auto result = tessera({"sweep", "--study", study, "--trials", "2", "--sampler", "grid", "--pruner", "asha",
+                           "--direction", direction, "--param", "lr=choice:0.1,0.00001", "--", "--data",
+                           patch_task(64, 16), "--epochs", "3", "--batch", "16"});
+    ASSERT_EQ(result.exit_code, 0) << result.errors;
+    by_direction[direction] = trials_of(study);
+    ASSERT_EQ(by_direction[direction].size(), 2u);
+    EXPECT_EQ(by_direction[direction][0].state, TrialState::complete) << direction;
+    EXPECT_EQ(by_direction[direction][0].intermediate().size(), 3u);
+  }
+  auto& first = by_direction["minimize"][0].intermediate();
+  auto& second = by_direction["minimize"][1].intermediate();
+  ASSERT_FALSE(second.empty());
+  ASSERT_NE(first[0].second, second[0].second);
+  auto behind = first[0].second < second[0].second ? "minimize" : "maximize";
+  auto ahead = first[0].second < second[0].second ? "maximize" : "minimize";
+  auto& stopped = by_direction[behind][1];
+  EXPECT_EQ(stopped.state, TrialState::pruned);
+  EXPECT_LT(stopped.intermediate().size(), 3u);
+  EXPECT_FALSE(stopped.value.has_value());
+  EXPECT_EQ(by_direction[ahead][1].state, TrialState::complete);
+  EXPECT_EQ(by_direction[ahead][1].intermediate().size(), 3u);
+}
+
 TEST(SweepTrain, FindsAGoodLearningRateOnAPatchTask) {
   auto dir = work_dir();
   auto study = (dir / "lr.sqlite").string();
