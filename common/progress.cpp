@@ -60,9 +60,8 @@ void Progress::draw(bool force) {
   if (fields_.is_object())
     for (auto& [key, value] : fields_.items())
       extra += " " + key + "=" + (value.is_number_float() ? std::to_string(value.get<double>()) : value.dump());
-  std::fprintf(stderr, "\r\033[K%s %s%llu%s%llu %.1fs%s", task_.c_str(), bar.c_str(),
-               static_cast<unsigned long long>(done_), total_ ? "/" : "",
-               static_cast<unsigned long long>(total_), seconds, extra.c_str());
+  std::string count = std::to_string(done_) + (total_ ? "/" + std::to_string(total_) : "");
+  std::fprintf(stderr, "\r\033[K%s %s%s %.1fs%s", task_.c_str(), bar.c_str(), count.c_str(), seconds, extra.c_str());
   std::fflush(stderr);
 }
 
