@@ -61,6 +61,9 @@ class SweepRun {
     open_study();
     Progress progress("sweep", static_cast<uint64_t>(target_));
     progress_ = &progress;
+    if (target_ < config_.target_trials)
+      progress.event({{"warning", "the grid has " + std::to_string(target_) + " points; running " +
+                                      std::to_string(target_) + " trials, not " + std::to_string(config_.target_trials)}});
     report_progress();
     if (options_.in_process) run_in_process();
     else run_isolated();
@@ -102,11 +105,8 @@ class SweepRun {
       store_->create_study(config_);
     }
     target_ = config_.target_trials;
-    if (auto capacity = sampler_->capacity(); capacity && *capacity < static_cast<size_t>(target_)) {
-      std::fprintf(stderr, "tessera sweep: the grid has %zu points; running %zu trials, not %d\n", *capacity,
-                   *capacity, target_);
+    if (auto capacity = sampler_->capacity(); capacity && *capacity < static_cast<size_t>(target_))
       target_ = static_cast<int>(*capacity);
-    }
   }
 
   // Checks everything a trial depends on before the first one starts.
@@ -218,29 +218,27 @@ class SweepRun {
     return environment;
   }
 
-  // Takes one report line; returns true when the pruner stops the trial.
+  // Takes one report line; returns true when the pruner stops the trial. Lines that do not
+  // follow the protocol are ignored: a trial cannot break the sweep.
   bool take_report(int number, const std::string& line, bool& final_seen) {
     auto record = nlohmann::json::parse(line, nullptr, false);
     if (!record.is_object()) return false;
     Trial& trial = trials_[static_cast<size_t>(number)];
     Attempt& attempt = trial.attempts.back();
-    auto type = record.value("type", "");
-    auto number_or_nan = [](const nlohmann::json& v) {
-      return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
-    };
-    if (type == "intermediate" && record.contains("step")) {
-      attempt.intermediate.emplace_back(record["step"].get<int64_t>(), number_or_nan(record.value("value", nlohmann::json())));
-      if (record.contains("metrics")) attempt.metrics = record["metrics"];
+    auto type = record.value("type", nlohmann::json()).is_string() ? record["type"].get<std::string>() : "";
+    auto field = [&](const char* name) { return record.contains(name) ? record[name] : nlohmann::json(); };
+    if (field("metrics").is_object()) attempt.metrics = field("metrics");
+    if (type == "intermediate" && field("step").is_number_integer()) {
+      double value = field("value").is_number() ? field("value").get<double>() : std::numeric_limits<double>::quiet_NaN();
+      attempt.intermediate.emplace_back(field("step").get<int64_t>(), value);
       store_->record_intermediate(number, attempt);
       return pruner_ && pruner_->should_prune(trial, trials_);
     }
-    if (type == "metrics" && record.contains("metrics")) attempt.metrics = record["metrics"];
-    if (type == "final") {
+    if (type == "final" && field("value").is_number()) {
       final_seen = true;
-      if (record.contains("value") && record["value"].is_number()) attempt.value = record["value"].get<double>();
-      if (record.contains("metrics")) attempt.metrics = record["metrics"];
-      if (record.contains("peak_device_bytes")) attempt.peak_device_bytes = record["peak_device_bytes"].get<uint64_t>();
-      if (record.contains("device")) attempt.device = record["device"].get<std::string>();
+      attempt.value = field("value").get<double>();
+      if (field("peak_device_bytes").is_number_unsigned()) attempt.peak_device_bytes = field("peak_device_bytes").get<uint64_t>();
+      if (field("device").is_string()) attempt.device = field("device").get<std::string>();
     }
     return false;
   }
