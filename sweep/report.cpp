@@ -191,8 +191,10 @@ std::string format_table(const std::vector<Trial>& trials, const StudyConfig& co
     std::vector<std::string> row = {std::to_string(trial.number), std::string(to_string(trial.state)),
                                     value_column(trial), std::to_string(trial.attempts.size()),
                                     number_text(duration(trial))};
-    for (auto& param : config.space)
-      row.push_back(trial.params.contains(param.name) ? value_text(trial.params[param.name]) : "-");
+    for (auto& param : config.space) {
+      const auto& value = trial.params.contains(param.name) ? trial.params[param.name] : nlohmann::json();
+      row.push_back(value.is_number_float() ? number_text(value.get<double>()) : value.is_null() ? "-" : value_text(value));
+    }
     const Attempt* last = trial.attempts.empty() ? nullptr : &trial.attempts.back();
     row.push_back(last && !last->device.empty() ? last->device
                   : last && last->device_index >= 0 ? std::to_string(last->device_index)
