@@ -19,10 +19,16 @@
 namespace tessera::sweep {
 namespace {
 
+// A fresh path in this process's scratch directory, which is removed when the process ends.
 std::filesystem::path temporary_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("tessera_sweep_core_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  auto path = dir / name;
+  struct Scratch {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("tessera_sweep_core_" + std::to_string(getpid()));
+    ~Scratch() { std::filesystem::remove_all(path); }
+  };
+  static Scratch scratch;
+  std::filesystem::create_directories(scratch.path);
+  auto path = scratch.path / name;
   std::filesystem::remove(path);
   std::filesystem::remove(path.string() + "-wal");
   std::filesystem::remove(path.string() + "-shm");

@@ -23,9 +23,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// This process's scratch directory, removed when the process ends.
+const fs::path& scratch() {
+  struct Scratch {
+    fs::path path = fs::temp_directory_path() / ("tessera_sweep_" + std::to_string(getpid()));
+    ~Scratch() { fs::remove_all(path); }
+  };
+  static Scratch scratch;
+  return scratch.path;
+}
+
 fs::path work_dir() {
   auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = fs::temp_directory_path() / ("tessera_sweep_" + std::to_string(getpid())) / info->name();
+  auto dir = scratch() / info->name();
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -33,8 +43,7 @@ fs::path work_dir() {
 
 // A PCam-layout patch task from tools/make_patch_task.py, made once per size.
 std::string patch_task(int count, int size) {
-  auto path = fs::temp_directory_path() / ("tessera_sweep_" + std::to_string(getpid())) /
-              ("task_" + std::to_string(count) + "x" + std::to_string(size) + ".h5");
+  auto path = scratch() / ("task_" + std::to_string(count) + "x" + std::to_string(size) + ".h5");
   if (!fs::exists(path)) {
     fs::create_directories(path.parent_path());
     auto made = run_captured({"/usr/bin/python3", TESSERA_SOURCE_DIR "/tools/make_patch_task.py", "--out",
