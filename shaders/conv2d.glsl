@@ -1,14 +1,24 @@
-// What the conv2d kernels share: shapes as push constants. Layouts are PyTorch's: x [N,C,H,W],
-// weight [O,C,KH,KW], y [N,O,OH,OW].
+// What the conv2d kernels share. Layouts are PyTorch's: x [N,C,H,W], weight [O,C,KH,KW],
+// y [N,O,OH,OW]. The kernel size and stride are specialization constants, so that the index
+// arithmetic divides by constants; the other shapes are push constants.
 #ifndef TESSERA_CONV2D_GLSL
 #define TESSERA_CONV2D_GLSL
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const int TM = 4;
+layout(constant_id = 2) const int TN = 16;
+layout(constant_id = 3) const uint KH = 3;
+layout(constant_id = 4) const uint KW = 3;
+layout(constant_id = 5) const uint STRIDE = 1;
+const uint TAPS = KH * KW;
 
 layout(push_constant) uniform Push {
   uint batch, C, H, W;
   uint O, OH, OW;
-  uint KH, KW, stride, pad;
+  uint pad;
   uint k_per_slice;  // backward weight: the reduction length of one split-K slice
   uint accumulate;   // add to the output instead of overwriting it
+  uint has_bias;     // forward
 } p;
 
 #endif

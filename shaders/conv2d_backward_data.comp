@@ -3,29 +3,41 @@
 // window covers (ih,iw): oh*s - p + kh = ih. An implicit GEMM: rows c, columns (n,ih,iw),
 // reduction (o,kh,kw).
 #include "conv2d.glsl"
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const int TM = 4;
-layout(constant_id = 2) const int TN = 16;
 layout(std430, binding = 0) readonly buffer DY { float dy[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) buffer DX { float dx[]; };
 
-// Per column: the image's offset in dy and the padded input position.
+// Per column: where its image starts in dy and its padded input position (ih + p, iw + p).
 uint column_image[TN];
 int column_row[TN], column_col[TN];
+// The reduction index k as (output channel offset in an image of dy, the offset of
+// weight[o,0,kh,kw], kh, kw).
+uint channel_offset, weight_offset, kh, kw;
 
-float a_value(uint c, uint k) {
-  uint taps = p.KH * p.KW;
-  return weight[(k / taps * p.C + c) * taps + k % taps];
+void seek_reduction(uint k) {
+  channel_offset = k / TAPS * p.OH * p.OW;
+  weight_offset = k / TAPS * p.C * TAPS + k % TAPS;
+  kh = k % TAPS / KW;
+  kw = k % KW;
 }
+void step_reduction() {
+  ++weight_offset;
+  if (++kw == KW) {
+    kw = 0;
+    if (++kh == KH) {
+      kh = 0;
+      channel_offset += p.OH * p.OW;
+      weight_offset += (p.C - 1) * TAPS;
+    }
+  }
+}
+float a_value(uint c, uint k) { return weight[weight_offset + c * TAPS]; }
 void b_values(uint k, out float v[TN]) {
-  uint taps = p.KH * p.KW, o = k / taps, kh = (k % taps) / p.KW, kw = k % p.KW;
-  int s = int(p.stride);
   for (int j = 0; j < TN; ++j) {
     int row = column_row[j] - int(kh), col = column_col[j] - int(kw);  // oh*s, ow*s
-    int oh = row / s, ow = col / s;
-    bool hit = row >= 0 && col >= 0 && row % s == 0 && col % s == 0 && oh < int(p.OH) && ow < int(p.OW);
-    float value = dy[column_image[j] + (o * p.OH + clamp(oh, 0, int(p.OH) - 1)) * p.OW + clamp(ow, 0, int(p.OW) - 1)];
+    uint oh = uint(max(row, 0)) / STRIDE, ow = uint(max(col, 0)) / STRIDE;
+    bool hit = row >= 0 && col >= 0 && oh * STRIDE == uint(row) && ow * STRIDE == uint(col) && oh < p.OH && ow < p.OW;
+    float value = dy[column_image[j] + channel_offset + min(oh, p.OH - 1) * p.OW + min(ow, p.OW - 1)];
     v[j] = hit ? value : 0.0;
   }
 }
@@ -41,7 +53,7 @@ void main() {
     column_row[j] = int(pixel / p.W + p.pad);
     column_col[j] = int(pixel % p.W + p.pad);
   }
-  accumulate_block(m0, p.C, 0, p.O * p.KH * p.KW);
+  accumulate_block(m0, p.C, 0, p.O * TAPS);
   for (int i = 0; i < TM; ++i) {
     uint c = m0 + i * gl_WorkGroupSize.x;
     if (c >= p.C) break;

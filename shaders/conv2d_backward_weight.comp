@@ -5,9 +5,6 @@
 // partial sums to out[z,o,c,kh,kw] (summed by conv2d_backward_weight_reduce), or with a single
 // slice adds straight into the gradient.
 #include "conv2d.glsl"
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const int TM = 4;
-layout(constant_id = 2) const int TN = 16;
 layout(std430, binding = 0) readonly buffer DY { float dy[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) buffer Out { float out_[]; };
@@ -15,32 +12,47 @@ layout(std430, binding = 2) buffer Out { float out_[]; };
 // Per column: the channel's offset in an image of x and the tap's offset from the window corner.
 uint column_channel[TN];
 int column_dh[TN], column_dw[TN];
+// The reduction index k as (where its image starts in dy and in x, oh, ow).
+uint dy_image, x_image, oh, ow;
 
-float a_value(uint o, uint k) {
+void seek_reduction(uint k) {
   uint pixels = p.OH * p.OW;
-  return dy[(k / pixels * p.O + o) * pixels + k % pixels];
+  dy_image = k / pixels * p.O * pixels;
+  x_image = k / pixels * p.C * p.H * p.W;
+  oh = k % pixels / p.OW;
+  ow = k % p.OW;
 }
+void step_reduction() {
+  if (++ow == p.OW) {
+    ow = 0;
+    if (++oh == p.OH) {
+      oh = 0;
+      dy_image += p.O * p.OH * p.OW;
+      x_image += p.C * p.H * p.W;
+    }
+  }
+}
+float a_value(uint o, uint k) { return dy[dy_image + (o * p.OH + oh) * p.OW + ow]; }
 void b_values(uint k, out float v[TN]) {
-  uint pixels = p.OH * p.OW, image = k / pixels * p.C * p.H * p.W, pixel = k % pixels;
-  int top = int(pixel / p.OW * p.stride), left = int(pixel % p.OW * p.stride);
+  int top = int(oh * STRIDE), left = int(ow * STRIDE);
   for (int j = 0; j < TN; ++j) {
     int ih = top + column_dh[j], iw = left + column_dw[j];
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
-    float value = x[image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1)];
+    float value = x[x_image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1)];
     v[j] = inside ? value : 0.0;
   }
 }
 #include "gemm_block.glsl"
 
 void main() {
-  uint taps = p.KH * p.KW, columns = p.C * taps, reduction = p.batch * p.OH * p.OW;
+  uint columns = p.C * TAPS, reduction = p.batch * p.OH * p.OW;
   uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
   uint n0 = gl_WorkGroupID.y * TN;
   for (int j = 0; j < TN; ++j) {
-    uint n = min(n0 + j, columns - 1), tap = n % taps;
-    column_channel[j] = n / taps * p.H * p.W;
-    column_dh[j] = int(tap / p.KW) - int(p.pad);
-    column_dw[j] = int(tap % p.KW) - int(p.pad);
+    uint n = min(n0 + j, columns - 1), tap = n % TAPS;
+    column_channel[j] = n / TAPS * p.H * p.W;
+    column_dh[j] = int(tap / KW) - int(p.pad);
+    column_dw[j] = int(tap % KW) - int(p.pad);
   }
   uint k_begin = gl_WorkGroupID.z * p.k_per_slice;
   accumulate_block(m0, p.O, k_begin, min(k_begin + p.k_per_slice, reduction));

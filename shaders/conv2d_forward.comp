@@ -2,27 +2,38 @@
 // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
 // as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
 #include "conv2d.glsl"
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const int TM = 4;
-layout(constant_id = 2) const int TN = 16;
-layout(constant_id = 3) const bool HAS_BIAS = true;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
-layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 
-// Per column: the image's offset in x and the window's top-left corner.
+// Per column: where its image starts in x and its window's top-left corner.
 uint column_image[TN];
 int column_top[TN], column_left[TN];
+// The reduction index k as (channel offset in an image of x, kh, kw).
+uint channel_offset, kh, kw;
 
-float a_value(uint o, uint k) { return weight[o * p.C * p.KH * p.KW + k]; }
+void seek_reduction(uint k) {
+  channel_offset = k / TAPS * p.H * p.W;
+  kh = k % TAPS / KW;
+  kw = k % KW;
+}
+void step_reduction() {
+  if (++kw == KW) {
+    kw = 0;
+    if (++kh == KH) {
+      kh = 0;
+      channel_offset += p.H * p.W;
+    }
+  }
+}
+float a_value(uint o, uint k) { return weight[o * p.C * TAPS + k]; }
 void b_values(uint k, out float v[TN]) {
-  uint taps = p.KH * p.KW, c = k / taps, kh = (k % taps) / p.KW, kw = k % p.KW;
   for (int j = 0; j < TN; ++j) {
     int ih = column_top[j] + int(kh), iw = column_left[j] + int(kw);
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
-    // Load from a clamped address and select: a branch around the load would be divergent.
-    float value = x[column_image[j] + (c * p.H + clamp(ih, 0, int(p.H) - 1)) * p.W + clamp(iw, 0, int(p.W) - 1)];
+    // A clamped address and a select: a branch around the load would diverge.
+    float value = x[column_image[j] + channel_offset + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1)];
     v[j] = inside ? value : 0.0;
   }
 }
@@ -35,14 +46,14 @@ void main() {
   for (int j = 0; j < TN; ++j) {
     uint n = min(n0 + j, columns - 1), pixel = n % pixels;
     column_image[j] = n / pixels * p.C * p.H * p.W;
-    column_top[j] = int(pixel / p.OW * p.stride) - int(p.pad);
-    column_left[j] = int(pixel % p.OW * p.stride) - int(p.pad);
+    column_top[j] = int(pixel / p.OW * STRIDE) - int(p.pad);
+    column_left[j] = int(pixel % p.OW * STRIDE) - int(p.pad);
   }
-  accumulate_block(m0, p.O, 0, p.C * p.KH * p.KW);
+  accumulate_block(m0, p.O, 0, p.C * TAPS);
   for (int i = 0; i < TM; ++i) {
     uint o = m0 + i * gl_WorkGroupSize.x;
     if (o >= p.O) break;
-    float shift = HAS_BIAS ? bias[o] : 0.0;
+    float shift = p.has_bias != 0u ? bias[o] : 0.0;
     for (int j = 0; j < TN && n0 + j < columns; ++j) {
       uint n = n0 + j;
       y[(n / pixels * p.O + o) * pixels + n % pixels] = acc[i][j] + shift;

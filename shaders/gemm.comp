@@ -17,6 +17,8 @@ layout(push_constant) uniform Push {
 
 uint b_columns[TN];
 
+void seek_reduction(uint k) {}
+void step_reduction() {}
 float a_value(uint m, uint k) { return a[m * p.a_m + k * p.a_k]; }
 void b_values(uint k, out float v[TN]) {
   for (int j = 0; j < TN; ++j) v[j] = b[k * p.b_k + b_columns[j]];

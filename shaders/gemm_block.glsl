@@ -4,8 +4,12 @@
 // (lavapipe), where every load costs far more than an FMA.
 //
 // The including shader declares the constants TM and TN and, before including this file,
-//   float a_value(uint m, uint k);             // A(m,k); m is clamped to a valid row
-//   void b_values(uint k, out float b[TN]);    // B(k, n0..n0+TN-1) of the block's columns
+//   void seek_reduction(uint k);             // position at reduction index k
+//   float a_value(uint m, uint k);           // A(m,k) at the current k; m is a valid row
+//   void b_values(uint k, out float b[TN]);  // B(k, n0..n0+TN-1) at the current k
+//   void step_reduction();                   // move to k + 1
+// seek and step let convolutions keep (channel, tap) or (image, pixel) counters instead of
+// dividing k on every step: integer division is not vectorised on CPU devices.
 #ifndef TESSERA_GEMM_BLOCK_GLSL
 #define TESSERA_GEMM_BLOCK_GLSL
 
@@ -17,6 +21,7 @@ void accumulate_block(uint m0, uint M, uint k_begin, uint k_end) {
   for (int i = 0; i < TM; ++i) rows[i] = min(m0 + i * gl_WorkGroupSize.x, M - 1);
   for (int i = 0; i < TM; ++i)
     for (int j = 0; j < TN; ++j) acc[i][j] = 0.0;
+  seek_reduction(k_begin);
   for (uint k = k_begin; k < k_end; ++k) {
     float a[TM];
     for (int i = 0; i < TM; ++i) a[i] = a_value(rows[i], k);
@@ -24,6 +29,7 @@ void accumulate_block(uint m0, uint M, uint k_begin, uint k_end) {
     b_values(k, b);
     for (int i = 0; i < TM; ++i)
       for (int j = 0; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+    step_reduction();
   }
 }
 

@@ -80,18 +80,24 @@ double Conv2d::forward_flops() const {
 Conv2d::Push Conv2d::push(bool accumulate) const {
   const Conv2dShape& s = shape_;
   auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
-  return {u(s.batch),    u(s.in_channels), u(s.height), u(s.width),  u(s.out_channels),   u(s.out_height), u(s.out_width),
-          u(s.kernel_h), u(s.kernel_w),    u(s.stride), u(s.padding), u(slice_length_), accumulate ? 1u : 0u};
+  return {u(s.batch),      u(s.in_channels), u(s.height),         u(s.width),       u(s.out_channels), u(s.out_height),
+          u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u};
+}
+
+const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name) const {
+  GemmTiles tiles = gemm_tiles(kernels);
+  auto i = [](int64_t v) { return static_cast<int32_t>(v); };
+  return kernels.get(name, {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
+                            i(shape_.stride)});
 }
 
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
   GemmTiles tiles = gemm_tiles(kernels);
-  auto& kernel = kernels.get("conv2d_forward", {tiles.group, tiles.rows, tiles.columns, has_bias_ ? 1 : 0});
   int64_t rows_per_group = tiles.group * tiles.rows;
   auto [groups_y, groups_z] = column_groups((s.batch * s.out_height * s.out_width + tiles.columns - 1) / tiles.columns);
   const vk::Buffer& weight = t.tensors[0]->buffer();
-  recorder.dispatch(kernel,
+  recorder.dispatch(kernel(kernels, "conv2d_forward"),
                     {vk::reads(t.inputs[0]->buffer()), vk::reads(weight),
                      vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer())},
                     push(false), static_cast<uint32_t>((s.out_channels + rows_per_group - 1) / rows_per_group),
@@ -106,11 +112,10 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const vk::Buffer& weight = t.tensors[0]->buffer();
 
   if (t.input_grads[0]) {
-    auto& kernel = kernels.get("conv2d_backward_data", {tiles.group, tiles.rows, tiles.columns});
     bool accumulate = t.accumulate_input_grads[0];
     const vk::Buffer& dx = t.input_grads[0]->buffer();
     auto [groups_y, groups_z] = column_groups((s.batch * s.height * s.width + tiles.columns - 1) / tiles.columns);
-    recorder.dispatch(kernel, {vk::reads(dy), vk::reads(weight), accumulate ? vk::updates(dx) : vk::writes(dx)},
+    recorder.dispatch(kernel(kernels, "conv2d_backward_data"), {vk::reads(dy), vk::reads(weight), accumulate ? vk::updates(dx) : vk::writes(dx)},
                       push(accumulate),
                       static_cast<uint32_t>((s.in_channels + rows_per_group - 1) / rows_per_group), groups_y,
                       groups_z);
@@ -118,9 +123,8 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
 
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
-  auto& kernel = kernels.get("conv2d_backward_weight", {tiles.group, tiles.rows, tiles.columns});
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
-  recorder.dispatch(kernel,
+  recorder.dispatch(kernel(kernels, "conv2d_backward_weight"),
                     {vk::reads(dy), vk::reads(t.inputs[0]->buffer()), slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
                     push(slices_ == 1), static_cast<uint32_t>((s.out_channels + rows_per_group - 1) / rows_per_group),
                     static_cast<uint32_t>((columns + tiles.columns - 1) / tiles.columns),

@@ -29,9 +29,11 @@ class Conv2d : public Op {
 
  private:
   struct Push {
-    uint32_t batch, C, H, W, O, OH, OW, KH, KW, stride, pad, k_per_slice, accumulate;
+    uint32_t batch, C, H, W, O, OH, OW, pad, k_per_slice, accumulate, has_bias;
   };
   Push push(bool accumulate) const;
+  // The pipeline of one of the conv2d shaders, specialised for this kernel size and stride.
+  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name) const;
 
   Conv2dShape shape_;
   bool has_bias_;

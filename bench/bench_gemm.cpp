@@ -1,0 +1,103 @@
+// GEMM and convolution throughput of the kernels behind linear and conv2d. Prints one JSON
+// object: GFLOPS of a 1024^3 matrix product and of the forward and backward passes of
+// convolutions from resnet18 and small-cnn. Each case is recorded once into a Program and
+// submitted repeatedly; the time is the mean over several submits after a warm-up.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compute/ops/conv2d.h"
+#include "compute/ops/gemm.h"
+#include "compute/vk/context.h"
+
+using namespace tessera;
+
+namespace {
+
+// Seconds per submit of a recorded program: one warm-up run (pipelines, caches), then at
+// least `min_runs` runs and at least half a second.
+template <class Record>
+double seconds_per_run(vk::Context& context, Record record, int min_runs = 2) {
+  vk::Program program(context);
+  {
+    vk::Recorder recorder(context, program);
+    record(recorder);
+    recorder.finish();
+  }
+  program.run();
+  int runs = 0;
+  auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (runs < min_runs || elapsed < 0.5) {
+    program.run();
+    ++runs;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return elapsed / runs;
+}
+
+double gemm_gflops(vk::Context& context, uint32_t n) {
+  std::vector<float> ones(static_cast<size_t>(n) * n, 1.0f);
+  Tensor a(context, "a", {n, n}), b(context, "b", {n, n}), c(context, "c", {n, n});
+  a.upload(ones);
+  b.upload(ones);
+  double seconds = seconds_per_run(context, [&](vk::Recorder& recorder) {
+    record_gemm(recorder, context.kernels(), n, n, n, {&a.buffer(), n, 1}, {&b.buffer(), n, 1}, {&c.buffer(), n, 1},
+                false);
+  });
+  return 2.0 * n * n * n / seconds / 1e9;
+}
+
+struct ConvCase {
+  std::string name;
+  Shape input;
+  int64_t out_channels, kernel, stride, padding;
+};
+
+nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
+  Conv2d conv(c.out_channels, c.kernel, c.kernel, c.stride, c.padding, false);
+  Shape output = conv.infer({c.input});
+  Tensor x(context, "x", c.input), dx(context, "dx", c.input), y(context, "y", output), dy(context, "dy", output);
+  std::vector<std::unique_ptr<Tensor>> tensors, grads;
+  OpTensors t{{&x}, {&dx}, {false}, &y, &dy};
+  for (auto& spec : conv.tensors()) {
+    tensors.push_back(std::make_unique<Tensor>(context, spec.name, spec.shape));
+    grads.push_back(std::make_unique<Tensor>(context, spec.name + ".grad", spec.shape));
+    t.tensors.push_back(tensors.back().get());
+    t.grads.push_back(grads.back().get());
+  }
+  auto& kernels = context.kernels();
+  double forward = seconds_per_run(context, [&](vk::Recorder& r) { conv.forward(r, kernels, t); });
+  double backward = seconds_per_run(context, [&](vk::Recorder& r) { conv.backward(r, kernels, t); });
+  double flops = conv.forward_flops();
+  return {{"name", c.name},
+          {"input", c.input},
+          {"out_channels", c.out_channels},
+          {"kernel", c.kernel},
+          {"stride", c.stride},
+          {"forward_gflops", flops / forward / 1e9},
+          // backward = data + weight gradients, each as many FLOPs as forward
+          {"backward_gflops", 2 * flops / backward / 1e9}};
+}
+
+}  // namespace
+
+int main() {
+  vk::Context context;
+  GemmTiles tiles = gemm_tiles(context.kernels());
+  nlohmann::json result;
+  result["device"] = context.info().name;
+  result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns}};
+  result["gemm_1024_gflops"] = gemm_gflops(context, 1024);
+  std::vector<ConvCase> cases = {
+      {"small-cnn conv2 (batch 64, 32x48x48 -> 64, 3x3)", {64, 32, 48, 48}, 64, 3, 1, 1},
+      {"resnet18 conv1 (batch 16, 3x224x224 -> 64, 7x7/2)", {16, 3, 224, 224}, 64, 7, 2, 3},
+      {"resnet18 layer3 conv (batch 16, 256x14x14 -> 256, 3x3)", {16, 256, 14, 14}, 256, 3, 1, 1},
+  };
+  for (auto& c : cases) result["conv"].push_back(conv_gflops(context, c));
+  std::printf("%s\n", result.dump(2).c_str());
+}
