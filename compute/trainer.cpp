@@ -309,10 +309,12 @@ class Run {
     }
   }
 
+  // NaN in the last parameter reaches the logits unchanged (a max or a ReLU earlier on
+  // would turn it back into a number), so the loss is NaN from the first step.
   void inject_nan() {
     auto named = network_.named_tensors();
-    std::vector<float> values(static_cast<size_t>(named.front().tensor->count()), std::nanf(""));
-    named.front().tensor->upload(values);
+    std::vector<float> values(static_cast<size_t>(named.back().tensor->count()), std::nanf(""));
+    named.back().tensor->upload(values);
   }
 
  private:

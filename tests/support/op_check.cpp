@@ -77,22 +77,40 @@ void OpCheck::upload() {
 
 bool OpCheck::differentiable(size_t input) const { return input_dtypes_[input] == DType::f32; }
 
-std::vector<float> OpCheck::forward() {
-  upload();
+OpTensors OpCheck::bindings(bool backward, bool accumulate) const {
   OpTensors t;
-  for (auto& input : input_tensors_) t.inputs.push_back(input.get());
+  for (size_t i = 0; i < input_tensors_.size(); ++i) {
+    t.inputs.push_back(input_tensors_[i].get());
+    if (!backward) continue;
+    t.input_grads.push_back(differentiable(i) ? input_grads_[i].get() : nullptr);
+    t.accumulate_input_grads.push_back(accumulate);
+  }
   t.output = output_.get();
-  for (auto& tensor : op_tensors_) t.tensors.push_back(tensor.get());
+  t.output_grad = backward ? output_grad_.get() : nullptr;
+  for (size_t s = 0; s < op_tensors_.size(); ++s) {
+    t.tensors.push_back(op_tensors_[s].get());
+    t.grads.push_back(backward ? grads_[s].get() : nullptr);
+  }
   t.training = training;
   t.seed = seed_;
   t.step = step_.get();
+  return t;
+}
+
+void OpCheck::run(const OpTensors& t, bool backward) {
   vk::Program program(context_);
   {
     vk::Recorder recorder(context_, program);
     op_.forward(recorder, context_.kernels(), t);
+    if (backward) op_.backward(recorder, context_.kernels(), t);
     recorder.finish();
   }
   program.run();
+}
+
+std::vector<float> OpCheck::forward() {
+  upload();
+  run(bindings(false, false), false);
   return output_->download();
 }
 
@@ -101,33 +119,12 @@ std::vector<std::vector<float>> OpCheck::backward(const std::vector<float>& outp
   // state is reset by upload() and forward runs again in the same program.
   upload();
   output_grad_->upload(output_grad);
-  OpTensors t;
-  for (size_t i = 0; i < input_tensors_.size(); ++i) {
-    t.inputs.push_back(input_tensors_[i].get());
-    t.input_grads.push_back(differentiable(i) ? input_grads_[i].get() : nullptr);
-    t.accumulate_input_grads.push_back(false);
-  }
-  t.output = output_.get();
-  t.output_grad = output_grad_.get();
-  for (size_t s = 0; s < op_tensors_.size(); ++s) {
-    t.tensors.push_back(op_tensors_[s].get());
-    t.grads.push_back(grads_[s].get());
-    if (grads_[s]) grads_[s]->upload(std::vector<float>(static_cast<size_t>(grads_[s]->count()), 0.0f));
-  }
-  t.training = training;
-  t.seed = seed_;
-  t.step = step_.get();
-  vk::Program program(context_);
-  {
-    vk::Recorder recorder(context_, program);
-    op_.forward(recorder, context_.kernels(), t);
-    op_.backward(recorder, context_.kernels(), t);
-    recorder.finish();
-  }
-  program.run();
+  for (auto& grad : grads_)
+    if (grad) grad->upload(std::vector<float>(static_cast<size_t>(grad->count()), 0.0f));
+  run(bindings(true, false), true);
   std::vector<std::vector<float>> grads;
   for (size_t i = 0; i < input_tensors_.size(); ++i)
-    grads.push_back(t.input_grads[i] ? input_grads_[i]->download() : std::vector<float>{});
+    grads.push_back(differentiable(i) ? input_grads_[i]->download() : std::vector<float>{});
   for (auto& grad : grads_)
     if (grad) grads.push_back(grad->download());
   return grads;
@@ -188,32 +185,12 @@ void OpCheck::expect_gradients_match(double epsilon, double tolerance, int sampl
   // Accumulation: a second consumer's gradient adds to what the first wrote.
   upload();
   output_grad_->upload(output_grad);
-  OpTensors t;
   std::vector<std::vector<float>> before;
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
-    t.inputs.push_back(input_tensors_[i].get());
-    t.input_grads.push_back(differentiable(i) ? input_grads_[i].get() : nullptr);
-    t.accumulate_input_grads.push_back(true);
     before.push_back(random_values(inputs[i].size(), seed_ + 300 + static_cast<uint32_t>(i)));
     if (differentiable(i)) input_grads_[i]->upload(before.back());
   }
-  t.output = output_.get();
-  t.output_grad = output_grad_.get();
-  for (size_t s = 0; s < op_tensors_.size(); ++s) {
-    t.tensors.push_back(op_tensors_[s].get());
-    t.grads.push_back(grads_[s].get());
-  }
-  t.training = training;
-  t.seed = seed_;
-  t.step = step_.get();
-  vk::Program program(context_);
-  {
-    vk::Recorder recorder(context_, program);
-    op_.forward(recorder, context_.kernels(), t);
-    op_.backward(recorder, context_.kernels(), t);
-    recorder.finish();
-  }
-  program.run();
+  run(bindings(true, true), true);
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
     if (!differentiable(i)) continue;
     auto accumulated = input_grads_[i]->download();

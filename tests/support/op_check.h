@@ -38,6 +38,8 @@ class OpCheck {
 
  private:
   void upload();
+  OpTensors bindings(bool backward, bool accumulate) const;
+  void run(const OpTensors& t, bool backward);
   bool differentiable(size_t input) const;
   double loss(const std::vector<float>& output_grad);
 
