@@ -21,7 +21,7 @@ namespace {
 // Seconds per submit of a recorded program: one warm-up run (pipelines, caches), then at
 // least `min_runs` runs and at least half a second.
 template <class Record>
-double seconds_per_run(vk::Context& context, Record record, int min_runs = 2) {
+double seconds_per_run(vk::Context& context, Record record, int min_runs = 1) {
   vk::Program program(context);
   {
     vk::Recorder recorder(context, program);
@@ -88,7 +88,7 @@ nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
 
 int main() {
   vk::Context context;
-  GemmTiles tiles = gemm_tiles(context.kernels());
+  GemmTiles tiles = gemm_tiles(context.kernels(), 1024);
   nlohmann::json result;
   result["device"] = context.info().name;
   result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns}};

@@ -84,51 +84,51 @@ Conv2d::Push Conv2d::push(bool accumulate) const {
           u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u};
 }
 
-const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name) const {
-  GemmTiles tiles = gemm_tiles(kernels);
+const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
   return kernels.get(name, {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
                             i(shape_.stride)});
 }
 
+namespace {
+uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>((count + per_block - 1) / per_block); }
+}  // namespace
+
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
-  GemmTiles tiles = gemm_tiles(kernels);
-  int64_t rows_per_group = tiles.group * tiles.rows;
-  auto [groups_y, groups_z] = column_groups((s.batch * s.out_height * s.out_width + tiles.columns - 1) / tiles.columns);
+  GemmTiles tiles = gemm_tiles(kernels, s.out_channels);
+  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns));
   const vk::Buffer& weight = t.tensors[0]->buffer();
-  recorder.dispatch(kernel(kernels, "conv2d_forward"),
+  recorder.dispatch(kernel(kernels, "conv2d_forward", tiles),
                     {vk::reads(t.inputs[0]->buffer()), vk::reads(weight),
                      vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer())},
-                    push(false), static_cast<uint32_t>((s.out_channels + rows_per_group - 1) / rows_per_group),
-                    groups_y, groups_z);
+                    push(false), blocks(s.out_channels, tiles.group * tiles.rows), groups_y, groups_z);
 }
 
 void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
-  GemmTiles tiles = gemm_tiles(kernels);
-  int64_t rows_per_group = tiles.group * tiles.rows;
   const vk::Buffer& dy = t.output_grad->buffer();
   const vk::Buffer& weight = t.tensors[0]->buffer();
 
   if (t.input_grads[0]) {
+    GemmTiles tiles = gemm_tiles(kernels, s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
     const vk::Buffer& dx = t.input_grads[0]->buffer();
-    auto [groups_y, groups_z] = column_groups((s.batch * s.height * s.width + tiles.columns - 1) / tiles.columns);
-    recorder.dispatch(kernel(kernels, "conv2d_backward_data"), {vk::reads(dy), vk::reads(weight), accumulate ? vk::updates(dx) : vk::writes(dx)},
-                      push(accumulate),
-                      static_cast<uint32_t>((s.in_channels + rows_per_group - 1) / rows_per_group), groups_y,
-                      groups_z);
+    auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.height * s.width, tiles.columns));
+    recorder.dispatch(kernel(kernels, "conv2d_backward_data", tiles),
+                      {vk::reads(dy), vk::reads(weight), accumulate ? vk::updates(dx) : vk::writes(dx)},
+                      push(accumulate), blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
   }
 
+  GemmTiles tiles = gemm_tiles(kernels, s.out_channels);
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
-  recorder.dispatch(kernel(kernels, "conv2d_backward_weight"),
-                    {vk::reads(dy), vk::reads(t.inputs[0]->buffer()), slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
-                    push(slices_ == 1), static_cast<uint32_t>((s.out_channels + rows_per_group - 1) / rows_per_group),
-                    static_cast<uint32_t>((columns + tiles.columns - 1) / tiles.columns),
-                    static_cast<uint32_t>(slices_));
+  recorder.dispatch(kernel(kernels, "conv2d_backward_weight", tiles),
+                    {vk::reads(dy), vk::reads(t.inputs[0]->buffer()),
+                     slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
+                    push(slices_ == 1), blocks(s.out_channels, tiles.group * tiles.rows),
+                    blocks(columns, tiles.columns), static_cast<uint32_t>(slices_));
   if (slices_ > 1) {
     struct ReducePush {
       uint32_t count, slices;

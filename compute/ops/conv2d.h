@@ -2,6 +2,7 @@
 // optional bias [O], any kernel size, stride and zero padding. Every pass is an implicit GEMM
 // (shaders/gemm_block.glsl) that reads x in place: no unfolded copy of the input.
 #pragma once
+#include "compute/ops/gemm.h"
 #include "compute/ops/registry.h"
 
 namespace tessera {
@@ -32,8 +33,8 @@ class Conv2d : public Op {
     uint32_t batch, C, H, W, O, OH, OW, pad, k_per_slice, accumulate, has_bias;
   };
   Push push(bool accumulate) const;
-  // The pipeline of one of the conv2d shaders, specialised for this kernel size and stride.
-  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name) const;
+  // The pipeline of one of the conv2d shaders, specialised for these tiles, kernel size and stride.
+  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles) const;
 
   Conv2dShape shape_;
   bool has_bias_;
