@@ -1,0 +1,33 @@
+// Feature extraction: a model run up to a named layer over every tile of each
+// slide of a tile store, one CLAM-layout feature file per slide
+// (compute/feature_file.h).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/tiler.h"
+
+namespace tessera {
+
+struct ExtractOptions {
+  std::string model;               // checkpoint .h5 or preset
+  std::string layer;               // a layer or module name ("layer4")
+  std::vector<std::string> slides; // tiled into <out>/tiles.lmdb first
+  std::string tiles;               // or an existing tile store
+  std::string out;
+  int batch = 32;
+  int device = -1;
+  int workers = 2; // threads decoding tiles
+  bool fp16 = false, gzip = false;
+  data::TilerOptions tiler; // for `slides`
+};
+
+// Writes <out>/<slide>.h5 for every slide not finished before, resuming partial
+// files. A slide whose tiles cannot be read fails alone: the others finish,
+// then BadInput names it. Prints the summary (per slide, throughput, time spent
+// in HDF5 writes) as a JSON line on stdout.
+void extract_features(const ExtractOptions &options);
+
+} // namespace tessera

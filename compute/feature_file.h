@@ -1,0 +1,57 @@
+// Per-slide feature files in CLAM's layout (ARCHITECTURE.md, "Formats"):
+// `features` float32 or float16 [N,D] and `coords` int64 [N,2] (level-0 x, y),
+// chunked and extendable, with CLAM's attributes on `coords`. Written as
+// <file>.partial, appended and flushed batch by batch, and renamed when
+// complete.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "compute/hdf5.h"
+
+namespace tessera {
+
+struct FeatureFileLayout {
+  std::string name; // the slide
+  int64_t patch_size = 0, patch_level = 0;
+  double downsample = 1; // level-0 pixels per pixel of patch_level
+  int64_t level_width = 0, level_height = 0; // patch_level's size
+  int64_t width = 0;                         // D
+  bool fp16 = false, gzip = false;
+  // Model, layer, pooling: stored as an attribute; a partial file written
+  // otherwise starts afresh.
+  nlohmann::json extraction;
+};
+
+class FeatureFileWriter {
+public:
+  // Opens `path`.partial, resuming after its last flushed row when it was
+  // written with the same layout, and otherwise creating it.
+  FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout);
+  ~FeatureFileWriter();
+  FeatureFileWriter(const FeatureFileWriter &) = delete;
+  FeatureFileWriter &operator=(const FeatureFileWriter &) = delete;
+
+  // Rows already in the file: where this writer appends.
+  int64_t rows() const { return rows_; }
+  // Appends `count` rows (features [count,D] float32, coords [count,2]) and
+  // flushes them to disk; throws a runtime error naming the file when the disk
+  // refuses (what was flushed stays).
+  void append(const float *features, const int64_t *coords, int64_t count);
+  // Closes the file and renames it to `path`.
+  void finish();
+
+private:
+  bool resume(const FeatureFileLayout &layout);
+  void create(const FeatureFileLayout &layout);
+  void record_rows();
+  void close();
+
+  std::string path_, partial_, rows_path_;
+  hid_t file_ = -1, features_ = -1, coords_ = -1;
+  int64_t rows_ = 0, width_ = 0;
+};
+
+} // namespace tessera
