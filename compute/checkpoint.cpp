@@ -14,45 +14,33 @@ using hdf5::Handle;
 using hdf5::read_string_attribute;
 using hdf5::write_string_attribute;
 
-void write_arrays(hid_t file, const std::string &group_name,
-                  const std::map<std::string, HostArray> &arrays) {
+void write_arrays(hid_t file, const std::string& group_name, const std::map<std::string, HostArray>& arrays) {
   Handle link_properties(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(link_properties, 1);
-  for (auto &[name, array] : arrays) {
+  for (auto& [name, array] : arrays) {
     std::vector<hsize_t> dims(array.shape.begin(), array.shape.end());
-    Handle space(
-        H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-        H5Sclose);
+    Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
     std::string path = group_name + "/" + name;
-    Handle dataset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space,
-                              link_properties, H5P_DEFAULT, H5P_DEFAULT),
+    Handle dataset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space, link_properties, H5P_DEFAULT, H5P_DEFAULT),
                    H5Dclose);
-    if (!dataset.valid() ||
-        H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                 array.values.data()) < 0)
+    if (!dataset.valid() || H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
       throw Error(ExitCode::runtime_error, "cannot write dataset " + path);
   }
 }
 
-void read_arrays(hid_t file, const std::string &path,
-                 const std::string &group_name,
-                 std::map<std::string, HostArray> &arrays) {
-  if (group_name != "/" &&
-      H5Lexists(file, group_name.c_str(), H5P_DEFAULT) <= 0)
-    return;
+void read_arrays(hid_t file, const std::string& path, const std::string& group_name,
+                 std::map<std::string, HostArray>& arrays) {
+  if (group_name != "/" && H5Lexists(file, group_name.c_str(), H5P_DEFAULT) <= 0) return;
   Handle group(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), H5Gclose);
-  // Datasets may sit in nested groups (h5py writes "a/b" as groups); visit them
-  // all.
+  // Datasets may sit in nested groups (h5py writes "a/b" as groups); visit them all.
   struct Visit {
-    std::map<std::string, HostArray> *arrays;
-    const std::string *path;
-    const std::string *group;
+    std::map<std::string, HostArray>* arrays;
+    const std::string* path;
+    const std::string* group;
   } visit{&arrays, &path, &group_name};
-  auto callback = [](hid_t root, const char *name, const H5O_info_t *info,
-                     void *data) -> herr_t {
-    auto &v = *static_cast<Visit *>(data);
-    if (info->type != H5O_TYPE_DATASET)
-      return 0;
+  auto callback = [](hid_t root, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    auto& v = *static_cast<Visit*>(data);
+    if (info->type != H5O_TYPE_DATASET) return 0;
     Handle dataset(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
     Handle space(H5Dget_space(dataset), H5Sclose);
     int rank = H5Sget_simple_extent_ndims(space);
@@ -65,10 +53,8 @@ void read_arrays(hid_t file, const std::string &path,
       count *= d;
     }
     array.values.resize(count);
-    if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                array.values.data()) < 0)
-      throw BadInput(*v.path + ": dataset " + *v.group + "/" + name +
-                     " cannot be read (truncated or corrupt)");
+    if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
+      throw BadInput(*v.path + ": dataset " + *v.group + "/" + name + " cannot be read (truncated or corrupt)");
     (*v.arrays)[name] = std::move(array);
     return 0;
   };
@@ -76,56 +62,43 @@ void read_arrays(hid_t file, const std::string &path,
     throw BadInput(path + ": group " + group_name + " cannot be read");
 }
 
-} // namespace
+}  // namespace
 
-HostArray read_hdf5_array(const std::string &path, const std::string &dataset) {
+HostArray read_hdf5_array(const std::string& path, const std::string& dataset) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  if (!std::filesystem::exists(path))
-    throw BadInput(path + ": no such file");
+  if (!std::filesystem::exists(path)) throw BadInput(path + ": no such file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid())
-    throw BadInput(path + ": not an HDF5 file (or truncated)");
-  if (H5Lexists(file, dataset.c_str(), H5P_DEFAULT) <= 0)
-    throw BadInput(path + ": dataset " + dataset + " is missing");
+  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
+  if (H5Lexists(file, dataset.c_str(), H5P_DEFAULT) <= 0) throw BadInput(path + ": dataset " + dataset + " is missing");
   std::map<std::string, HostArray> arrays;
   read_arrays(file, path, "/", arrays);
   return arrays.at(dataset);
 }
 
-void write_hdf5_arrays(const std::string &path,
-                       const std::map<std::string, HostArray> &arrays) {
+void write_hdf5_arrays(const std::string& path, const std::map<std::string, HostArray>& arrays) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::string partial = path + ".partial";
   {
-    Handle file(
-        H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-        H5Fclose);
-    if (!file.valid())
-      throw Error(ExitCode::runtime_error, partial + ": cannot create");
+    Handle file(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!file.valid()) throw Error(ExitCode::runtime_error, partial + ": cannot create");
     write_arrays(file, "", arrays);
   }
   std::error_code ec;
   std::filesystem::rename(partial, path, ec);
-  if (ec)
-    throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " +
-                                             path + ": " + ec.message());
+  if (ec) throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " + path + ": " + ec.message());
 }
 
-bool is_checkpoint_path(const std::string &path) {
+bool is_checkpoint_path(const std::string& path) {
   auto extension = std::filesystem::path(path).extension();
   return extension == ".h5" || extension == ".hdf5";
 }
 
-void write_checkpoint(const std::string &path, const Checkpoint &checkpoint) {
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::string partial = path + ".partial";
   {
-    Handle file(
-        H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-        H5Fclose);
-    if (!file.valid())
-      throw Error(ExitCode::runtime_error,
-                  partial + ": cannot create the checkpoint file");
+    Handle file(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!file.valid()) throw Error(ExitCode::runtime_error, partial + ": cannot create the checkpoint file");
     write_string_attribute(file, "model", checkpoint.model.dump());
     write_string_attribute(file, "format", "tessera-checkpoint-1");
     write_arrays(file, "params", checkpoint.params);
@@ -133,67 +106,52 @@ void write_checkpoint(const std::string &path, const Checkpoint &checkpoint) {
     if (!checkpoint.progress.is_null()) {
       Handle link_properties(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
       if (H5Lexists(file, "train", H5P_DEFAULT) <= 0)
-        Handle(H5Gcreate2(file, "train", link_properties, H5P_DEFAULT,
-                          H5P_DEFAULT),
-               H5Gclose);
+        Handle(H5Gcreate2(file, "train", link_properties, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       Handle train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
       write_string_attribute(train, "progress", checkpoint.progress.dump());
     }
     if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0)
-      throw Error(ExitCode::runtime_error,
-                  partial + ": cannot flush (is the disk full?)");
+      throw Error(ExitCode::runtime_error, partial + ": cannot flush (is the disk full?)");
   }
   std::error_code ec;
   std::filesystem::rename(partial, path, ec);
-  if (ec)
-    throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " +
-                                             path + ": " + ec.message());
+  if (ec) throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " + path + ": " + ec.message());
 }
 
-Checkpoint read_checkpoint(const std::string &path) {
+Checkpoint read_checkpoint(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  if (!std::filesystem::exists(path))
-    throw BadInput(path + ": no such checkpoint file");
+  if (!std::filesystem::exists(path)) throw BadInput(path + ": no such checkpoint file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid())
-    throw BadInput(path + ": not an HDF5 file (or truncated)");
+  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
   Checkpoint checkpoint;
   auto model = read_string_attribute(file, "model");
-  if (!model)
-    throw BadInput(path +
-                   ": attribute 'model' (the model description) is missing");
+  if (!model) throw BadInput(path + ": attribute 'model' (the model description) is missing");
   try {
     checkpoint.model = nlohmann::json::parse(*model);
-  } catch (const nlohmann::json::parse_error &e) {
+  } catch (const nlohmann::json::parse_error& e) {
     throw BadInput(path + ": attribute 'model' is not valid JSON: " + e.what());
   }
-  if (H5Lexists(file, "params", H5P_DEFAULT) <= 0)
-    throw BadInput(path + ": group 'params' is missing");
+  if (H5Lexists(file, "params", H5P_DEFAULT) <= 0) throw BadInput(path + ": group 'params' is missing");
   read_arrays(file, path, "params", checkpoint.params);
   read_arrays(file, path, "train", checkpoint.train);
   if (H5Lexists(file, "train", H5P_DEFAULT) > 0) {
     Handle train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
-    if (auto progress = read_string_attribute(train, "progress"))
-      checkpoint.progress = nlohmann::json::parse(*progress);
+    if (auto progress = read_string_attribute(train, "progress")) checkpoint.progress = nlohmann::json::parse(*progress);
   }
   return checkpoint;
 }
 
-void load_tensors(const std::map<std::string, HostArray> &arrays,
-                  const std::map<std::string, Tensor *> &tensors,
-                  const std::string &file, const std::string &group) {
-  for (auto &[name, tensor] : tensors) {
+void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Tensor*>& tensors,
+                  const std::string& file, const std::string& group) {
+  for (auto& [name, tensor] : tensors) {
     auto it = arrays.find(name);
-    if (it == arrays.end())
-      throw BadInput(file + ": dataset " + group + "/" + name + " is missing");
+    if (it == arrays.end()) throw BadInput(file + ": dataset " + group + "/" + name + " is missing");
     if (element_count(it->second.shape) != tensor->count() ||
         (it->second.shape != tensor->shape() && it->second.shape.size() > 1))
-      throw BadInput(file + ": dataset " + group + "/" + name + " has shape " +
-                     to_string(it->second.shape) + ", the model needs " +
-                     to_string(tensor->shape()));
+      throw BadInput(file + ": dataset " + group + "/" + name + " has shape " + to_string(it->second.shape) +
+                     ", the model needs " + to_string(tensor->shape()));
     if (tensor->dtype() == DType::u32) {
-      std::vector<uint32_t> words(it->second.values.begin(),
-                                  it->second.values.end());
+      std::vector<uint32_t> words(it->second.values.begin(), it->second.values.end());
       tensor->upload(words.data(), words.size() * 4);
     } else {
       tensor->upload(it->second.values);
@@ -201,4 +159,4 @@ void load_tensors(const std::map<std::string, HostArray> &arrays,
   }
 }
 
-} // namespace tessera
+}  // namespace tessera

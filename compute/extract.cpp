@@ -34,21 +34,19 @@ struct NormalizePush {
   float mean[4], inv_std[4];
 };
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // A bounded queue between two threads. close() ends it after what is queued;
 // fail() ends it at once and hands the error to the reader.
-template <class T> class Channel {
-public:
+template <class T>
+class Channel {
+ public:
   explicit Channel(size_t capacity) : capacity_(capacity) {}
   // False when the channel was closed (the reader is gone): the writer stops.
   bool push(T &&item) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_)
-      return false;
+    if (closed_) return false;
     items_.push_back(std::move(item));
     changed_.notify_all();
     return true;
@@ -57,10 +55,8 @@ public:
   bool pop(T &item) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (failure_)
-      std::rethrow_exception(failure_);
-    if (items_.empty())
-      return false;
+    if (failure_) std::rethrow_exception(failure_);
+    if (items_.empty()) return false;
     item = std::move(items_.front());
     items_.pop_front();
     changed_.notify_all();
@@ -78,7 +74,7 @@ public:
     changed_.notify_all();
   }
 
-private:
+ private:
   size_t capacity_;
   std::mutex mutex_;
   std::condition_variable changed_;
@@ -88,13 +84,13 @@ private:
 };
 
 struct TileBatch {
-  std::vector<uint8_t> rgb;    // batch x size x size x 3
-  std::vector<int64_t> coords; // count x 2, level-0 x, y
+  std::vector<uint8_t> rgb;     // batch x size x size x 3
+  std::vector<int64_t> coords;  // count x 2, level-0 x, y
   int64_t count = 0;
 };
 
 struct FeatureBatch {
-  std::vector<float> features; // count x D
+  std::vector<float> features;  // count x D
   std::vector<int64_t> coords;
   int64_t count = 0;
 };
@@ -103,13 +99,11 @@ struct FeatureBatch {
 // reading.
 struct ReaderStopped {};
 
-nlohmann::json truncated_after(nlohmann::json description,
-                               const std::string &layer) {
+nlohmann::json truncated_after(nlohmann::json description, const std::string &layer) {
   auto &layers = description["layers"];
   for (size_t i = 0; i < layers.size(); ++i)
     if (layers[i]["name"] == layer) {
-      layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                   layers.end());
+      layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1, layers.end());
       break;
     }
   return description;
@@ -120,10 +114,9 @@ std::string slide_name(const nlohmann::json &entry) {
 }
 
 class Extractor {
-public:
+ public:
   Extractor(const ExtractOptions &options, int tile_size)
-      : options_(options), tile_size_(tile_size),
-        context_(context_options(options)) {
+      : options_(options), tile_size_(tile_size), context_(context_options(options)) {
     nlohmann::json description;
     std::optional<Checkpoint> checkpoint;
     if (is_checkpoint_path(options.model)) {
@@ -135,16 +128,13 @@ public:
     Shape input_shape{options.batch, 3, tile_size, tile_size};
     // The whole graph resolves the name (a module's output is its last
     // sublayer's); only the layers up to it run.
-    std::string layer =
-        Network(description, input_shape, false).layer(options.layer).name;
-    network_ = std::make_unique<Network>(truncated_after(description, layer),
-                                         input_shape, false);
+    std::string layer = Network(description, input_shape, false).layer(options.layer).name;
+    network_ = std::make_unique<Network>(truncated_after(description, layer), input_shape, false);
     network_->allocate(context_);
     network_->initialise(0);
     if (checkpoint) {
       std::map<std::string, Tensor *> tensors;
-      for (auto &named : network_->named_tensors())
-        tensors[named.name] = named.tensor;
+      for (auto &named : network_->named_tensors()) tensors[named.name] = named.tensor;
       load_tensors(checkpoint->params, tensors, options.model, "params");
     }
     const Shape &out = network_->output_shape();
@@ -157,27 +147,21 @@ public:
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
 
-    images_ = std::make_unique<Tensor>(
-        context_, "images", Shape{options.batch, tile_size, tile_size, 3},
-        DType::u8, vk::MemoryUsage::staging);
+    images_ = std::make_unique<Tensor>(context_, "images", Shape{options.batch, tile_size, tile_size, 3}, DType::u8,
+                                       vk::MemoryUsage::staging);
     input_ = std::make_unique<Tensor>(context_, "input", input_shape);
     step_ = std::make_unique<Tensor>(context_, "step", Shape{2}, DType::u32);
     uint32_t zero[2] = {0, 0};
     step_->upload(zero, sizeof zero);
     program_ = std::make_unique<vk::Program>(context_);
     vk::Recorder recorder(context_, *program_);
-    NormalizePush push{static_cast<uint32_t>(input_->count()),
-                       static_cast<uint32_t>(tile_size),
-                       static_cast<uint32_t>(tile_size),
-                       0,
-                       {kMean[0], kMean[1], kMean[2], 0},
-                       {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
-    recorder.dispatch_elements(
-        context_.kernels().get("input_normalize", {kElementwiseGroup}),
-        {vk::reads(images_->buffer()), vk::writes(input_->buffer())}, push,
-        static_cast<uint64_t>(input_->count()), kElementwiseGroup);
-    network_->record_forward(recorder, context_.kernels(), *input_, false, 0,
-                             *step_, 0);
+    NormalizePush push{static_cast<uint32_t>(input_->count()), static_cast<uint32_t>(tile_size),
+                       static_cast<uint32_t>(tile_size),       0,
+                       {kMean[0], kMean[1], kMean[2], 0},      {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
+    recorder.dispatch_elements(context_.kernels().get("input_normalize", {kElementwiseGroup}),
+                               {vk::reads(images_->buffer()), vk::writes(input_->buffer())}, push,
+                               static_cast<uint64_t>(input_->count()), kElementwiseGroup);
+    network_->record_forward(recorder, context_.kernels(), *input_, false, 0, *step_, 0);
     recorder.finish();
     output_.resize(static_cast<size_t>(element_count(out)));
   }
@@ -191,24 +175,20 @@ public:
     std::memcpy(images_->buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
     program_->run();
     network_->output().download(output_.data(), output_.size() * sizeof(float));
-    FeatureBatch batch{
-        std::vector<float>(static_cast<size_t>(tiles.count * width_)),
-        std::move(tiles.coords), tiles.count};
+    FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
+                       tiles.count};
     for (int64_t row = 0; row < tiles.count * width_; ++row) {
       const float *map = output_.data() + row * spatial_;
       double sum = 0;
-      for (int64_t i = 0; i < spatial_; ++i)
-        sum += map[i];
-      batch.features[static_cast<size_t>(row)] =
-          static_cast<float>(sum / static_cast<double>(spatial_));
+      for (int64_t i = 0; i < spatial_; ++i) sum += map[i];
+      batch.features[static_cast<size_t>(row)] = static_cast<float>(sum / static_cast<double>(spatial_));
     }
     device_seconds_ += seconds_since(start);
     return batch;
   }
 
-  nlohmann::json extract_slide(const data::TileStoreReader &store, uint32_t id,
-                               const nlohmann::json &entry, Progress &progress,
-                               uint64_t &done) {
+  nlohmann::json extract_slide(const data::TileStoreReader &store, uint32_t id, const nlohmann::json &entry,
+                               Progress &progress, uint64_t &done) {
     std::string name = slide_name(entry);
     fs::path path = fs::path(options_.out) / (name + ".h5");
     nlohmann::json summary = {{"slide", name}, {"file", path.string()}};
@@ -218,8 +198,7 @@ public:
       return summary;
     }
     if (!entry.value("complete", false))
-      throw BadInput(store.path() + ": slide " + name +
-                     " is not completely tiled (run tessera tile again)");
+      throw BadInput(store.path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
     FeatureFileLayout layout{name,
                              tile_size_,
                              entry.value("level", int64_t{0}),
@@ -265,8 +244,7 @@ public:
       TileBatch batch;
       while (tiles.pop(batch)) {
         int64_t count = batch.count;
-        if (!features.push(run(std::move(batch))))
-          break;
+        if (!features.push(run(std::move(batch)))) break;
         done += static_cast<uint64_t>(count);
         progress.update(done, {{"slide", name}});
       }
@@ -277,8 +255,7 @@ public:
     }
     features.close();
     writer.join();
-    if (write_failure)
-      std::rethrow_exception(write_failure);
+    if (write_failure) std::rethrow_exception(write_failure);
     int64_t rows = file.rows();
     file.finish();
     double seconds = seconds_since(start);
@@ -294,7 +271,7 @@ public:
   double device_seconds() const { return device_seconds_; }
   double write_seconds() const { return write_seconds_; }
 
-private:
+ private:
   static vk::ContextOptions context_options(const ExtractOptions &options) {
     vk::ContextOptions context = vk::options_from_environment();
     context.device_index = options.device;
@@ -303,19 +280,16 @@ private:
 
   // Walks the slide's tiles in key order, decoding each batch on the worker
   // threads.
-  void read_tiles(const data::TileStoreReader &store, uint32_t id,
-                  uint64_t skip, Channel<TileBatch> &out) const {
+  void read_tiles(const data::TileStoreReader &store, uint32_t id, uint64_t skip, Channel<TileBatch> &out) const {
     struct Encoded {
       data::TileHeader header;
       std::vector<uint8_t> pixels;
       std::string where;
     };
     std::vector<Encoded> pending;
-    const size_t tile_bytes =
-        static_cast<size_t>(tile_size_) * static_cast<size_t>(tile_size_) * 3;
+    const size_t tile_bytes = static_cast<size_t>(tile_size_) * static_cast<size_t>(tile_size_) * 3;
     auto emit = [&] {
-      TileBatch batch{std::vector<uint8_t>(tile_bytes *
-                                           static_cast<size_t>(options_.batch)),
+      TileBatch batch{std::vector<uint8_t>(tile_bytes * static_cast<size_t>(options_.batch)),
                       {},
                       static_cast<int64_t>(pending.size())};
       std::exception_ptr failure;
@@ -324,46 +298,34 @@ private:
         std::vector<std::jthread> workers;
         for (int w = 0; w < options_.workers; ++w)
           workers.emplace_back([&, w] {
-            for (size_t i = static_cast<size_t>(w); i < pending.size();
-                 i += static_cast<size_t>(options_.workers)) {
+            for (size_t i = static_cast<size_t>(w); i < pending.size(); i += static_cast<size_t>(options_.workers)) {
               try {
                 const Encoded &tile = pending[i];
-                if (tile.header.width != tile_size_ ||
-                    tile.header.height != tile_size_)
-                  throw BadInput(tile.where + ": tile is " +
-                                 std::to_string(tile.header.width) + "x" +
-                                 std::to_string(tile.header.height) +
-                                 ", the slide's tile size is " +
+                if (tile.header.width != tile_size_ || tile.header.height != tile_size_)
+                  throw BadInput(tile.where + ": tile is " + std::to_string(tile.header.width) + "x" +
+                                 std::to_string(tile.header.height) + ", the slide's tile size is " +
                                  std::to_string(tile_size_));
-                data::decode_tile_pixels(
-                    {tile.header, tile.pixels.data(), tile.pixels.size()},
-                    batch.rgb.data() + i * tile_bytes, tile.where);
+                data::decode_tile_pixels({tile.header, tile.pixels.data(), tile.pixels.size()},
+                                         batch.rgb.data() + i * tile_bytes, tile.where);
               } catch (...) {
                 std::lock_guard lock(failure_mutex);
-                if (!failure)
-                  failure = std::current_exception();
+                if (!failure) failure = std::current_exception();
               }
             }
           });
       }
-      if (failure)
-        std::rethrow_exception(failure);
-      for (const Encoded &tile : pending)
-        batch.coords.insert(batch.coords.end(), {tile.header.x, tile.header.y});
+      if (failure) std::rethrow_exception(failure);
+      for (const Encoded &tile : pending) batch.coords.insert(batch.coords.end(), {tile.header.x, tile.header.y});
       pending.clear();
-      if (!out.push(std::move(batch)))
-        throw ReaderStopped{};
+      if (!out.push(std::move(batch))) throw ReaderStopped{};
     };
-    store.for_each_tile(
-        id, skip, [&](const data::TileKey &key, const data::TileValue &value) {
-          pending.push_back({value.header,
-                             {value.pixels, value.pixels + value.pixel_bytes},
-                             store.path() + " tile " + data::describe(key)});
-          if (pending.size() == static_cast<size_t>(options_.batch))
-            emit();
-        });
-    if (!pending.empty())
-      emit();
+    store.for_each_tile(id, skip, [&](const data::TileKey &key, const data::TileValue &value) {
+      pending.push_back({value.header,
+                         {value.pixels, value.pixels + value.pixel_bytes},
+                         store.path() + " tile " + data::describe(key)});
+      if (pending.size() == static_cast<size_t>(options_.batch)) emit();
+    });
+    if (!pending.empty()) emit();
   }
 
   const ExtractOptions &options_;
@@ -378,38 +340,29 @@ private:
   double device_seconds_ = 0, write_seconds_ = 0;
 };
 
-} // namespace
+}  // namespace
 
 void extract_features(const ExtractOptions &options) {
-  if (options.slides.empty() == options.tiles.empty())
-    throw UsageError("give either --slides or --tiles");
-  if (options.batch < 1)
-    throw UsageError("--batch must be at least 1");
-  if (options.workers < 1)
-    throw UsageError("--workers must be at least 1");
+  if (options.slides.empty() == options.tiles.empty()) throw UsageError("give either --slides or --tiles");
+  if (options.batch < 1) throw UsageError("--batch must be at least 1");
+  if (options.workers < 1) throw UsageError("--workers must be at least 1");
   std::error_code error;
   fs::create_directories(options.out, error);
-  if (error)
-    throw Error(ExitCode::runtime_error,
-                options.out +
-                    ": cannot create the directory: " + error.message());
+  if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
   nlohmann::json summary = nlohmann::json::object();
   std::string store_path = options.tiles;
   if (!options.slides.empty()) {
     store_path = (fs::path(options.out) / "tiles.lmdb").string();
     std::vector<data::SlideJob> jobs;
-    for (auto &slide : options.slides)
-      jobs.push_back({slide, ""});
+    for (auto &slide : options.slides) jobs.push_back({slide, ""});
     summary["tiling"] = data::tile_slides(jobs, store_path, options.tiler);
   }
   data::TileStoreReader store(store_path);
   auto slides = store.slides();
-  if (slides.empty())
-    throw BadInput(store_path + ": holds no slides");
+  if (slides.empty()) throw BadInput(store_path + ": holds no slides");
   int tile_size = slides.begin()->second.value("tile_size", 0);
   uint64_t total = 0;
-  for (auto &[id, entry] : slides)
-    total += entry.value("tiles", uint64_t{0});
+  for (auto &[id, entry] : slides) total += entry.value("tiles", uint64_t{0});
 
   auto start = Clock::now();
   Extractor extractor(options, tile_size);
@@ -421,42 +374,34 @@ void extract_features(const ExtractOptions &options) {
     try {
       auto result = extractor.extract_slide(store, id, entry, progress, done);
       if (result["status"] != "already complete")
-        extracted += result["tiles"].get<uint64_t>() -
-                     result["resumed_from"].get<uint64_t>();
+        extracted += result["tiles"].get<uint64_t>() - result["resumed_from"].get<uint64_t>();
       per_slide.push_back(result);
     } catch (const BadInput &e) {
       // A slide whose tiles cannot be read fails alone; its partial file stays
       // for a later run.
       progress.event({{"error", e.what()}, {"slide", slide_name(entry)}});
-      per_slide.push_back({{"slide", slide_name(entry)},
-                           {"status", "failed"},
-                           {"error", e.what()}});
+      per_slide.push_back({{"slide", slide_name(entry)}, {"status", "failed"}, {"error", e.what()}});
       failures.push_back(e.what());
     }
   }
   progress.finish();
   double seconds = seconds_since(start);
-  summary.update(
-      {{"extraction", extractor.extraction()},
-       {"device", extractor.device_name()},
-       {"slides", per_slide},
-       {"tiles", extracted},
-       {"seconds", seconds},
-       {"features_per_second",
-        seconds > 0 ? static_cast<double>(extracted) / seconds : 0.0},
-       {"device_seconds", extractor.device_seconds()},
-       {"hdf5_write_seconds", extractor.write_seconds()},
-       {"hdf5_write_share",
-        seconds > 0 ? extractor.write_seconds() / seconds : 0.0}});
+  summary.update({{"extraction", extractor.extraction()},
+                  {"device", extractor.device_name()},
+                  {"slides", per_slide},
+                  {"tiles", extracted},
+                  {"seconds", seconds},
+                  {"features_per_second", seconds > 0 ? static_cast<double>(extracted) / seconds : 0.0},
+                  {"device_seconds", extractor.device_seconds()},
+                  {"hdf5_write_seconds", extractor.write_seconds()},
+                  {"hdf5_write_share", seconds > 0 ? extractor.write_seconds() / seconds : 0.0}});
   std::printf("%s\n", summary.dump().c_str());
   std::fflush(stdout);
   if (!failures.empty()) {
-    std::string message = std::to_string(failures.size()) +
-                          " slide(s) failed (the others are complete):";
-    for (auto &failure : failures)
-      message += "\n  " + failure;
+    std::string message = std::to_string(failures.size()) + " slide(s) failed (the others are complete):";
+    for (auto &failure : failures) message += "\n  " + failure;
     throw BadInput(message);
   }
 }
 
-} // namespace tessera
+}  // namespace tessera

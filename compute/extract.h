@@ -2,26 +2,25 @@
 // slide of a tile store, one CLAM-layout feature file per slide
 // (compute/feature_file.h).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "data/tiler.h"
 
 namespace tessera {
 
 struct ExtractOptions {
-  std::string model;               // checkpoint .h5 or preset
-  std::string layer;               // a layer or module name ("layer4")
-  std::vector<std::string> slides; // tiled into <out>/tiles.lmdb first
-  std::string tiles;               // or an existing tile store
+  std::string model;                // checkpoint .h5 or preset
+  std::string layer;                // a layer or module name ("layer4")
+  std::vector<std::string> slides;  // tiled into <out>/tiles.lmdb first
+  std::string tiles;                // or an existing tile store
   std::string out;
   int batch = 32;
   int device = -1;
-  int workers = 2; // threads decoding tiles
+  int workers = 2;  // threads decoding tiles
   bool fp16 = false, gzip = false;
-  data::TilerOptions tiler; // for `slides`
+  data::TilerOptions tiler;  // for `slides`
 };
 
 // Writes <out>/<slide>.h5 for every slide not finished before, resuming partial
@@ -30,4 +29,4 @@ struct ExtractOptions {
 // in HDF5 writes) as a JSON line on stdout.
 void extract_features(const ExtractOptions &options);
 
-} // namespace tessera
+}  // namespace tessera

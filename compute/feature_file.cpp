@@ -35,31 +35,25 @@ std::string disk_message(const std::string &file, const std::string &what) {
 int64_t extent_rows(hid_t dataset) {
   Handle space(H5Dget_space(dataset), H5Sclose);
   hsize_t dims[2] = {0, 0};
-  if (H5Sget_simple_extent_ndims(space) != 2)
-    return -1;
+  if (H5Sget_simple_extent_ndims(space) != 2) return -1;
   H5Sget_simple_extent_dims(space, dims, nullptr);
   return static_cast<int64_t>(dims[0]);
 }
 
-} // namespace
+}  // namespace
 
-FeatureFileWriter::FeatureFileWriter(const std::string &path,
-                                     const FeatureFileLayout &layout)
-    : path_(path), partial_(path + ".partial"),
-      rows_path_(path + ".partial.rows"), width_(layout.width) {
+FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout)
+    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), width_(layout.width) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  if (!resume(layout))
-    create(layout);
+  if (!resume(layout)) create(layout);
 }
 
 FeatureFileWriter::~FeatureFileWriter() { close(); }
 
 void FeatureFileWriter::close() {
   for (hid_t *dataset : {&features_, &coords_})
-    if (*dataset >= 0)
-      H5Dclose(std::exchange(*dataset, -1));
-  if (file_ >= 0)
-    H5Fclose(std::exchange(file_, -1));
+    if (*dataset >= 0) H5Dclose(std::exchange(*dataset, -1));
+  if (file_ >= 0) H5Fclose(std::exchange(file_, -1));
 }
 
 bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
@@ -67,11 +61,9 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
   // written by a killed run.
   std::ifstream rows_file(rows_path_);
   int64_t flushed = -1;
-  if (!fs::exists(partial_) || !(rows_file >> flushed) || flushed < 0)
-    return false;
+  if (!fs::exists(partial_) || !(rows_file >> flushed) || flushed < 0) return false;
   file_ = H5Fopen(partial_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  if (file_ < 0)
-    return false;
+  if (file_ < 0) return false;
   features_ = H5Dopen2(file_, "features", H5P_DEFAULT);
   coords_ = H5Dopen2(file_, "coords", H5P_DEFAULT);
   bool same = false;
@@ -80,8 +72,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
     hsize_t dims[2] = {0, 0};
     H5Sget_simple_extent_dims(space, dims, nullptr);
     same = static_cast<int64_t>(dims[1]) == layout.width &&
-           hdf5::read_string_attribute(features_, "extraction") ==
-               layout.extraction.dump() &&
+           hdf5::read_string_attribute(features_, "extraction") == layout.extraction.dump() &&
            std::min(extent_rows(features_), extent_rows(coords_)) >= flushed;
   }
   if (!same) {
@@ -89,27 +80,21 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
     return false;
   }
   rows_ = flushed;
-  hsize_t feature_dims[2] = {static_cast<hsize_t>(rows_),
-                             static_cast<hsize_t>(width_)};
+  hsize_t feature_dims[2] = {static_cast<hsize_t>(rows_), static_cast<hsize_t>(width_)};
   hsize_t coord_dims[2] = {static_cast<hsize_t>(rows_), 2};
-  if (H5Dset_extent(features_, feature_dims) < 0 ||
-      H5Dset_extent(coords_, coord_dims) < 0)
-    throw Error(ExitCode::runtime_error,
-                disk_message(partial_, "truncate to the last flushed row"));
+  if (H5Dset_extent(features_, feature_dims) < 0 || H5Dset_extent(coords_, coord_dims) < 0)
+    throw Error(ExitCode::runtime_error, disk_message(partial_, "truncate to the last flushed row"));
   return true;
 }
 
 void FeatureFileWriter::create(const FeatureFileLayout &layout) {
   file_ = H5Fcreate(partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (file_ < 0)
-    throw Error(ExitCode::runtime_error, disk_message(partial_, "create"));
+  if (file_ < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "create"));
   // Chunks of about 256 KiB of features: small enough to append, large enough
   // to read fast.
-  hsize_t chunk_rows = static_cast<hsize_t>(
-      std::clamp<int64_t>((256 << 10) / (4 * layout.width), 16, 4096));
+  hsize_t chunk_rows = static_cast<hsize_t>(std::clamp<int64_t>((256 << 10) / (4 * layout.width), 16, 4096));
   auto make = [&](const char *name, hid_t type, hsize_t columns) {
-    hsize_t dims[2] = {0, columns}, max_dims[2] = {H5S_UNLIMITED, columns},
-            chunk[2] = {chunk_rows, columns};
+    hsize_t dims[2] = {0, columns}, max_dims[2] = {H5S_UNLIMITED, columns}, chunk[2] = {chunk_rows, columns};
     Handle space(H5Screate_simple(2, dims, max_dims), H5Sclose);
     Handle properties(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     H5Pset_chunk(properties, 2, chunk);
@@ -117,34 +102,23 @@ void FeatureFileWriter::create(const FeatureFileLayout &layout) {
       H5Pset_shuffle(properties);
       H5Pset_deflate(properties, 4);
     }
-    hid_t dataset = H5Dcreate2(file_, name, type, space, H5P_DEFAULT,
-                               properties, H5P_DEFAULT);
-    if (dataset < 0)
-      throw Error(ExitCode::runtime_error,
-                  disk_message(partial_, std::string("create ") + name));
+    hid_t dataset = H5Dcreate2(file_, name, type, space, H5P_DEFAULT, properties, H5P_DEFAULT);
+    if (dataset < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, std::string("create ") + name));
     return dataset;
   };
   Handle half(float16_type(), H5Tclose);
-  features_ =
-      make("features", layout.fp16 ? static_cast<hid_t>(half) : H5T_IEEE_F32LE,
-           static_cast<hsize_t>(width_));
+  features_ = make("features", layout.fp16 ? static_cast<hid_t>(half) : H5T_IEEE_F32LE, static_cast<hsize_t>(width_));
   coords_ = make("coords", H5T_STD_I64LE, 2);
-  hdf5::write_string_attribute(features_, "extraction",
-                               layout.extraction.dump());
-  hdf5::write_string_attribute(features_, "pooling",
-                               layout.extraction.value("pooling", ""));
-  hdf5::write_attribute(coords_, "patch_size", H5T_NATIVE_INT64, {},
-                        &layout.patch_size);
-  hdf5::write_attribute(coords_, "patch_level", H5T_NATIVE_INT64, {},
-                        &layout.patch_level);
+  hdf5::write_string_attribute(features_, "extraction", layout.extraction.dump());
+  hdf5::write_string_attribute(features_, "pooling", layout.extraction.value("pooling", ""));
+  hdf5::write_attribute(coords_, "patch_size", H5T_NATIVE_INT64, {}, &layout.patch_size);
+  hdf5::write_attribute(coords_, "patch_level", H5T_NATIVE_INT64, {}, &layout.patch_level);
   double downsample[2] = {layout.downsample, layout.downsample};
-  hdf5::write_attribute(coords_, "downsample", H5T_NATIVE_DOUBLE, {2},
-                        downsample);
+  hdf5::write_attribute(coords_, "downsample", H5T_NATIVE_DOUBLE, {2}, downsample);
   int64_t level_dim[2] = {layout.level_width, layout.level_height};
   hdf5::write_attribute(coords_, "level_dim", H5T_NATIVE_INT64, {2}, level_dim);
   hdf5::write_string_attribute(coords_, "name", layout.name);
-  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0)
-    throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
+  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
   rows_ = 0;
   record_rows();
 }
@@ -154,41 +128,28 @@ void FeatureFileWriter::record_rows() {
   {
     std::ofstream out(temporary, std::ios::trunc);
     out << rows_ << '\n';
-    if (!out.flush())
-      throw Error(ExitCode::runtime_error, disk_message(temporary, "write"));
+    if (!out.flush()) throw Error(ExitCode::runtime_error, disk_message(temporary, "write"));
   }
   std::error_code error;
   fs::rename(temporary, rows_path_, error);
-  if (error)
-    throw Error(ExitCode::runtime_error,
-                disk_message(rows_path_, "rename: " + error.message()));
+  if (error) throw Error(ExitCode::runtime_error, disk_message(rows_path_, "rename: " + error.message()));
 }
 
-void FeatureFileWriter::append(const float *features, const int64_t *coords,
-                               int64_t count) {
-  if (count == 0)
-    return;
-  auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type,
-                   const void *data, const char *name) {
+void FeatureFileWriter::append(const float *features, const int64_t *coords, int64_t count) {
+  if (count == 0) return;
+  auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type, const void *data, const char *name) {
     hsize_t dims[2] = {static_cast<hsize_t>(rows_ + count), columns};
-    hsize_t start[2] = {static_cast<hsize_t>(rows_), 0},
-            size[2] = {static_cast<hsize_t>(count), columns};
-    if (H5Dset_extent(dataset, dims) < 0)
-      throw Error(ExitCode::runtime_error, disk_message(partial_, "extend"));
+    hsize_t start[2] = {static_cast<hsize_t>(rows_), 0}, size[2] = {static_cast<hsize_t>(count), columns};
+    if (H5Dset_extent(dataset, dims) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "extend"));
     Handle file_space(H5Dget_space(dataset), H5Sclose);
-    H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, nullptr, size,
-                        nullptr);
+    H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, nullptr, size, nullptr);
     Handle memory_space(H5Screate_simple(2, size, nullptr), H5Sclose);
-    if (H5Dwrite(dataset, memory_type, memory_space, file_space, H5P_DEFAULT,
-                 data) < 0)
-      throw Error(ExitCode::runtime_error,
-                  disk_message(partial_, std::string("write ") + name));
+    if (H5Dwrite(dataset, memory_type, memory_space, file_space, H5P_DEFAULT, data) < 0)
+      throw Error(ExitCode::runtime_error, disk_message(partial_, std::string("write ") + name));
   };
-  write(features_, static_cast<hsize_t>(width_), H5T_NATIVE_FLOAT, features,
-        "features");
+  write(features_, static_cast<hsize_t>(width_), H5T_NATIVE_FLOAT, features, "features");
   write(coords_, 2, H5T_NATIVE_INT64, coords, "coords");
-  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0)
-    throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
+  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
   rows_ += count;
   record_rows();
 }
@@ -198,9 +159,8 @@ void FeatureFileWriter::finish() {
   std::error_code error;
   fs::rename(partial_, path_, error);
   if (error)
-    throw Error(ExitCode::runtime_error, "cannot rename " + partial_ + " to " +
-                                             path_ + ": " + error.message());
+    throw Error(ExitCode::runtime_error, "cannot rename " + partial_ + " to " + path_ + ": " + error.message());
   fs::remove(rows_path_, error);
 }
 
-} // namespace tessera
+}  // namespace tessera

@@ -5,20 +5,19 @@
 // complete.
 #pragma once
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "compute/hdf5.h"
 
 namespace tessera {
 
 struct FeatureFileLayout {
-  std::string name; // the slide
+  std::string name;  // the slide
   int64_t patch_size = 0, patch_level = 0;
-  double downsample = 1; // level-0 pixels per pixel of patch_level
-  int64_t level_width = 0, level_height = 0; // patch_level's size
-  int64_t width = 0;                         // D
+  double downsample = 1;                      // level-0 pixels per pixel of patch_level
+  int64_t level_width = 0, level_height = 0;  // patch_level's size
+  int64_t width = 0;                          // D
   bool fp16 = false, gzip = false;
   // Model, layer, pooling: stored as an attribute; a partial file written
   // otherwise starts afresh.
@@ -26,7 +25,7 @@ struct FeatureFileLayout {
 };
 
 class FeatureFileWriter {
-public:
+ public:
   // Opens `path`.partial, resuming after its last flushed row when it was
   // written with the same layout, and otherwise creating it.
   FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout);
@@ -43,7 +42,7 @@ public:
   // Closes the file and renames it to `path`.
   void finish();
 
-private:
+ private:
   bool resume(const FeatureFileLayout &layout);
   void create(const FeatureFileLayout &layout);
   void record_rows();
@@ -54,4 +53,4 @@ private:
   int64_t rows_ = 0, width_ = 0;
 };
 
-} // namespace tessera
+}  // namespace tessera

@@ -4,56 +4,42 @@
 
 namespace tessera::hdf5 {
 
-void write_string_attribute(hid_t object, const char *name,
-                            const std::string &value) {
+void write_string_attribute(hid_t object, const char *name, const std::string &value) {
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type, value.size() + 1);
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attribute(
-      H5Acreate2(object, name, type, space, H5P_DEFAULT, H5P_DEFAULT),
-      H5Aclose);
+  Handle attribute(H5Acreate2(object, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (!attribute.valid() || H5Awrite(attribute, type, value.c_str()) < 0)
-    throw Error(ExitCode::runtime_error,
-                std::string("cannot write HDF5 attribute ") + name);
+    throw Error(ExitCode::runtime_error, std::string("cannot write HDF5 attribute ") + name);
 }
 
-std::optional<std::string> read_string_attribute(hid_t object,
-                                                 const char *name) {
-  if (H5Aexists(object, name) <= 0)
-    return std::nullopt;
+std::optional<std::string> read_string_attribute(hid_t object, const char *name) {
+  if (H5Aexists(object, name) <= 0) return std::nullopt;
   Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attribute), H5Tclose);
-  if (H5Tget_class(type) != H5T_STRING)
-    return std::nullopt;
+  if (H5Tget_class(type) != H5T_STRING) return std::nullopt;
   if (H5Tis_variable_str(type) > 0) {
     char *text = nullptr;
     Handle memory(H5Tget_native_type(type, H5T_DIR_ASCEND), H5Tclose);
-    if (H5Aread(attribute, memory, &text) < 0 || !text)
-      return std::nullopt;
+    if (H5Aread(attribute, memory, &text) < 0 || !text) return std::nullopt;
     std::string value(text);
     H5free_memory(text);
     return value;
   }
   std::string value(H5Tget_size(type), '\0');
-  if (H5Aread(attribute, type, value.data()) < 0)
-    return std::nullopt;
-  value.resize(value.find('\0') == std::string::npos ? value.size()
-                                                     : value.find('\0'));
+  if (H5Aread(attribute, type, value.data()) < 0) return std::nullopt;
+  value.resize(value.find('\0') == std::string::npos ? value.size() : value.find('\0'));
   return value;
 }
 
-void write_attribute(hid_t object, const char *name, hid_t memory_type,
-                     const std::vector<hsize_t> &dims, const void *data) {
-  Handle space(dims.empty() ? H5Screate(H5S_SCALAR)
-                            : H5Screate_simple(static_cast<int>(dims.size()),
-                                               dims.data(), nullptr),
-               H5Sclose);
-  Handle attribute(
-      H5Acreate2(object, name, memory_type, space, H5P_DEFAULT, H5P_DEFAULT),
-      H5Aclose);
+void write_attribute(hid_t object, const char *name, hid_t memory_type, const std::vector<hsize_t> &dims,
+                     const void *data) {
+  Handle space(
+      dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+      H5Sclose);
+  Handle attribute(H5Acreate2(object, name, memory_type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (!attribute.valid() || H5Awrite(attribute, memory_type, data) < 0)
-    throw Error(ExitCode::runtime_error,
-                std::string("cannot write HDF5 attribute ") + name);
+    throw Error(ExitCode::runtime_error, std::string("cannot write HDF5 attribute ") + name);
 }
 
-} // namespace tessera::hdf5
+}  // namespace tessera::hdf5

@@ -10,31 +10,28 @@ namespace tessera::hdf5 {
 
 // Closes an HDF5 handle with the function that fits it.
 class Handle {
-public:
+ public:
   Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
   ~Handle() {
-    if (id_ >= 0)
-      close_(id_);
+    if (id_ >= 0) close_(id_);
   }
   Handle(const Handle &) = delete;
   Handle &operator=(const Handle &) = delete;
   operator hid_t() const { return id_; }
   bool valid() const { return id_ >= 0; }
 
-private:
+ private:
   hid_t id_;
   herr_t (*close_)(hid_t);
 };
 
-void write_string_attribute(hid_t object, const char *name,
-                            const std::string &value);
+void write_string_attribute(hid_t object, const char *name, const std::string &value);
 // The attribute's text, or nothing when it is missing or not a string.
-std::optional<std::string> read_string_attribute(hid_t object,
-                                                 const char *name);
+std::optional<std::string> read_string_attribute(hid_t object, const char *name);
 
 // A numeric attribute of `dims` (empty: a scalar) read from `data` as
 // `memory_type`.
-void write_attribute(hid_t object, const char *name, hid_t memory_type,
-                     const std::vector<hsize_t> &dims, const void *data);
+void write_attribute(hid_t object, const char *name, hid_t memory_type, const std::vector<hsize_t> &dims,
+                     const void *data);
 
-} // namespace tessera::hdf5
+}  // namespace tessera::hdf5

@@ -4,6 +4,7 @@
 #include <array>
 #include <cerrno>
 #include <filesystem>
+#include <utility>
 
 #include "common/error.h"
 
@@ -16,36 +17,29 @@ namespace {
 std::string lmdb_message(int rc) {
   std::string text = mdb_strerror(rc);
   if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT || rc == EIO)
-    text += " (the disk is full or a file size limit was reached; the tiles "
-            "committed before are kept, "
-            "free some space and run the same command again to resume)";
+    text +=
+        " (the disk is full or a file size limit was reached; the tiles committed before are kept, "
+        "free some space and run the same command again to resume)";
   return text;
 }
 
-[[noreturn]] void fail(const std::string &store, const std::string &what,
-                       int rc) {
-  throw Error(ExitCode::runtime_error,
-              store + ": " + what + ": " + lmdb_message(rc));
+[[noreturn]] void fail(const std::string& store, const std::string& what, int rc) {
+  throw Error(ExitCode::runtime_error, store + ": " + what + ": " + lmdb_message(rc));
 }
 
 std::array<uint8_t, 4> slide_key(uint32_t slide) {
-  return {static_cast<uint8_t>(slide >> 24), static_cast<uint8_t>(slide >> 16),
-          static_cast<uint8_t>(slide >> 8), static_cast<uint8_t>(slide)};
+  return {static_cast<uint8_t>(slide >> 24), static_cast<uint8_t>(slide >> 16), static_cast<uint8_t>(slide >> 8),
+          static_cast<uint8_t>(slide)};
 }
 
-MDB_val as_val(const void *data, size_t size) {
-  return {size, const_cast<void *>(data)};
-}
+MDB_val as_val(const void* data, size_t size) { return {size, const_cast<void*>(data)}; }
 
-unsigned env_flags_for(const std::string &path) {
-  return fs::is_regular_file(path) ? MDB_NOSUBDIR : 0u;
-}
+unsigned env_flags_for(const std::string& path) { return fs::is_regular_file(path) ? MDB_NOSUBDIR : 0u; }
 
 struct Transaction {
-  MDB_txn *txn = nullptr;
+  MDB_txn* txn = nullptr;
   ~Transaction() {
-    if (txn)
-      mdb_txn_abort(txn);
+    if (txn) mdb_txn_abort(txn);
   }
   int commit() {
     int rc = mdb_txn_commit(txn);
@@ -55,61 +49,47 @@ struct Transaction {
 };
 
 struct Cursor {
-  MDB_cursor *cursor = nullptr;
+  MDB_cursor* cursor = nullptr;
   ~Cursor() {
-    if (cursor)
-      mdb_cursor_close(cursor);
+    if (cursor) mdb_cursor_close(cursor);
   }
 };
 
-std::map<uint32_t, nlohmann::json> read_slides(MDB_txn *txn, MDB_dbi slides,
-                                               const std::string &store) {
+std::map<uint32_t, nlohmann::json> read_slides(MDB_txn* txn, MDB_dbi slides, const std::string& store) {
   std::map<uint32_t, nlohmann::json> entries;
   Cursor cursor;
-  if (int rc = mdb_cursor_open(txn, slides, &cursor.cursor))
-    fail(store, "reading slides", rc);
+  if (int rc = mdb_cursor_open(txn, slides, &cursor.cursor)) fail(store, "reading slides", rc);
   MDB_val key, value;
   for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT)) {
-    if (key.mv_size != 4)
-      throw BadInput(store + ": a slide key has " +
-                     std::to_string(key.mv_size) + " bytes");
-    auto *k = static_cast<const uint8_t *>(key.mv_data);
-    uint32_t id = uint32_t{k[0]} << 24 | uint32_t{k[1]} << 16 |
-                  uint32_t{k[2]} << 8 | k[3];
-    auto text = std::string_view(static_cast<const char *>(value.mv_data),
-                                 value.mv_size);
+    if (key.mv_size != 4) throw BadInput(store + ": a slide key has " + std::to_string(key.mv_size) + " bytes");
+    auto* k = static_cast<const uint8_t*>(key.mv_data);
+    uint32_t id = uint32_t{k[0]} << 24 | uint32_t{k[1]} << 16 | uint32_t{k[2]} << 8 | k[3];
+    auto text = std::string_view(static_cast<const char*>(value.mv_data), value.mv_size);
     try {
       entries[id] = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception &e) {
-      throw BadInput(store + ": slide " + std::to_string(id) +
-                     " entry is not JSON: " + e.what());
+    } catch (const nlohmann::json::exception& e) {
+      throw BadInput(store + ": slide " + std::to_string(id) + " entry is not JSON: " + e.what());
     }
   }
   return entries;
 }
 
-} // namespace
+}  // namespace
 
-bool is_tile_store_path(const std::string &path) {
-  if (fs::is_directory(path))
-    return fs::exists(fs::path(path) / "data.mdb");
+bool is_tile_store_path(const std::string& path) {
+  if (fs::is_directory(path)) return fs::exists(fs::path(path) / "data.mdb");
   return fs::path(path).extension() == ".lmdb";
 }
 
-TileStoreWriter::TileStoreWriter(const std::string &path,
-                                 uint64_t initial_map_size)
-    : path_(path) {
+TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size) : path_(path) {
   unsigned flags = env_flags_for(path);
   if (!(flags & MDB_NOSUBDIR)) {
     std::error_code error;
     fs::create_directories(path, error);
-    if (error)
-      throw Error(ExitCode::runtime_error,
-                  path + ": cannot create the tile store: " + error.message());
+    if (error) throw Error(ExitCode::runtime_error, path + ": cannot create the tile store: " + error.message());
   }
-  if (int rc = mdb_env_create(&env_))
-    fail(path, "creating the environment", rc);
+  if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
   mdb_env_set_maxdbs(env_, 2);
   mdb_env_set_mapsize(env_, initial_map_size);
   if (int rc = mdb_env_open(env_, path.c_str(), flags, 0664)) {
@@ -122,12 +102,9 @@ TileStoreWriter::TileStoreWriter(const std::string &path,
   map_size_ = info.me_mapsize;
   Transaction txn;
   int rc = mdb_txn_begin(env_, nullptr, 0, &txn.txn);
-  if (!rc)
-    rc = mdb_dbi_open(txn.txn, "tiles", MDB_CREATE, &tiles_);
-  if (!rc)
-    rc = mdb_dbi_open(txn.txn, "slides", MDB_CREATE, &slides_);
-  if (!rc)
-    rc = txn.commit();
+  if (!rc) rc = mdb_dbi_open(txn.txn, "tiles", MDB_CREATE, &tiles_);
+  if (!rc) rc = mdb_dbi_open(txn.txn, "slides", MDB_CREATE, &slides_);
+  if (!rc) rc = txn.commit();
   if (rc) {
     mdb_env_close(env_);
     env_ = nullptr;
@@ -136,64 +113,50 @@ TileStoreWriter::TileStoreWriter(const std::string &path,
 }
 
 TileStoreWriter::~TileStoreWriter() {
-  if (env_)
-    mdb_env_close(env_);
+  if (env_) mdb_env_close(env_);
 }
 
 std::map<uint32_t, nlohmann::json> TileStoreWriter::slides() const {
   Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn))
-    fail(path_, "reading slides", rc);
+  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading slides", rc);
   return read_slides(txn.txn, slides_, path_);
 }
 
-int TileStoreWriter::try_commit(uint32_t slide, const std::string &entry,
-                                const std::vector<Tile> &tiles) {
+int TileStoreWriter::try_commit(uint32_t slide, const std::string& entry, const std::vector<Tile>& tiles) {
   Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, 0, &txn.txn))
-    return rc;
+  if (int rc = mdb_txn_begin(env_, nullptr, 0, &txn.txn)) return rc;
   unsigned put_flags = 0;
   if (!tiles.empty()) {
     Cursor cursor;
-    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor))
-      return rc;
+    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) return rc;
     MDB_val last_key, last_value;
     int rc = mdb_cursor_get(cursor.cursor, &last_key, &last_value, MDB_LAST);
-    if (rc == MDB_NOTFOUND ||
-        (rc == 0 && decode_tile_key(last_key.mv_data, last_key.mv_size) <
-                        tiles.front().key))
+    if (rc == MDB_NOTFOUND || (rc == 0 && decode_tile_key(last_key.mv_data, last_key.mv_size) < tiles.front().key))
       put_flags = MDB_APPEND;
     else if (rc)
       return rc;
   }
-  for (const Tile &tile : tiles) {
+  for (const Tile& tile : tiles) {
     auto key_bytes = encode_tile_key(tile.key);
     MDB_val key = as_val(key_bytes.data(), key_bytes.size());
     MDB_val value = as_val(tile.value.data(), tile.value.size());
-    if (int rc = mdb_put(txn.txn, tiles_, &key, &value, put_flags))
-      return rc;
+    if (int rc = mdb_put(txn.txn, tiles_, &key, &value, put_flags)) return rc;
   }
   auto id = slide_key(slide);
   MDB_val key = as_val(id.data(), id.size());
   MDB_val value = as_val(entry.data(), entry.size());
-  if (int rc = mdb_put(txn.txn, slides_, &key, &value, 0))
-    return rc;
+  if (int rc = mdb_put(txn.txn, slides_, &key, &value, 0)) return rc;
   return txn.commit();
 }
 
-void TileStoreWriter::commit(uint32_t slide, const nlohmann::json &entry,
-                             const std::vector<Tile> &tiles) {
+void TileStoreWriter::commit(uint32_t slide, const nlohmann::json& entry, const std::vector<Tile>& tiles) {
   std::string text = entry.dump();
   for (;;) {
     int rc = try_commit(slide, text, tiles);
-    if (rc == 0)
-      return;
-    if (rc != MDB_MAP_FULL)
-      fail(path_, "writing " + std::to_string(tiles.size()) + " tiles", rc);
-    // Double the map: grows a store of any size in few steps; LMDB only
-    // reserves address space.
-    if (int grow = mdb_env_set_mapsize(env_, map_size_ * 2))
-      fail(path_, "growing the map", grow);
+    if (rc == 0) return;
+    if (rc != MDB_MAP_FULL) fail(path_, "writing " + std::to_string(tiles.size()) + " tiles", rc);
+    // Double the map: grows a store of any size in few steps; LMDB only reserves address space.
+    if (int grow = mdb_env_set_mapsize(env_, map_size_ * 2)) fail(path_, "growing the map", grow);
     MDB_envinfo info;
     mdb_env_info(env_, &info);
     map_size_ = info.me_mapsize;
@@ -203,65 +166,49 @@ void TileStoreWriter::commit(uint32_t slide, const nlohmann::json &entry,
 namespace {
 
 class TileStore final : public PatchSource {
-public:
-  explicit TileStore(const std::string &path) : path_(path) {
-    if (!fs::exists(path))
-      throw BadInput(path + ": no such tile store");
-    if (int rc = mdb_env_create(&env_))
-      fail(path, "creating the environment", rc);
+ public:
+  explicit TileStore(const std::string& path) : path_(path) {
+    if (!fs::exists(path)) throw BadInput(path + ": no such tile store");
+    if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
     mdb_env_set_maxdbs(env_, 2);
-    if (int rc =
-            mdb_env_open(env_, path.c_str(),
-                         env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
+    if (int rc = mdb_env_open(env_, path.c_str(), env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
       mdb_env_close(env_);
       env_ = nullptr;
-      throw BadInput(path +
-                     ": not a readable LMDB tile store: " + mdb_strerror(rc));
+      throw BadInput(path + ": not a readable LMDB tile store: " + mdb_strerror(rc));
     }
     Transaction txn;
-    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn))
-      fail(path, "reading", rc);
-    if (mdb_dbi_open(txn.txn, "tiles", 0, &tiles_) ||
-        mdb_dbi_open(txn.txn, "slides", 0, &slides_))
-      throw BadInput(
-          path +
-          ": no `tiles` and `slides` databases (not a tessera tile store)");
+    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path, "reading", rc);
+    if (mdb_dbi_open(txn.txn, "tiles", 0, &tiles_) || mdb_dbi_open(txn.txn, "slides", 0, &slides_))
+      throw BadInput(path + ": no `tiles` and `slides` databases (not a tessera tile store)");
     slide_count_ = 0;
-    for (auto &[id, entry] : read_slides(txn.txn, slides_, path)) {
+    for (auto& [id, entry] : read_slides(txn.txn, slides_, path)) {
       ++slide_count_;
       int tile_size = entry.value("tile_size", 0);
-      if (tile_size <= 0)
-        throw BadInput(path + ": slide " + std::to_string(id) +
-                       " has no tile_size");
+      if (tile_size <= 0) throw BadInput(path + ": slide " + std::to_string(id) + " has no tile_size");
       if (tile_size_ && tile_size != tile_size_)
-        throw BadInput(path + ": slides with tile sizes " +
-                       std::to_string(tile_size_) + " and " +
+        throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
                        std::to_string(tile_size) + " in one store");
       tile_size_ = tile_size;
-      const nlohmann::json &label_counts = entry["label_counts"];
+      const nlohmann::json& label_counts = entry["label_counts"];
       if (label_counts.is_object())
-        for (auto &[label, count] : label_counts.items())
+        for (auto& [label, count] : label_counts.items())
           if (count.get<uint64_t>() > 0)
-            class_count_ = std::max(
-                class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
+            class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
     }
     Cursor cursor;
-    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor))
-      fail(path, "reading tiles", rc);
+    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail(path, "reading tiles", rc);
     MDB_val key, value;
-    for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST);
-         rc == 0; rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
+    for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
       keys_.push_back(decode_tile_key(key.mv_data, key.mv_size));
     mdb_cursor_close(cursor.cursor);
     cursor.cursor = nullptr;
     // Database handles opened in a transaction survive only if it commits.
-    if (int rc = txn.commit())
-      fail(path, "reading", rc);
+    if (int rc = txn.commit()) fail(path, "reading", rc);
   }
 
   ~TileStore() override {
-    if (env_)
-      mdb_env_close(env_);
+    if (env_) mdb_env_close(env_);
   }
 
   size_t size() const override { return keys_.size(); }
@@ -270,39 +217,32 @@ public:
   uint32_t class_count() const override { return class_count_; }
   uint64_t group(size_t index) const override { return keys_.at(index).slide; }
 
-  uint32_t read(size_t index, uint8_t *rgb) const override {
-    const TileKey &tile = keys_.at(index);
+  uint32_t read(size_t index, uint8_t* rgb) const override {
+    const TileKey& tile = keys_.at(index);
     std::string where = path_ + " tile " + describe(tile);
     Transaction txn;
-    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn))
-      fail(path_, "reading " + describe(tile), rc);
+    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading " + describe(tile), rc);
     auto key_bytes = encode_tile_key(tile);
     MDB_val key = as_val(key_bytes.data(), key_bytes.size()), value;
-    if (int rc = mdb_get(txn.txn, tiles_, &key, &value))
-      throw BadInput(where + ": " + mdb_strerror(rc));
-    TileValue tile_value =
-        parse_tile_value(value.mv_data, value.mv_size, where);
-    if (tile_value.header.width != tile_size_ ||
-        tile_value.header.height != tile_size_)
-      throw BadInput(where + ": tile is " +
-                     std::to_string(tile_value.header.width) + "x" +
-                     std::to_string(tile_value.header.height) +
-                     ", the store's slides say " + std::to_string(tile_size_));
+    if (int rc = mdb_get(txn.txn, tiles_, &key, &value)) throw BadInput(where + ": " + mdb_strerror(rc));
+    TileValue tile_value = parse_tile_value(value.mv_data, value.mv_size, where);
+    if (tile_value.header.width != tile_size_ || tile_value.header.height != tile_size_)
+      throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
+                     std::to_string(tile_value.header.height) + ", the store's slides say " +
+                     std::to_string(tile_size_));
     decode_tile_pixels(tile_value, rgb, where);
     return tile_value.header.label;
   }
 
   std::string description() const override {
-    return "LMDB tile store " + path_ + ": " + std::to_string(keys_.size()) +
-           " tiles of " + std::to_string(tile_size_) + "x" +
-           std::to_string(tile_size_) + " from " +
-           std::to_string(slide_count_) + " slides, " +
-           std::to_string(class_count_) + " classes";
+    return "LMDB tile store " + path_ + ": " + std::to_string(keys_.size()) + " tiles of " +
+           std::to_string(tile_size_) + "x" + std::to_string(tile_size_) + " from " + std::to_string(slide_count_) +
+           " slides, " + std::to_string(class_count_) + " classes";
   }
 
-private:
+ private:
   std::string path_;
-  MDB_env *env_ = nullptr;
+  MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
   std::vector<TileKey> keys_;
   int tile_size_ = 0;
@@ -310,78 +250,57 @@ private:
   size_t slide_count_ = 0;
 };
 
-} // namespace
+}  // namespace
 
-TileStoreReader::TileStoreReader(const std::string &path) : path_(path) {
-  if (!fs::exists(path))
-    throw BadInput(path + ": no such tile store");
-  if (int rc = mdb_env_create(&env_))
-    fail(path, "creating the environment", rc);
+TileStoreReader::TileStoreReader(const std::string& path) : path_(path) {
+  if (!fs::exists(path)) throw BadInput(path + ": no such tile store");
+  if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
   mdb_env_set_maxdbs(env_, 2);
-  if (int rc =
-          mdb_env_open(env_, path.c_str(),
-                       env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
+  if (int rc = mdb_env_open(env_, path.c_str(), env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
     mdb_env_close(env_);
     env_ = nullptr;
-    throw BadInput(path +
-                   ": not a readable LMDB tile store: " + mdb_strerror(rc));
+    throw BadInput(path + ": not a readable LMDB tile store: " + mdb_strerror(rc));
   }
   Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn))
-    fail(path, "reading", rc);
-  if (mdb_dbi_open(txn.txn, "tiles", 0, &tiles_) ||
-      mdb_dbi_open(txn.txn, "slides", 0, &slides_)) {
+  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path, "reading", rc);
+  if (mdb_dbi_open(txn.txn, "tiles", 0, &tiles_) || mdb_dbi_open(txn.txn, "slides", 0, &slides_)) {
+    mdb_txn_abort(std::exchange(txn.txn, nullptr));
     mdb_env_close(env_);
     env_ = nullptr;
-    throw BadInput(
-        path +
-        ": no `tiles` and `slides` databases (not a tessera tile store)");
+    throw BadInput(path + ": no `tiles` and `slides` databases (not a tessera tile store)");
   }
   // Database handles opened in a transaction survive only if it commits.
-  if (int rc = txn.commit())
-    fail(path, "reading", rc);
+  if (int rc = txn.commit()) fail(path, "reading", rc);
 }
 
 TileStoreReader::~TileStoreReader() {
-  if (env_)
-    mdb_env_close(env_);
+  if (env_) mdb_env_close(env_);
 }
 
 std::map<uint32_t, nlohmann::json> TileStoreReader::slides() const {
   Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn))
-    fail(path_, "reading slides", rc);
+  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading slides", rc);
   return read_slides(txn.txn, slides_, path_);
 }
 
-void TileStoreReader::for_each_tile(
-    uint32_t slide, uint64_t skip,
-    const std::function<void(const TileKey &, const TileValue &)> &visit)
-    const {
+void TileStoreReader::for_each_tile(uint32_t slide, uint64_t skip,
+                                    const std::function<void(const TileKey&, const TileValue&)>& visit) const {
   Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn))
-    fail(path_, "reading tiles", rc);
+  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading tiles", rc);
   Cursor cursor;
-  if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor))
-    fail(path_, "reading tiles", rc);
+  if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail(path_, "reading tiles", rc);
   auto first = encode_tile_key({slide, 0, 0, 0});
   MDB_val key = as_val(first.data(), first.size()), value;
   uint64_t index = 0;
-  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_SET_RANGE);
-       rc == 0;
+  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_SET_RANGE); rc == 0;
        rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT), ++index) {
     TileKey tile = decode_tile_key(key.mv_data, key.mv_size);
-    if (tile.slide != slide)
-      break;
-    if (index < skip)
-      continue;
-    visit(tile, parse_tile_value(value.mv_data, value.mv_size,
-                                 path_ + " tile " + describe(tile)));
+    if (tile.slide != slide) break;
+    if (index < skip) continue;
+    visit(tile, parse_tile_value(value.mv_data, value.mv_size, path_ + " tile " + describe(tile)));
   }
 }
 
-std::unique_ptr<PatchSource> open_tile_store(const std::string &path) {
-  return std::make_unique<TileStore>(path);
-}
+std::unique_ptr<PatchSource> open_tile_store(const std::string& path) { return std::make_unique<TileStore>(path); }
 
-} // namespace tessera::data
+}  // namespace tessera::data

@@ -1,7 +1,6 @@
-// The LMDB tile store: named databases `tiles` (TileKey -> tile value, see
-// tile_format.h) and `slides` (slide id as big-endian uint32 -> a JSON object:
-// path, dimensions, level, tile size, microns per pixel, progress of the run
-// that tiles it).
+// The LMDB tile store: named databases `tiles` (TileKey -> tile value, see tile_format.h) and
+// `slides` (slide id as big-endian uint32 -> a JSON object: path, dimensions, level, tile size,
+// microns per pixel, progress of the run that tiles it).
 #pragma once
 #include <lmdb.h>
 
@@ -20,14 +19,12 @@
 namespace tessera::data {
 
 class TileStoreWriter {
-public:
-  // Opens or creates the store at `path` (a directory, or a single file if one
-  // exists there).
-  explicit TileStoreWriter(const std::string &path,
-                           uint64_t initial_map_size = uint64_t{1} << 30);
+ public:
+  // Opens or creates the store at `path` (a directory, or a single file if one exists there).
+  explicit TileStoreWriter(const std::string& path, uint64_t initial_map_size = uint64_t{1} << 30);
   ~TileStoreWriter();
-  TileStoreWriter(const TileStoreWriter &) = delete;
-  TileStoreWriter &operator=(const TileStoreWriter &) = delete;
+  TileStoreWriter(const TileStoreWriter&) = delete;
+  TileStoreWriter& operator=(const TileStoreWriter&) = delete;
 
   std::map<uint32_t, nlohmann::json> slides() const;
 
@@ -35,59 +32,54 @@ public:
     TileKey key;
     std::vector<uint8_t> value;
   };
-  // Puts `tiles` (keys ascending) and sets slide `slide`'s entry in one
-  // transaction, appending (MDB_APPEND) when the keys lie past the end; the map
-  // grows when it is full. Throws a runtime error naming the store when the
-  // disk refuses the write; what was committed before stays.
-  void commit(uint32_t slide, const nlohmann::json &entry,
-              const std::vector<Tile> &tiles);
+  // Puts `tiles` (keys ascending) and sets slide `slide`'s entry in one transaction, appending
+  // (MDB_APPEND) when the keys lie past the end; the map grows when it is full. Throws a runtime
+  // error naming the store when the disk refuses the write; what was committed before stays.
+  void commit(uint32_t slide, const nlohmann::json& entry, const std::vector<Tile>& tiles);
 
   uint64_t map_size() const { return map_size_; }
-  const std::string &path() const { return path_; }
+  const std::string& path() const { return path_; }
 
-private:
-  int try_commit(uint32_t slide, const std::string &entry,
-                 const std::vector<Tile> &tiles);
+ private:
+  int try_commit(uint32_t slide, const std::string& entry, const std::vector<Tile>& tiles);
 
   std::string path_;
-  MDB_env *env_ = nullptr;
+  MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
   uint64_t map_size_ = 0;
 };
 
-// A tile store as labelled patches; group(index) is the tile's slide id. Throws
-// BadInput naming the store when it is missing or not a tile store.
-std::unique_ptr<PatchSource> open_tile_store(const std::string &path);
+// A tile store as labelled patches; group(index) is the tile's slide id. Throws BadInput naming
+// the store when it is missing or not a tile store.
+std::unique_ptr<PatchSource> open_tile_store(const std::string& path);
 
-// A tile store read slide by slide with a cursor, keeping no index of its
-// tiles, so memory does not grow with the store (feature extraction over any
-// number of slides).
+// A tile store read slide by slide with a cursor, keeping no index of its tiles, so memory does
+// not grow with the store (feature extraction over any number of slides).
 class TileStoreReader {
-public:
+ public:
   // Throws BadInput naming the store when it is missing or not a tile store.
-  explicit TileStoreReader(const std::string &path);
+  explicit TileStoreReader(const std::string& path);
   ~TileStoreReader();
-  TileStoreReader(const TileStoreReader &) = delete;
-  TileStoreReader &operator=(const TileStoreReader &) = delete;
+  TileStoreReader(const TileStoreReader&) = delete;
+  TileStoreReader& operator=(const TileStoreReader&) = delete;
 
   std::map<uint32_t, nlohmann::json> slides() const;
-  // Calls visit(key, value) for the tiles of `slide` in key order, skipping its
-  // first `skip`; the value's pixels are valid during the call only. Throws
-  // BadInput naming the store and the tile when a value is corrupt.
+  // Calls visit(key, value) for the tiles of `slide` in key order, skipping its first `skip`;
+  // the value's pixels are valid during the call only. Throws BadInput naming the store and the
+  // tile when a value is corrupt.
   void for_each_tile(uint32_t slide, uint64_t skip,
-                     const std::function<void(const TileKey &,
-                                              const TileValue &)> &visit) const;
+                     const std::function<void(const TileKey&, const TileValue&)>& visit) const;
 
-  const std::string &path() const { return path_; }
+  const std::string& path() const { return path_; }
 
-private:
+ private:
   std::string path_;
-  MDB_env *env_ = nullptr;
+  MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
 };
 
-// True when `path` looks like an LMDB environment (a directory holding
-// data.mdb, or a name ending in .lmdb).
-bool is_tile_store_path(const std::string &path);
+// True when `path` looks like an LMDB environment (a directory holding data.mdb, or a name
+// ending in .lmdb).
+bool is_tile_store_path(const std::string& path);
 
-} // namespace tessera::data
+}  // namespace tessera::data

@@ -8,50 +8,29 @@
 namespace tessera::cli {
 
 void add_extract_command(CLI::App &app) {
-  auto *command = app.add_subcommand(
-      "extract",
-      "Per-slide HDF5 feature files: a model run up to a named layer");
+  auto *command = app.add_subcommand("extract", "Per-slide HDF5 feature files: a model run up to a named layer");
   auto options = std::make_shared<ExtractOptions>();
   auto precision = std::make_shared<std::string>("fp32");
   auto compression = std::make_shared<std::string>("none");
-  command->add_option("--model", options->model, "Checkpoint .h5 or preset")
+  command->add_option("--model", options->model, "Checkpoint .h5 or preset")->required();
+  command->add_option("--layer", options->layer, "Layer or module name (resnet18: conv1, layer1 ... layer4)")
       ->required();
-  command
-      ->add_option("--layer", options->layer,
-                   "Layer or module name (resnet18: conv1, layer1 ... layer4)")
-      ->required();
-  auto *slides = command->add_option("--slides", options->slides,
-                                     "Slides, tiled into OUT/tiles.lmdb first");
-  auto *tiles = command->add_option("--tiles", options->tiles,
-                                    "A tile store (tessera tile)");
+  auto *slides = command->add_option("--slides", options->slides, "Slides, tiled into OUT/tiles.lmdb first");
+  auto *tiles = command->add_option("--tiles", options->tiles, "A tile store (tessera tile)");
   slides->excludes(tiles);
-  command
-      ->add_option("--out", options->out,
-                   "Directory of <slide>.h5 files; a killed run there resumes")
-      ->required();
-  command->add_option("--batch", options->batch, "Tiles per dispatch")
-      ->capture_default_str();
-  command
-      ->add_option("--precision", *precision, "Stored features: fp32 or fp16")
+  command->add_option("--out", options->out, "Directory of <slide>.h5 files; a killed run there resumes")->required();
+  command->add_option("--batch", options->batch, "Tiles per dispatch")->capture_default_str();
+  command->add_option("--precision", *precision, "Stored features: fp32 or fp16")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
   command->add_option("--compression", *compression, "none or gzip")
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str();
-  command->add_option("--workers", options->workers, "Threads decoding tiles")
-      ->capture_default_str();
+  command->add_option("--workers", options->workers, "Threads decoding tiles")->capture_default_str();
   command->add_option("--device", options->device, "Vulkan device index");
-  command
-      ->add_option("--size", options->tiler.size,
-                   "Tile size in pixels (--slides)")
-      ->capture_default_str();
-  command
-      ->add_option("--level", options->tiler.level,
-                   "Pyramid level to tile (--slides)")
-      ->capture_default_str();
-  command
-      ->add_option("--min-tissue", options->tiler.min_tissue,
-                   "Least tissue fraction of a tile (--slides)")
+  command->add_option("--size", options->tiler.size, "Tile size in pixels (--slides)")->capture_default_str();
+  command->add_option("--level", options->tiler.level, "Pyramid level to tile (--slides)")->capture_default_str();
+  command->add_option("--min-tissue", options->tiler.min_tissue, "Least tissue fraction of a tile (--slides)")
       ->capture_default_str();
   command->callback([options, precision, compression] {
     options->fp16 = *precision == "fp16";
@@ -60,4 +39,4 @@ void add_extract_command(CLI::App &app) {
   });
 }
 
-} // namespace tessera::cli
+}  // namespace tessera::cli
