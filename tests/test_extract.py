@@ -1,0 +1,195 @@
+"""tessera extract: CLAM-layout feature files read with h5py, coords against the tile store
+(read with python3-lmdb), features against PyTorch on the same tiles, a SIGKILLed run resumed
+to identical files, fp16, a layer name that does not exist, and a slide that fails alone."""
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import lmdb
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from data_tools import parse_value, read_store, run, summary, synth  # noqa: E402
+from tessera_presets import build_preset, normalise  # noqa: E402
+
+TESSERA = sys.argv[1]
+CONVERTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "torch_to_tessera.py")
+SIZE, WIDTH = 32, 8
+SLIDES = {"s0": (640, 384, 3), "s1": (512, 384, 4), "s2": (448, 320, 5)}
+
+
+def make_checkpoint(work):
+    torch.manual_seed(7)
+    model = build_preset("small-cnn", 2, (SIZE, SIZE), WIDTH).eval()
+    torch.save(model.state_dict(), os.path.join(work, "model.pt"))
+    subprocess.run([sys.executable, CONVERTER, "--state-dict", os.path.join(work, "model.pt"), "--preset", "small-cnn",
+                    "--out", os.path.join(work, "model.h5")], check=True, capture_output=True)
+    return model
+
+
+def reference_features(model, images):
+    """small-cnn up to pool2, global-average-pooled: [N, 2*WIDTH]."""
+    with torch.no_grad():
+        x = normalise(images)
+        x = model.pool(torch.relu(model.conv1(x)))
+        x = model.pool(torch.relu(model.conv2(x)))
+        return x.mean(dim=(2, 3)).numpy()
+
+
+def text(attribute):
+    """A fixed-length string attribute, which h5py reads as bytes."""
+    return attribute.decode() if isinstance(attribute, bytes) else attribute
+
+
+def read_features(path):
+    with h5py.File(path, "r") as f:
+        return f["features"][:], f["coords"][:], dict(f["coords"].attrs), dict(f["features"].attrs)
+
+
+def extract(store, out, *flags, check=True):
+    result = run(TESSERA, "extract", "--model", MODEL, "--layer", "pool2", "--tiles", store, "--out", out, *flags,
+                 check=check)
+    assert "vulkan validation" not in result.stderr, result.stderr
+    return result
+
+
+def test_layout_coords_and_features(store, tiles, slides, model):
+    out = os.path.join(WORK, "plain")
+    result = summary(extract(store, out, "--batch", "8"))
+    assert result["extraction"]["pooling"] == "global_average", result
+    for slide_id, entry in slides.items():
+        name = entry["name"].rsplit(".", 1)[0]
+        features, coords, coord_attrs, feature_attrs = read_features(os.path.join(out, name + ".h5"))
+        assert not os.path.exists(os.path.join(out, name + ".h5.partial"))
+        keys = sorted(k for k in tiles if k[0] == slide_id)
+        values = [parse_value(k, tiles[k]) for k in keys]
+        assert features.dtype == np.float32 and features.shape == (len(keys), 2 * WIDTH), features.shape
+        assert coords.dtype == np.int64 and coords.shape == (len(keys), 2)
+        assert coords.tolist() == [[v["x"], v["y"]] for v in values], name
+        assert coord_attrs["patch_size"] == SIZE and coord_attrs["patch_level"] == 0, coord_attrs
+        assert list(coord_attrs["level_dim"]) == [entry["level_width"], entry["level_height"]], coord_attrs
+        assert list(coord_attrs["downsample"]) == [1.0, 1.0] and text(coord_attrs["name"]) == name, coord_attrs
+        assert text(feature_attrs["pooling"]) == "global_average", feature_attrs
+        images = np.stack([np.asarray(v["image"]) for v in values])
+        expected = reference_features(model, images)
+        np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-4, err_msg=name)
+    # Finished slides are skipped.
+    again = summary(extract(store, out))
+    assert all(s["status"] == "already complete" for s in again["slides"]), again
+    return out
+
+
+def test_fp16(store, plain):
+    out = os.path.join(WORK, "fp16")
+    extract(store, out, "--precision", "fp16", "--compression", "gzip")
+    for name in SLIDES:
+        half, _, _, _ = read_features(os.path.join(out, name + ".h5"))
+        full, _, _, _ = read_features(os.path.join(plain, name + ".h5"))
+        assert half.dtype == np.float16, half.dtype
+        np.testing.assert_allclose(half.astype(np.float32), full, rtol=2e-3, atol=2e-3)
+
+
+def flushed_rows(out):
+    rows = 0
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        if name.endswith(".rows"):
+            try:
+                with open(os.path.join(out, name)) as f:
+                    rows += int(f.read() or 0)
+            except (OSError, ValueError):
+                pass
+        elif name.endswith(".h5"):
+            rows += 1
+    return rows
+
+
+def test_kill_and_resume(store, plain):
+    out = os.path.join(WORK, "killed")
+    for attempt in range(3):
+        process = subprocess.Popen([TESSERA, "extract", "--model", MODEL, "--layer", "pool2", "--tiles", store,
+                                    "--out", out, "--batch", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while process.poll() is None and flushed_rows(out) < 4 * (attempt + 1):
+            time.sleep(0.002)
+        if process.poll() is not None:
+            break
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert attempt > 0, "the first run ended before it could be killed"
+    result = summary(extract(store, out, "--batch", "2"))
+    statuses = [(s["status"], s.get("resumed_from", 0)) for s in result["slides"]]
+    assert any(status != "extracted" for status, _ in statuses), statuses
+    print(f"killed {attempt} time(s); then {statuses}")
+    for name in SLIDES:
+        features, coords, attrs, _ = read_features(os.path.join(out, name + ".h5"))
+        expected_features, expected_coords, expected_attrs, _ = read_features(os.path.join(plain, name + ".h5"))
+        assert coords.tolist() == expected_coords.tolist(), name
+        assert len({tuple(c) for c in coords.tolist()}) == len(coords), f"{name}: duplicated tiles"
+        np.testing.assert_allclose(features, expected_features, rtol=1e-6, atol=1e-6, err_msg=name)
+        assert attrs.keys() == expected_attrs.keys()
+    assert not [n for n in os.listdir(out) if "partial" in n], os.listdir(out)
+
+
+def test_unknown_layer(store):
+    result = run(TESSERA, "extract", "--model", MODEL, "--layer", "layer9", "--tiles", store, "--out",
+                 os.path.join(WORK, "unknown"), check=False)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "layer9" in result.stderr and "conv1" in result.stderr and "pool2" in result.stderr, result.stderr
+
+
+def test_slide_fails_alone(store, tiles):
+    broken = os.path.join(WORK, "broken.lmdb")
+    shutil.copytree(store, broken)
+    key = sorted(k for k in tiles if k[0] == 1)[3]
+    env = lmdb.open(broken, max_dbs=2)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"tiles", txn=txn, create=False)
+        value = bytearray(txn.get(struct.pack(">IIII", *key), db=db))
+        value[-1] ^= 0xFF  # a pixel byte: the checksum no longer matches
+        txn.put(struct.pack(">IIII", *key), bytes(value), db=db)
+    env.close()
+    out = os.path.join(WORK, "broken")
+    result = extract(broken, out, "--batch", "2", check=False)
+    assert result.returncode == 5, (result.returncode, result.stderr)
+    assert "s1" in result.stderr and "slide 1" in result.stderr, result.stderr
+    assert os.path.exists(os.path.join(out, "s0.h5")) and os.path.exists(os.path.join(out, "s2.h5"))
+    assert not os.path.exists(os.path.join(out, "s1.h5"))
+
+
+def test_from_slides():
+    out = os.path.join(WORK, "from_slides")
+    slide = os.path.join(WORK, "s2.tiff")
+    result = summary(run(TESSERA, "extract", "--model", "small-cnn", "--layer", "relu3", "--slides", slide, "--out",
+                         out, "--size", str(SIZE), "--batch", "16"))
+    assert result["extraction"]["pooling"] == "none", result
+    features, coords, attrs, _ = read_features(os.path.join(out, "s2.h5"))
+    assert features.shape == (result["tiles"], 128) and len(coords) == result["tiles"] > 0, features.shape
+
+
+if __name__ == "__main__":
+    WORK = tempfile.mkdtemp(prefix="tessera_extract_")
+    try:
+        paths = []
+        for name, (width, height, seed) in SLIDES.items():
+            paths.append(os.path.join(WORK, name + ".tiff"))
+            synth(TESSERA, paths[-1], width, height, seed)
+        STORE = os.path.join(WORK, "tiles.lmdb")
+        run(TESSERA, "tile", *paths, "--out", STORE, "--size", SIZE, "--encoding", "raw")
+        tiles, slides = read_store(STORE)
+        model = make_checkpoint(WORK)
+        MODEL = os.path.join(WORK, "model.h5")
+        plain = test_layout_coords_and_features(STORE, tiles, slides, model)
+        test_fp16(STORE, plain)
+        test_kill_and_resume(STORE, plain)
+        test_unknown_layer(STORE)
+        test_slide_fails_alone(STORE, tiles)
+        test_from_slides()
+        print("test_extract: all passed")
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
