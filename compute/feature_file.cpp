@@ -137,6 +137,7 @@ void FeatureFileWriter::record_rows() {
 
 void FeatureFileWriter::append(const float *features, const int64_t *coords, int64_t count) {
   if (count == 0) return;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread: appends run on the writer thread
   auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type, const void *data, const char *name) {
     hsize_t dims[2] = {static_cast<hsize_t>(rows_ + count), columns};
     hsize_t start[2] = {static_cast<hsize_t>(rows_), 0}, size[2] = {static_cast<hsize_t>(count), columns};

@@ -1,7 +1,8 @@
 """tessera extract: CLAM-layout feature files read with h5py, coords against the tile store
-(read with python3-lmdb), features against PyTorch on the same tiles, a SIGKILLed run resumed
-to identical files, fp16, a layer name that does not exist, and a slide that fails alone."""
+(read with python3-lmdb), features against PyTorch on the same tiles, a SIGKILLed run and one stopped
+by a full disk resumed to identical files, fp16, a layer name that does not exist, and a slide that fails alone."""
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -136,6 +137,25 @@ def test_kill_and_resume(store, plain):
     assert not [n for n in os.listdir(out) if "partial" in n], os.listdir(out)
 
 
+def test_full_disk(store, plain):
+    out = os.path.join(WORK, "full")
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    result = subprocess.run([TESSERA, "extract", "--model", MODEL, "--layer", "pool2", "--tiles", store, "--out", out,
+                             "--batch", "4"], capture_output=True, text=True, preexec_fn=limit_file_size)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "disk full" in result.stderr and ".h5.partial" in result.stderr, result.stderr
+    extract(store, out, "--batch", "4")
+    for name in SLIDES:
+        features, coords, _, _ = read_features(os.path.join(out, name + ".h5"))
+        expected_features, expected_coords, _, _ = read_features(os.path.join(plain, name + ".h5"))
+        assert coords.tolist() == expected_coords.tolist(), name
+        np.testing.assert_allclose(features, expected_features, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def test_unknown_layer(store):
     result = run(TESSERA, "extract", "--model", MODEL, "--layer", "layer9", "--tiles", store, "--out",
                  os.path.join(WORK, "unknown"), check=False)
@@ -187,6 +207,7 @@ if __name__ == "__main__":
         plain = test_layout_coords_and_features(STORE, tiles, slides, model)
         test_fp16(STORE, plain)
         test_kill_and_resume(STORE, plain)
+        test_full_disk(STORE, plain)
         test_unknown_layer(STORE)
         test_slide_fails_alone(STORE, tiles)
         test_from_slides()
