@@ -56,6 +56,7 @@ struct ConvCase {
   std::string name;
   Shape input;
   int64_t out_channels, kernel, stride, padding;
+  bool input_grad;  // false for a first layer: no gradient flows to the images
 };
 
 nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
@@ -63,7 +64,7 @@ nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
   Shape output = conv.infer({c.input});
   Tensor x(context, "x", c.input), dx(context, "dx", c.input), y(context, "y", output), dy(context, "dy", output);
   std::vector<std::unique_ptr<Tensor>> tensors, grads;
-  OpTensors t{{&x}, {&dx}, {false}, &y, &dy};
+  OpTensors t{{&x}, {c.input_grad ? &dx : nullptr}, {false}, &y, &dy};
   for (auto& spec : conv.tensors()) {
     tensors.push_back(std::make_unique<Tensor>(context, spec.name, spec.shape));
     grads.push_back(std::make_unique<Tensor>(context, spec.name + ".grad", spec.shape));
@@ -79,9 +80,10 @@ nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
           {"out_channels", c.out_channels},
           {"kernel", c.kernel},
           {"stride", c.stride},
+          {"input_grad", c.input_grad},
           {"forward_gflops", flops / forward / 1e9},
-          // backward = data + weight gradients, each as many FLOPs as forward
-          {"backward_gflops", 2 * flops / backward / 1e9}};
+          // the data and the weight gradient each take as many FLOPs as forward
+          {"backward_gflops", (c.input_grad ? 2 : 1) * flops / backward / 1e9}};
 }
 
 }  // namespace
@@ -94,9 +96,9 @@ int main() {
   result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns}};
   result["gemm_1024_gflops"] = gemm_gflops(context, 1024);
   std::vector<ConvCase> cases = {
-      {"small-cnn conv2 (batch 64, 32x48x48 -> 64, 3x3)", {64, 32, 48, 48}, 64, 3, 1, 1},
-      {"resnet18 conv1 (batch 16, 3x224x224 -> 64, 7x7/2)", {16, 3, 224, 224}, 64, 7, 2, 3},
-      {"resnet18 layer3 conv (batch 16, 256x14x14 -> 256, 3x3)", {16, 256, 14, 14}, 256, 3, 1, 1},
+      {"small-cnn conv2 (batch 64, 32x48x48 -> 64, 3x3)", {64, 32, 48, 48}, 64, 3, 1, 1, true},
+      {"resnet18 conv1 (batch 16, 3x224x224 -> 64, 7x7/2)", {16, 3, 224, 224}, 64, 7, 2, 3, false},
+      {"resnet18 layer3 conv (batch 16, 256x14x14 -> 256, 3x3)", {16, 256, 14, 14}, 256, 3, 1, 1, true},
   };
   for (auto& c : cases) result["conv"].push_back(conv_gflops(context, c));
   std::printf("%s\n", result.dump(2).c_str());
