@@ -1,6 +1,7 @@
 // Slide readers, synthetic slides, tissue detection, labels and the tiler, through the library.
 #include <gtest/gtest.h>
 #include <tiffio.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -20,9 +21,10 @@ using namespace tessera::data;
 
 namespace {
 
+// Per process: ctest runs the tests of this file in parallel, each in its own process.
 fs::path directory() {
   static fs::path path = [] {
-    fs::path p = fs::temp_directory_path() / "tessera_test_data_slide";
+    fs::path p = fs::temp_directory_path() / ("tessera_test_data_slide_" + std::to_string(getpid()));
     fs::remove_all(p);
     fs::create_directories(p);
     return p;
