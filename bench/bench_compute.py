@@ -59,7 +59,7 @@ def main():
     tessera = os.path.join(args.build, "tools", "tessera")
     result = {"tessera": {}}
     gemm = subprocess.run([os.path.join(args.build, "bench", "bench_gemm")], capture_output=True, text=True, check=True)
-    result["tessera"]["gemm"] = last_json(gemm.stdout, "{")
+    result["tessera"]["gemm"] = json.loads(gemm.stdout)
     models = [("small-cnn", 64, 96, 3)] + ([] if args.skip_resnet else [("resnet18", 16, 224, 2)])
     with tempfile.TemporaryDirectory() as work:
         for model, batch, size, steps in models:
