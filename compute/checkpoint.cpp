@@ -88,6 +88,22 @@ void write_hdf5_arrays(const std::string& path, const std::map<std::string, Host
   if (ec) throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " + path + ": " + ec.message());
 }
 
+std::map<std::string, HostArray> download_tensors(const std::map<std::string, Tensor*>& tensors) {
+  std::map<std::string, HostArray> arrays;
+  for (auto& [name, tensor] : tensors) {
+    HostArray array{tensor->shape(), {}};
+    if (tensor->dtype() == DType::u32) {
+      std::vector<uint32_t> words(static_cast<size_t>(tensor->count()));
+      tensor->download(words.data(), words.size() * 4);
+      array.values.assign(words.begin(), words.end());
+    } else {
+      array.values = tensor->download();
+    }
+    arrays[name] = std::move(array);
+  }
+  return arrays;
+}
+
 bool is_checkpoint_path(const std::string& path) {
   auto extension = std::filesystem::path(path).extension();
   return extension == ".h5" || extension == ".hdf5";

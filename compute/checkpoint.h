@@ -35,6 +35,10 @@ Checkpoint read_checkpoint(const std::string& path);
 void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Tensor*>& tensors,
                   const std::string& file, const std::string& group);
 
+// Copies device tensors to host arrays by name (u32 tensors as whole-number floats), for
+// write_checkpoint.
+std::map<std::string, HostArray> download_tensors(const std::map<std::string, Tensor*>& tensors);
+
 bool is_checkpoint_path(const std::string& path);
 
 // Plain float32 arrays in an HDF5 file (inputs and outputs of `tessera forward`).

@@ -411,28 +411,12 @@ class Run {
     return tensors;
   }
 
-  static std::map<std::string, HostArray> download(const std::map<std::string, Tensor*>& tensors) {
-    std::map<std::string, HostArray> arrays;
-    for (auto& [name, tensor] : tensors) {
-      HostArray array{tensor->shape(), {}};
-      if (tensor->dtype() == DType::u32) {
-        std::vector<uint32_t> words(static_cast<size_t>(tensor->count()));
-        tensor->download(words.data(), words.size() * 4);
-        array.values.assign(words.begin(), words.end());
-      } else {
-        array.values = tensor->download();
-      }
-      arrays[name] = std::move(array);
-    }
-    return arrays;
-  }
-
   void save(const std::string& path, int epochs_done) {
     wait_all();
     Checkpoint checkpoint;
     checkpoint.model = network_.description();
-    checkpoint.params = download(checkpoint_tensors());
-    checkpoint.train = download(train_tensors());
+    checkpoint.params = download_tensors(checkpoint_tensors());
+    checkpoint.train = download_tensors(train_tensors());
     checkpoint.progress = {{"epoch", epochs_done}, {"seed", options_.seed}, {"batch", options_.batch},
                            {"accumulate", options_.accumulate}, {"optimizer", options_.optimizer.kind}};
     write_checkpoint(path, checkpoint);

@@ -1,4 +1,5 @@
-// tessera train: a CNN on patches (PCam-layout HDF5 or an LMDB tile store).
+// tessera train: a CNN on patches (PCam-layout HDF5 or an LMDB tile store), or a slide-level
+// head on spilled features (--features).
 #include <unistd.h>
 
 #include <cstdio>
@@ -7,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/units.h"
+#include "compute/mil.h"
 #include "compute/trainer.h"
 #include "tools/commands.h"
 
@@ -16,6 +18,7 @@ namespace {
 
 struct TrainFlags {
   TrainOptions options;
+  MilOptions mil;
   int device = -1;
   std::string memory_limit;
   int report_fd = -1;
@@ -24,7 +27,18 @@ struct TrainFlags {
 
 void add_train_flags(CLI::App& command, TrainFlags& f) {
   auto& o = f.options;
-  command.add_option("--data", o.data, "Patches: a PCam-layout HDF5 file or an LMDB tile store")->required();
+  // Exactly one source: patches for a CNN, or spilled features for a slide-level head.
+  auto* source = command.add_option_group("source", "What to train on (one of)");
+  source->add_option("--data", o.data, "Patches: a PCam-layout HDF5 file or an LMDB tile store");
+  auto* features = source->add_option(
+      "--features", f.mil.features, "Directory of per-slide feature files (tessera extract): train a slide-level head");
+  source->require_option(1);
+  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem)")
+      ->needs(features);
+  command.add_option("--head", f.mil.head, "With --features: mean or attention (gated, Ilse et al. 2018)")
+      ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
+  command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches")
+      ->capture_default_str()->check(CLI::PositiveNumber)->needs(features);
   command.add_option("--model", o.model, "Preset (small-cnn, resnet18), model JSON, or checkpoint .h5 to start from")
       ->capture_default_str();
   command.add_option("--width", o.width, "Channel width of small-cnn (conv1; conv2 and fc1 scale with it)")
@@ -93,6 +107,14 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
 
 void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlohmann::json&)>& protocol) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  TrainReporting reporting;
+  reporting.protocol = protocol;
+  if (!f.mil.features.empty()) {
+    if (f.mil.labels.empty()) throw UsageError("--features needs --labels slides.csv");
+    if (f.options.dry_run) throw UsageError("--dry-run does not apply to --features");
+    train_mil(context, f.options, f.mil, reporting);
+    return;
+  }
   if (f.options.dry_run) {
     auto plan = plan_training(context, f.options);
     print_plan(context, plan);
@@ -101,8 +123,6 @@ void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlo
                               format_bytes(context.allocator().stats().budget_bytes) + ")");
     return;
   }
-  TrainReporting reporting;
-  reporting.protocol = protocol;
   train(context, f.options, reporting);
 }
 

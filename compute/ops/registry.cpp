@@ -3,12 +3,15 @@
 #include <map>
 
 #include "compute/ops/add.h"
+#include "compute/ops/attention_gate.h"
+#include "compute/ops/attention_pool.h"
 #include "compute/ops/avg_pool2d.h"
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/dropout.h"
 #include "compute/ops/flatten.h"
 #include "compute/ops/global_avg_pool.h"
+#include "compute/ops/instance_mean.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
@@ -81,6 +84,9 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"batch_norm2d", make_batch_norm2d},
       {"avg_pool2d", make_avg_pool2d},
       {"global_avg_pool", make_global_avg_pool},
+      {"instance_mean", make_instance_mean},
+      {"attention_gate", make_attention_gate},
+      {"attention_pool", make_attention_pool},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {

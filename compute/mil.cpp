@@ -1,0 +1,419 @@
+#include "compute/mil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "common/error.h"
+#include "common/progress.h"
+#include "compute/checkpoint.h"
+#include "compute/ops/attention_gate.h"
+#include "compute/ops/attention_pool.h"
+#include "compute/ops/instance_mean.h"
+#include "compute/ops/linear.h"
+#include "compute/ops/softmax_cross_entropy.h"
+
+namespace tessera {
+
+namespace {
+
+struct Bag {
+  std::string slide;
+  uint32_t label = 0;
+  int64_t instances = 0;
+  std::vector<float> features;  // [instances, width]
+};
+
+std::string trim(const std::string& text) {
+  auto first = text.find_first_not_of(" \t\r");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
+}
+
+// `slide,label` rows, an optional header first. Classes are the distinct labels in sorted
+// order ("0" < "1", "normal" < "tumor").
+std::vector<std::pair<std::string, std::string>> read_labels(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw BadInput(path + ": cannot read the labels file");
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (trim(line).empty()) continue;
+    auto comma = line.find(',');
+    if (comma == std::string::npos || line.find(',', comma + 1) != std::string::npos)
+      throw BadInput(path + ":" + std::to_string(number) + ": expected 'slide,label', got '" + trim(line) + "'");
+    std::string slide = trim(line.substr(0, comma)), label = trim(line.substr(comma + 1));
+    if (number == 1 && slide == "slide" && label == "label") continue;
+    if (slide.empty() || label.empty())
+      throw BadInput(path + ":" + std::to_string(number) + ": empty slide or label");
+    rows.emplace_back(slide, label);
+  }
+  if (rows.empty()) throw BadInput(path + ": holds no slides");
+  return rows;
+}
+
+Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width) {
+  std::string path = (std::filesystem::path(directory) / (slide + ".h5")).string();
+  HostArray array = read_hdf5_array(path, "features");
+  if (array.shape.size() != 2 || array.shape[0] < 1 || array.shape[1] < 1)
+    throw BadInput(path + ": features must be [N,D] with N and D at least 1, got " + to_string(array.shape));
+  if (width && array.shape[1] != width)
+    throw BadInput(path + ": features have width " + std::to_string(array.shape[1]) + ", other slides " +
+                   std::to_string(width));
+  for (float value : array.values)
+    if (!std::isfinite(value)) throw BadInput(path + ": features hold a value that is not finite");
+  width = array.shape[1];
+  return {slide, 0, array.shape[0], std::move(array.values)};
+}
+
+// A layer of the head: an op with the device tensors it reads, owns and writes.
+struct Stage {
+  std::string name;
+  std::unique_ptr<Op> op;
+  std::vector<const Tensor*> inputs, input_grads;
+  std::vector<TensorSpec> specs;
+  std::vector<std::unique_ptr<Tensor>> tensors, grads;
+  std::unique_ptr<Tensor> output, output_grad;
+
+  OpTensors bindings(bool backward, const Tensor& step) const {
+    OpTensors t;
+    t.inputs = inputs;
+    if (backward) {
+      t.input_grads = input_grads;
+      t.accumulate_input_grads.assign(inputs.size(), false);  // every tensor has one consumer
+    }
+    t.output = output.get();
+    t.output_grad = backward ? output_grad.get() : nullptr;
+    for (size_t s = 0; s < tensors.size(); ++s) {
+      t.tensors.push_back(tensors[s].get());
+      t.grads.push_back(grads[s].get());
+    }
+    t.step = &step;
+    return t;
+  }
+};
+
+uint32_t name_seed(uint32_t seed, const std::string& name) {
+  return seed ^ static_cast<uint32_t>(std::hash<std::string>{}(name) & 0xffffffffu);
+}
+
+class Head {
+ public:
+  Head(vk::Context& context, const std::string& kind, int64_t rows, int64_t width, int64_t hidden, int64_t classes)
+      : context_(context),
+        features_(context, "features", {rows, width}),
+        count_(context, "count", {1}, DType::u32),
+        label_(context, "label", {1}, DType::u32),
+        step_(context, "step", {2}, DType::u32) {
+    const Stage* pooled = nullptr;
+    if (kind == "attention") {
+      auto& v = add("attention_V", std::make_unique<Linear>(hidden, true), {&features_}, {nullptr});
+      auto& u = add("attention_U", std::make_unique<Linear>(hidden, true), {&features_}, {nullptr});
+      auto& gate = add("attention_gate", std::make_unique<AttentionGate>(), {v.output.get(), u.output.get()},
+                       {v.output_grad.get(), u.output_grad.get()});
+      auto& w = add("attention_w", std::make_unique<Linear>(1, true), {gate.output.get()}, {gate.output_grad.get()});
+      pooled = &add("pool", std::make_unique<AttentionPool>(), {w.output.get(), &features_, &count_},
+                    {w.output_grad.get(), nullptr, nullptr});
+    } else {
+      pooled = &add("pool", std::make_unique<InstanceMean>(), {&features_, &count_}, {nullptr, nullptr});
+    }
+    auto& classifier = add("classifier", std::make_unique<Linear>(classes, true), {pooled->output.get()},
+                           {pooled->output_grad.get()});
+    add("loss", std::make_unique<SoftmaxCrossEntropy>(), {classifier.output.get(), &label_},
+        {classifier.output_grad.get(), nullptr});
+  }
+
+  // Parameters (and the loss's class weights) by name, as saved in checkpoints.
+  std::vector<std::pair<std::string, Stage*>> stages() {
+    std::vector<std::pair<std::string, Stage*>> all;
+    for (auto& stage : stages_) all.emplace_back(stage->name, stage.get());
+    return all;
+  }
+  Stage& loss() { return *stages_.back(); }
+  Stage& classifier() { return *stages_[stages_.size() - 2]; }
+  Tensor& step() { return step_; }
+
+  void record_forward(vk::Recorder& recorder) {
+    for (auto& stage : stages_) stage->op->forward(recorder, context_.kernels(), stage->bindings(false, step_));
+  }
+  void record_backward(vk::Recorder& recorder) {
+    for (size_t s = stages_.size(); s-- > 0;)
+      stages_[s]->op->backward(recorder, context_.kernels(), stages_[s]->bindings(true, step_));
+  }
+
+  // Stages one bag on the device; rows past its instances keep what they held, which the
+  // pooling ops never read.
+  void stage(const Bag& bag) {
+    features_.upload(bag.features.data(), bag.features.size() * sizeof(float));
+    auto count = static_cast<uint32_t>(bag.instances);
+    count_.upload(&count, sizeof count);
+    label_.upload(&bag.label, sizeof bag.label);
+  }
+
+ private:
+  Stage& add(const std::string& name, std::unique_ptr<Op> op, std::vector<const Tensor*> inputs,
+             std::vector<const Tensor*> input_grads) {
+    auto stage = std::make_unique<Stage>();
+    stage->name = name;
+    std::vector<Shape> shapes;
+    for (auto* input : inputs) shapes.push_back(input->shape());
+    Shape shape = op->infer(shapes);
+    stage->op = std::move(op);
+    stage->inputs = std::move(inputs);
+    stage->input_grads = std::move(input_grads);
+    stage->specs = stage->op->tensors();
+    for (auto& spec : stage->specs) {
+      stage->tensors.push_back(std::make_unique<Tensor>(context_, name + "." + spec.name, spec.shape, spec.dtype));
+      stage->grads.push_back(spec.role == TensorRole::parameter
+                                 ? std::make_unique<Tensor>(context_, name + "." + spec.name + ".grad", spec.shape)
+                                 : nullptr);
+    }
+    stage->output = std::make_unique<Tensor>(context_, name, shape);
+    stage->output_grad = std::make_unique<Tensor>(context_, name + ".grad", shape);
+    stages_.push_back(std::move(stage));
+    return *stages_.back();
+  }
+
+  vk::Context& context_;
+  Tensor features_, count_, label_, step_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+};
+
+struct EpochMetrics {
+  double loss = 0, accuracy = 0;
+};
+
+class MilRun {
+ public:
+  MilRun(vk::Context& context, const TrainOptions& options, const MilOptions& mil)
+      : context_(context), options_(options), mil_(mil) {
+    load_bags();
+    split();
+    int64_t rows = 0;
+    for (auto& bag : bags_) rows = std::max(rows, bag.instances);
+    head_ = std::make_unique<Head>(context, mil.head, rows, width_, mil.attention_hidden,
+                                   static_cast<int64_t>(classes_.size()));
+    optimizer_ = Optimizer::make(options.optimizer);
+    initialise();
+    record();
+  }
+
+  void run(const TrainReporting& reporting) {
+    nlohmann::json last;
+    std::unique_ptr<Progress> progress;
+    if (reporting.progress)
+      progress = std::make_unique<Progress>("train", static_cast<uint64_t>(options_.epochs - first_epoch_));
+    for (int epoch = first_epoch_; epoch < options_.epochs; ++epoch) {
+      std::vector<size_t> order = train_;
+      std::shuffle(order.begin(), order.end(), std::mt19937(options_.seed + static_cast<uint32_t>(epoch)));
+      EpochMetrics train = pass(order, *train_program_);
+      if (!std::isfinite(train.loss))
+        throw Diverged("training diverged: the loss is not finite in epoch " + std::to_string(epoch + 1) +
+                       " (try a lower --lr)");
+      EpochMetrics val = pass(val_, *eval_program_);
+      bool validated = !val_.empty();
+      last = {{"event", "epoch"},
+              {"epoch", epoch + 1},
+              {"head", mil_.head},
+              {"train_slides", train_.size()},
+              {"val_slides", val_.size()},
+              {"train_loss", train.loss},
+              {"train_accuracy", train.accuracy},
+              {"val_loss", validated ? nlohmann::json(val.loss) : nlohmann::json()},
+              {"val_accuracy", validated ? nlohmann::json(val.accuracy) : nlohmann::json()},
+              {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
+      if (progress) {
+        progress->update(static_cast<uint64_t>(epoch + 1 - first_epoch_));
+        progress->event(last);
+      }
+      if (reporting.protocol)
+        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", validated ? val.loss : train.loss}});
+      if (!options_.checkpoint.empty()) save(epoch + 1);
+    }
+    if (progress) progress->finish();
+    if (reporting.protocol && last.is_object())
+      reporting.protocol({{"type", "final"},
+                          {"value", last["val_loss"].is_number() ? last["val_loss"] : last["train_loss"]},
+                          {"metrics", last},
+                          {"peak_device_bytes", context_.allocator().stats().peak_bytes},
+                          {"device", context_.info().name}});
+  }
+
+ private:
+  void load_bags() {
+    auto rows = read_labels(mil_.labels);
+    for (auto& [slide, label] : rows) classes_.push_back(label);
+    std::sort(classes_.begin(), classes_.end());
+    classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
+    if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
+    for (auto& [slide, label] : rows) {
+      Bag bag = read_bag(mil_.features, slide, width_);
+      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
+      bags_.push_back(std::move(bag));
+    }
+  }
+
+  // Held-out slides drawn per class, so that a small study keeps every class on both sides.
+  void split() {
+    std::mt19937 generator(options_.seed);
+    for (uint32_t c = 0; c < classes_.size(); ++c) {
+      std::vector<size_t> members;
+      for (size_t b = 0; b < bags_.size(); ++b)
+        if (bags_[b].label == c) members.push_back(b);
+      std::shuffle(members.begin(), members.end(), generator);
+      auto held = static_cast<size_t>(std::lround(options_.val_fraction * static_cast<double>(members.size())));
+      held = std::min(held, members.size() - 1);
+      val_.insert(val_.end(), members.begin(), members.begin() + static_cast<std::ptrdiff_t>(held));
+      train_.insert(train_.end(), members.begin() + static_cast<std::ptrdiff_t>(held), members.end());
+    }
+    std::sort(val_.begin(), val_.end());
+  }
+
+  nlohmann::json description() const {
+    return {{"head", mil_.head}, {"features", width_}, {"attention_hidden", mil_.attention_hidden},
+            {"classes", classes_}};
+  }
+
+  void initialise() {
+    for (auto& [name, stage] : head_->stages())
+      for (size_t s = 0; s < stage->specs.size(); ++s) {
+        const TensorSpec& spec = stage->specs[s];
+        std::vector<float> values(static_cast<size_t>(element_count(spec.shape)), 0.0f);
+        if (spec.init.kind == Init::uniform) {
+          std::mt19937 generator(name_seed(options_.seed, name + "." + spec.name));
+          std::uniform_real_distribution<float> distribution(-spec.init.scale, spec.init.scale);
+          for (auto& v : values) v = distribution(generator);
+        } else if (spec.init.kind == Init::ones) {
+          std::fill(values.begin(), values.end(), 1.0f);
+        }
+        if (spec.name == "class_weight" && !options_.class_weights.empty()) {
+          if (options_.class_weights.size() != values.size())
+            throw UsageError("--class-weights has " + std::to_string(options_.class_weights.size()) +
+                             " values; the labels have " + std::to_string(values.size()) + " classes");
+          values = options_.class_weights;
+        }
+        stage->tensors[s]->upload(values);
+        if (stage->grads[s]) {
+          stage->grads[s]->upload(std::vector<float>(values.size(), 0.0f));
+          for (auto& state_spec : optimizer_->state(spec)) {
+            auto state = std::make_unique<Tensor>(context_, name + "." + spec.name + "." + state_spec.name,
+                                                  state_spec.shape, state_spec.dtype);
+            state->upload(std::vector<float>(static_cast<size_t>(state->count()), 0.0f));
+            optimizer_states_[stage->tensors[s].get()].push_back(std::move(state));
+          }
+        }
+      }
+    head_->loss().output_grad->upload(std::vector<float>{1.0f});
+    uint32_t step[2] = {0, 0};
+    head_->step().upload(step, sizeof step);
+    if (options_.resume && std::filesystem::exists(options_.checkpoint)) restore();
+  }
+
+  void record() {
+    train_program_ = std::make_unique<vk::Program>(context_);
+    {
+      vk::Recorder recorder(context_, *train_program_);
+      head_->record_forward(recorder);
+      head_->record_backward(recorder);
+      for (auto& [parameter, grad] : parameters()) {
+        std::vector<const Tensor*> states;
+        for (auto& state : optimizer_states_[parameter]) states.push_back(state.get());
+        optimizer_->record_update(recorder, context_.kernels(), *parameter, *grad, states, head_->step());
+      }
+      Optimizer::record_step_advance(recorder, context_.kernels(), head_->step());
+      recorder.finish();
+    }
+    eval_program_ = std::make_unique<vk::Program>(context_);
+    vk::Recorder recorder(context_, *eval_program_);
+    head_->record_forward(recorder);
+    recorder.finish();
+  }
+
+  std::vector<std::pair<Tensor*, Tensor*>> parameters() {
+    std::vector<std::pair<Tensor*, Tensor*>> all;
+    for (auto& [name, stage] : head_->stages())
+      for (size_t s = 0; s < stage->tensors.size(); ++s)
+        if (stage->grads[s]) all.emplace_back(stage->tensors[s].get(), stage->grads[s].get());
+    return all;
+  }
+
+  // One program run per slide: the mean loss and the accuracy over `slides`.
+  EpochMetrics pass(const std::vector<size_t>& slides, vk::Program& program) {
+    EpochMetrics metrics;
+    for (size_t b : slides) {
+      head_->stage(bags_[b]);
+      program.run();
+      metrics.loss += head_->loss().output->download()[0];
+      auto logits = head_->classifier().output->download();
+      auto predicted = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      metrics.accuracy += predicted == bags_[b].label ? 1 : 0;
+    }
+    if (!slides.empty()) {
+      metrics.loss /= static_cast<double>(slides.size());
+      metrics.accuracy /= static_cast<double>(slides.size());
+    }
+    return metrics;
+  }
+
+  std::map<std::string, Tensor*> saved_params() {
+    std::map<std::string, Tensor*> tensors;
+    for (auto& [name, stage] : head_->stages())
+      for (size_t s = 0; s < stage->specs.size(); ++s)
+        if (stage->specs[s].role != TensorRole::saved) tensors[name + "." + stage->specs[s].name] = stage->tensors[s].get();
+    return tensors;
+  }
+
+  std::map<std::string, Tensor*> saved_train() {
+    std::map<std::string, Tensor*> tensors{{"step", &head_->step()}};
+    for (auto& [parameter, states] : optimizer_states_)
+      for (auto& state : states) tensors["optimizer/" + state->name()] = state.get();
+    return tensors;
+  }
+
+  void save(int epoch) {
+    Checkpoint checkpoint{description(), download_tensors(saved_params()), download_tensors(saved_train()),
+                          {{"epoch", epoch}, {"seed", options_.seed}}};
+    write_checkpoint(options_.checkpoint, checkpoint);
+  }
+
+  void restore() {
+    Checkpoint checkpoint = read_checkpoint(options_.checkpoint);
+    if (checkpoint.model != description())
+      throw BadInput(options_.checkpoint + ": holds a head " + checkpoint.model.dump() + ", not " +
+                     description().dump());
+    load_tensors(checkpoint.params, saved_params(), options_.checkpoint, "params");
+    load_tensors(checkpoint.train, saved_train(), options_.checkpoint, "train");
+    if (checkpoint.progress.is_object()) first_epoch_ = checkpoint.progress.value("epoch", 0);
+  }
+
+  vk::Context& context_;
+  const TrainOptions& options_;
+  const MilOptions& mil_;
+  std::vector<std::string> classes_;
+  std::vector<Bag> bags_;
+  int64_t width_ = 0;
+  std::vector<size_t> train_, val_;
+  std::unique_ptr<Head> head_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::map<const Tensor*, std::vector<std::unique_ptr<Tensor>>> optimizer_states_;
+  std::unique_ptr<vk::Program> train_program_, eval_program_;
+  int first_epoch_ = 0;
+};
+
+}  // namespace
+
+void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
+               const TrainReporting& reporting) {
+  if (mil.head != "mean" && mil.head != "attention") throw UsageError("--head must be mean or attention");
+  if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
+  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
+  if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
+  if (mil.attention_hidden < 1) throw UsageError("--attention-hidden must be at least 1");
+  MilRun run(context, options, mil);
+  run.run(reporting);
+}
+
+}  // namespace tessera

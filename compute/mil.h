@@ -1,0 +1,24 @@
+// Slide-level multiple-instance learning on spilled features (`tessera train --features`):
+// one slide's feature file is one bag, pooled by its mean or by gated attention (Ilse et al.
+// 2018) and classified by a linear layer; the backbone never runs.
+#pragma once
+#include <string>
+
+#include "compute/trainer.h"
+
+namespace tessera {
+
+struct MilOptions {
+  std::string features;      // DIR of <slide>.h5 feature files
+  std::string labels;        // CSV of `slide,label` rows
+  std::string head = "attention";  // mean or attention
+  int attention_hidden = 128;      // L, the width of the attention branches V and U
+};
+
+// Trains a head with the shared flags of `options` (epochs, optimizer, seed, val_fraction,
+// class_weights, checkpoint, resume). Throws BadInput naming a missing or corrupt feature
+// file or a malformed labels file, UsageError on flags, Diverged on a non-finite loss.
+void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
+               const TrainReporting& reporting);
+
+}  // namespace tessera

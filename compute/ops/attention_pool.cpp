@@ -1,0 +1,66 @@
+#include "compute/ops/attention_pool.h"
+
+#include "compute/ops/input_grad.h"
+
+namespace tessera {
+
+namespace {
+struct Push {
+  uint32_t rows, width, accumulate;
+};
+}  // namespace
+
+std::unique_ptr<Op> make_attention_pool(const LayerConfig&) { return std::make_unique<AttentionPool>(); }
+
+Shape AttentionPool::infer(const std::vector<Shape>& inputs) {
+  if (inputs.size() != 3 || inputs[0].size() != 2 || inputs[0][1] != 1 || inputs[1].size() != 2 ||
+      inputs[0][0] != inputs[1][0] || inputs[2] != Shape{1})
+    throw ShapeError("attention_pool takes scores [M,1], features [M,D] and a count [1], got " +
+                     (inputs.empty() ? std::string("nothing") : to_string(inputs[0])) +
+                     (inputs.size() > 1 ? " and " + to_string(inputs[1]) : std::string()));
+  rows_ = inputs[1][0];
+  width_ = inputs[1][1];
+  return {1, width_};
+}
+
+std::vector<TensorSpec> AttentionPool::tensors() const {
+  return {{"weights", {rows_}, TensorRole::saved}, {"instance_grad", {rows_}, TensorRole::saved}};
+}
+
+void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_);
+  const vk::Buffer& count = t.inputs[2]->buffer();
+  const vk::Buffer& weights = t.tensors[0]->buffer();
+  // The softmax in one invocation: three passes over a bag of at most some thousands of scores
+  // cost less than a workgroup reduction's set-up.
+  recorder.dispatch(kernels.get("attention_pool_softmax"),
+                    {vk::reads(t.inputs[0]->buffer()), vk::reads(count), vk::writes(weights)},
+                    Push{rows, width, 0}, 1);
+  recorder.dispatch_elements(kernels.get("attention_pool_forward", {kElementwiseGroup}),
+                             {vk::reads(weights), vk::reads(t.inputs[1]->buffer()), vk::reads(count),
+                              vk::writes(t.output->buffer())},
+                             Push{rows, width, 0}, width_, kElementwiseGroup);
+}
+
+void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_);
+  const vk::Buffer& count = t.inputs[2]->buffer();
+  const vk::Buffer& weights = t.tensors[0]->buffer();
+  const vk::Buffer& instance_grad = t.tensors[1]->buffer();
+  const vk::Buffer& dz = t.output_grad->buffer();
+  if (t.input_grads[0]) {
+    recorder.dispatch_elements(kernels.get("attention_pool_backward_dot", {kElementwiseGroup}),
+                               {vk::reads(dz), vk::reads(t.inputs[1]->buffer()), vk::writes(instance_grad)},
+                               Push{rows, width, 0}, rows_, kElementwiseGroup);
+    recorder.dispatch_elements(kernels.get("attention_pool_backward_scores", {kElementwiseGroup}),
+                               {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
+                               Push{rows, width, accumulates(t, 0)}, rows_, kElementwiseGroup);
+  }
+  if (t.input_grads[1]) {
+    recorder.dispatch_elements(kernels.get("attention_pool_backward_features", {kElementwiseGroup}),
+                               {vk::reads(weights), vk::reads(dz), input_grad_arg(t, 1)},
+                               Push{rows, width, accumulates(t, 1)}, rows_ * width_, kElementwiseGroup);
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,44 @@
+#include "compute/ops/instance_mean.h"
+
+#include "compute/ops/input_grad.h"
+
+namespace tessera {
+
+namespace {
+struct Push {
+  uint32_t rows, width, accumulate;
+};
+}  // namespace
+
+std::unique_ptr<Op> make_instance_mean(const LayerConfig&) { return std::make_unique<InstanceMean>(); }
+
+Shape InstanceMean::infer(const std::vector<Shape>& inputs) {
+  if (inputs.size() != 2 || inputs[0].size() != 2 || inputs[1] != Shape{1})
+    throw ShapeError("instance_mean takes features [M,D] and a count [1], got " +
+                     (inputs.empty() ? std::string("nothing") : to_string(inputs[0])));
+  rows_ = inputs[0][0];
+  width_ = inputs[0][1];
+  return {1, width_};
+}
+
+// One invocation per feature: D is a few hundred at most, and each sums one column.
+void InstanceMean::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  auto& kernel = kernels.get("instance_mean_forward", {kElementwiseGroup});
+  recorder.dispatch_elements(kernel,
+                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
+                              vk::writes(t.output->buffer())},
+                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, width_,
+                             kElementwiseGroup);
+}
+
+void InstanceMean::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  if (!t.input_grads[0]) return;
+  auto& kernel = kernels.get("instance_mean_backward", {kElementwiseGroup});
+  recorder.dispatch_elements(kernel,
+                             {vk::reads(t.output_grad->buffer()), vk::reads(t.inputs[1]->buffer()),
+                              input_grad_arg(t, 0)},
+                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), accumulates(t, 0)},
+                             rows_ * width_, kElementwiseGroup);
+}
+
+}  // namespace tessera

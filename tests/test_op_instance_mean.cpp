@@ -1,0 +1,47 @@
+// instance_mean against the CPU and central differences, with padding rows past the count.
+#include <gtest/gtest.h>
+
+#include "compute/ops/instance_mean.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+struct Case {
+  int64_t rows, width, count;
+};
+
+TEST(InstanceMean, ForwardMatchesCpuAndIgnoresPadding) {
+  for (const Case& c : {Case{7, 5, 7}, Case{40, 33, 23}, Case{1, 1, 1}, Case{300, 3, 299}}) {
+    InstanceMean mean;
+    test::OpCheck check(test::context(), mean, {{c.rows, c.width}, {1}}, 1, {DType::f32, DType::u32});
+    check.inputs[1] = {static_cast<float>(c.count)};
+    std::vector<float> expected(static_cast<size_t>(c.width));
+    for (int64_t d = 0; d < c.width; ++d) {
+      double sum = 0;
+      for (int64_t n = 0; n < c.count; ++n) sum += check.inputs[0][n * c.width + d];
+      expected[d] = static_cast<float>(sum / c.count);
+    }
+    test::expect_near(check.forward(), expected, 1e-5, "z");
+  }
+}
+
+TEST(InstanceMean, BackwardMatchesFiniteDifferences) {
+  for (const Case& c : {Case{6, 4, 4}, Case{5, 7, 5}}) {
+    InstanceMean mean;
+    test::OpCheck check(test::context(), mean, {{c.rows, c.width}, {1}}, 2, {DType::f32, DType::u32});
+    check.inputs[1] = {static_cast<float>(c.count)};
+    check.expect_gradients_match();
+  }
+}
+
+TEST(InstanceMean, RejectsShapesThatAreNotABag) {
+  InstanceMean mean;
+  EXPECT_EQ(mean.infer({{9, 16}, {1}}), (Shape{1, 16}));
+  EXPECT_THROW(mean.infer({{9, 16}}), ShapeError);
+  EXPECT_THROW(mean.infer({{9, 4, 4}, {1}}), ShapeError);
+}
+
+}  // namespace
+}  // namespace tessera
