@@ -17,6 +17,7 @@
 #include "compute/feature_file.h"
 #include "compute/hdf5.h"
 #include "compute/network.h"
+#include "compute/input_normalize.h"
 #include "data/tile_store.h"
 
 namespace tessera {
@@ -25,15 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// ImageNet statistics, as in training (the input_normalize shader).
-constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};
-constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
-
-struct NormalizePush {
-  uint32_t count, height, width, pad;
-  float mean[4], inv_std[4];
-};
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -156,12 +148,7 @@ class Extractor {
     step_->upload(zero, sizeof zero);
     program_ = std::make_unique<vk::Program>(context_);
     vk::Recorder recorder(context_, *program_);
-    NormalizePush push{static_cast<uint32_t>(input_->count()), static_cast<uint32_t>(tile_size),
-                       static_cast<uint32_t>(tile_size),       0,
-                       {kMean[0], kMean[1], kMean[2], 0},      {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
-    recorder.dispatch_elements(context_.kernels().get("input_normalize", {kElementwiseGroup}),
-                               {vk::reads(images_->buffer()), vk::writes(input_->buffer())}, push,
-                               static_cast<uint64_t>(input_->count()), kElementwiseGroup);
+    record_input_normalize(recorder, context_.kernels(), *images_, *input_);
     network_->record_forward(recorder, context_.kernels(), *input_, false, 0, *step_, 0);
     recorder.finish();
     output_.resize(static_cast<size_t>(element_count(out)));

@@ -14,6 +14,7 @@
 #include "common/progress.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
+#include "compute/input_normalize.h"
 #include "compute/ops/registry.h"
 #include "data/loader.h"
 
@@ -22,15 +23,6 @@ namespace tessera {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// ImageNet statistics: the normalisation torchvision's pretrained models expect.
-constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};
-constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
-
-struct NormalizePush {
-  uint32_t count, height, width, pad;
-  float mean[4], inv_std[4];
-};
 
 // The data and the model as the run will use them.
 struct Setup {
@@ -319,13 +311,7 @@ class Run {
 
  private:
   void record_normalize(vk::Recorder& recorder, const Tensor& images) {
-    auto& input = *extra_["input"];
-    NormalizePush push{static_cast<uint32_t>(input.count()), static_cast<uint32_t>(input_shape_[2]),
-                       static_cast<uint32_t>(input_shape_[3]), 0, {kMean[0], kMean[1], kMean[2], 0},
-                       {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
-    recorder.dispatch_elements(context_.kernels().get("input_normalize", {kElementwiseGroup}),
-                               {vk::reads(images.buffer()), vk::writes(input.buffer())}, push,
-                               static_cast<uint64_t>(input.count()), kElementwiseGroup);
+    record_input_normalize(recorder, context_.kernels(), images, *extra_["input"]);
   }
 
   void record_metrics(vk::Recorder& recorder, const Tensor& labels, const Tensor& valid) {
