@@ -48,6 +48,34 @@ struct Transaction {
   }
 };
 
+// Opens a store read-only with its two databases. The database handles are opened in a
+// transaction that commits, since handles survive only a committed transaction.
+void open_read_only(const std::string& path, MDB_env*& env, MDB_dbi& tiles, MDB_dbi& slides) {
+  if (!fs::exists(path)) throw BadInput(path + ": no such tile store");
+  if (int rc = mdb_env_create(&env)) fail(path, "creating the environment", rc);
+  auto close = [&] {
+    mdb_env_close(env);
+    env = nullptr;
+  };
+  mdb_env_set_maxdbs(env, 2);
+  if (int rc = mdb_env_open(env, path.c_str(), env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
+    close();
+    throw BadInput(path + ": not a readable LMDB tile store: " + mdb_strerror(rc));
+  }
+  Transaction txn;
+  int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn.txn);
+  if (rc == 0 && (mdb_dbi_open(txn.txn, "tiles", 0, &tiles) || mdb_dbi_open(txn.txn, "slides", 0, &slides))) {
+    mdb_txn_abort(std::exchange(txn.txn, nullptr));
+    close();
+    throw BadInput(path + ": no `tiles` and `slides` databases (not a tessera tile store)");
+  }
+  if (rc == 0) rc = txn.commit();
+  if (rc) {
+    close();
+    fail(path, "reading", rc);
+  }
+}
+
 struct Cursor {
   MDB_cursor* cursor = nullptr;
   ~Cursor() {
@@ -168,18 +196,9 @@ namespace {
 class TileStore final : public PatchSource {
  public:
   explicit TileStore(const std::string& path) : path_(path) {
-    if (!fs::exists(path)) throw BadInput(path + ": no such tile store");
-    if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
-    mdb_env_set_maxdbs(env_, 2);
-    if (int rc = mdb_env_open(env_, path.c_str(), env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
-      mdb_env_close(env_);
-      env_ = nullptr;
-      throw BadInput(path + ": not a readable LMDB tile store: " + mdb_strerror(rc));
-    }
+    open_read_only(path, env_, tiles_, slides_);
     Transaction txn;
     if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path, "reading", rc);
-    if (mdb_dbi_open(txn.txn, "tiles", 0, &tiles_) || mdb_dbi_open(txn.txn, "slides", 0, &slides_))
-      throw BadInput(path + ": no `tiles` and `slides` databases (not a tessera tile store)");
     slide_count_ = 0;
     for (auto& [id, entry] : read_slides(txn.txn, slides_, path)) {
       ++slide_count_;
@@ -201,10 +220,6 @@ class TileStore final : public PatchSource {
     for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
       keys_.push_back(decode_tile_key(key.mv_data, key.mv_size));
-    mdb_cursor_close(cursor.cursor);
-    cursor.cursor = nullptr;
-    // Database handles opened in a transaction survive only if it commits.
-    if (int rc = txn.commit()) fail(path, "reading", rc);
   }
 
   ~TileStore() override {
@@ -253,24 +268,7 @@ class TileStore final : public PatchSource {
 }  // namespace
 
 TileStoreReader::TileStoreReader(const std::string& path) : path_(path) {
-  if (!fs::exists(path)) throw BadInput(path + ": no such tile store");
-  if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
-  mdb_env_set_maxdbs(env_, 2);
-  if (int rc = mdb_env_open(env_, path.c_str(), env_flags_for(path) | MDB_RDONLY | MDB_NOTLS, 0664)) {
-    mdb_env_close(env_);
-    env_ = nullptr;
-    throw BadInput(path + ": not a readable LMDB tile store: " + mdb_strerror(rc));
-  }
-  Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path, "reading", rc);
-  if (mdb_dbi_open(txn.txn, "tiles", 0, &tiles_) || mdb_dbi_open(txn.txn, "slides", 0, &slides_)) {
-    mdb_txn_abort(std::exchange(txn.txn, nullptr));
-    mdb_env_close(env_);
-    env_ = nullptr;
-    throw BadInput(path + ": no `tiles` and `slides` databases (not a tessera tile store)");
-  }
-  // Database handles opened in a transaction survive only if it commits.
-  if (int rc = txn.commit()) fail(path, "reading", rc);
+  open_read_only(path, env_, tiles_, slides_);
 }
 
 TileStoreReader::~TileStoreReader() {
