@@ -78,23 +78,20 @@ def main():
 
 
 def ratios(result):
-    """tessera / PyTorch for every figure both have (matching keys by model and pass)."""
+    """tessera / PyTorch for each figure both have (bench_torch.py names models with '_')."""
     out = {}
     torch = result.get("pytorch", {})
+    pairs = (("forward_images_per_second", "forward_images_per_s"),
+             ("train_images_per_second", "train_step_images_per_s"))
     for model in ("small-cnn", "resnet18"):
-        ours, theirs = result["tessera"].get(model), torch.get(model) if isinstance(torch, dict) else None
+        ours, theirs = result["tessera"].get(model), torch.get(model.replace("-", "_"))
         if not ours or not isinstance(theirs, dict):
             continue
-        for ours_key, their_keys in (("forward_images_per_second", ("forward_images_per_second", "forward")),
-                                     ("train_images_per_second", ("train_images_per_second", "train_step",
-                                                                  "train"))):
-            for key in their_keys:
-                value = theirs.get(key)
-                if isinstance(value, dict):
-                    value = value.get("images_per_second")
-                if isinstance(value, (int, float)) and value > 0:
-                    out[f"{model} {ours_key}"] = ours[ours_key] / value
-                    break
+        for our_key, their_key in pairs:
+            if theirs.get(their_key):
+                out[f"{model} {our_key}"] = ours[our_key] / theirs[their_key]
+    if torch.get("gemm_1024_gflops"):
+        out["gemm_1024"] = result["tessera"]["gemm"]["gemm_1024_gflops"] / torch["gemm_1024_gflops"]
     return out
 
 
