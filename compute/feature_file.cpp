@@ -164,4 +164,34 @@ void FeatureFileWriter::finish() {
   fs::remove(rows_path_, error);
 }
 
+FeatureFileTiles read_feature_tiles(const std::string &path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (!fs::exists(path)) throw BadInput(path + ": no such file");
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
+  if (H5Lexists(file, "coords", H5P_DEFAULT) <= 0) throw BadInput(path + ": dataset coords is missing");
+  Handle coords(H5Dopen2(file, "coords", H5P_DEFAULT), H5Dclose);
+  int64_t rows = coords.valid() ? extent_rows(coords) : -1;
+  if (rows < 0) throw BadInput(path + ": coords must be [N,2]");
+  Handle space(H5Dget_space(coords), H5Sclose);
+  hsize_t dims[2] = {0, 0};
+  H5Sget_simple_extent_dims(space, dims, nullptr);
+  if (dims[1] != 2) throw BadInput(path + ": coords must be [N,2], got [" + std::to_string(rows) + "," +
+                                   std::to_string(dims[1]) + "]");
+  FeatureFileTiles tiles;
+  tiles.coords.resize(static_cast<size_t>(rows) * 2);
+  if (rows > 0 && H5Dread(coords, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, tiles.coords.data()) < 0)
+    throw BadInput(path + ": dataset coords cannot be read (truncated or corrupt)");
+  double downsample[2] = {1, 1};
+  if (!hdf5::read_attribute(coords, "patch_size", H5T_NATIVE_INT64, 1, &tiles.patch_size) ||
+      !hdf5::read_attribute(coords, "patch_level", H5T_NATIVE_INT64, 1, &tiles.patch_level) ||
+      !hdf5::read_attribute(coords, "downsample", H5T_NATIVE_DOUBLE, 2, downsample))
+    throw BadInput(path + ": coords lacks the attributes patch_size, patch_level and downsample [2]");
+  if (tiles.patch_size < 1 || tiles.patch_level < 0 || !(downsample[0] > 0))
+    throw BadInput(path + ": coords has patch_size " + std::to_string(tiles.patch_size) + ", patch_level " +
+                   std::to_string(tiles.patch_level) + ", downsample " + std::to_string(downsample[0]));
+  tiles.downsample = downsample[0];
+  return tiles;
+}
+
 }  // namespace tessera

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "compute/hdf5.h"
 
@@ -52,5 +53,18 @@ class FeatureFileWriter {
   hid_t file_ = -1, features_ = -1, coords_ = -1;
   int64_t rows_ = 0, width_ = 0;
 };
+
+// Where a feature file's tiles lie on its slide: `coords` and the attributes on it.
+struct FeatureFileTiles {
+  std::vector<int64_t> coords;  // [N,2] level-0 x, y of each tile's top-left corner
+  int64_t patch_size = 0, patch_level = 0;
+  double downsample = 1;  // level-0 pixels per pixel of patch_level (x)
+  // A tile's side in level-0 pixels.
+  double extent() const { return static_cast<double>(patch_size) * downsample; }
+};
+
+// Throws BadInput naming the file when it is missing or corrupt, or when coords or its
+// attributes patch_size, patch_level and downsample are missing or malformed.
+FeatureFileTiles read_feature_tiles(const std::string &path);
 
 }  // namespace tessera

@@ -42,4 +42,16 @@ void write_attribute(hid_t object, const char *name, hid_t memory_type, const st
     throw Error(ExitCode::runtime_error, std::string("cannot write HDF5 attribute ") + name);
 }
 
+bool read_attribute(hid_t object, const char *name, hid_t memory_type, size_t count, void *data) {
+  if (H5Aexists(object, name) <= 0) return false;
+  Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  Handle type(H5Aget_type(attribute), H5Tclose);
+  Handle space(H5Aget_space(attribute), H5Sclose);
+  H5T_class_t type_class = H5Tget_class(type);
+  if ((type_class != H5T_INTEGER && type_class != H5T_FLOAT) ||
+      H5Sget_simple_extent_npoints(space) != static_cast<hssize_t>(count))
+    return false;
+  return H5Aread(attribute, memory_type, data) >= 0;
+}
+
 }  // namespace tessera::hdf5

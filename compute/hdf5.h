@@ -34,4 +34,8 @@ std::optional<std::string> read_string_attribute(hid_t object, const char *name)
 void write_attribute(hid_t object, const char *name, hid_t memory_type, const std::vector<hsize_t> &dims,
                      const void *data);
 
+// Reads a numeric attribute of `count` elements as `memory_type` into `data`; false when it
+// is missing, not numeric or of another size.
+bool read_attribute(hid_t object, const char *name, hid_t memory_type, size_t count, void *data);
+
 }  // namespace tessera::hdf5

@@ -55,8 +55,8 @@ std::vector<std::pair<std::string, std::string>> read_labels(const std::string& 
   return rows;
 }
 
-Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width) {
-  std::string path = (std::filesystem::path(directory) / (slide + ".h5")).string();
+// One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
+Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width) {
   HostArray array = read_hdf5_array(path, "features");
   if (array.shape.size() != 2 || array.shape[0] < 1 || array.shape[1] < 1)
     throw BadInput(path + ": features must be [N,D] with N and D at least 1, got " + to_string(array.shape));
@@ -67,6 +67,10 @@ Bag read_bag(const std::string& directory, const std::string& slide, int64_t& wi
     if (!std::isfinite(value)) throw BadInput(path + ": features hold a value that is not finite");
   width = array.shape[1];
   return {slide, 0, array.shape[0], std::move(array.values)};
+}
+
+Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width) {
+  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width);
 }
 
 // A layer of the head: an op with the device tensors it reads, owns and writes.
@@ -102,12 +106,19 @@ uint32_t name_seed(uint32_t seed, const std::string& name) {
 
 class Head {
  public:
-  Head(vk::Context& context, const std::string& kind, int64_t rows, int64_t width, int64_t hidden, int64_t classes)
+  // `instance_logits` (a mean head's tile scores): the classifier reads every instance instead
+  // of their mean, and there is no loss.
+  Head(vk::Context& context, const std::string& kind, int64_t rows, int64_t width, int64_t hidden, int64_t classes,
+       bool instance_logits = false)
       : context_(context),
         features_(context, "features", {rows, width}),
         count_(context, "count", {1}, DType::u32),
         label_(context, "label", {1}, DType::u32),
         step_(context, "step", {2}, DType::u32) {
+    if (instance_logits) {
+      add("classifier", std::make_unique<Linear>(classes, true), {&features_}, {nullptr});
+      return;
+    }
     const Stage* pooled = nullptr;
     if (kind == "attention") {
       auto& v = add("attention_V", std::make_unique<Linear>(hidden, true), {&features_}, {nullptr});
@@ -132,9 +143,24 @@ class Head {
     for (auto& stage : stages_) all.emplace_back(stage->name, stage.get());
     return all;
   }
-  Stage& loss() { return *stages_.back(); }
-  Stage& classifier() { return *stages_[stages_.size() - 2]; }
+  Stage& find(const std::string& name) {
+    for (auto& stage : stages_)
+      if (stage->name == name) return *stage;
+    throw std::logic_error("the head has no stage " + name);
+  }
+  Stage& loss() { return find("loss"); }
+  Stage& classifier() { return find("classifier"); }
   Tensor& step() { return step_; }
+
+  // Parameter and state tensors by checkpoint name ("classifier.weight").
+  std::map<std::string, Tensor*> saved_params() {
+    std::map<std::string, Tensor*> tensors;
+    for (auto& stage : stages_)
+      for (size_t s = 0; s < stage->specs.size(); ++s)
+        if (stage->specs[s].role != TensorRole::saved)
+          tensors[stage->name + "." + stage->specs[s].name] = stage->tensors[s].get();
+    return tensors;
+  }
 
   void record_forward(vk::Recorder& recorder) {
     for (auto& stage : stages_) stage->op->forward(recorder, context_.kernels(), stage->bindings(false, step_));
@@ -358,14 +384,6 @@ class MilRun {
     return metrics;
   }
 
-  std::map<std::string, Tensor*> saved_params() {
-    std::map<std::string, Tensor*> tensors;
-    for (auto& [name, stage] : head_->stages())
-      for (size_t s = 0; s < stage->specs.size(); ++s)
-        if (stage->specs[s].role != TensorRole::saved) tensors[name + "." + stage->specs[s].name] = stage->tensors[s].get();
-    return tensors;
-  }
-
   std::map<std::string, Tensor*> saved_train() {
     std::map<std::string, Tensor*> tensors{{"step", &head_->step()}};
     for (auto& [parameter, states] : optimizer_states_)
@@ -374,7 +392,7 @@ class MilRun {
   }
 
   void save(int epoch) {
-    Checkpoint checkpoint{description(), download_tensors(saved_params()), download_tensors(saved_train()),
+    Checkpoint checkpoint{description(), download_tensors(head_->saved_params()), download_tensors(saved_train()),
                           {{"epoch", epoch}, {"seed", options_.seed}}};
     write_checkpoint(options_.checkpoint, checkpoint);
   }
@@ -384,7 +402,7 @@ class MilRun {
     if (checkpoint.model != description())
       throw BadInput(options_.checkpoint + ": holds a head " + checkpoint.model.dump() + ", not " +
                      description().dump());
-    load_tensors(checkpoint.params, saved_params(), options_.checkpoint, "params");
+    load_tensors(checkpoint.params, head_->saved_params(), options_.checkpoint, "params");
     load_tensors(checkpoint.train, saved_train(), options_.checkpoint, "train");
     if (checkpoint.progress.is_object()) first_epoch_ = checkpoint.progress.value("epoch", 0);
   }
@@ -403,7 +421,73 @@ class MilRun {
   int first_epoch_ = 0;
 };
 
+// The head a checkpoint of train_mil describes; throws BadInput naming the file otherwise.
+struct HeadDescription {
+  std::string kind;
+  int64_t width = 0, hidden = 0, classes = 0;
+};
+
+HeadDescription describe_head(const Checkpoint& checkpoint, const std::string& path) {
+  const nlohmann::json& model = checkpoint.model;
+  auto positive = [&](const char* key) {
+    return model.contains(key) && model[key].is_number_integer() && model[key].get<int64_t>() > 0;
+  };
+  if (!model.is_object() || !model.contains("head") || !model["head"].is_string() || !positive("features") ||
+      !positive("attention_hidden") || !model.contains("classes") || !model["classes"].is_array() ||
+      model["classes"].size() < 2)
+    throw BadInput(path + ": not a slide-level head (tessera train --features): its model is " + model.dump());
+  HeadDescription head{model["head"].get<std::string>(), model["features"].get<int64_t>(),
+                       model["attention_hidden"].get<int64_t>(), static_cast<int64_t>(model["classes"].size())};
+  if (head.kind != "mean" && head.kind != "attention")
+    throw BadInput(path + ": unknown head '" + head.kind + "' (mean or attention)");
+  return head;
+}
+
 }  // namespace
+
+std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,
+                               const std::string& checkpoint_path) {
+  Checkpoint checkpoint = read_checkpoint(checkpoint_path);
+  HeadDescription description = describe_head(checkpoint, checkpoint_path);
+  int64_t width = 0;
+  Bag bag = read_bag_file(features_path, "", width);
+  if (width != description.width)
+    throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
+                   checkpoint_path + " takes " + std::to_string(description.width));
+  bool mean = description.kind == "mean";
+  Head head(context, description.kind, bag.instances, width, description.hidden, description.classes, mean);
+  load_tensors(checkpoint.params, head.saved_params(), checkpoint_path, "params");
+  head.stage(bag);
+  vk::Program program(context);
+  {
+    vk::Recorder recorder(context, program);
+    head.record_forward(recorder);
+    recorder.finish();
+  }
+  program.run();
+  std::vector<float> scores(static_cast<size_t>(bag.instances));
+  if (mean) {
+    // Softmax of each instance's logits on the host: C numbers a row, for the last class.
+    auto logits = head.classifier().output->download();
+    auto classes = static_cast<size_t>(description.classes);
+    for (size_t n = 0; n < scores.size(); ++n) {
+      const float* row = logits.data() + n * classes;
+      float top = *std::max_element(row, row + classes);
+      double sum = 0;
+      for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
+      scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
+    }
+    return scores;
+  }
+  // The weights a_n taken on a log scale: their logits s_n (log a_n up to a constant), since
+  // a softmax over many tiles leaves all but the top few near 0. Min-max rescaled, so that
+  // maps of slides of any size share one colour scale.
+  auto logits = head.find("attention_w").output->download();
+  auto [low, high] = std::minmax_element(logits.begin(), logits.end());
+  float range = *high - *low;
+  for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
+  return scores;
+}
 
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
                const TrainReporting& reporting) {

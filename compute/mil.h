@@ -3,6 +3,7 @@
 // 2018) and classified by a linear layer; the backbone never runs.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "compute/trainer.h"
 
@@ -20,5 +21,13 @@ struct MilOptions {
 // file or a malformed labels file, UsageError on flags, Diverged on a non-finite loss.
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
                const TrainReporting& reporting);
+
+// Per-tile scores of one slide's feature file under a head that train_mil saved, from the
+// head's own ops on the device, in the file's row order. Attention head: the attention
+// weights a_n on a log scale (the logits of their softmax) rescaled to [0, 1]; mean head: each instance's probability of the last class
+// ("1", "tumor") under the classifier. Throws BadInput naming the feature file or the
+// checkpoint when either is missing or corrupt, or when they do not fit each other.
+std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,
+                               const std::string& checkpoint_path);
 
 }  // namespace tessera

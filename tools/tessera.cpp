@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_tile_command(app);
   tessera::cli::add_sweep_command(app);
   tessera::cli::add_extract_command(app);
+  tessera::cli::add_heatmap_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

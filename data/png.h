@@ -1,0 +1,12 @@
+// PNG output (libpng) for images the tools render, such as `tessera heatmap`.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace tessera::data {
+
+// Writes `width` x `height` 8-bit RGB pixels (row-major, 3 bytes each) to `path`. Throws an
+// Error naming the file when it cannot be written.
+void write_png_rgb(const std::string& path, int width, int height, const uint8_t* rgb);
+
+}  // namespace tessera::data
