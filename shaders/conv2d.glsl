@@ -10,6 +10,7 @@ layout(constant_id = 2) const int TN = 16;
 layout(constant_id = 3) const uint KH = 3;
 layout(constant_id = 4) const uint KW = 3;
 layout(constant_id = 5) const uint STRIDE = 1;
+layout(constant_id = 6) const bool SHARE_B = false;
 const uint TAPS = KH * KW;
 
 layout(push_constant) uniform Push {

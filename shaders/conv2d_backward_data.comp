@@ -7,9 +7,11 @@ layout(std430, binding = 0) readonly buffer DY { float dy[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) buffer DX { float dx[]; };
 
-// Per column: where its image starts in dy and its padded input position (ih + p, iw + p).
-uint column_image[TN];
-int column_row[TN], column_col[TN];
+#include "gemm_block.glsl"
+
+// Per loaded column: where its image starts in dy and its padded input position (ih + p, iw + p).
+uint column_image[B_LOADS];
+int column_row[B_LOADS], column_col[B_LOADS];
 // The reduction index k as (output channel offset in an image of dy, the offset of
 // weight[o,0,kh,kw], kh, kw).
 uint channel_offset, weight_offset, kh, kw;
@@ -32,8 +34,8 @@ void step_reduction() {
   }
 }
 float a_value(uint c, uint k) { return weight[weight_offset + c * TAPS]; }
-void b_values(uint k, out float v[TN]) {
-  for (int j = 0; j < TN; ++j) {
+void b_values(uint k, out float v[B_LOADS]) {
+  for (int j = 0; j < B_LOADS; ++j) {
     int row = column_row[j] - int(kh), col = column_col[j] - int(kw);  // oh*s, ow*s
     uint oh = uint(max(row, 0)) / STRIDE, ow = uint(max(col, 0)) / STRIDE;
     bool hit = row >= 0 && col >= 0 && oh * STRIDE == uint(row) && ow * STRIDE == uint(col) && oh < p.OH && ow < p.OW;
@@ -41,14 +43,13 @@ void b_values(uint k, out float v[TN]) {
     v[j] = hit ? value : 0.0;
   }
 }
-#include "gemm_block.glsl"
 
 void main() {
   uint pixels = p.H * p.W, columns = p.batch * pixels;
   uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
   uint n0 = block_first_column();
-  for (int j = 0; j < TN; ++j) {
-    uint n = min(n0 + j, columns - 1), pixel = n % pixels;
+  for (int j = 0; j < B_LOADS; ++j) {
+    uint n = min(loaded_column(n0, j), columns - 1), pixel = n % pixels;
     column_image[j] = n / pixels * p.O * p.OH * p.OW;
     column_row[j] = int(pixel / p.W + p.pad);
     column_col[j] = int(pixel % p.W + p.pad);

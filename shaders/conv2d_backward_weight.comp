@@ -9,9 +9,11 @@ layout(std430, binding = 0) readonly buffer DY { float dy[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) buffer Out { float out_[]; };
 
-// Per column: the channel's offset in an image of x and the tap's offset from the window corner.
-uint column_channel[TN];
-int column_dh[TN], column_dw[TN];
+#include "gemm_block.glsl"
+
+// Per loaded column: the channel's offset in an image of x and the tap's offset from the window corner.
+uint column_channel[B_LOADS];
+int column_dh[B_LOADS], column_dw[B_LOADS];
 // The reduction index k as (where its image starts in dy and in x, oh, ow).
 uint dy_image, x_image, oh, ow;
 
@@ -33,23 +35,22 @@ void step_reduction() {
   }
 }
 float a_value(uint o, uint k) { return dy[dy_image + (o * p.OH + oh) * p.OW + ow]; }
-void b_values(uint k, out float v[TN]) {
+void b_values(uint k, out float v[B_LOADS]) {
   int top = int(oh * STRIDE), left = int(ow * STRIDE);
-  for (int j = 0; j < TN; ++j) {
+  for (int j = 0; j < B_LOADS; ++j) {
     int ih = top + column_dh[j], iw = left + column_dw[j];
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
     float value = x[x_image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1)];
     v[j] = inside ? value : 0.0;
   }
 }
-#include "gemm_block.glsl"
 
 void main() {
   uint columns = p.C * TAPS, reduction = p.batch * p.OH * p.OW;
   uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
   uint n0 = gl_WorkGroupID.y * TN;
-  for (int j = 0; j < TN; ++j) {
-    uint n = min(n0 + j, columns - 1), tap = n % TAPS;
+  for (int j = 0; j < B_LOADS; ++j) {
+    uint n = min(loaded_column(n0, j), columns - 1), tap = n % TAPS;
     column_channel[j] = n / TAPS * p.H * p.W;
     column_dh[j] = int(tap / KW) - int(p.pad);
     column_dw[j] = int(tap % KW) - int(p.pad);

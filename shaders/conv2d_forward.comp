@@ -7,9 +7,11 @@ layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 
-// Per column: where its image starts in x and its window's top-left corner.
-uint column_image[TN];
-int column_top[TN], column_left[TN];
+#include "gemm_block.glsl"
+
+// Per loaded column: where its image starts in x and its window's top-left corner.
+uint column_image[B_LOADS];
+int column_top[B_LOADS], column_left[B_LOADS];
 // The reduction index k as (channel offset in an image of x, kh, kw).
 uint channel_offset, kh, kw;
 
@@ -28,8 +30,8 @@ void step_reduction() {
   }
 }
 float a_value(uint o, uint k) { return weight[o * p.C * TAPS + k]; }
-void b_values(uint k, out float v[TN]) {
-  for (int j = 0; j < TN; ++j) {
+void b_values(uint k, out float v[B_LOADS]) {
+  for (int j = 0; j < B_LOADS; ++j) {
     int ih = column_top[j] + int(kh), iw = column_left[j] + int(kw);
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
     // A clamped address and a select: a branch around the load would diverge.
@@ -37,14 +39,13 @@ void b_values(uint k, out float v[TN]) {
     v[j] = inside ? value : 0.0;
   }
 }
-#include "gemm_block.glsl"
 
 void main() {
   uint pixels = p.OH * p.OW, columns = p.batch * pixels;
   uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
   uint n0 = block_first_column();
-  for (int j = 0; j < TN; ++j) {
-    uint n = min(n0 + j, columns - 1), pixel = n % pixels;
+  for (int j = 0; j < B_LOADS; ++j) {
+    uint n = min(loaded_column(n0, j), columns - 1), pixel = n % pixels;
     column_image[j] = n / pixels * p.C * p.H * p.W;
     column_top[j] = int(pixel / p.OW * STRIDE) - int(p.pad);
     column_left[j] = int(pixel % p.OW * STRIDE) - int(p.pad);

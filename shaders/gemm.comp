@@ -5,6 +5,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TM = 4;
 layout(constant_id = 2) const int TN = 16;
 layout(constant_id = 3) const bool HAS_BIAS = false;
+layout(constant_id = 4) const bool SHARE_B = false;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
@@ -15,20 +16,21 @@ layout(push_constant) uniform Push {
   uint accumulate;
 } p;
 
-uint b_columns[TN];
+#include "gemm_block.glsl"
+
+uint b_columns[B_LOADS];
 
 void seek_reduction(uint k) {}
 void step_reduction() {}
 float a_value(uint m, uint k) { return a[m * p.a_m + k * p.a_k]; }
-void b_values(uint k, out float v[TN]) {
-  for (int j = 0; j < TN; ++j) v[j] = b[k * p.b_k + b_columns[j]];
+void b_values(uint k, out float v[B_LOADS]) {
+  for (int q = 0; q < B_LOADS; ++q) v[q] = b[k * p.b_k + b_columns[q]];
 }
-#include "gemm_block.glsl"
 
 void main() {
   uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
   uint n0 = block_first_column();
-  for (int j = 0; j < TN; ++j) b_columns[j] = min(n0 + j, p.N - 1) * p.b_n;
+  for (int q = 0; q < B_LOADS; ++q) b_columns[q] = min(loaded_column(n0, q), p.N - 1) * p.b_n;
   accumulate_block(m0, p.M, 0, p.K);
   for (int i = 0; i < TM; ++i) {
     uint m = m0 + i * gl_WorkGroupSize.x;

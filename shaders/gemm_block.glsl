@@ -3,15 +3,34 @@
 // rows) and TN columns that the whole workgroup shares. Big blocks matter most on CPU devices
 // (lavapipe), where every load costs far more than an FMA.
 //
-// The including shader declares the constants TM and TN and, before including this file,
-//   void seek_reduction(uint k);             // position at reduction index k
-//   float a_value(uint m, uint k);           // A(m,k) at the current k; m is a valid row
-//   void b_values(uint k, out float b[TN]);  // B(k, n0..n0+TN-1) at the current k
-//   void step_reduction();                   // move to k + 1
+// With SHARE_B (a workgroup that is one subgroup, TN a multiple of its size) each invocation
+// loads only every WG-th column of the shared B row and the subgroup exchanges them by
+// shuffles: lavapipe issues every storage-buffer load lane by lane with a bounds check, even
+// where all lanes read one address, so loading each B element once is several times faster.
+//
+// The including shader declares the constants TM, TN and SHARE_B before including this file
+// and defines after it
+//   void seek_reduction(uint k);                 // position at reduction index k
+//   float a_value(uint m, uint k);               // A(m,k) at the current k; m is a valid row
+//   void b_values(uint k, out float b[B_LOADS]); // B(k, loaded_column(n0, q)) at the current k
+//   void step_reduction();                       // move to k + 1
 // seek and step let convolutions keep (channel, tap) or (image, pixel) counters instead of
 // dividing k on every step: integer division is not vectorised on CPU devices.
 #ifndef TESSERA_GEMM_BLOCK_GLSL
 #define TESSERA_GEMM_BLOCK_GLSL
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+// The B columns that one invocation loads per reduction step.
+const int B_LOADS = SHARE_B ? TN / int(gl_WorkGroupSize.x) : TN;
+// Column q of those loaded by this invocation, for a block whose first column is n0.
+uint loaded_column(uint n0, int q) {
+  return SHARE_B ? n0 + q * gl_WorkGroupSize.x + gl_SubgroupInvocationID : n0 + q;
+}
+
+void seek_reduction(uint k);
+float a_value(uint m, uint k);
+void b_values(uint k, out float b[B_LOADS]);
+void step_reduction();
 
 float acc[TM][TN];
 
@@ -25,8 +44,11 @@ void accumulate_block(uint m0, uint M, uint k_begin, uint k_end) {
   for (uint k = k_begin; k < k_end; ++k) {
     float a[TM];
     for (int i = 0; i < TM; ++i) a[i] = a_value(rows[i], k);
+    float loaded[B_LOADS];
+    b_values(k, loaded);
     float b[TN];
-    b_values(k, b);
+    for (int j = 0; j < TN; ++j)
+      b[j] = SHARE_B ? subgroupShuffle(loaded[j / gl_WorkGroupSize.x], j % gl_WorkGroupSize.x) : loaded[j];
     for (int i = 0; i < TM; ++i)
       for (int j = 0; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
     step_reduction();

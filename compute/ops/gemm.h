@@ -10,9 +10,11 @@
 namespace tessera {
 
 // The register block of shaders/gemm_block.glsl: `group` invocations per workgroup, each
-// computing `rows` x `columns` outputs.
+// computing `rows` x `columns` outputs; with share_columns (group is one subgroup, columns a
+// multiple of it) each invocation loads 1/group of the shared B row and shuffles the rest in.
 struct GemmTiles {
   int32_t group, rows, columns;
+  bool share_columns;
 };
 // CPU devices (lavapipe) want large blocks per invocation, since loads cost far more than FMAs
 // there; GPUs want many invocations.
