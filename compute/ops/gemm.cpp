@@ -51,9 +51,8 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
 
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const vk::Buffer& dy,
                           const vk::Buffer& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
-  auto& kernel = kernels.get("bias_backward", {static_cast<int32_t>(kElementwiseGroup)});
-  recorder.dispatch_elements(kernel, {vk::reads(dy), vk::updates(dbias)}, BiasPush{batch, channels, pixels},
-                             channels, kElementwiseGroup);
+  recorder.dispatch(kernels.get("bias_backward"), {vk::reads(dy), vk::updates(dbias)},
+                    BiasPush{batch, channels, pixels}, channels);
 }
 
 }  // namespace tessera
