@@ -16,6 +16,8 @@ import h5py
 import numpy as np
 from PIL import Image
 
+from data_tools import tumour_polygons
+
 TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
 SIZE, TILE, WIDTH, BAGS = 2048, 128, 16, 24
 
@@ -29,14 +31,7 @@ def run(args):
 
 def polygons(geojson):
     """The exterior rings of the tumour polygons, as [K,2] arrays of level-0 x, y."""
-    with open(geojson) as f:
-        collection = json.load(f)
-    rings = []
-    for feature in collection["features"]:
-        geometry = feature["geometry"]
-        parts = [geometry["coordinates"]] if geometry["type"] == "Polygon" else geometry["coordinates"]
-        rings += [np.asarray(part[0], dtype=np.float64) for part in parts]
-    return rings
+    return [np.asarray(polygon[0], dtype=np.float64) for polygon in tumour_polygons(geojson)]
 
 
 def inside(points, ring):
