@@ -149,7 +149,7 @@ class Run {
         network_(setup_.description, input_shape_, true),
         loss_(make_op(LayerConfig(loss_layer()))),
         optimizer_(Optimizer::make(options.optimizer)) {
-    loss_shape_ = loss_->infer({network_.output_shape(), {input_shape_[0]}});
+    loss_->infer({network_.output_shape(), {input_shape_[0]}});  // fixes the loss op's shapes
   }
 
   MemoryPlan plan() {
@@ -417,7 +417,7 @@ class Run {
   vk::Context& context_;
   const TrainOptions& options_;
   Setup setup_;
-  Shape input_shape_, loss_shape_;
+  Shape input_shape_;
   Network network_;
   std::unique_ptr<Op> loss_;
   std::unique_ptr<Optimizer> optimizer_;
