@@ -218,7 +218,7 @@ struct NucleusStyle {
 
 class TissueModel {
  public:
-  TissueModel(int64_t width, int64_t height, uint64_t seed)
+  TissueModel(int64_t width, int64_t height, uint64_t seed, bool with_tumour)
       : seed_(mix(static_cast<uint32_t>(seed)) ^ static_cast<uint32_t>(seed >> 32)), noise_(seed_) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> uniform(0, 1);
@@ -246,6 +246,8 @@ class TissueModel {
       tumour_.emplace_back(host.cx() + offset * std::cos(angle), host.cy() + offset * std::sin(angle),
                            room * (0.6 + 0.25 * uniform(rng)) / 1.2, rng, 0.2);
     }
+    // Drawn and dropped, so that the tint after them is the one the seed gives with tumour.
+    if (!with_tumour) tumour_.clear();
     std::uniform_real_distribution<double> tint(0.95, 1.05);
     tint_ = {tint(rng), tint(rng), tint(rng)};
   }
@@ -406,7 +408,7 @@ nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const
   auto start = std::chrono::steady_clock::now();
   const int64_t width = options.width, height = options.height;
   const int size = options.tile_size;
-  TissueModel model(width, height, options.seed);
+  TissueModel model(width, height, options.seed, options.tumour);
   auto levels = pyramid(width, height);
 
   uint64_t total_tiles = 0;

@@ -1,4 +1,4 @@
-// Synthetic H&E-like whole-slide images with known tumour regions, written in bounded memory.
+// Synthetic H&E-like whole-slide images with known tumour regions (or none), written in bounded memory.
 //
 // Tissue and tumour regions are star-shaped polygons drawn from the seed; every pixel of every
 // pyramid level is computed from them and from hashed cell grids (stroma texture, nuclei), so
@@ -18,6 +18,9 @@ struct SyntheticSlideOptions {
   int quality = 85;
   double mpp = 0.25;  // microns per level-0 pixel
   int workers = 1;
+  // false: no tumour regions (an empty mask and GeoJSON); tissue and stain are those the seed
+  // gives with tumour, so two such slides differ only in the tumour.
+  bool tumour = true;
 };
 
 struct SyntheticSlidePaths {

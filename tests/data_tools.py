@@ -25,8 +25,8 @@ def summary(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def synth(binary, path, width, height, seed):
-    return summary(run(binary, "synth", path, "--width", width, "--height", height, "--seed", seed))
+def synth(binary, path, width, height, seed, *flags):
+    return summary(run(binary, "synth", path, "--width", width, "--height", height, "--seed", seed, *flags))
 
 
 def read_store(path):

@@ -181,6 +181,32 @@ TEST(Labels, MaskAndGeoJsonOfASyntheticSlideAgree) {
   EXPECT_GE(agree, total - tumour / 10 - 2);
 }
 
+TEST(Labels, ASlideWithoutTumourHasTheSameTissueAndEmptyGroundTruth) {
+  SyntheticSlideOptions options;
+  options.width = 3072;
+  options.height = 2048;
+  options.seed = 11;
+  options.workers = 2;
+  options.tumour = false;
+  auto mask_path = directory() / "normal.mask.tiff", geojson_path = directory() / "normal.geojson";
+  auto summary =
+      write_synthetic_slide(options, {(directory() / "normal.tiff").string(), mask_path.string(), geojson_path.string()});
+  EXPECT_EQ(summary["tumour_regions"], 0);
+  EXPECT_EQ(summary["tumour_fraction"], 0.0);
+  EXPECT_EQ(summary["tissue_fraction"], synthetic()["tissue_fraction"]);
+  EXPECT_EQ(summary["level0_tissue_tiles"], synthetic()["level0_tissue_tiles"]);
+  nlohmann::json annotations = nlohmann::json::parse(std::ifstream(geojson_path));
+  EXPECT_EQ(annotations["type"], "FeatureCollection");
+  EXPECT_EQ(annotations["features"], nlohmann::json::array());
+  auto mask = open_labels(mask_path.string(), 3072, 2048, LabelRule::coverage, 0.01, "Tumor");
+  auto geojson = open_labels(geojson_path.string(), 3072, 2048, LabelRule::coverage, 0.01, "Tumor");
+  for (int y = 0; y < 2048; y += 256)
+    for (int x = 0; x < 3072; x += 256) {
+      EXPECT_EQ(mask->label(x, y, x + 256, y + 256), 0u) << x << "," << y;
+      EXPECT_EQ(geojson->label(x, y, x + 256, y + 256), 0u) << x << "," << y;
+    }
+}
+
 TEST(BadInput, MissingSlide) {
   auto message = bad_input_message([] { open_slide((directory() / "absent.tiff").string()); });
   EXPECT_NE(message.find("absent.tiff: no such slide"), std::string::npos) << message;

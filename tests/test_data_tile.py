@@ -1,5 +1,5 @@
-"""tessera synth and tessera tile, checked with independent readers: OpenSlide's command line
-tool for the slide, python3-lmdb, zlib and PIL for the tile store."""
+"""tessera synth (with and without tumour) and tessera tile, checked with independent readers:
+OpenSlide's command line tool for the slide, python3-lmdb, zlib and PIL for the tile store."""
 import os
 import shutil
 import subprocess
@@ -72,6 +72,18 @@ def main(binary):
     tile = parse_value(key, value)
     assert tile["encoding"] == 0 and tile["width"] == 128 and (tile["x"], tile["y"]) == (key[3] * 256, key[2] * 256)
     assert raw_slides[0]["downsample"] == 2.0
+
+    # --no-tumour: the same tissue, no tumour; its empty GeoJSON labels every tile 0.
+    normal = os.path.join(work, "normal.tiff")
+    made_normal = synth(binary, normal, 4096, 4096, 21, "--no-tumour")
+    assert made_normal["tumour_regions"] == 0 and made_normal["tumour_fraction"] == 0, made_normal
+    assert made_normal["tissue_fraction"] == made["tissue_fraction"], (made_normal, made)
+    assert tumour_polygons(os.path.join(work, "normal.geojson")) == []
+    normal_store = os.path.join(work, "normal.lmdb")
+    run(binary, "tile", normal, "--out", normal_store, "--labels", os.path.join(work, "normal.geojson"))
+    normal_tiles, _ = read_store(normal_store)
+    assert normal_tiles.keys() == tiles.keys()
+    assert all(parse_value(k, v)["label"] == 0 for k, v in normal_tiles.items())
     shutil.rmtree(work)
     print("ok")
 

@@ -14,7 +14,7 @@ namespace {
 
 struct SynthFlags {
   std::string out, mask, geojson;
-  int64_t width = 0, height = 0;
+  bool no_tumour = false;
   data::SyntheticSlideOptions options;
 };
 
@@ -41,8 +41,11 @@ void add_synth_command(CLI::App& app) {
   command->add_option("--geojson", flags->geojson, "Tumour annotations to write (default: OUT's name with .geojson)");
   command->add_option("--workers", flags->options.workers, "Threads rendering and compressing tiles")
       ->capture_default_str();
+  command->add_flag("--no-tumour", flags->no_tumour,
+                    "Tissue without tumour (empty mask and GeoJSON): the seed's slide with its tumour left out");
   command->callback([flags] {
     auto& options = flags->options;
+    options.tumour = !flags->no_tumour;
     if (options.width < 1 || options.width > (int64_t{1} << 31)) throw UsageError("--width: between 1 and 2^31");
     if (options.height < 1 || options.height > (int64_t{1} << 31)) throw UsageError("--height: between 1 and 2^31");
     if (options.tile_size < 16 || options.tile_size % 16 || options.tile_size > 4096)
