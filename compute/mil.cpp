@@ -15,6 +15,7 @@
 #include "compute/ops/instance_mean.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/softmax_cross_entropy.h"
+#include "compute/vk/memory.h"
 
 namespace tessera {
 
@@ -73,12 +74,15 @@ Bag read_bag(const std::string& directory, const std::string& slide, int64_t& wi
   return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width);
 }
 
-// A layer of the head: an op with the device tensors it reads, owns and writes.
+// A layer of the head: an op, the names of what it reads ("features", "count", "label" or an
+// earlier stage), and once allocated the device tensors it reads, owns and writes.
 struct Stage {
   std::string name;
   std::unique_ptr<Op> op;
-  std::vector<const Tensor*> inputs, input_grads;
+  std::vector<std::string> input_names;
+  Shape shape;
   std::vector<TensorSpec> specs;
+  std::vector<const Tensor*> inputs, input_grads;
   std::vector<std::unique_ptr<Tensor>> tensors, grads;
   std::unique_ptr<Tensor> output, output_grad;
 
@@ -104,37 +108,81 @@ uint32_t name_seed(uint32_t seed, const std::string& name) {
   return seed ^ static_cast<uint32_t>(std::hash<std::string>{}(name) & 0xffffffffu);
 }
 
+// The head's graph is built from shapes alone, so that it is planned before anything is on the
+// device, then allocated.
 class Head {
  public:
-  // `instance_logits` (a mean head's tile scores): the classifier reads every instance instead
-  // of their mean, and there is no loss.
-  Head(vk::Context& context, const std::string& kind, int64_t rows, int64_t width, int64_t hidden, int64_t classes,
+  // Bags of up to `rows` instances of `width` features. `instance_logits` (a mean head's tile
+  // scores): the classifier reads every instance instead of their mean, and there is no loss.
+  Head(const std::string& kind, int64_t rows, int64_t width, int64_t hidden, int64_t classes,
        bool instance_logits = false)
-      : context_(context),
-        features_(context, "features", {rows, width}),
-        count_(context, "count", {1}, DType::u32),
-        label_(context, "label", {1}, DType::u32),
-        step_(context, "step", {2}, DType::u32) {
+      : rows_(rows), width_(width) {
     if (instance_logits) {
-      add("classifier", std::make_unique<Linear>(classes, true), {&features_}, {nullptr});
+      add("classifier", std::make_unique<Linear>(classes, true), {"features"});
       return;
     }
-    const Stage* pooled = nullptr;
     if (kind == "attention") {
-      auto& v = add("attention_V", std::make_unique<Linear>(hidden, true), {&features_}, {nullptr});
-      auto& u = add("attention_U", std::make_unique<Linear>(hidden, true), {&features_}, {nullptr});
-      auto& gate = add("attention_gate", std::make_unique<AttentionGate>(), {v.output.get(), u.output.get()},
-                       {v.output_grad.get(), u.output_grad.get()});
-      auto& w = add("attention_w", std::make_unique<Linear>(1, true), {gate.output.get()}, {gate.output_grad.get()});
-      pooled = &add("pool", std::make_unique<AttentionPool>(), {w.output.get(), &features_, &count_},
-                    {w.output_grad.get(), nullptr, nullptr});
+      add("attention_V", std::make_unique<Linear>(hidden, true), {"features"});
+      add("attention_U", std::make_unique<Linear>(hidden, true), {"features"});
+      add("attention_gate", std::make_unique<AttentionGate>(), {"attention_V", "attention_U"});
+      add("attention_w", std::make_unique<Linear>(1, true), {"attention_gate"});
+      add("pool", std::make_unique<AttentionPool>(), {"attention_w", "features", "count"});
     } else {
-      pooled = &add("pool", std::make_unique<InstanceMean>(), {&features_, &count_}, {nullptr, nullptr});
+      add("pool", std::make_unique<InstanceMean>(), {"features", "count"});
     }
-    auto& classifier = add("classifier", std::make_unique<Linear>(classes, true), {pooled->output.get()},
-                           {pooled->output_grad.get()});
-    add("loss", std::make_unique<SoftmaxCrossEntropy>(), {classifier.output.get(), &label_},
-        {classifier.output_grad.get(), nullptr});
+    add("classifier", std::make_unique<Linear>(classes, true), {"pool"});
+    add("loss", std::make_unique<SoftmaxCrossEntropy>(), {"classifier", "label"});
+  }
+
+  // Device bytes of allocate() and of the optimizer's state, in the patch trainer's categories.
+  MemoryPlan plan(const vk::Allocator& allocator, const Optimizer& optimizer) const {
+    MemoryPlan plan;
+    auto add_bytes = [&](const char* category, const Shape& shape, DType dtype) {
+      plan.bytes[category] += allocator.footprint(static_cast<uint64_t>(element_count(shape)) * element_size(dtype));
+    };
+    // The staged bag (features, count, label), then the step count.
+    add_bytes("activations", {rows_, width_}, DType::f32);
+    add_bytes("activations", {1}, DType::u32);
+    add_bytes("activations", {1}, DType::u32);
+    add_bytes("optimizer state", {2}, DType::u32);
+    for (auto& stage : stages_) {
+      for (auto& spec : stage->specs) {
+        add_bytes(spec.role == TensorRole::saved ? "activations" : "parameters", spec.shape, spec.dtype);
+        if (spec.role != TensorRole::parameter) continue;
+        add_bytes("gradients", spec.shape, DType::f32);
+        for (auto& state : optimizer.state(spec)) add_bytes("optimizer state", state.shape, state.dtype);
+      }
+      add_bytes("activations", stage->shape, DType::f32);
+      add_bytes("activation gradients", stage->shape, DType::f32);
+    }
+    return plan;
+  }
+
+  void allocate(vk::Context& context) {
+    context_ = &context;
+    features_ = std::make_unique<Tensor>(context, "features", Shape{rows_, width_});
+    count_ = std::make_unique<Tensor>(context, "count", Shape{1}, DType::u32);
+    label_ = std::make_unique<Tensor>(context, "label", Shape{1}, DType::u32);
+    step_ = std::make_unique<Tensor>(context, "step", Shape{2}, DType::u32);
+    // Each name's tensor and gradient; the inputs have no gradient.
+    std::map<std::string, std::pair<const Tensor*, const Tensor*>> produced{
+        {"features", {features_.get(), nullptr}}, {"count", {count_.get(), nullptr}}, {"label", {label_.get(), nullptr}}};
+    for (auto& stage : stages_) {
+      for (auto& input : stage->input_names) {
+        stage->inputs.push_back(produced.at(input).first);
+        stage->input_grads.push_back(produced.at(input).second);
+      }
+      for (auto& spec : stage->specs) {
+        stage->tensors.push_back(
+            std::make_unique<Tensor>(context, stage->name + "." + spec.name, spec.shape, spec.dtype));
+        stage->grads.push_back(spec.role == TensorRole::parameter
+                                   ? std::make_unique<Tensor>(context, stage->name + "." + spec.name + ".grad", spec.shape)
+                                   : nullptr);
+      }
+      stage->output = std::make_unique<Tensor>(context, stage->name, stage->shape);
+      stage->output_grad = std::make_unique<Tensor>(context, stage->name + ".grad", stage->shape);
+      produced[stage->name] = {stage->output.get(), stage->output_grad.get()};
+    }
   }
 
   // Parameters (and the loss's class weights) by name, as saved in checkpoints.
@@ -150,7 +198,7 @@ class Head {
   }
   Stage& loss() { return find("loss"); }
   Stage& classifier() { return find("classifier"); }
-  Tensor& step() { return step_; }
+  Tensor& step() { return *step_; }
 
   // Parameter and state tensors by checkpoint name ("classifier.weight").
   std::map<std::string, Tensor*> saved_params() {
@@ -163,48 +211,46 @@ class Head {
   }
 
   void record_forward(vk::Recorder& recorder) {
-    for (auto& stage : stages_) stage->op->forward(recorder, context_.kernels(), stage->bindings(false, step_));
+    for (auto& stage : stages_) stage->op->forward(recorder, context_->kernels(), stage->bindings(false, *step_));
   }
   void record_backward(vk::Recorder& recorder) {
     for (size_t s = stages_.size(); s-- > 0;)
-      stages_[s]->op->backward(recorder, context_.kernels(), stages_[s]->bindings(true, step_));
+      stages_[s]->op->backward(recorder, context_->kernels(), stages_[s]->bindings(true, *step_));
   }
 
   // Stages one bag on the device; rows past its instances keep what they held, which the
   // pooling ops never read.
   void stage(const Bag& bag) {
-    features_.upload(bag.features.data(), bag.features.size() * sizeof(float));
+    features_->upload(bag.features.data(), bag.features.size() * sizeof(float));
     auto count = static_cast<uint32_t>(bag.instances);
-    count_.upload(&count, sizeof count);
-    label_.upload(&bag.label, sizeof bag.label);
+    count_->upload(&count, sizeof count);
+    label_->upload(&bag.label, sizeof bag.label);
   }
 
  private:
-  Stage& add(const std::string& name, std::unique_ptr<Op> op, std::vector<const Tensor*> inputs,
-             std::vector<const Tensor*> input_grads) {
+  void add(const std::string& name, std::unique_ptr<Op> op, std::vector<std::string> input_names) {
     auto stage = std::make_unique<Stage>();
     stage->name = name;
     std::vector<Shape> shapes;
-    for (auto* input : inputs) shapes.push_back(input->shape());
-    Shape shape = op->infer(shapes);
+    for (auto& input : input_names) shapes.push_back(shape_of(input));
+    stage->shape = op->infer(shapes);
     stage->op = std::move(op);
-    stage->inputs = std::move(inputs);
-    stage->input_grads = std::move(input_grads);
+    stage->input_names = std::move(input_names);
     stage->specs = stage->op->tensors();
-    for (auto& spec : stage->specs) {
-      stage->tensors.push_back(std::make_unique<Tensor>(context_, name + "." + spec.name, spec.shape, spec.dtype));
-      stage->grads.push_back(spec.role == TensorRole::parameter
-                                 ? std::make_unique<Tensor>(context_, name + "." + spec.name + ".grad", spec.shape)
-                                 : nullptr);
-    }
-    stage->output = std::make_unique<Tensor>(context_, name, shape);
-    stage->output_grad = std::make_unique<Tensor>(context_, name + ".grad", shape);
     stages_.push_back(std::move(stage));
-    return *stages_.back();
   }
 
-  vk::Context& context_;
-  Tensor features_, count_, label_, step_;
+  Shape shape_of(const std::string& name) const {
+    if (name == "features") return {rows_, width_};
+    if (name == "count" || name == "label") return {1};
+    for (auto& stage : stages_)
+      if (stage->name == name) return stage->shape;
+    throw std::logic_error("the head has no stage " + name);
+  }
+
+  int64_t rows_, width_;
+  vk::Context* context_ = nullptr;
+  std::unique_ptr<Tensor> features_, count_, label_, step_;
   std::vector<std::unique_ptr<Stage>> stages_;
 };
 
@@ -220,9 +266,15 @@ class MilRun {
     split();
     int64_t rows = 0;
     for (auto& bag : bags_) rows = std::max(rows, bag.instances);
-    head_ = std::make_unique<Head>(context, mil.head, rows, width_, mil.attention_hidden,
-                                   static_cast<int64_t>(classes_.size()));
+    head_ = std::make_unique<Head>(mil.head, rows, width_, mil.attention_hidden, static_cast<int64_t>(classes_.size()));
     optimizer_ = Optimizer::make(options.optimizer);
+  }
+
+  MemoryPlan plan() const { return head_->plan(context_.allocator(), *optimizer_); }
+
+  // Puts the head on the device, from the seed or the checkpoint, and records its programs.
+  void start() {
+    head_->allocate(context_);
     initialise();
     record();
   }
@@ -443,6 +495,14 @@ HeadDescription describe_head(const Checkpoint& checkpoint, const std::string& p
   return head;
 }
 
+void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
+  if (mil.head != "mean" && mil.head != "attention") throw UsageError("--head must be mean or attention");
+  if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
+  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
+  if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
+  if (mil.attention_hidden < 1) throw UsageError("--attention-hidden must be at least 1");
+}
+
 }  // namespace
 
 std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,
@@ -455,7 +515,8 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
   bool mean = description.kind == "mean";
-  Head head(context, description.kind, bag.instances, width, description.hidden, description.classes, mean);
+  Head head(description.kind, bag.instances, width, description.hidden, description.classes, mean);
+  head.allocate(context);
   load_tensors(checkpoint.params, head.saved_params(), checkpoint_path, "params");
   head.stage(bag);
   vk::Program program(context);
@@ -489,14 +550,17 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   return scores;
 }
 
+MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {
+  check_mil_flags(options, mil);
+  return MilRun(context, options, mil).plan();
+}
+
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
                const TrainReporting& reporting) {
-  if (mil.head != "mean" && mil.head != "attention") throw UsageError("--head must be mean or attention");
-  if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
-  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
-  if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
-  if (mil.attention_hidden < 1) throw UsageError("--attention-hidden must be at least 1");
+  check_mil_flags(options, mil);
   MilRun run(context, options, mil);
+  check_plan_fits(context, run.plan(), "lower --attention-hidden, or raise --device-memory-limit");
+  run.start();
   run.run(reporting);
 }
 

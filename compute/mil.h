@@ -16,9 +16,14 @@ struct MilOptions {
   int attention_hidden = 128;      // L, the width of the attention branches V and U
 };
 
+// Device bytes of training the head on these features, by category (what --dry-run prints);
+// reads every feature file, so it throws what train_mil throws before any work.
+MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil);
+
 // Trains a head with the shared flags of `options` (epochs, optimizer, seed, val_fraction,
 // class_weights, checkpoint, resume). Throws BadInput naming a missing or corrupt feature
-// file or a malformed labels file, UsageError on flags, Diverged on a non-finite loss.
+// file or a malformed labels file, UsageError on flags, OutOfDeviceMemory when the plan is
+// over the budget, Diverged on a non-finite loss.
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
                const TrainReporting& reporting);
 

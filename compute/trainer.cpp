@@ -435,16 +435,18 @@ MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
   return run.plan();
 }
 
-void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
-  Run run(context, options, prepare(options));
-  MemoryPlan plan = run.plan();
+void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice) {
   uint64_t budget = context.allocator().stats().budget_bytes;
   uint64_t in_use = context.allocator().stats().live_bytes;
   if (in_use + plan.total() > budget)
     throw OutOfDeviceMemory("the run needs " + format_bytes(plan.total()) + " of device memory" +
                             (in_use ? " with " + format_bytes(in_use) + " already in use" : std::string()) +
-                            "; the budget is " + format_bytes(budget) +
-                            " (lower --batch and raise --accumulate, or raise --device-memory-limit)");
+                            "; the budget is " + format_bytes(budget) + " (" + advice + ")");
+}
+
+void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
+  Run run(context, options, prepare(options));
+  check_plan_fits(context, run.plan(), "lower --batch and raise --accumulate, or raise --device-memory-limit");
   inject_fault_before_training(context);
   run.allocate();
   run.initialise();

@@ -41,6 +41,10 @@ struct TrainReporting {
 // the budget before any work.
 MemoryPlan plan_training(vk::Context& context, const TrainOptions& options);
 
+// Throws OutOfDeviceMemory, with `advice` on what to change, when the plan and what is already
+// allocated are over the budget.
+void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice);
+
 // Runs training. Throws OutOfDeviceMemory (plan over budget), Diverged (non-finite loss),
 // BadInput (data, checkpoint), UsageError (flags).
 void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting);

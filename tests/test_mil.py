@@ -1,7 +1,9 @@
 """tessera train --features: slide-level multiple-instance learning on synthetic CLAM-layout
 feature files (h5py). Tumour slides hold a few instances from a shifted distribution among
 normal ones; the mean and the gated attention head must classify held-out slides well above
-chance. A corrupt feature file exits 5 and names the file; --data and --features exclude each other."""
+chance. --dry-run prints a memory plan that matches the measured peak, and a plan over
+--device-memory-limit exits 3 before any work. A corrupt feature file exits 5 and names the
+file; --data and --features exclude each other."""
 import json
 import os
 import shutil
@@ -60,13 +62,18 @@ def main():
         results = {}
         for head, lr in (("attention", "0.002"), ("mean", "0.01")):
             checkpoint = os.path.join(work, head + ".h5")
-            process = run(["train", "--features", features, "--labels", labels, "--head", head, "--epochs", "15",
-                           "--optimizer", "adam", "--lr", lr, "--seed", "1", "--val-fraction", "0.5",
-                           "--checkpoint", checkpoint])
+            flags = ["train", "--features", features, "--labels", labels, "--head", head, "--optimizer", "adam"]
+            process = run(flags + ["--dry-run"])
+            assert process.returncode == 0, process.stderr
+            plan = json.loads(process.stdout.splitlines()[0])
+            assert plan["fits"] and plan["bytes"]["optimizer state"] > 0, plan
+            process = run(flags + ["--epochs", "15", "--lr", lr, "--seed", "1", "--val-fraction", "0.5",
+                                   "--checkpoint", checkpoint])
             assert process.returncode == 0, process.stderr
             history = epochs(process.stderr)
             assert len(history) == 15, process.stderr
             final = history[-1]
+            assert abs(final["peak_device_bytes"] - plan["total_bytes"]) <= 0.1 * plan["total_bytes"], (final, plan)
             assert final["val_slides"] == SLIDES // 2 and final["train_slides"] == SLIDES // 2, final
             results[head] = final["val_accuracy"]
             print(f"{head}: held-out accuracy {final['val_accuracy']:.3f} on {final['val_slides']} slides "
@@ -77,6 +84,13 @@ def main():
                     assert f["params/attention_V.weight"].shape == (128, WIDTH)
         assert results["attention"] >= 0.8, results
         assert results["mean"] >= 0.65, results
+
+        # A plan over the budget: exit 3 and the plan with --dry-run; exit 3 before any epoch without.
+        flags = ["train", "--features", features, "--labels", labels, "--device-memory-limit", "64KiB"]
+        process = run(flags + ["--dry-run"])
+        assert process.returncode == 3 and not json.loads(process.stdout.splitlines()[0])["fits"], process.stderr
+        process = run(flags + ["--epochs", "1"])
+        assert process.returncode == 3 and "budget" in process.stderr and not epochs(process.stderr), process.stderr
 
         # A truncated feature file is named, exit 5.
         broken = os.path.join(features, "slide05.h5")

@@ -109,21 +109,20 @@ void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlo
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
   TrainReporting reporting;
   reporting.protocol = protocol;
-  if (!f.mil.features.empty()) {
-    if (f.mil.labels.empty()) throw UsageError("--features needs --labels slides.csv");
-    if (f.options.dry_run) throw UsageError("--dry-run does not apply to --features");
-    train_mil(context, f.options, f.mil, reporting);
-    return;
-  }
+  bool features = !f.mil.features.empty();
+  if (features && f.mil.labels.empty()) throw UsageError("--features needs --labels slides.csv");
   if (f.options.dry_run) {
-    auto plan = plan_training(context, f.options);
+    auto plan = features ? plan_mil(context, f.options, f.mil) : plan_training(context, f.options);
     print_plan(context, plan);
     if (plan.total() > context.allocator().stats().budget_bytes)
       throw OutOfDeviceMemory("the plan (" + format_bytes(plan.total()) + ") is over the device memory budget (" +
                               format_bytes(context.allocator().stats().budget_bytes) + ")");
     return;
   }
-  train(context, f.options, reporting);
+  if (features)
+    train_mil(context, f.options, f.mil, reporting);
+  else
+    train(context, f.options, reporting);
 }
 
 }  // namespace
