@@ -57,10 +57,9 @@ void main() {
   accumulate_block(m0, p.C, 0, p.O * TAPS);
   for (int i = 0; i < TM; ++i) {
     uint c = m0 + i * gl_WorkGroupSize.x;
-    if (c >= p.C) break;
-    for (int j = 0; j < TN && n0 + j < columns; ++j) {
+    for (int j = 0; j < TN; ++j) {
       uint n = n0 + j, at = (n / pixels * p.C + c) * pixels + n % pixels;
-      dx[at] = p.accumulate != 0u ? dx[at] + acc[i][j] : acc[i][j];
+      if (c < p.C && n < columns) dx[at] = p.accumulate != 0u ? dx[at] + acc[i][j] : acc[i][j];
     }
   }
 }

@@ -59,10 +59,9 @@ void main() {
   accumulate_block(m0, p.O, k_begin, min(k_begin + p.k_per_slice, reduction));
   for (int i = 0; i < TM; ++i) {
     uint o = m0 + i * gl_WorkGroupSize.x;
-    if (o >= p.O) break;
-    for (int j = 0; j < TN && n0 + j < columns; ++j) {
+    for (int j = 0; j < TN; ++j) {
       uint at = (gl_WorkGroupID.z * p.O + o) * columns + n0 + j;
-      out_[at] = p.accumulate != 0u ? out_[at] + acc[i][j] : acc[i][j];
+      if (o < p.O && n0 + j < columns) out_[at] = p.accumulate != 0u ? out_[at] + acc[i][j] : acc[i][j];
     }
   }
 }

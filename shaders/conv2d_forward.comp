@@ -53,11 +53,10 @@ void main() {
   accumulate_block(m0, p.O, 0, p.C * TAPS);
   for (int i = 0; i < TM; ++i) {
     uint o = m0 + i * gl_WorkGroupSize.x;
-    if (o >= p.O) break;
-    float shift = p.has_bias != 0u ? bias[o] : 0.0;
-    for (int j = 0; j < TN && n0 + j < columns; ++j) {
+    float shift = p.has_bias != 0u ? bias[min(o, p.O - 1)] : 0.0;
+    for (int j = 0; j < TN; ++j) {
       uint n = n0 + j;
-      y[(n / pixels * p.O + o) * pixels + n % pixels] = acc[i][j] + shift;
+      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = acc[i][j] + shift;
     }
   }
 }

@@ -34,11 +34,10 @@ void main() {
   accumulate_block(m0, p.M, 0, p.K);
   for (int i = 0; i < TM; ++i) {
     uint m = m0 + i * gl_WorkGroupSize.x;
-    if (m >= p.M) break;
-    float shift = HAS_BIAS ? bias[m] : 0.0;
-    for (int j = 0; j < TN && n0 + j < p.N; ++j) {
+    float shift = HAS_BIAS ? bias[min(m, p.M - 1)] : 0.0;
+    for (int j = 0; j < TN; ++j) {
       uint at = m * p.c_m + (n0 + j) * p.c_n;
-      c[at] = p.accumulate != 0u ? c[at] + acc[i][j] + shift : acc[i][j] + shift;
+      if (m < p.M && n0 + j < p.N) c[at] = p.accumulate != 0u ? c[at] + acc[i][j] + shift : acc[i][j] + shift;
     }
   }
 }

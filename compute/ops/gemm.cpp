@@ -19,7 +19,7 @@ constexpr uint64_t kMaxGroupsY = 65535;
 
 GemmTiles gemm_tiles(const vk::Kernels& kernels, int64_t M) {
   const auto& device = kernels.context().info();
-  GemmTiles tiles = device.type == "cpu" ? GemmTiles{static_cast<int32_t>(device.subgroup_size), 8, 16, true}
+  GemmTiles tiles = device.type == "cpu" ? GemmTiles{static_cast<int32_t>(device.subgroup_size), 8, 32, true}
                                          : GemmTiles{64, 4, 8, false};
   tiles.share_columns = tiles.share_columns && tiles.columns % tiles.group == 0;
   int64_t rows_needed = (M + tiles.group - 1) / tiles.group;
