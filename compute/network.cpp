@@ -283,14 +283,20 @@ OpTensors Network::bindings(size_t index, const Tensor& input, bool training, ui
 
 void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, bool training,
                              uint32_t seed, const Tensor& step, uint32_t sample_offset) {
-  for (size_t l = 0; l < layers_.size(); ++l)
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    recorder.set_scope(layers_[l].name);
     layers_[l].op->forward(recorder, kernels, bindings(l, input, training, seed, step, sample_offset, false));
+  }
+  recorder.set_scope("");
 }
 
 void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, uint32_t seed,
                               const Tensor& step, uint32_t sample_offset) {
-  for (size_t l = layers_.size(); l-- > 0;)
+  for (size_t l = layers_.size(); l-- > 0;) {
+    recorder.set_scope(layers_[l].name + " backward");
     layers_[l].op->backward(recorder, kernels, bindings(l, input, true, seed, step, sample_offset, true));
+  }
+  recorder.set_scope("");
 }
 
 }  // namespace tessera

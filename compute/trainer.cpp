@@ -208,6 +208,7 @@ class Run {
         loss_->backward(recorder, kernels, loss);
         network_.record_backward(recorder, kernels, *extra_["input"], options_.seed, step, offset);
         if (k == options_.accumulate - 1) {
+          recorder.set_scope("optimizer");
           for (auto& named : network_.named_tensors()) {
             if (!named.grad) continue;
             std::vector<const Tensor*> states;

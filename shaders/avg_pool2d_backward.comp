@@ -2,18 +2,17 @@
 // dx[plane, iy, ix] (+)= sum of dy[plane, oy, ox] over the windows that cover (iy, ix) / kernel_size^2
 #include "common.glsl"
 #include "pool2d.glsl"
-layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer DY { float dy[]; };
 layout(std430, binding = 1) buffer DX { float dx[]; };
 void main() {
   uint i = global_index();
   if (i >= p.count) return;
-  uint ix = i % p.in_w, iy = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
-  uint out_base = plane * p.out_h * p.out_w;
-  ivec2 rows = covering_windows(int(iy), p.out_h), cols = covering_windows(int(ix), p.out_w);
+  uint ix = i % IN_W, iy = (i / IN_W) % IN_H, plane = i / (IN_W * IN_H);
+  uint out_base = plane * OUT_H * OUT_W;
+  ivec2 rows = covering_windows(int(iy), OUT_H), cols = covering_windows(int(ix), OUT_W);
   float sum = 0.0;
   for (int oy = rows.x; oy <= rows.y; ++oy)
-    for (int ox = cols.x; ox <= cols.y; ++ox) sum += dy[out_base + uint(oy) * p.out_w + uint(ox)];
-  float g = sum / float(p.kernel_size * p.kernel_size);
+    for (int ox = cols.x; ox <= cols.y; ++ox) sum += dy[out_base + uint(oy) * OUT_W + uint(ox)];
+  float g = sum / float(KERNEL_SIZE * KERNEL_SIZE);
   dx[i] = p.accumulate != 0u ? dx[i] + g : g;
 }

@@ -6,29 +6,26 @@ namespace tessera {
 
 std::unique_ptr<Op> make_max_pool2d(const LayerConfig& layer) { return std::make_unique<MaxPool2d>(layer); }
 
-std::vector<TensorSpec> MaxPool2d::tensors() const {
-  return {{"argmax", output_, TensorRole::saved, DType::u32}};
-}
+std::vector<TensorSpec> MaxPool2d::tensors() const { return {{"argmax", output_, TensorRole::saved, DType::u32}}; }
 
 void MaxPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("max_pool2d_forward", {kElementwiseGroup});
+  auto& pool_kernel = kernel(kernels, "max_pool2d_forward");
   int64_t count = element_count(output_);
-  recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::writes(t.output->buffer()),
-                              vk::writes(t.tensors[0]->buffer())},
-                             push(count, false), count, kElementwiseGroup);
+  recorder.dispatch_elements(
+      pool_kernel,
+      {vk::reads(t.inputs[0]->buffer()), vk::writes(t.output->buffer()), vk::writes(t.tensors[0]->buffer())},
+      Push{static_cast<uint32_t>(count), 0}, count, kElementwiseGroup);
 }
 
 // One invocation per input element gathers from the windows that cover it, so overlapping
 // windows need no atomics and the sum has a fixed order.
 void MaxPool2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernels.get("max_pool2d_backward", {kElementwiseGroup});
+  auto& pool_kernel = kernel(kernels, "max_pool2d_backward");
   int64_t count = element_count(input_);
-  recorder.dispatch_elements(kernel,
-                             {vk::reads(t.tensors[0]->buffer()), vk::reads(t.output_grad->buffer()),
-                              input_grad_arg(t, 0)},
-                             push(count, t.accumulate_input_grads[0]), count, kElementwiseGroup);
+  recorder.dispatch_elements(
+      pool_kernel, {vk::reads(t.tensors[0]->buffer()), vk::reads(t.output_grad->buffer()), input_grad_arg(t, 0)},
+      Push{static_cast<uint32_t>(count), t.accumulate_input_grads[0] ? 1u : 0u}, count, kElementwiseGroup);
 }
 
 }  // namespace tessera

@@ -22,12 +22,11 @@ Shape Pool2d::infer(const std::vector<Shape>& inputs) {
   return output_;
 }
 
-Pool2d::Push Pool2d::push(int64_t count, bool accumulate) const {
-  return {static_cast<uint32_t>(count),       static_cast<uint32_t>(input_[2]),
-          static_cast<uint32_t>(input_[3]),   static_cast<uint32_t>(output_[2]),
-          static_cast<uint32_t>(output_[3]),  static_cast<uint32_t>(kernel_size_),
-          static_cast<uint32_t>(stride_),     static_cast<int32_t>(padding_),
-          accumulate ? 1u : 0u};
+const vk::Kernel& Pool2d::kernel(vk::Kernels& kernels, const char* name) const {
+  return kernels.get(
+      name, {static_cast<int32_t>(kElementwiseGroup), static_cast<int32_t>(input_[2]), static_cast<int32_t>(input_[3]),
+             static_cast<int32_t>(output_[2]), static_cast<int32_t>(output_[3]), static_cast<int32_t>(kernel_size_),
+             static_cast<int32_t>(stride_), static_cast<int32_t>(padding_)});
 }
 
 }  // namespace tessera

@@ -11,13 +11,11 @@ class Pool2d : public Op {
   Shape infer(const std::vector<Shape>& inputs) override;
 
  protected:
-  // Matches the push constants of shaders/pool2d.glsl.
+  // Match the specialization and push constants of shaders/pool2d.glsl.
+  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name) const;
   struct Push {
-    uint32_t count, in_h, in_w, out_h, out_w, kernel_size, stride;
-    int32_t padding;
-    uint32_t accumulate;
+    uint32_t count, accumulate;
   };
-  Push push(int64_t count, bool accumulate) const;
 
   int64_t kernel_size_, stride_, padding_;
   Shape input_, output_;

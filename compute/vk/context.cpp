@@ -110,7 +110,12 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   return info;
 }
 
-uint32_t compute_queue_family(VkPhysicalDevice device) {
+struct QueueFamily {
+  uint32_t index;
+  uint32_t timestamp_bits;  // 0: no timestamps, so no profiling
+};
+
+QueueFamily compute_queue_family(VkPhysicalDevice device) {
   uint32_t count = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(device, &count, nullptr);
   std::vector<VkQueueFamilyProperties> families(count);
@@ -118,9 +123,9 @@ uint32_t compute_queue_family(VkPhysicalDevice device) {
   // Prefer a compute queue without graphics: on GPUs that is the asynchronous compute engine.
   for (uint32_t i = 0; i < count; ++i)
     if ((families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && !(families[i].queueFlags & VK_QUEUE_GRAPHICS_BIT))
-      return i;
+      return {i, families[i].timestampValidBits};
   for (uint32_t i = 0; i < count; ++i)
-    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return i;
+    if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return {i, families[i].timestampValidBits};
   throw Error(ExitCode::runtime_error, "the Vulkan device has no compute queue");
 }
 
@@ -130,6 +135,8 @@ ContextOptions options_from_environment() {
   ContextOptions options;
   const char* validation = std::getenv("TESSERA_VALIDATION");
   options.validation = validation && std::strcmp(validation, "0") != 0;
+  const char* profile = std::getenv("TESSERA_PROFILE");
+  options.profile = profile && std::strcmp(profile, "0") != 0;
   return options;
 }
 
@@ -194,7 +201,11 @@ Context::Context(ContextOptions options) {
   physical_device_ = devices[chosen];
   info_ = describe(physical_device_, chosen);
   vkGetPhysicalDeviceProperties(physical_device_, &properties_);
-  queue_family_ = compute_queue_family(physical_device_);
+  QueueFamily family = compute_queue_family(physical_device_);
+  queue_family_ = family.index;
+  if (options.profile && family.timestamp_bits == 0)
+    throw UsageError("TESSERA_PROFILE: the compute queue of " + info_.name + " has no timestamps");
+  profiling_ = options.profile;
 
   float priority = 1.0f;
   VkDeviceQueueCreateInfo queue{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
@@ -229,6 +240,7 @@ Context::Context(ContextOptions options) {
 
 Context::~Context() {
   if (device_) vkDeviceWaitIdle(device_);
+  if (profiling_) std::fprintf(stderr, "%s\n", profile_.report(info_.name).dump().c_str());
   kernels_.reset();
   allocator_.reset();
   if (command_pool_) vkDestroyCommandPool(device_, command_pool_, nullptr);

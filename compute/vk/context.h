@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "compute/vk/profile.h"
+
 namespace tessera::vk {
 
 class Allocator;
@@ -44,6 +46,8 @@ struct ContextOptions {
   uint64_t memory_budget = 0;   // 0: what the device reports
   // Khronos validation (with synchronization validation); on when TESSERA_VALIDATION=1.
   bool validation = false;
+  // Device time per kernel (see profile.h); on when TESSERA_PROFILE=1.
+  bool profile = false;
 };
 
 ContextOptions options_from_environment();
@@ -67,6 +71,9 @@ class Context {
 
   // Messages the validation layer reported (warnings and errors); tests require zero.
   uint64_t validation_messages() const { return validation_messages_.load(); }
+  // Where profiled Programs add their kernels' device time; profiling() says whether they do.
+  bool profiling() const { return profiling_; }
+  Profile& profile() { return profile_; }
 
  private:
   static VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(
@@ -85,6 +92,8 @@ class Context {
   VkPhysicalDeviceProperties properties_{};
   PFN_vkCmdPushDescriptorSetKHR push_descriptor_set_ = nullptr;
   std::atomic<uint64_t> validation_messages_{0};
+  bool profiling_ = false;
+  Profile profile_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<Kernels> kernels_;
 };

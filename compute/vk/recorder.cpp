@@ -21,11 +21,18 @@ Program::Program(Context& context) : context_(context) {
   check(vkAllocateCommandBuffers(context.device(), &allocate, &command_buffer_), "vkAllocateCommandBuffers");
   VkFenceCreateInfo fence{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   check(vkCreateFence(context.device(), &fence, nullptr, &fence_), "vkCreateFence");
+  if (context.profiling()) {
+    VkQueryPoolCreateInfo pool{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    pool.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    pool.queryCount = kTimestamps;
+    check(vkCreateQueryPool(context.device(), &pool, nullptr, &timestamps_), "vkCreateQueryPool");
+  }
 }
 
 Program::~Program() {
   if (pending_) vkWaitForFences(context_.device(), 1, &fence_, VK_TRUE, UINT64_MAX);
   vkDestroyFence(context_.device(), fence_, nullptr);
+  if (timestamps_) vkDestroyQueryPool(context_.device(), timestamps_, nullptr);
   vkFreeCommandBuffers(context_.device(), context_.command_pool(), 1, &command_buffer_);
 }
 
@@ -43,13 +50,27 @@ void Program::wait() {
   check(vkWaitForFences(context_.device(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
   check(vkResetFences(context_.device(), 1, &fence_), "vkResetFences");
   pending_ = false;
+  if (labels_.empty()) return;
+  std::vector<uint64_t> ticks(labels_.size() + 1);
+  check(vkGetQueryPoolResults(context_.device(), timestamps_, 0, static_cast<uint32_t>(ticks.size()),
+                              ticks.size() * sizeof(uint64_t), ticks.data(), sizeof(uint64_t),
+                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+        "vkGetQueryPoolResults");
+  double seconds_per_tick = context_.properties().limits.timestampPeriod * 1e-9;
+  for (size_t i = 0; i < labels_.size(); ++i)
+    context_.profile().add(labels_[i], static_cast<double>(ticks[i + 1] - ticks[i]) * seconds_per_tick);
 }
 
 Recorder::Recorder(Context& context, Program& program)
-    : context_(context), command_buffer_(program.handle()) {
+    : context_(context), program_(program), command_buffer_(program.handle()) {
   check(vkResetCommandBuffer(command_buffer_, 0), "vkResetCommandBuffer");
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   check(vkBeginCommandBuffer(command_buffer_, &begin), "vkBeginCommandBuffer");
+  program_.labels_.clear();
+  if (program_.timestamps_) {
+    vkCmdResetQueryPool(command_buffer_, program_.timestamps_, 0, Program::kTimestamps);
+    vkCmdWriteTimestamp(command_buffer_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, program_.timestamps_, 0);
+  }
   // Order this submit after everything an earlier submit did to the same buffers, and
   // after the host's writes.
   VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
@@ -69,6 +90,14 @@ std::pair<uint32_t, uint32_t> Recorder::element_groups(uint64_t count, uint32_t 
   constexpr uint64_t kMaxX = 32768;
   if (groups <= kMaxX) return {static_cast<uint32_t>(groups), 1};
   return {static_cast<uint32_t>(kMaxX), static_cast<uint32_t>((groups + kMaxX - 1) / kMaxX)};
+}
+
+void Recorder::timestamp(const std::string& command) {
+  // Past the pool's end the rest of the program goes untimed rather than failing.
+  if (!program_.timestamps_ || program_.labels_.size() + 1 >= Program::kTimestamps) return;
+  program_.labels_.push_back(scope_.empty() ? command : scope_ + " " + command);
+  vkCmdWriteTimestamp(command_buffer_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, program_.timestamps_,
+                      static_cast<uint32_t>(program_.labels_.size()));
 }
 
 void Recorder::barrier() {
@@ -119,6 +148,7 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   if (push_size)
     vkCmdPushConstants(command_buffer_, kernel.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
   vkCmdDispatch(command_buffer_, groups_x, groups_y, groups_z);
+  timestamp(kernel.name);
 }
 
 void Recorder::copy(const Buffer& source, uint64_t source_offset, const Buffer& destination,
@@ -128,12 +158,14 @@ void Recorder::copy(const Buffer& source, uint64_t source_offset, const Buffer& 
   track(destination.handle(), Access::write);
   VkBufferCopy region{source_offset, destination_offset, bytes};
   vkCmdCopyBuffer(command_buffer_, source.handle(), destination.handle(), 1, &region);
+  timestamp("copy");
 }
 
 void Recorder::fill(const Buffer& buffer, uint32_t value) {
   if (hazard(buffer.handle(), Access::write)) barrier();
   track(buffer.handle(), Access::write);
   vkCmdFillBuffer(command_buffer_, buffer.handle(), 0, VK_WHOLE_SIZE, value);
+  timestamp("fill");
 }
 
 void Recorder::finish() {

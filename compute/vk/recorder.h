@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "compute/vk/kernels.h"
 #include "compute/vk/memory.h"
@@ -33,16 +35,23 @@ class Program {
 
   VkCommandBuffer handle() const { return command_buffer_; }
   void submit();  // queues the work; returns at once
-  void wait();    // blocks until the last submit has finished
+  void wait();    // blocks until the last submit has finished; adds its times to a profile
   void run() {
     submit();
     wait();
   }
 
  private:
+  friend class Recorder;
+  // With a profiling context: timestamp 0 opens the program and timestamp i + 1 closes the
+  // command named labels_[i].
+  static constexpr uint32_t kTimestamps = 8192;
+
   Context& context_;
   VkCommandBuffer command_buffer_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
+  VkQueryPool timestamps_ = VK_NULL_HANDLE;
+  std::vector<std::string> labels_;
   bool pending_ = false;
 };
 
@@ -79,6 +88,8 @@ class Recorder {
   void fill(const Buffer& buffer, uint32_t value);
   // Ends recording: makes every write visible to the host and to later submits.
   void finish();
+  // Names the commands recorded from now on in profiles ("conv2": "conv2 conv2d_forward").
+  void set_scope(std::string scope) { scope_ = std::move(scope); }
 
   static std::pair<uint32_t, uint32_t> element_groups(uint64_t count, uint32_t local_size);
 
@@ -86,9 +97,12 @@ class Recorder {
   bool hazard(VkBuffer buffer, Access access) const;
   void track(VkBuffer buffer, Access access);
   void barrier();
+  void timestamp(const std::string& command);
 
   Context& context_;
+  Program& program_;
   VkCommandBuffer command_buffer_;
+  std::string scope_;
   std::set<VkBuffer> written_, read_;
   bool finished_ = false;
 };
