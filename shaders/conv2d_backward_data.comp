@@ -3,8 +3,8 @@
 // window covers (ih,iw): oh*s - p + kh = ih. An implicit GEMM: rows c, columns (n,ih,iw),
 // reduction (o,kh,kw).
 #include "conv2d.glsl"
-layout(std430, binding = 0) readonly buffer DY { float dy[]; };
-layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
+layout(binding = 0) uniform samplerBuffer dy;
+layout(binding = 1) uniform samplerBuffer weight;
 layout(std430, binding = 2) buffer DX { float dx[]; };
 
 #include "gemm_block.glsl"
@@ -33,13 +33,13 @@ void step_reduction() {
     }
   }
 }
-float a_value(uint c, uint k) { return weight[weight_offset + c * TAPS]; }
+float a_value(uint c, uint k) { return texelFetch(weight, int(weight_offset + c * TAPS)).x; }
 void b_values(uint k, out float v[B_LOADS]) {
   for (int j = 0; j < B_LOADS; ++j) {
     int row = column_row[j] - int(kh), col = column_col[j] - int(kw);  // oh*s, ow*s
     uint oh = uint(max(row, 0)) / STRIDE, ow = uint(max(col, 0)) / STRIDE;
     bool hit = row >= 0 && col >= 0 && oh * STRIDE == uint(row) && ow * STRIDE == uint(col) && oh < p.OH && ow < p.OW;
-    float value = dy[column_image[j] + channel_offset + min(oh, p.OH - 1) * p.OW + min(ow, p.OW - 1)];
+    float value = texelFetch(dy, int(column_image[j] + channel_offset + min(oh, p.OH - 1) * p.OW + min(ow, p.OW - 1))).x;
     v[j] = hit ? value : 0.0;
   }
 }

@@ -5,8 +5,8 @@
 // partial sums to out[z,o,c,kh,kw] (summed by conv2d_backward_weight_reduce), or with a single
 // slice adds straight into the gradient.
 #include "conv2d.glsl"
-layout(std430, binding = 0) readonly buffer DY { float dy[]; };
-layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(binding = 0) uniform samplerBuffer dy;
+layout(binding = 1) uniform samplerBuffer x;
 layout(std430, binding = 2) buffer Out { float out_[]; };
 
 #include "gemm_block.glsl"
@@ -34,13 +34,14 @@ void step_reduction() {
     }
   }
 }
-float a_value(uint o, uint k) { return dy[dy_image + (o * p.OH + oh) * p.OW + ow]; }
+float a_value(uint o, uint k) { return texelFetch(dy, int(dy_image + (o * p.OH + oh) * p.OW + ow)).x; }
 void b_values(uint k, out float v[B_LOADS]) {
   int top = int(oh * STRIDE), left = int(ow * STRIDE);
   for (int j = 0; j < B_LOADS; ++j) {
     int ih = top + column_dh[j], iw = left + column_dw[j];
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
-    float value = x[x_image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1)];
+    float value =
+        texelFetch(x, int(x_image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1))).x;
     v[j] = inside ? value : 0.0;
   }
 }

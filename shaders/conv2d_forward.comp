@@ -2,8 +2,8 @@
 // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
 // as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
 #include "conv2d.glsl"
-layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
+layout(binding = 0) uniform samplerBuffer x;
+layout(binding = 1) uniform samplerBuffer weight;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 
@@ -29,13 +29,14 @@ void step_reduction() {
     }
   }
 }
-float a_value(uint o, uint k) { return weight[o * p.C * TAPS + k]; }
+float a_value(uint o, uint k) { return texelFetch(weight, int(o * p.C * TAPS + k)).x; }
 void b_values(uint k, out float v[B_LOADS]) {
   for (int j = 0; j < B_LOADS; ++j) {
     int ih = column_top[j] + int(kh), iw = column_left[j] + int(kw);
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
     // A clamped address and a select: a branch around the load would diverge.
-    float value = x[column_image[j] + channel_offset + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1)];
+    float value =
+        texelFetch(x, int(column_image[j] + channel_offset + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1))).x;
     v[j] = inside ? value : 0.0;
   }
 }

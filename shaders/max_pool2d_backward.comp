@@ -4,7 +4,7 @@
 #include "common.glsl"
 #include "pool2d.glsl"
 layout(std430, binding = 0) readonly buffer Argmax { uint argmax[]; };
-layout(std430, binding = 1) readonly buffer DY { float dy[]; };
+layout(binding = 1) uniform samplerBuffer dy;
 layout(std430, binding = 2) buffer DX { float dx[]; };
 void main() {
   uint i = global_index();
@@ -16,7 +16,8 @@ void main() {
   for (int oy = rows.x; oy <= rows.y; ++oy)
     for (int ox = cols.x; ox <= cols.y; ++ox) {
       uint o = out_base + uint(oy) * OUT_W + uint(ox);
-      if (argmax[o] == at) g += dy[o];
+      if (argmax[o] == at) g += texelFetch(dy, int(o)).x;
     }
-  dx[i] = p.accumulate != 0u ? dx[i] + g : g;
+  if (p.accumulate != 0u) g += dx[i];
+  dx[i] = g;
 }

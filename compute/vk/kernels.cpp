@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
 
 #include "common/error.h"
 #include "compute/vk/context.h"
@@ -17,18 +19,33 @@ namespace {
 
 constexpr uint32_t kPushConstantBytes = 128;
 
-// The number of descriptor bindings a module declares: one past the largest Binding decoration.
-uint32_t count_bindings(const ShaderBinary& spirv) {
-  constexpr uint32_t kOpDecorate = 71, kDecorationBinding = 33;
-  uint32_t count = 0;
+// The descriptor type of each binding a module declares (bindings 0..n-1): a uniform texel
+// buffer where the variable is a sampled buffer image (samplerBuffer), else a storage buffer.
+std::vector<VkDescriptorType> binding_types(const ShaderBinary& spirv) {
+  constexpr uint32_t kOpTypeImage = 25, kOpTypeSampledImage = 27, kOpTypePointer = 32, kOpVariable = 59,
+                     kOpDecorate = 71, kDecorationBinding = 33, kDimBuffer = 5;
+  std::map<uint32_t, uint32_t> binding_of, type_of, pointee_of, image_of;
+  std::set<uint32_t> buffer_images;
   for (size_t i = 5; i < spirv.word_count;) {
-    uint32_t word_count = spirv.words[i] >> 16, opcode = spirv.words[i] & 0xffff;
+    const uint32_t* op = spirv.words + i;
+    uint32_t word_count = op[0] >> 16, opcode = op[0] & 0xffff;
     if (word_count == 0) break;
-    if (opcode == kOpDecorate && word_count >= 4 && spirv.words[i + 2] == kDecorationBinding)
-      count = std::max(count, spirv.words[i + 3] + 1);
+    if (opcode == kOpDecorate && word_count >= 4 && op[2] == kDecorationBinding) binding_of[op[1]] = op[3];
+    if (opcode == kOpVariable) type_of[op[2]] = op[1];
+    if (opcode == kOpTypePointer) pointee_of[op[1]] = op[3];
+    if (opcode == kOpTypeSampledImage) image_of[op[1]] = op[2];
+    if (opcode == kOpTypeImage && op[3] == kDimBuffer) buffer_images.insert(op[1]);
     i += word_count;
   }
-  return count;
+  uint32_t count = 0;
+  for (auto& [variable, binding] : binding_of) count = std::max(count, binding + 1);
+  std::vector<VkDescriptorType> types(count, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER);
+  for (auto& [variable, binding] : binding_of) {
+    uint32_t type = pointee_of[type_of[variable]];
+    if (image_of.count(type)) type = image_of[type];
+    if (buffer_images.count(type)) types[binding] = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+  }
+  return types;
 }
 
 std::string cache_file(const VkPhysicalDeviceProperties& properties) {
@@ -118,10 +135,11 @@ const Kernel& Kernels::get(const std::string& name, const std::vector<int32_t>& 
 
   auto kernel = std::make_unique<Kernel>();
   kernel->name = name;
-  kernel->binding_count = count_bindings(*spirv);
+  kernel->binding_types = binding_types(*spirv);
+  kernel->binding_count = static_cast<uint32_t>(kernel->binding_types.size());
   std::vector<VkDescriptorSetLayoutBinding> bindings(kernel->binding_count);
   for (uint32_t b = 0; b < kernel->binding_count; ++b)
-    bindings[b] = {b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    bindings[b] = {b, kernel->binding_types[b], 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
   VkDescriptorSetLayoutCreateInfo set{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
   set.flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR;
   set.bindingCount = kernel->binding_count;

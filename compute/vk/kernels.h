@@ -20,6 +20,8 @@ struct Kernel {
   VkPipelineLayout layout = VK_NULL_HANDLE;
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   uint32_t binding_count = 0;
+  // Per binding: a storage buffer, or a uniform texel buffer (a samplerBuffer in GLSL).
+  std::vector<VkDescriptorType> binding_types;
 };
 
 class Kernels {

@@ -26,6 +26,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     release();
     owner_ = std::exchange(other.owner_, nullptr);
     handle_ = std::exchange(other.handle_, VK_NULL_HANDLE);
+    texel_view_ = std::exchange(other.texel_view_, VK_NULL_HANDLE);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
     pool_ = other.pool_;
@@ -40,6 +41,7 @@ void Buffer::release() {
   if (owner_ && handle_) owner_->free(*this);
   owner_ = nullptr;
   handle_ = VK_NULL_HANDLE;
+  texel_view_ = VK_NULL_HANDLE;
 }
 
 Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
@@ -99,8 +101,8 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
                             format_bytes(context_.info().max_storage_buffer_range) + ")");
   VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   create.size = std::max<uint64_t>(bytes, 4);
-  create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                 VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
+                 VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   Buffer buffer;
   check(vkCreateBuffer(device, &create, nullptr, &buffer.handle_), "vkCreateBuffer");
@@ -181,10 +183,19 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   stats_.live_bytes += reserved;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   stats_.allocations++;
+  uint64_t texels = bytes / 4;
+  if (texels > 0 && texels <= context_.properties().limits.maxTexelBufferElements) {
+    VkBufferViewCreateInfo view{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+    view.buffer = buffer.handle_;
+    view.format = VK_FORMAT_R32_SFLOAT;
+    view.range = texels * 4;
+    check(vkCreateBufferView(device, &view, nullptr, &buffer.texel_view_), "vkCreateBufferView");
+  }
   return buffer;
 }
 
 void Allocator::free(Buffer& buffer) {
+  if (buffer.texel_view_) vkDestroyBufferView(context_.device(), buffer.texel_view_, nullptr);
   vkDestroyBuffer(context_.device(), buffer.handle_, nullptr);
   Block& block = *pools_[buffer.pool_].blocks[buffer.block_];
   uint64_t start = buffer.offset_, size = buffer.reserved_;

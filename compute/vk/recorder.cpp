@@ -132,15 +132,27 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   for (auto& arg : buffers) track(arg.buffer->handle(), arg.access);
 
   std::vector<VkDescriptorBufferInfo> infos;
+  std::vector<VkBufferView> views;
   infos.reserve(buffers.size());
-  for (auto& arg : buffers) infos.push_back({arg.buffer->handle(), 0, VK_WHOLE_SIZE});
+  views.reserve(buffers.size());
+  for (auto& arg : buffers) {
+    infos.push_back({arg.buffer->handle(), 0, VK_WHOLE_SIZE});
+    views.push_back(arg.buffer->texel_view());
+  }
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (uint32_t i = 0; i < writes.size(); ++i) {
     writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
     writes[i].dstBinding = i;
     writes[i].descriptorCount = 1;
-    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-    writes[i].pBufferInfo = &infos[i];
+    writes[i].descriptorType = kernel.binding_types[i];
+    if (kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER) {
+      if (!views[i])
+        throw Error(ExitCode::runtime_error, "kernel " + kernel.name + ": binding " + std::to_string(i) +
+                                                 " reads texels, but the buffer has no texel view");
+      writes[i].pTexelBufferView = &views[i];
+    } else {
+      writes[i].pBufferInfo = &infos[i];
+    }
   }
   vkCmdBindPipeline(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline);
   context_.push_descriptor_set()(command_buffer_, VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0,
