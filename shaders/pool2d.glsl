@@ -13,6 +13,9 @@ layout(constant_id = 4) const uint OUT_W = 1;
 layout(constant_id = 5) const uint KERNEL_SIZE = 1;
 layout(constant_id = 6) const uint STRIDE = 1;
 layout(constant_id = 7) const int PADDING = 0;
+// Backward: the windows cover the input exactly once, so one invocation per window writes the
+// gradient of all its inputs (Pool2d::windows_tile_input).
+layout(constant_id = 8) const bool TILED = false;
 
 layout(push_constant) uniform Push {
   uint count;       // elements the dispatch covers: output elements in forward, input in backward

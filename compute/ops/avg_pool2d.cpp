@@ -13,11 +13,11 @@ void AvgPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
                              Push{static_cast<uint32_t>(count), 0}, count, kElementwiseGroup);
 }
 
-// Gathers per input element, as max pooling does: no atomics where windows overlap.
+// Scatters per window or gathers per input element, as max pooling does.
 void AvgPool2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
   auto& pool_kernel = kernel(kernels, "avg_pool2d_backward");
-  int64_t count = element_count(input_);
+  int64_t count = backward_count();
   recorder.dispatch_elements(pool_kernel, {vk::reads(t.output_grad->buffer()), input_grad_arg(t, 0)},
                              Push{static_cast<uint32_t>(count), t.accumulate_input_grads[0] ? 1u : 0u}, count,
                              kElementwiseGroup);

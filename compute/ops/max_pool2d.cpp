@@ -17,12 +17,13 @@ void MaxPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
       Push{static_cast<uint32_t>(count), 0}, count, kElementwiseGroup);
 }
 
-// One invocation per input element gathers from the windows that cover it, so overlapping
+// Where windows tile the input each invocation writes its window's gradient; elsewhere one
+// invocation per input element gathers from the windows that cover it, so overlapping
 // windows need no atomics and the sum has a fixed order.
 void MaxPool2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
   auto& pool_kernel = kernel(kernels, "max_pool2d_backward");
-  int64_t count = element_count(input_);
+  int64_t count = backward_count();
   recorder.dispatch_elements(
       pool_kernel, {vk::reads(t.tensors[0]->buffer()), vk::reads(t.output_grad->buffer()), input_grad_arg(t, 0)},
       Push{static_cast<uint32_t>(count), t.accumulate_input_grads[0] ? 1u : 0u}, count, kElementwiseGroup);

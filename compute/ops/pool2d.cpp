@@ -22,11 +22,19 @@ Shape Pool2d::infer(const std::vector<Shape>& inputs) {
   return output_;
 }
 
+bool Pool2d::windows_tile_input() const {
+  return stride_ == kernel_size_ && padding_ == 0 && output_[2] * kernel_size_ == input_[2] &&
+         output_[3] * kernel_size_ == input_[3];
+}
+
+int64_t Pool2d::backward_count() const { return element_count(windows_tile_input() ? output_ : input_); }
+
 const vk::Kernel& Pool2d::kernel(vk::Kernels& kernels, const char* name) const {
   return kernels.get(
       name, {static_cast<int32_t>(kElementwiseGroup), static_cast<int32_t>(input_[2]), static_cast<int32_t>(input_[3]),
              static_cast<int32_t>(output_[2]), static_cast<int32_t>(output_[3]), static_cast<int32_t>(kernel_size_),
-             static_cast<int32_t>(stride_), static_cast<int32_t>(padding_)});
+             static_cast<int32_t>(stride_), static_cast<int32_t>(padding_),
+             windows_tile_input() ? 1 : 0});
 }
 
 }  // namespace tessera

@@ -16,6 +16,11 @@ class Pool2d : public Op {
   struct Push {
     uint32_t count, accumulate;
   };
+  // The windows cover the input exactly once (stride = kernel, no padding, no remainder):
+  // backward then scatters per window instead of gathering per input element.
+  bool windows_tile_input() const;
+  // The elements a backward dispatch covers: windows where they tile the input, else inputs.
+  int64_t backward_count() const;
 
   int64_t kernel_size_, stride_, padding_;
   Shape input_, output_;
