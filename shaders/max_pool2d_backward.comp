@@ -4,7 +4,7 @@
 #include "common.glsl"
 #include "pool2d.glsl"
 layout(std430, binding = 0) readonly buffer Argmax { uint argmax[]; };
-layout(binding = 1) uniform samplerBuffer dy;
+layout(std430, binding = 1) readonly buffer DY { float dy[]; };
 layout(std430, binding = 2) buffer DX { float dx[]; };
 
 void write_gradient(uint i, float g) {
@@ -16,7 +16,7 @@ void write_gradient(uint i, float g) {
 void scatter_window(uint o) {
   uint ox = o % OUT_W, oy = (o / OUT_W) % OUT_H, plane = o / (OUT_W * OUT_H);
   uint best = argmax[o], plane_base = plane * IN_H * IN_W;
-  float g = texelFetch(dy, int(o)).x;
+  float g = dy[o];
   for (uint ky = 0; ky < KERNEL_SIZE; ++ky)
     for (uint kx = 0; kx < KERNEL_SIZE; ++kx) {
       uint at = (oy * KERNEL_SIZE + ky) * IN_W + ox * KERNEL_SIZE + kx;
@@ -33,7 +33,7 @@ void gather_windows(uint i) {
   for (int oy = rows.x; oy <= rows.y; ++oy)
     for (int ox = cols.x; ox <= cols.y; ++ox) {
       uint o = out_base + uint(oy) * OUT_W + uint(ox);
-      if (argmax[o] == at) g += texelFetch(dy, int(o)).x;
+      if (argmax[o] == at) g += dy[o];
     }
   write_gradient(i, g);
 }

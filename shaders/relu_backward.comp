@@ -1,15 +1,24 @@
 #version 450
-// dx (+)= y > 0 ? dy : 0. Reads the output, not the input: forward may run in place.
+// dx (+)= y > 0 ? dy : 0, four elements per invocation. Reads the output, not the input:
+// forward may run in place.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer y;
 layout(binding = 1) uniform samplerBuffer dy;
-layout(std430, binding = 2) buffer DX { float dx[]; };
+layout(std430, binding = 2) buffer DX { vec4 dx[]; };
 layout(push_constant) uniform Push { uint count; uint accumulate; } p;
 void main() {
-  uint i = global_index();
-  if (i >= p.count) return;
-  float g = texelFetch(y, int(i)).x > 0.0 ? texelFetch(dy, int(i)).x : 0.0;
-  if (p.accumulate != 0u) g += dx[i];
-  dx[i] = g;
+  uint i = global_index(), first = 4 * i;
+  if (first >= p.count) return;
+  vec4 g;
+  for (int j = 0; j < 4; ++j) {
+    int at = int(min(first + j, p.count - 1));
+    g[j] = texelFetch(y, at).x > 0.0 ? texelFetch(dy, at).x : 0.0;
+  }
+  if (first + 4 <= p.count) {
+    if (p.accumulate != 0u) g += dx[i];
+    dx[i] = g;
+  } else {
+    for (uint j = 0; first + j < p.count; ++j) dx[i][j] = p.accumulate != 0u ? dx[i][j] + g[j] : g[j];
+  }
 }

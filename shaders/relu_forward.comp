@@ -1,11 +1,18 @@
 #version 450
-// y = max(x, 0)
+// y = max(x, 0), four elements per invocation (one vec4 store instead of four scalar ones).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer x;
-layout(std430, binding = 1) writeonly buffer Y { float y[]; };
+layout(std430, binding = 1) writeonly buffer Y { vec4 y[]; };
 layout(push_constant) uniform Push { uint count; } p;
 void main() {
-  uint i = global_index();
-  if (i < p.count) y[i] = max(texelFetch(x, int(i)).x, 0.0);
+  uint i = global_index(), first = 4 * i;
+  if (first >= p.count) return;
+  vec4 v;
+  for (int j = 0; j < 4; ++j) v[j] = max(texelFetch(x, int(min(first + j, p.count - 1))).x, 0.0);
+  if (first + 4 <= p.count) {
+    y[i] = v;
+  } else {
+    for (uint j = 0; first + j < p.count; ++j) y[i][j] = v[j];
+  }
 }

@@ -25,5 +25,21 @@ TEST(Relu, BackwardMatchesFiniteDifferences) {
   check.expect_gradients_match();
 }
 
+// A small-cnn activation (18.9M elements): kernels that read through texel views must reach
+// every element, including those past 2^23 where a one-row dispatch no longer covers a
+// scalar kernel (lavapipe returned zeros there from texel fetches in a second row).
+TEST(Relu, LargeTensorMatchesCpu) {
+  Relu relu;
+  test::OpCheck check(test::context(), relu, {{64, 32, 96, 96}});
+  const auto& x = check.inputs[0];
+  std::vector<float> expected(x.size()), dy = test::random_values(x.size(), 7), expected_dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    expected[i] = std::max(x[i], 0.0f);
+    expected_dx[i] = x[i] > 0 ? dy[i] : 0.0f;
+  }
+  test::expect_near(check.forward(), expected, 0, "relu forward");
+  test::expect_near(check.backward(dy)[0], expected_dx, 0, "relu backward");
+}
+
 }  // namespace
 }  // namespace tessera

@@ -22,7 +22,7 @@ Shape Relu::infer(const std::vector<Shape>& inputs) {
 void Relu::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   auto& kernel = kernels.get("relu_forward", {kElementwiseGroup});
   recorder.dispatch_elements(kernel, {vk::reads(t.inputs[0]->buffer()), vk::writes(t.output->buffer())},
-                             ForwardPush{static_cast<uint32_t>(count_)}, count_, kElementwiseGroup);
+                             ForwardPush{static_cast<uint32_t>(count_)}, (count_ + 3) / 4, kElementwiseGroup);
 }
 
 void Relu::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -33,7 +33,7 @@ void Relu::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensor
       kernel,
       {vk::reads(t.output->buffer()), vk::reads(t.output_grad->buffer()),
        t.accumulate_input_grads[0] ? vk::updates(dx) : vk::writes(dx)},
-      BackwardPush{static_cast<uint32_t>(count_), t.accumulate_input_grads[0] ? 1u : 0u}, count_,
+      BackwardPush{static_cast<uint32_t>(count_), t.accumulate_input_grads[0] ? 1u : 0u}, (count_ + 3) / 4,
       kElementwiseGroup);
 }
 
