@@ -1,0 +1,46 @@
+"""TESSERA_PROFILE=1: tessera forward prints one profile line on stderr when it ends, with the
+device time of every command named by layer and kernel; the entries add up to the total, each
+kernel ran once per batch, and the validation layer sees the timestamp queries as correct."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+IMAGES, BATCH = 6, 2
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="tessera-profile-") as work:
+        images = os.path.join(work, "x.h5")
+        with h5py.File(images, "w") as f:
+            f["x"] = np.random.default_rng(0).standard_normal((IMAGES, 3, 32, 32), dtype=np.float32)
+        env = dict(os.environ, TESSERA_VALIDATION="1", TESSERA_PROFILE="1")
+        process = subprocess.run([TESSERA, "forward", "--model", "small-cnn", "--input", images, "--output",
+                                  os.path.join(work, "logits.h5"), "--batch", str(BATCH)],
+                                 capture_output=True, text=True, env=env)
+        assert process.returncode == 0, process.stderr
+        assert "vulkan validation" not in process.stderr.lower(), process.stderr
+        profiles = [json.loads(line) for line in process.stderr.splitlines() if '"event":"profile"' in line]
+        assert len(profiles) == 1, process.stderr
+        profile = profiles[0]
+        kernels = {entry["name"]: entry for entry in profile["kernels"]}
+        for name in ("conv1 conv2d_forward", "relu1 relu_forward", "pool1 max_pool2d_forward", "fc2 gemm"):
+            assert name in kernels, sorted(kernels)
+            assert kernels[name]["commands"] == IMAGES // BATCH, kernels[name]
+        assert all(entry["seconds"] >= 0 for entry in profile["kernels"])
+        assert profile["seconds"] > 0
+        total = sum(entry["seconds"] for entry in profile["kernels"])
+        assert abs(total - profile["seconds"]) <= 1e-9 * max(1.0, total), (total, profile["seconds"])
+        assert abs(sum(entry["share"] for entry in profile["kernels"]) - 1) < 1e-6
+        seconds = [entry["seconds"] for entry in profile["kernels"]]
+        assert seconds == sorted(seconds, reverse=True), "entries are not longest first"
+        print(f"profile: {len(kernels)} entries, {profile['seconds'] * 1e3:.1f} ms of device time")
+
+
+if __name__ == "__main__":
+    main()
