@@ -6,8 +6,8 @@ layout(constant_id = 1) const int TM = 4;
 layout(constant_id = 2) const int TN = 16;
 layout(constant_id = 3) const bool HAS_BIAS = false;
 layout(constant_id = 4) const bool SHARE_B = false;
-layout(std430, binding = 0) readonly buffer A { float a[]; };
-layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(binding = 0) uniform samplerBuffer a_texels;
+layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
 layout(std430, binding = 3) buffer C { float c[]; };
 layout(push_constant) uniform Push {
@@ -22,9 +22,9 @@ uint b_columns[B_LOADS];
 
 void seek_reduction(uint k) {}
 void step_reduction() {}
-float a_value(uint m, uint k) { return a[m * p.a_m + k * p.a_k]; }
+float a_value(uint m, uint k) { return texelFetch(a_texels, int(m * p.a_m + k * p.a_k)).x; }
 void b_values(uint k, out float v[B_LOADS]) {
-  for (int q = 0; q < B_LOADS; ++q) v[q] = b[k * p.b_k + b_columns[q]];
+  for (int q = 0; q < B_LOADS; ++q) v[q] = texelFetch(b_texels, int(k * p.b_k + b_columns[q])).x;
 }
 
 void main() {
