@@ -47,7 +47,7 @@ void add_info_command(CLI::App& app) {
                                   {"driver", d.driver}, {"api", version_text(d.api_version)},
                                   {"heaps", heaps}, {"fp16_arithmetic", d.fp16_arithmetic},
                                   {"fp16_storage", d.fp16_storage}, {"subgroup_size", d.subgroup_size},
-                                  {"max_storage_buffer_range", d.max_storage_buffer_range}});
+                                  {"largest_buffer", d.largest_buffer}});
       }
       std::printf("%s\n", out.dump(2).c_str());
       return;
@@ -58,9 +58,9 @@ void add_info_command(CLI::App& app) {
       for (size_t h = 0; h < d.heaps.size(); ++h)
         std::printf("  heap %zu: %s%s\n", h, format_bytes(d.heaps[h].size).c_str(),
                     d.heaps[h].device_local ? " device-local" : "");
-      std::printf("  fp16 arithmetic: %s, fp16 storage: %s, subgroup size: %u, largest storage buffer: %s\n",
+      std::printf("  fp16 arithmetic: %s, fp16 storage: %s, subgroup size: %u, largest buffer: %s\n",
                   d.fp16_arithmetic ? "yes" : "no", d.fp16_storage ? "yes" : "no", d.subgroup_size,
-                  format_bytes(d.max_storage_buffer_range).c_str());
+                  format_bytes(d.largest_buffer).c_str());
     }
     std::printf("libraries:");
     for (auto& [name, version] : libraries.items())

@@ -1,5 +1,6 @@
 #include "compute/vk/context.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -105,7 +106,8 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   info.fp16_arithmetic = features12.shaderFloat16;
   info.fp16_storage = features11.storageBuffer16BitAccess;
   info.subgroup_size = subgroup.subgroupSize;
-  info.max_storage_buffer_range = properties.properties.limits.maxStorageBufferRange;
+  const auto& limits = properties.properties.limits;
+  info.largest_buffer = std::min<uint64_t>(limits.maxStorageBufferRange, 4ull * limits.maxTexelBufferElements);
   info.max_shared_memory = properties.properties.limits.maxComputeSharedMemorySize;
   return info;
 }

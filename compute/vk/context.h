@@ -30,7 +30,9 @@ struct DeviceInfo {
   bool fp16_arithmetic;
   bool fp16_storage;
   uint32_t subgroup_size;
-  uint64_t max_storage_buffer_range;
+  // The largest buffer a kernel can bind: within the storage-buffer range and, since kernels
+  // also read buffers as float texels, within the texel-buffer limit.
+  uint64_t largest_buffer;
   uint32_t max_shared_memory;
 };
 

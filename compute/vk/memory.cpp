@@ -95,10 +95,9 @@ uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
 
 Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string& what) {
   VkDevice device = context_.device();
-  if (bytes > context_.info().max_storage_buffer_range)
-    throw OutOfDeviceMemory(what + ": a buffer of " + format_bytes(bytes) +
-                            " is over the device's largest storage buffer (" +
-                            format_bytes(context_.info().max_storage_buffer_range) + ")");
+  if (bytes > context_.info().largest_buffer)
+    throw OutOfDeviceMemory(what + ": a buffer of " + format_bytes(bytes) + " is over the device's largest buffer (" +
+                            format_bytes(context_.info().largest_buffer) + ")");
   VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   create.size = std::max<uint64_t>(bytes, 4);
   create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
@@ -184,7 +183,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   stats_.allocations++;
   uint64_t texels = bytes / 4;
-  if (texels > 0 && texels <= context_.properties().limits.maxTexelBufferElements) {
+  if (texels > 0) {
     VkBufferViewCreateInfo view{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
     view.buffer = buffer.handle_;
     view.format = VK_FORMAT_R32_SFLOAT;

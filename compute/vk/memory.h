@@ -30,7 +30,7 @@ class Buffer {
 
   VkBuffer handle() const { return handle_; }
   // The buffer as float texels (R32_SFLOAT) for kernels that read it as a samplerBuffer, or
-  // VK_NULL_HANDLE for a buffer past the device's texel limit. CPU devices gather texels with
+  // VK_NULL_HANDLE for a buffer under 4 bytes. CPU devices gather texels with
   // vector loads but storage buffers lane by lane, so read-mostly operands go this way.
   VkBufferView texel_view() const { return texel_view_; }
   uint64_t size() const { return size_; }
