@@ -108,7 +108,7 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   info.subgroup_size = subgroup.subgroupSize;
   const auto& limits = properties.properties.limits;
   info.largest_buffer = std::min<uint64_t>(limits.maxStorageBufferRange, 4ull * limits.maxTexelBufferElements);
-  info.max_shared_memory = properties.properties.limits.maxComputeSharedMemorySize;
+  info.max_shared_memory = limits.maxComputeSharedMemorySize;
   return info;
 }
 
