@@ -93,7 +93,8 @@ int main() {
   GemmTiles tiles = gemm_tiles(context.kernels(), 1024);
   nlohmann::json result;
   result["device"] = context.info().name;
-  result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns}};
+  result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns},
+                     {"reduction_unroll", tiles.reduction_unroll}};
   result["gemm_1024_gflops"] = gemm_gflops(context, 1024);
   std::vector<ConvCase> cases = {
       {"small-cnn conv2 (batch 64, 32x48x48 -> 64, 3x3)", {64, 32, 48, 48}, 64, 3, 1, 1, true},

@@ -8,7 +8,12 @@
 // shuffles: lavapipe issues every storage-buffer load lane by lane with a bounds check, even
 // where all lanes read one address, so loading each B element once is several times faster.
 //
-// The including shader declares the constants TM, TN and SHARE_B before including this file
+// K_UNROLL reduction steps are loaded before any of their FMAs, and each accumulator then
+// takes all of them in a row: on lavapipe the block lives in stack memory, so this loads and
+// stores every accumulator once per K_UNROLL steps instead of once per step (1024^3 GEMM:
+// 1.4x faster at 8; 16 is slower again).
+//
+// The including shader declares the constants TM, TN, K_UNROLL and SHARE_B before including this file
 // and defines after it
 //   void seek_reduction(uint k);                 // position at reduction index k
 //   float a_value(uint m, uint k);               // A(m,k) at the current k; m is a valid row
@@ -38,6 +43,16 @@ void step_reduction();
 
 float acc[TM][TN];
 
+// A(rows[i], k) and B(k, n0 + j) of one reduction step, then on to k + 1.
+void load_step(uint k, uint rows[TM], out float a[TM], out float b[TN]) {
+  for (int i = 0; i < TM; ++i) a[i] = a_value(rows[i], k);
+  float loaded[B_LOADS];
+  b_values(k, loaded);
+  for (int j = 0; j < TN; ++j)
+    b[j] = SHARE_B ? subgroupShuffle(loaded[j / gl_WorkGroupSize.x], j % gl_WorkGroupSize.x) : loaded[j];
+  step_reduction();
+}
+
 // Accumulates rows m0 + i*WG (clamped below M) over k in [k_begin, k_end) into acc.
 void accumulate_block(uint m0, uint M, uint k_begin, uint k_end) {
   uint rows[TM];
@@ -45,17 +60,19 @@ void accumulate_block(uint m0, uint M, uint k_begin, uint k_end) {
   for (int i = 0; i < TM; ++i)
     for (int j = 0; j < TN; ++j) acc[i][j] = 0.0;
   seek_reduction(k_begin);
-  for (uint k = k_begin; k < k_end; ++k) {
-    float a[TM];
-    for (int i = 0; i < TM; ++i) a[i] = a_value(rows[i], k);
-    float loaded[B_LOADS];
-    b_values(k, loaded);
-    float b[TN];
-    for (int j = 0; j < TN; ++j)
-      b[j] = SHARE_B ? subgroupShuffle(loaded[j / gl_WorkGroupSize.x], j % gl_WorkGroupSize.x) : loaded[j];
+  uint k = k_begin;
+  for (; k + K_UNROLL <= k_end; k += K_UNROLL) {
+    float a[K_UNROLL][TM], b[K_UNROLL][TN];
+    for (int u = 0; u < K_UNROLL; ++u) load_step(k + u, rows, a[u], b[u]);
+    for (int i = 0; i < TM; ++i)
+      for (int j = 0; j < TN; ++j)
+        for (int u = 0; u < K_UNROLL; ++u) acc[i][j] = fma(a[u][i], b[u][j], acc[i][j]);
+  }
+  for (; k < k_end; ++k) {
+    float a[TM], b[TN];
+    load_step(k, rows, a, b);
     for (int i = 0; i < TM; ++i)
       for (int j = 0; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-    step_reduction();
   }
 }
 

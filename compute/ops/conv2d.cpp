@@ -87,7 +87,7 @@ Conv2d::Push Conv2d::push(bool accumulate) const {
 const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
   return kernels.get(name, {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
-                            i(shape_.stride), tiles.share_columns ? 1 : 0});
+                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll});
 }
 
 namespace {

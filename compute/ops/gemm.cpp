@@ -19,8 +19,8 @@ constexpr uint64_t kMaxGroupsY = 65535;
 
 GemmTiles gemm_tiles(const vk::Kernels& kernels, int64_t M) {
   const auto& device = kernels.context().info();
-  GemmTiles tiles = device.type == "cpu" ? GemmTiles{static_cast<int32_t>(device.subgroup_size), 8, 32, true}
-                                         : GemmTiles{64, 4, 8, false};
+  GemmTiles tiles = device.type == "cpu" ? GemmTiles{static_cast<int32_t>(device.subgroup_size), 8, 32, true, 8}
+                                         : GemmTiles{64, 4, 8, false, 1};
   tiles.share_columns = tiles.share_columns && tiles.columns % tiles.group == 0;
   int64_t rows_needed = (M + tiles.group - 1) / tiles.group;
   int32_t rows = 1;
@@ -38,7 +38,8 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
                  MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias) {
   GemmTiles tiles = gemm_tiles(kernels, M);
-  auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0, tiles.share_columns ? 1 : 0});
+  auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0, tiles.share_columns ? 1 : 0,
+                                        tiles.reduction_unroll});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                 accumulate ? 1u : 0u};
   uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);

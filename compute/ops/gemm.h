@@ -15,6 +15,7 @@ namespace tessera {
 struct GemmTiles {
   int32_t group, rows, columns;
   bool share_columns;
+  int32_t reduction_unroll;  // reduction steps loaded ahead of their FMAs
 };
 // CPU devices (lavapipe) want large blocks per invocation, since loads cost far more than FMAs
 // there; GPUs want many invocations.
