@@ -1,6 +1,6 @@
 // GEMM and convolution throughput of the kernels behind linear and conv2d. Prints one JSON
-// object: GFLOPS of a 1024^3 matrix product and of the forward and backward passes of
-// convolutions from resnet18 and small-cnn. Each case is recorded once into a Program and
+// object: GFLOPS of a 1024^3 matrix product (row-major, and with each operand transposed) and
+// of the forward and backward passes of convolutions from resnet18 and small-cnn. Each case is recorded once into a Program and
 // submitted repeatedly; the time is the mean over several submits after a warm-up.
 #include <chrono>
 #include <cstdio>
@@ -40,14 +40,19 @@ double seconds_per_run(vk::Context& context, Record record, int min_runs = 1) {
   return elapsed / runs;
 }
 
-double gemm_gflops(vk::Context& context, uint32_t n) {
+// GFLOPS of c[n,n] = a[n,n] b[n,n] with each operand row-major ("n") or transposed, that is
+// column-major ("t"), as the backward passes of dense layers read them.
+double gemm_gflops(vk::Context& context, uint32_t n, bool a_transposed = false, bool b_transposed = false) {
   std::vector<float> ones(static_cast<size_t>(n) * n, 1.0f);
   Tensor a(context, "a", {n, n}), b(context, "b", {n, n}), c(context, "c", {n, n});
   a.upload(ones);
   b.upload(ones);
+  auto view = [n](const Tensor& t, bool transposed) {
+    return transposed ? MatrixView{&t.buffer(), 1, n} : MatrixView{&t.buffer(), n, 1};
+  };
   double seconds = seconds_per_run(context, [&](vk::Recorder& recorder) {
-    record_gemm(recorder, context.kernels(), n, n, n, {&a.buffer(), n, 1}, {&b.buffer(), n, 1}, {&c.buffer(), n, 1},
-                false);
+    record_gemm(recorder, context.kernels(), n, n, n, view(a, a_transposed), view(b, b_transposed),
+                {&c.buffer(), n, 1}, false);
   });
   return 2.0 * n * n * n / seconds / 1e9;
 }
@@ -96,6 +101,10 @@ int main() {
   result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns},
                      {"reduction_unroll", tiles.reduction_unroll}};
   result["gemm_1024_gflops"] = gemm_gflops(context, 1024);
+  for (bool a_transposed : {false, true})
+    for (bool b_transposed : {false, true})
+      result["gemm_1024_gflops_by_layout"][std::string(a_transposed ? "t" : "n") + (b_transposed ? "t" : "n")] =
+          gemm_gflops(context, 1024, a_transposed, b_transposed);
   std::vector<ConvCase> cases = {
       {"small-cnn conv2 (batch 64, 32x48x48 -> 64, 3x3)", {64, 32, 48, 48}, 64, 3, 1, 1, true},
       {"resnet18 conv1 (batch 16, 3x224x224 -> 64, 7x7/2)", {16, 3, 224, 224}, 64, 7, 2, 3, false},

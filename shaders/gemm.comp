@@ -7,6 +7,7 @@ layout(constant_id = 2) const int TN = 16;
 layout(constant_id = 3) const bool HAS_BIAS = false;
 layout(constant_id = 4) const bool SHARE_B = false;
 layout(constant_id = 5) const int K_UNROLL = 1;
+layout(constant_id = 6) const bool SHARE_K = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
 layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS

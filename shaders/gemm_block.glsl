@@ -8,16 +8,23 @@
 // shuffles: lavapipe issues every storage-buffer load lane by lane with a bounds check, even
 // where all lanes read one address, so loading each B element once is several times faster.
 //
+// With SHARE_K instead (K_UNROLL equal to the subgroup size) invocation i loads B(k + i, n)
+// for every column n of the block, once per K_UNROLL steps, and the shuffles hand row k + u to
+// all: for a B whose rows (not columns) are contiguous, such as a transposed weight, so that
+// the loads of one step touch one cache line rather than one line per column. Only kernels
+// whose b_values honour their k argument (not seek/step counters) may turn it on.
+//
 // K_UNROLL reduction steps are loaded before any of their FMAs, and each accumulator then
 // takes all of them in a row: on lavapipe the block lives in stack memory, so this loads and
 // stores every accumulator once per K_UNROLL steps instead of once per step (1024^3 GEMM:
 // 1.4x faster at 8; 16 is slower again).
 //
-// The including shader declares the constants TM, TN, K_UNROLL and SHARE_B before including this file
+// The including shader declares the constants TM, TN, K_UNROLL, SHARE_B and SHARE_K before including this file
 // and defines after it
 //   void seek_reduction(uint k);                 // position at reduction index k
 //   float a_value(uint m, uint k);               // A(m,k) at the current k; m is a valid row
 //   void b_values(uint k, out float b[B_LOADS]); // B(k, loaded_column(n0, q)) at the current k
+//                                                // (at k itself with SHARE_K)
 //   void step_reduction();                       // move to k + 1
 // Index acc only in loops of constant trip count (test bounds inside them, never in the loop
 // condition): one loop the compiler cannot unroll keeps acc in indexable memory, and on
@@ -63,7 +70,16 @@ void accumulate_block(uint m0, uint M, uint k_begin, uint k_end) {
   uint k = k_begin;
   for (; k + K_UNROLL <= k_end; k += K_UNROLL) {
     float a[K_UNROLL][TM], b[K_UNROLL][TN];
-    for (int u = 0; u < K_UNROLL; ++u) load_step(k + u, rows, a[u], b[u]);
+    if (SHARE_K) {
+      float own_row[B_LOADS];
+      b_values(k + gl_SubgroupInvocationID, own_row);
+      for (int u = 0; u < K_UNROLL; ++u) {
+        for (int i = 0; i < TM; ++i) a[u][i] = a_value(rows[i], k + u);
+        for (int j = 0; j < TN; ++j) b[u][j] = subgroupShuffle(own_row[j], u);
+      }
+    } else {
+      for (int u = 0; u < K_UNROLL; ++u) load_step(k + u, rows, a[u], b[u]);
+    }
     for (int i = 0; i < TM; ++i)
       for (int j = 0; j < TN; ++j)
         for (int u = 0; u < K_UNROLL; ++u) acc[i][j] = fma(a[u][i], b[u][j], acc[i][j]);

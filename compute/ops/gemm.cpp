@@ -1,5 +1,7 @@
 #include "compute/ops/gemm.h"
 
+#include <utility>
+
 #include "compute/op.h"
 #include "compute/vk/context.h"
 
@@ -37,9 +39,24 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
 
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
                  MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias) {
+  // The invocations of a workgroup take neighbouring rows of C, so they read A down a column.
+  // Where A's rows are strided and B's columns contiguous, C^T = B^T A^T reads both along
+  // contiguous memory: rows a power-of-two apart all fall in one cache set (a row-major 1024^3
+  // product: 23 -> 50 GFLOPS on lavapipe).
+  if (bias == nullptr && a.row_stride != 1 && b.col_stride == 1) {
+    std::swap(M, N);
+    std::swap(a, b);
+    std::swap(a.row_stride, a.col_stride);
+    std::swap(b.row_stride, b.col_stride);
+    std::swap(c.row_stride, c.col_stride);
+  }
   GemmTiles tiles = gemm_tiles(kernels, M);
-  auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0, tiles.share_columns ? 1 : 0,
-                                        tiles.reduction_unroll});
+  // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
+  bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
+                    tiles.reduction_unroll == tiles.group;
+  auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
+                                      tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
+                                      share_rows ? 1 : 0});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                 accumulate ? 1u : 0u};
   uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);
