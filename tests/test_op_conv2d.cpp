@@ -111,8 +111,10 @@ TEST(Conv2d, InitialisesLikePyTorch) {
   Conv2d conv(8, 3, 3, 1, 1, true);
   conv.infer({{1, 4, 5, 5}});
   auto specs = conv.tensors();
-  ASSERT_EQ(specs.size(), 2u);
+  ASSERT_EQ(specs.size(), 3u);
   EXPECT_EQ(specs[0].shape, (Shape{8, 4, 3, 3}));
+  EXPECT_EQ(specs[2].shape, (Shape{3, 8, 16}));  // the weight as forward reads it
+  EXPECT_EQ(specs[2].role, TensorRole::saved);
   EXPECT_EQ(specs[0].init.kind, Init::uniform);
   EXPECT_FLOAT_EQ(specs[0].init.scale, 1.0f / 6.0f);  // 1/sqrt(4*3*3)
   EXPECT_FLOAT_EQ(specs[1].init.scale, 1.0f / 6.0f);
@@ -123,7 +125,7 @@ TEST(Conv2d, ReadsItsFields) {
   auto conv = make_op(LayerConfig({{"name", "c"}, {"type", "conv2d"}, {"out_channels", 4}, {"kernel_h", 1},
                                    {"kernel_w", 3}, {"padding", 1}, {"bias", false}}));
   EXPECT_EQ(conv->infer({{1, 2, 5, 5}}), (Shape{1, 4, 7, 5}));
-  EXPECT_EQ(conv->tensors().size(), 1u);
+  EXPECT_EQ(conv->tensors().size(), 2u);  // the weight, and the weight as forward reads it
   EXPECT_THROW(make_op(LayerConfig({{"name", "c"}, {"type", "conv2d"}, {"kernel", 3}})), ModelError);
   EXPECT_THROW(conv->infer({{1, 2, 5}}), ShapeError);
 }

@@ -12,6 +12,9 @@ namespace {
 // blocks of work, each slice long enough to be worth a launch, and the partial sums bounded.
 constexpr int64_t kTargetBlocks = 256, kNominalBlock = 64 * 16, kMinSliceLength = 512;
 constexpr int64_t kMaxPartialElements = int64_t{4} << 20;
+// Forward reads the weight as [ceil(K / kWeightBlock), O, kWeightBlock] (K = C*KH*KW), the
+// block the shaders conv2d_forward_weight and conv2d_forward are written for.
+constexpr int64_t kWeightBlock = 16;
 }  // namespace
 
 std::unique_ptr<Op> make_conv2d(const LayerConfig& layer) {
@@ -65,6 +68,8 @@ std::vector<TensorSpec> Conv2d::tensors() const {
   std::vector<TensorSpec> specs{{"weight", {s.out_channels, s.in_channels, s.kernel_h, s.kernel_w},
                                  TensorRole::parameter, DType::f32, {Init::uniform, bound}}};
   if (has_bias_) specs.push_back({"bias", {s.out_channels}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
+  int64_t weight_blocks = (s.in_channels * s.kernel_h * s.kernel_w + kWeightBlock - 1) / kWeightBlock;
+  specs.push_back({"weight_blocked", {weight_blocks, s.out_channels, kWeightBlock}, TensorRole::saved});
   if (slices_ > 1)
     specs.push_back({"weight_grad_partial", {slices_, s.out_channels, s.in_channels * s.kernel_h * s.kernel_w},
                      TensorRole::saved});
@@ -99,8 +104,21 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   GemmTiles tiles = gemm_tiles(kernels, s.out_channels);
   auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns));
   const vk::Buffer& weight = t.tensors[0]->buffer();
+  // The weight in the layout that the forward kernel reads (a pass over the weight, a rounding
+  // error beside the convolution).
+  const Tensor& blocked_tensor = *t.tensors[has_bias_ ? 2 : 1];
+  const vk::Buffer& blocked = blocked_tensor.buffer();
+  struct WeightPush {
+    uint32_t rows, columns, count;
+  };
+  WeightPush weight_push{static_cast<uint32_t>(s.out_channels),
+                         static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
+                         static_cast<uint32_t>(blocked_tensor.count())};
+  recorder.dispatch_elements(kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup)}),
+                             {vk::reads(weight), vk::writes(blocked)}, weight_push, weight_push.count,
+                             kElementwiseGroup);
   recorder.dispatch(kernel(kernels, "conv2d_forward", tiles),
-                    {vk::reads(t.inputs[0]->buffer()), vk::reads(weight),
+                    {vk::reads(t.inputs[0]->buffer()), vk::reads(blocked),
                      vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer())},
                     push(false), blocks(s.out_channels, tiles.group * tiles.rows), groups_y, groups_z);
 }

@@ -1,0 +1,18 @@
+#version 450
+// blocked[kb, o, u] = weight[o, kb * BLOCK + u] for weight [O, K = C*KH*KW] (zero past K):
+// the layout in which conv2d_forward reads its weight. Its neighbouring invocations take
+// neighbouring output channels o: in [O, K] they would load floats K apart, all in one cache
+// set where K is a power of two; blocked, they load floats BLOCK apart, and each cache line
+// serves BLOCK steps of k.
+#include "common.glsl"
+layout(local_size_x_id = 0) in;
+const uint BLOCK = 16;  // as conv2d_forward.comp and kWeightBlock in compute/ops/conv2d.cpp
+layout(binding = 0) uniform samplerBuffer weight;
+layout(std430, binding = 1) writeonly buffer Blocked { float blocked[]; };
+layout(push_constant) uniform Push { uint rows, columns, count; } p;  // O, K, O * ceil(K / BLOCK) * BLOCK
+void main() {
+  uint i = global_index();
+  if (i >= p.count) return;
+  uint u = i % BLOCK, o = i / BLOCK % p.rows, k = i / (BLOCK * p.rows) * BLOCK + u;
+  blocked[i] = k < p.columns ? texelFetch(weight, int(o * p.columns + k)).x : 0.0;
+}
