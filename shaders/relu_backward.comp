@@ -13,7 +13,9 @@ void main() {
   vec4 g;
   for (int j = 0; j < 4; ++j) {
     int at = int(min(first + j, p.count - 1));
-    g[j] = texelFetch(y, at).x > 0.0 ? texelFetch(dy, at).x : 0.0;
+    // Both loads unconditional: a load under the condition is a masked branch on lavapipe.
+    float gradient = texelFetch(dy, at).x;
+    g[j] = texelFetch(y, at).x > 0.0 ? gradient : 0.0;
   }
   if (first + 4 <= p.count) {
     if (p.accumulate != 0u) g += dx[i];
