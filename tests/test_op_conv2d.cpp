@@ -78,9 +78,13 @@ const Case k1_no_bias{3, 6, 5, 3, 7, 1, 1, 1, 0, false};
 const Case k7_stride2{1, 2, 13, 11, 3, 7, 7, 2, 3, true};
 const Case k2x3_stride3{2, 2, 8, 10, 3, 2, 3, 3, 0, true};
 const Case k5_valid{1, 4, 6, 7, 9, 5, 5, 1, 0, true};
+// Channels of a power of two: forward reads the weight in blocks of 16 reduction steps, here 9
+// blocks for 3 groups of output channels.
+const Case k3_wide{1, 16, 5, 6, 24, 3, 3, 1, 1, false};
 
 TEST(Conv2d, ForwardMatchesCpu) {
-  for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid}) expect_forward_matches(c);
+  for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide})
+    expect_forward_matches(c);
 }
 
 TEST(Conv2d, BackwardMatchesCpu) {
