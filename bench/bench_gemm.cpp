@@ -1,7 +1,8 @@
 // GEMM and convolution throughput of the kernels behind linear and conv2d. Prints one JSON
 // object: GFLOPS of a 1024^3 matrix product (row-major, and with each operand transposed) and
-// of the forward and backward passes of convolutions from resnet18 and small-cnn. Each case is recorded once into a Program and
-// submitted repeatedly; the time is the mean over several submits after a warm-up.
+// of the forward and backward passes of convolutions from resnet18 and small-cnn. Each case
+// is recorded once into a Program and submitted repeatedly; the time is the mean over several
+// submits after a warm-up.
 #include <chrono>
 #include <cstdio>
 #include <memory>

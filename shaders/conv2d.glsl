@@ -12,6 +12,8 @@ layout(constant_id = 4) const uint KW = 3;
 layout(constant_id = 5) const uint STRIDE = 1;
 layout(constant_id = 6) const bool SHARE_B = false;
 layout(constant_id = 7) const int K_UNROLL = 1;
+// Forward's weight layout [ceil(C*KH*KW / WEIGHT_BLOCK), O, WEIGHT_BLOCK]: conv2d_forward_weight.comp.
+layout(constant_id = 8) const uint WEIGHT_BLOCK = 16;
 const bool SHARE_K = false;  // b_values follow the seek/step counters
 const uint TAPS = KH * KW;
 

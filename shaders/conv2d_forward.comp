@@ -3,7 +3,7 @@
 // as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer x;
-layout(binding = 1) uniform samplerBuffer weight_blocked;  // [ceil(C*KH*KW / 16), O, 16]: conv2d_forward_weight.comp
+layout(binding = 1) uniform samplerBuffer weight_blocked;  // see WEIGHT_BLOCK
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 
@@ -29,7 +29,9 @@ void step_reduction() {
     }
   }
 }
-float a_value(uint o, uint k) { return texelFetch(weight_blocked, int(((k / 16) * p.O + o) * 16 + k % 16)).x; }
+float a_value(uint o, uint k) {
+  return texelFetch(weight_blocked, int(((k / WEIGHT_BLOCK) * p.O + o) * WEIGHT_BLOCK + k % WEIGHT_BLOCK)).x;
+}
 void b_values(uint k, out float v[B_LOADS]) {
   for (int j = 0; j < B_LOADS; ++j) {
     int ih = column_top[j] + int(kh), iw = column_left[j] + int(kw);

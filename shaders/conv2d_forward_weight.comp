@@ -6,7 +6,7 @@
 // serves BLOCK steps of k.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
-const uint BLOCK = 16;  // as conv2d_forward.comp and kWeightBlock in compute/ops/conv2d.cpp
+layout(constant_id = 1) const uint BLOCK = 16;  // Conv2d's kWeightBlock
 layout(binding = 0) uniform samplerBuffer weight;
 layout(std430, binding = 1) writeonly buffer Blocked { float blocked[]; };
 layout(push_constant) uniform Push { uint rows, columns, count; } p;  // O, K, O * ceil(K / BLOCK) * BLOCK

@@ -19,8 +19,8 @@
 // stores every accumulator once per K_UNROLL steps instead of once per step (1024^3 GEMM:
 // 1.4x faster at 8; 16 is slower again).
 //
-// The including shader declares the constants TM, TN, K_UNROLL, SHARE_B and SHARE_K before including this file
-// and defines after it
+// The including shader declares the constants TM, TN, K_UNROLL, SHARE_B and SHARE_K before
+// including this file and defines after it
 //   void seek_reduction(uint k);                 // position at reduction index k
 //   float a_value(uint m, uint k);               // A(m,k) at the current k; m is a valid row
 //   void b_values(uint k, out float b[B_LOADS]); // B(k, loaded_column(n0, q)) at the current k

@@ -12,9 +12,9 @@ namespace {
 // blocks of work, each slice long enough to be worth a launch, and the partial sums bounded.
 constexpr int64_t kTargetBlocks = 256, kNominalBlock = 64 * 16, kMinSliceLength = 512;
 constexpr int64_t kMaxPartialElements = int64_t{4} << 20;
-// Forward reads the weight as [ceil(K / kWeightBlock), O, kWeightBlock] (K = C*KH*KW), the
-// block the shaders conv2d_forward_weight and conv2d_forward are written for.
-constexpr int64_t kWeightBlock = 16;
+// Forward reads the weight as [ceil(K / kWeightBlock), O, kWeightBlock] (K = C*KH*KW); the
+// shaders take the block as a specialization constant.
+constexpr int32_t kWeightBlock = 16;
 }  // namespace
 
 std::unique_ptr<Op> make_conv2d(const LayerConfig& layer) {
@@ -92,7 +92,7 @@ Conv2d::Push Conv2d::push(bool accumulate) const {
 const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
   return kernels.get(name, {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
-                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll});
+                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock});
 }
 
 namespace {
@@ -114,9 +114,9 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   WeightPush weight_push{static_cast<uint32_t>(s.out_channels),
                          static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
                          static_cast<uint32_t>(blocked_tensor.count())};
-  recorder.dispatch_elements(kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup)}),
-                             {vk::reads(weight), vk::writes(blocked)}, weight_push, weight_push.count,
-                             kElementwiseGroup);
+  recorder.dispatch_elements(
+      kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup), kWeightBlock}),
+      {vk::reads(weight), vk::writes(blocked)}, weight_push, weight_push.count, kElementwiseGroup);
   recorder.dispatch(kernel(kernels, "conv2d_forward", tiles),
                     {vk::reads(t.inputs[0]->buffer()), vk::reads(blocked),
                      vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer())},

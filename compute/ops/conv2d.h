@@ -20,8 +20,8 @@ class Conv2d : public Op {
   // x [N,C,H,W] -> y [N,O,OH,OW], OH = (H + 2p - KH) / s + 1
   Shape infer(const std::vector<Shape>& inputs) override;
   // weight, bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch; the weight blocked for
-  // the forward kernel (shaders/conv2d_forward_weight.comp), saved by forward; where the weight gradient's reduction is split, a saved
-  // buffer for the partial sums of the slices.
+  // the forward kernel (shaders/conv2d_forward_weight.comp), saved by forward; where the
+  // weight gradient's reduction is split, a saved buffer for the partial sums of the slices.
   std::vector<TensorSpec> tensors() const override;
   // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
