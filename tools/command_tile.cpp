@@ -7,6 +7,7 @@
 #include "common/units.h"
 #include "data/tiler.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -30,7 +31,7 @@ void add_tile_command(CLI::App& app) {
   command->add_option("--size", flags->options.size, "Tile size in pixels")->capture_default_str();
   command->add_option("--level", flags->options.level, "Pyramid level to tile")->capture_default_str();
   command->add_option("--min-tissue", flags->options.min_tissue, "Least tissue fraction a kept tile has")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_in(0, 1));
   command->add_option("--tissue-threshold", flags->tissue_threshold,
                       "Saturation (0-255) above which a pixel is tissue (default: Otsu's threshold)");
   command->add_option("--labels", flags->labels,
@@ -56,7 +57,6 @@ void add_tile_command(CLI::App& app) {
   command->callback([flags] {
     auto& options = flags->options;
     if (options.size < 8 || options.size > 65535) throw UsageError("--size: between 8 and 65535 pixels");
-    if (options.min_tissue < 0 || options.min_tissue > 1) throw UsageError("--min-tissue: a fraction in [0, 1]");
     if (flags->tissue_threshold > 255) throw UsageError("--tissue-threshold: between 0 and 255");
     if (flags->tissue_threshold >= 0) options.tissue_threshold = flags->tissue_threshold;
     if (flags->encoding == "jpeg")

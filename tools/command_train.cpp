@@ -11,6 +11,7 @@
 #include "compute/mil.h"
 #include "compute/trainer.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -49,7 +50,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->capture_default_str();
   command.add_option("--optimizer", o.optimizer.kind, "sgd, adam, adamw or adagrad")
       ->capture_default_str()->check(CLI::IsMember({"sgd", "adam", "adamw", "adagrad"}));
-  command.add_option("--lr", o.optimizer.lr, "Learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  command.add_option("--lr", o.optimizer.lr, "Learning rate")->capture_default_str()->check(finite_positive());
   command.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
   command.add_option("--weight-decay", o.optimizer.weight_decay, "Weight decay (decoupled for adamw)")
       ->capture_default_str();
