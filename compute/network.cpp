@@ -1,5 +1,6 @@
 #include "compute/network.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -125,17 +126,36 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
 }
 
 Network::Network(const nlohmann::json& description, const Shape& input_shape, bool with_gradients)
-    : description_(expand_presets(description)), input_shape_(input_shape), with_gradients_(with_gradients) {
+    : Network(description, {{"input", input_shape}}, with_gradients) {}
+
+Network::Network(const nlohmann::json& description, std::vector<GraphInput> inputs, bool with_gradients,
+                 const nlohmann::json& prologue, const nlohmann::json& epilogue)
+    : description_(expand_presets(description)), inputs_(std::move(inputs)), with_gradients_(with_gradients) {
   auto layers = description_.find("layers");
   if (layers == description_.end() || !layers->is_array() || layers->empty())
     throw ModelError("model: field 'layers' must be a non-empty array of layers");
-  std::map<std::string, int> index_of{{"input", -1}};
-  for (auto& entry : *layers) {
+  for (size_t i = 0; i < inputs_.size(); ++i) index_of_[inputs_[i].name] = -1 - static_cast<int>(i);
+  add_layers(prologue, false);
+  add_layers(*layers, true);
+  add_layers(epilogue, false);
+  finish();
+}
+
+Network::Network(std::shared_ptr<Op> op, std::vector<GraphInput> inputs, bool with_gradients)
+    : description_(nlohmann::json::object()), inputs_(std::move(inputs)), with_gradients_(with_gradients) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    index_of_[inputs_[i].name] = -1 - static_cast<int>(i);
+    names.push_back(inputs_[i].name);
+  }
+  std::string type = op->type();
+  add_layer(LayerConfig({{"name", "op"}, {"type", type}}), std::move(op), names, true);
+  finish();
+}
+
+void Network::add_layers(const nlohmann::json& layers, bool from_model) {
+  for (auto& entry : layers) {
     LayerConfig config(entry);
-    if (index_of.count(config.name())) config.fail("name", "'" + config.name() + "' is used twice");
-    Layer l;
-    l.name = config.name();
-    l.op = make_op(config);
     std::vector<std::string> input_names;
     if (auto inputs = entry.find("inputs"); inputs != entry.end()) {
       if (!inputs->is_array() || inputs->empty()) config.fail("inputs", "must be a non-empty array of layer names");
@@ -146,93 +166,200 @@ Network::Network(const nlohmann::json& description, const Shape& input_shape, bo
     } else {
       input_names.push_back(layers_.empty() ? "input" : layers_.back().name);
     }
-    std::vector<Shape> shapes;
-    for (auto& name : input_names) {
-      auto it = index_of.find(name);
-      if (it == index_of.end())
-        config.fail("inputs", "names '" + name + "', which is not an earlier layer (or 'input')");
-      l.inputs.push_back(it->second);
-      shapes.push_back(it->second < 0 ? input_shape_ : layers_[static_cast<size_t>(it->second)].output_shape);
-    }
-    try {
-      l.output_shape = l.op->infer(shapes);
-    } catch (const ShapeError& e) {
-      std::string sources;
-      for (size_t i = 0; i < input_names.size(); ++i)
-        sources += (i ? " and '" : "'") + input_names[i] + "' " + to_string(shapes[i]);
-      throw ModelError("model: layer '" + l.name + "' (" + config.type() + ") cannot take the output of " +
-                       sources + ": " + e.what());
-    }
-    l.specs = l.op->tensors();
-    index_of[l.name] = static_cast<int>(layers_.size());
-    layers_.push_back(std::move(l));
+    add_layer(config, make_op(config), input_names, from_model);
+  }
+}
+
+void Network::add_layer(const LayerConfig& config, std::shared_ptr<Op> op, const std::vector<std::string>& input_names,
+                        bool from_model) {
+  if (index_of_.count(config.name())) config.fail("name", "'" + config.name() + "' is used twice");
+  Layer l;
+  l.name = config.name();
+  l.op = std::move(op);
+  l.from_model = from_model;
+  std::vector<Shape> shapes;
+  for (auto& name : input_names) {
+    auto it = index_of_.find(name);
+    if (it == index_of_.end())
+      config.fail("inputs", "names '" + name + "', which is not an earlier layer (or 'input')");
+    l.inputs.push_back(it->second);
+    shapes.push_back(it->second < 0 ? inputs_[static_cast<size_t>(-1 - it->second)].shape
+                                    : layers_[static_cast<size_t>(it->second)].output_shape);
+  }
+  try {
+    l.output_shape = l.op->infer(shapes);
+  } catch (const ShapeError& e) {
+    std::string sources;
+    for (size_t i = 0; i < input_names.size(); ++i)
+      sources += (i ? " and '" : "'") + input_names[i] + "' " + to_string(shapes[i]);
+    throw ModelError("model: layer '" + l.name + "' (" + config.type() + ") cannot take the output of " + sources +
+                     ": " + e.what());
+  }
+  l.specs = l.op->tensors();
+  index_of_[l.name] = static_cast<int>(layers_.size());
+  layers_.push_back(std::move(l));
+}
+
+void Network::finish() {
+  // A layer takes part in backward when it has parameters or reads something that needs a
+  // gradient; the rest (the normalisation of the images) gets no output gradient at all.
+  needs_grad_.assign(layers_.size(), false);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    bool needs = false;
+    for (auto& spec : layers_[l].specs) needs = needs || spec.role == TensorRole::parameter;
+    for (int producer : layers_[l].inputs)
+      needs = needs || (producer < 0 ? inputs_[static_cast<size_t>(-1 - producer)].gradient
+                                     : needs_grad_[static_cast<size_t>(producer)]);
+    needs_grad_[l] = needs;
   }
   // In backward order, the first consumer of a tensor writes its gradient, later ones add.
-  std::vector<bool> written(layers_.size(), false);
+  std::map<int, bool> written;
   for (size_t l = layers_.size(); l-- > 0;)
     for (size_t j = 0; j < layers_[l].inputs.size(); ++j) {
       int producer = layers_[l].inputs[j];
-      if (producer < 0) continue;
-      accumulate_input_grad_[{l, j}] = written[static_cast<size_t>(producer)];
-      written[static_cast<size_t>(producer)] = true;
+      accumulate_input_grad_[{l, j}] = written[producer];
+      written[producer] = true;
     }
 }
 
-std::vector<PlannedTensor> Network::planned_tensors() const {
-  std::vector<PlannedTensor> planned;
-  for (auto& l : layers_) {
-    for (auto& spec : l.specs) {
-      std::string full = l.name + "." + spec.name;
-      switch (spec.role) {
-        case TensorRole::parameter:
-          planned.push_back({full, spec.shape, spec.dtype, "parameters"});
-          if (with_gradients_) planned.push_back({full + ".grad", spec.shape, DType::f32, "gradients"});
-          break;
-        case TensorRole::state: planned.push_back({full, spec.shape, spec.dtype, "parameters"}); break;
-        case TensorRole::saved: planned.push_back({full, spec.shape, spec.dtype, "activations"}); break;
+MemoryPlan GraphLayout::plan(const vk::Allocator& allocator) const {
+  MemoryPlan plan;
+  for (auto& buffer : buffers) plan.bytes[buffer.category] += allocator.footprint(buffer.bytes);
+  return plan;
+}
+
+GraphLayout Network::layout() const {
+  GraphLayout layout;
+  const bool reuse = !with_gradients_;
+  std::vector<size_t> free;  // shared buffers no live tensor holds
+  auto place = [&](GraphLayout::Placed placed, const std::string& category, bool shared) {
+    uint64_t bytes = (static_cast<uint64_t>(element_count(placed.shape)) * element_size(placed.dtype) + 3) / 4 * 4;
+    if (!shared) {
+      layout.buffers.push_back({placed.name, bytes, category});
+      placed.buffer = layout.buffers.size() - 1;
+    } else {
+      // The smallest free buffer that holds it, else the largest one grown, else a new one.
+      auto best = free.end();
+      for (auto it = free.begin(); it != free.end(); ++it) {
+        uint64_t size = layout.buffers[*it].bytes;
+        if (best == free.end()) {
+          best = it;
+          continue;
+        }
+        uint64_t best_size = layout.buffers[*best].bytes;
+        bool fits = size >= bytes, best_fits = best_size >= bytes;
+        if ((fits && (!best_fits || size < best_size)) || (!fits && !best_fits && size > best_size)) best = it;
+      }
+      if (best == free.end()) {
+        layout.buffers.push_back({"activations (shared)", bytes, category});
+        placed.buffer = layout.buffers.size() - 1;
+      } else {
+        placed.buffer = *best;
+        free.erase(best);
+        layout.buffers[placed.buffer].bytes = std::max(layout.buffers[placed.buffer].bytes, bytes);
       }
     }
-    planned.push_back({l.name, l.output_shape, DType::f32, "activations"});
-    if (with_gradients_) planned.push_back({l.name + ".grad", l.output_shape, DType::f32, "activation gradients"});
+    layout.tensors.push_back(std::move(placed));
+    return layout.tensors.back().buffer;
+  };
+  // The last layer that reads each layer's output; the network's output stays alive.
+  std::vector<size_t> last_use(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    last_use[l] = l;
+    for (int producer : layers_[l].inputs)
+      if (producer >= 0) last_use[static_cast<size_t>(producer)] = l;
   }
-  return planned;
+  last_use.back() = layers_.size();
+  std::vector<size_t> output_buffer(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    std::vector<size_t> scratch;
+    for (size_t s = 0; s < layer.specs.size(); ++s) {
+      const TensorSpec& spec = layer.specs[s];
+      std::string full = layer.name + "." + spec.name;
+      bool saved = spec.role == TensorRole::saved;
+      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
+                            saved ? "activations" : "parameters", saved && reuse);
+      if (saved && reuse) scratch.push_back(buffer);
+      if (spec.role == TensorRole::parameter && with_gradients_)
+        place({full + ".grad", spec.shape, DType::f32, GraphLayout::Kind::grad, l, s}, "gradients", false);
+    }
+    output_buffer[l] = place({layer.name, layer.output_shape, DType::f32, GraphLayout::Kind::output, l, 0},
+                             "activations", reuse);
+    if (with_gradients_ && needs_grad_[l])
+      place({layer.name + ".grad", layer.output_shape, DType::f32, GraphLayout::Kind::output_grad, l, 0},
+            "activation gradients", false);
+    if (!reuse) continue;
+    // Saved tensors are scratch in inference; inputs whose last reader this was are done.
+    free.insert(free.end(), scratch.begin(), scratch.end());
+    for (int producer : layer.inputs)
+      if (producer >= 0 && last_use[static_cast<size_t>(producer)] == l &&
+          std::find(free.begin(), free.end(), output_buffer[static_cast<size_t>(producer)]) == free.end())
+        free.push_back(output_buffer[static_cast<size_t>(producer)]);
+    if (last_use[l] == l) free.push_back(output_buffer[l]);  // read by no one
+  }
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    if (inputs_[i].gradient && with_gradients_)
+      place({inputs_[i].name + ".grad", inputs_[i].shape, DType::f32, GraphLayout::Kind::input_grad, 0, i},
+            "activation gradients", false);
+  return layout;
 }
 
 void Network::allocate(vk::Context& context) {
+  GraphLayout layout = this->layout();
+  std::vector<std::shared_ptr<vk::Buffer>> buffers;
+  for (auto& buffer : layout.buffers)
+    buffers.push_back(
+        std::make_shared<vk::Buffer>(context.allocator().allocate(buffer.bytes, vk::MemoryUsage::device, buffer.name)));
+  input_grads_.resize(inputs_.size());
   for (auto& l : layers_) {
-    for (auto& spec : l.specs) {
-      l.tensors.push_back(std::make_unique<Tensor>(context, l.name + "." + spec.name, spec.shape, spec.dtype));
-      bool trained = spec.role == TensorRole::parameter && with_gradients_;
-      l.grads.push_back(trained ? std::make_unique<Tensor>(context, l.name + "." + spec.name + ".grad", spec.shape)
-                                : nullptr);
+    l.tensors.resize(l.specs.size());
+    l.grads.resize(l.specs.size());
+  }
+  for (auto& placed : layout.tensors) {
+    auto tensor = std::make_unique<Tensor>(context, placed.name, placed.shape, placed.dtype, buffers[placed.buffer]);
+    Layer& l = layers_[placed.layer];
+    switch (placed.kind) {
+      case GraphLayout::Kind::tensor: l.tensors[placed.index] = std::move(tensor); break;
+      case GraphLayout::Kind::grad: l.grads[placed.index] = std::move(tensor); break;
+      case GraphLayout::Kind::output: l.output = std::move(tensor); break;
+      case GraphLayout::Kind::output_grad: l.output_grad = std::move(tensor); break;
+      case GraphLayout::Kind::input_grad: input_grads_[placed.index] = std::move(tensor); break;
     }
-    l.output = std::make_unique<Tensor>(context, l.name, l.output_shape);
-    if (with_gradients_) l.output_grad = std::make_unique<Tensor>(context, l.name + ".grad", l.output_shape);
   }
 }
 
+const Tensor& Network::input_grad(const std::string& name) const {
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    if (inputs_[i].name == name && input_grads_.size() > i && input_grads_[i]) return *input_grads_[i];
+  throw std::logic_error("the graph computes no gradient of its input " + name);
+}
+
 void Network::initialise(uint32_t seed) {
-  for (auto& named : named_tensors()) {
-    std::vector<float> values(static_cast<size_t>(named.tensor->count()));
-    std::mt19937 generator(seed ^ name_hash(named.name));
-    const Init& init = named.spec.init;
-    switch (init.kind) {
-      case Init::zeros: std::fill(values.begin(), values.end(), 0.0f); break;
-      case Init::ones: std::fill(values.begin(), values.end(), 1.0f); break;
-      case Init::uniform: {
-        std::uniform_real_distribution<float> distribution(-init.scale, init.scale);
-        for (auto& v : values) v = distribution(generator);
-        break;
+  for (auto& l : layers_)
+    for (size_t s = 0; s < l.specs.size(); ++s) {
+      const TensorSpec& spec = l.specs[s];
+      if (spec.role == TensorRole::saved) continue;
+      std::string name = l.name + "." + spec.name;
+      std::vector<float> values(static_cast<size_t>(element_count(spec.shape)));
+      std::mt19937 generator(seed ^ name_hash(name));
+      switch (spec.init.kind) {
+        case Init::zeros: std::fill(values.begin(), values.end(), 0.0f); break;
+        case Init::ones: std::fill(values.begin(), values.end(), 1.0f); break;
+        case Init::uniform: {
+          std::uniform_real_distribution<float> distribution(-spec.init.scale, spec.init.scale);
+          for (auto& v : values) v = distribution(generator);
+          break;
+        }
+        case Init::normal: {
+          std::normal_distribution<float> distribution(0.0f, spec.init.scale);
+          for (auto& v : values) v = distribution(generator);
+          break;
+        }
       }
-      case Init::normal: {
-        std::normal_distribution<float> distribution(0.0f, init.scale);
-        for (auto& v : values) v = distribution(generator);
-        break;
-      }
+      l.tensors[s]->upload(values);
+      if (l.grads[s]) l.grads[s]->upload(std::vector<float>(values.size(), 0.0f));
     }
-    named.tensor->upload(values);
-    if (named.grad) named.grad->upload(std::vector<float>(values.size(), 0.0f));
-  }
 }
 
 Network::Layer& Network::layer(const std::string& name) {
@@ -248,24 +375,38 @@ Network::Layer& Network::layer(const std::string& name) {
 
 std::vector<Network::Named> Network::named_tensors() {
   std::vector<Named> named;
-  for (auto& l : layers_)
+  for (auto& l : layers_) {
+    if (!l.from_model) continue;
     for (size_t s = 0; s < l.specs.size(); ++s) {
       if (l.specs[s].role == TensorRole::saved) continue;
       named.push_back({l.name + "." + l.specs[s].name, l.tensors[s].get(), l.grads[s].get(), l.specs[s]});
     }
+  }
   return named;
 }
 
-OpTensors Network::bindings(size_t index, const Tensor& input, bool training, uint32_t seed, const Tensor& step,
-                            uint32_t sample_offset, bool backward) {
-  Layer& l = layers_[index];
+OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass, bool backward) const {
+  const Layer& l = layers_[index];
   OpTensors t;
   for (size_t j = 0; j < l.inputs.size(); ++j) {
     int producer = l.inputs[j];
-    t.inputs.push_back(producer < 0 ? &input : layers_[static_cast<size_t>(producer)].output.get());
+    const Tensor* value = nullptr;
+    const Tensor* grad = nullptr;
+    if (producer < 0) {
+      auto input = static_cast<size_t>(-1 - producer);
+      auto bound = inputs.find(inputs_[input].name);
+      if (bound == inputs.end() || !bound->second)
+        throw std::logic_error("graph input " + inputs_[input].name + " is not bound");
+      value = bound->second;
+      if (input < input_grads_.size()) grad = input_grads_[input].get();
+    } else {
+      value = layers_[static_cast<size_t>(producer)].output.get();
+      grad = layers_[static_cast<size_t>(producer)].output_grad.get();
+    }
+    t.inputs.push_back(value);
     if (backward) {
-      t.input_grads.push_back(producer < 0 ? nullptr : layers_[static_cast<size_t>(producer)].output_grad.get());
-      t.accumulate_input_grads.push_back(accumulate_input_grad_[{index, j}]);
+      t.input_grads.push_back(grad);
+      t.accumulate_input_grads.push_back(accumulate_input_grad_.at({index, j}));
     }
   }
   t.output = l.output.get();
@@ -274,27 +415,26 @@ OpTensors Network::bindings(size_t index, const Tensor& input, bool training, ui
     t.tensors.push_back(l.tensors[s].get());
     t.grads.push_back(l.grads[s].get());
   }
-  t.training = training;
-  t.seed = seed ^ name_hash(l.name);
-  t.step = &step;
-  t.sample_offset = sample_offset;
+  t.training = pass.training;
+  t.seed = pass.seed ^ name_hash(l.name);
+  t.step = pass.step;
+  t.sample_offset = pass.sample_offset;
   return t;
 }
 
-void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, bool training,
-                             uint32_t seed, const Tensor& step, uint32_t sample_offset) {
+void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     recorder.set_scope(layers_[l].name);
-    layers_[l].op->forward(recorder, kernels, bindings(l, input, training, seed, step, sample_offset, false));
+    layers_[l].op->forward(recorder, kernels, bindings(l, inputs, pass, false));
   }
   recorder.set_scope("");
 }
 
-void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, uint32_t seed,
-                              const Tensor& step, uint32_t sample_offset) {
+void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
   for (size_t l = layers_.size(); l-- > 0;) {
+    if (!needs_grad_[l]) continue;
     recorder.set_scope(layers_[l].name + " backward");
-    layers_[l].op->backward(recorder, kernels, bindings(l, input, true, seed, step, sample_offset, true));
+    layers_[l].op->backward(recorder, kernels, bindings(l, inputs, pass, true));
   }
   recorder.set_scope("");
 }

@@ -12,6 +12,8 @@
 
 namespace tessera {
 
+class LayerConfig;
+
 // The model description for `--model`: a preset name (small-cnn, resnet18) or a JSON file,
 // completed with the class count and width where the description leaves them open.
 nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
@@ -24,52 +26,103 @@ struct MemoryPlan {
   uint64_t total() const;
 };
 
-// One tensor of the graph as planned, before allocation.
-struct PlannedTensor {
+// A tensor the graph reads from outside, bound when a pass is recorded: the images, the
+// labels, a bag's features and its instance count.
+struct GraphInput {
   std::string name;
   Shape shape;
-  DType dtype;
-  std::string category;  // the MemoryPlan key
+  DType dtype = DType::f32;
+  bool gradient = false;  // the backward pass computes its gradient (op checks)
+};
+
+// The device buffers of a graph and the tensors in them, from one walk over the layers: the
+// memory plan sums the buffers and allocate() creates them, so the two cannot drift. In
+// inference an activation's buffer is handed on once its last consumer has run, so a few
+// buffers hold every activation; in training each tensor has a buffer of its own.
+struct GraphLayout {
+  struct Buffer {
+    std::string name;      // its first tensor's name, or "activations (shared)"
+    uint64_t bytes = 0;    // the largest tensor it holds, in whole 32-bit words
+    std::string category;  // the MemoryPlan key
+  };
+  enum class Kind { tensor, grad, output, output_grad, input_grad };
+  struct Placed {
+    std::string name;
+    Shape shape;
+    DType dtype;
+    Kind kind;
+    size_t layer = 0, index = 0;  // index: of the TensorSpec (tensor, grad) or the graph input (input_grad)
+    size_t buffer = 0;
+  };
+  std::vector<Buffer> buffers;
+  std::vector<Placed> tensors;
+  MemoryPlan plan(const vk::Allocator& allocator) const;
 };
 
 class Network {
  public:
   struct Layer {
     std::string name;
-    std::unique_ptr<Op> op;
-    std::vector<int> inputs;   // indices of the producing layers; -1 is the network input
+    std::shared_ptr<Op> op;
+    std::vector<int> inputs;   // indices of the producing layers; graph input i is -1 - i
     Shape output_shape;
     std::vector<TensorSpec> specs;
+    bool from_model = true;    // false: added by the job (input normalisation, loss)
     std::vector<std::unique_ptr<Tensor>> tensors, grads;  // grads: parameters only
     std::unique_ptr<Tensor> output, output_grad;
   };
 
-  // Builds the graph for a float32 input of `input_shape` ([N,3,H,W]); throws ModelError
-  // naming the layer and field, or naming both layers when shapes do not fit.
+  // Builds the graph for one float32 input "input" of `input_shape` ([N,3,H,W]); throws
+  // ModelError naming the layer and field, or naming both layers when shapes do not fit.
   Network(const nlohmann::json& description, const Shape& input_shape, bool with_gradients);
+  // The model between layers a job adds before it (`prologue`, e.g. the normalisation of
+  // uint8 images into the layer the model calls "input") and after it (`epilogue`, the loss).
+  // Only the model's layers are in named_tensors() and description().
+  Network(const nlohmann::json& description, std::vector<GraphInput> inputs, bool with_gradients,
+          const nlohmann::json& prologue = nlohmann::json::array(),
+          const nlohmann::json& epilogue = nlohmann::json::array());
+  // One op that reads every graph input (op checks); `op` must outlive the network.
+  Network(std::shared_ptr<Op> op, std::vector<GraphInput> inputs, bool with_gradients);
 
-  // The device tensors that allocate() will create, for the memory plan.
-  std::vector<PlannedTensor> planned_tensors() const;
+  // The walk that both the plan and allocate() follow.
+  GraphLayout layout() const;
+  MemoryPlan plan(const vk::Allocator& allocator) const { return layout().plan(allocator); }
   void allocate(vk::Context& context);
   // Parameters and state get PyTorch's default initialisation from the seed.
   void initialise(uint32_t seed);
 
-  // Records the forward pass of all layers, reading `input`. Training uses batch statistics.
-  void record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, bool training,
-                      uint32_t seed, const Tensor& step, uint32_t sample_offset);
-  // Records the backward pass; the output gradient must already be in output_grad().
-  void record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, uint32_t seed,
-                       const Tensor& step, uint32_t sample_offset);
+  // Graph inputs by name, as a pass reads them.
+  using Bound = std::map<std::string, const Tensor*>;
+  struct Pass {
+    bool training = false;       // batch statistics, dropout
+    uint32_t seed = 0;
+    const Tensor* step = nullptr;
+    uint32_t sample_offset = 0;  // the micro-batch's first sample in the batch
+  };
+  // The one place that binds an op's tensors: layer `index`'s inputs, outputs, own tensors
+  // and, for backward, the gradients.
+  OpTensors bindings(size_t index, const Bound& inputs, const Pass& pass, bool backward) const;
+  // Records the forward pass of all layers.
+  void record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass);
+  void record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& input, const Pass& pass) {
+    record_forward(recorder, kernels, Bound{{"input", &input}}, pass);
+  }
+  // Records the backward pass; the last layer's output gradient must already be there.
+  void record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass);
 
   const nlohmann::json& description() const { return description_; }
+  const std::vector<GraphInput>& inputs() const { return inputs_; }
   const Shape& output_shape() const { return layers_.back().output_shape; }
   const Tensor& output() const { return *layers_.back().output; }
   const Tensor& output_grad() const { return *layers_.back().output_grad; }
+  // The gradient of graph input `name`, allocated where GraphInput::gradient is set.
+  const Tensor& input_grad(const std::string& name) const;
   std::vector<Layer>& layers() { return layers_; }
+  const std::vector<Layer>& layers() const { return layers_; }
   // The layer called `name`; throws naming the known layers.
   Layer& layer(const std::string& name);
 
-  // Every parameter and state tensor by its PyTorch name ("layer1.0.conv1.weight").
+  // Every parameter and state tensor of the model by its PyTorch name ("layer1.0.conv1.weight").
   struct Named {
     std::string name;
     Tensor* tensor;
@@ -79,13 +132,18 @@ class Network {
   std::vector<Named> named_tensors();
 
  private:
-  OpTensors bindings(size_t layer, const Tensor& input, bool training, uint32_t seed, const Tensor& step,
-                     uint32_t sample_offset, bool backward);
+  void add_layer(const LayerConfig& config, std::shared_ptr<Op> op, const std::vector<std::string>& input_names,
+                 bool from_model);
+  void add_layers(const nlohmann::json& layers, bool from_model);
+  void finish();
 
   nlohmann::json description_;
-  Shape input_shape_;
+  std::vector<GraphInput> inputs_;
   bool with_gradients_;
   std::vector<Layer> layers_;
+  std::map<std::string, int> index_of_;  // layer or graph input name -> index (graph inputs negative)
+  std::vector<std::unique_ptr<Tensor>> input_grads_;
+  std::vector<bool> needs_grad_;  // per layer: whether backward reaches it
   // (layer, input) -> whether its backward adds to the input's gradient rather than writing it.
   std::map<std::pair<size_t, size_t>, bool> accumulate_input_grad_;
 };

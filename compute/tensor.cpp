@@ -34,14 +34,21 @@ Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype,
     : context_(&context), name_(std::move(name)), shape_(std::move(shape)), dtype_(dtype) {
   // Round up to whole 32-bit words: shaders address storage buffers in words.
   uint64_t size = (bytes() + 3) / 4 * 4;
-  buffer_ = context.allocator().allocate(size, usage, name_);
+  buffer_ = std::make_shared<vk::Buffer>(context.allocator().allocate(size, usage, name_));
+}
+
+Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, std::shared_ptr<vk::Buffer> storage)
+    : context_(&context), name_(std::move(name)), shape_(std::move(shape)), dtype_(dtype), buffer_(std::move(storage)) {
+  if (buffer_->size() < bytes())
+    throw Error(ExitCode::runtime_error, name_ + ": a shared buffer of " + std::to_string(buffer_->size()) +
+                                             " bytes cannot hold " + std::to_string(bytes()));
 }
 
 void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
-  if (offset + size > buffer_.size())
+  if (offset + size > buffer_->size())
     throw Error(ExitCode::runtime_error, "upload of " + std::to_string(size) + " bytes overruns " + name_);
-  if (buffer_.mapped()) {
-    std::memcpy(static_cast<char*>(buffer_.mapped()) + offset, data, size);
+  if (buffer_->mapped()) {
+    std::memcpy(static_cast<char*>(buffer_->mapped()) + offset, data, size);
     return;
   }
   auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (upload)");
@@ -49,24 +56,24 @@ void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);
-    recorder.copy(staging, 0, buffer_, offset, size);
+    recorder.copy(staging, 0, *buffer_, offset, size);
     recorder.finish();
   }
   program.run();
 }
 
 void Tensor::download(void* data, uint64_t size, uint64_t offset) const {
-  if (offset + size > buffer_.size())
+  if (offset + size > buffer_->size())
     throw Error(ExitCode::runtime_error, "download of " + std::to_string(size) + " bytes overruns " + name_);
-  if (buffer_.mapped()) {
-    std::memcpy(data, static_cast<const char*>(buffer_.mapped()) + offset, size);
+  if (buffer_->mapped()) {
+    std::memcpy(data, static_cast<const char*>(buffer_->mapped()) + offset, size);
     return;
   }
   auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (download)");
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);
-    recorder.copy(buffer_, offset, staging, 0, size);
+    recorder.copy(*buffer_, offset, staging, 0, size);
     recorder.finish();
   }
   program.run();

@@ -1,6 +1,7 @@
 // A named, shaped array in device memory.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,14 +26,17 @@ class Tensor {
   Tensor() = default;
   Tensor(vk::Context& context, std::string name, Shape shape, DType dtype = DType::f32,
          vk::MemoryUsage usage = vk::MemoryUsage::device);
+  // A tensor in a buffer it shares with others whose lifetimes do not overlap (activations
+  // of inference, planned by Network); the buffer must hold at least bytes().
+  Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, std::shared_ptr<vk::Buffer> storage);
 
   const std::string& name() const { return name_; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   int64_t count() const { return element_count(shape_); }
   uint64_t bytes() const { return static_cast<uint64_t>(count()) * element_size(dtype_); }
-  const vk::Buffer& buffer() const { return buffer_; }
-  explicit operator bool() const { return static_cast<bool>(buffer_); }
+  const vk::Buffer& buffer() const { return *buffer_; }
+  explicit operator bool() const { return buffer_ && *buffer_; }
 
   // Blocking copies between host and device (through a staging buffer where the memory is
   // not host-visible). For set-up, checkpoints and tests, not for the training loop.
@@ -46,7 +50,7 @@ class Tensor {
   std::string name_;
   Shape shape_;
   DType dtype_ = DType::f32;
-  vk::Buffer buffer_;
+  std::shared_ptr<vk::Buffer> buffer_;
 };
 
 }  // namespace tessera

@@ -1,117 +1,22 @@
 #include "compute/trainer.h"
 
-#include <unistd.h>
-
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 
 #include "common/error.h"
 #include "common/progress.h"
 #include "common/units.h"
-#include "compute/checkpoint.h"
-#include "compute/input_normalize.h"
-#include "compute/ops/registry.h"
-#include "data/loader.h"
 
 namespace tessera {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The data and the model as the run will use them.
-struct Setup {
-  std::unique_ptr<data::PatchSource> source;
-  std::vector<size_t> train_indices, val_indices;
-  nlohmann::json description;
-  std::optional<Checkpoint> start;  // --model CKPT.h5 or --resume
-};
-
-Setup prepare(const TrainOptions& options) {
-  if (options.batch < 1) throw UsageError("--batch must be at least 1");
-  if (options.accumulate < 1) throw UsageError("--accumulate must be at least 1");
-  if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
-  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
-  if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
-  Setup setup;
-  setup.source = data::open_patches(options.data);
-  if (setup.source->size() == 0) throw BadInput(options.data + ": holds no patches");
-  data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
-  size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
-  if (setup.train_indices.size() < per_step)
-    throw UsageError("--batch " + std::to_string(options.batch) + " x --accumulate " +
-                     std::to_string(options.accumulate) + " needs " + std::to_string(per_step) +
-                     " training patches; " + options.data + " has " + std::to_string(setup.train_indices.size()));
-  int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
-  if (options.resume && std::filesystem::exists(options.checkpoint)) {
-    setup.start = read_checkpoint(options.checkpoint);
-    setup.description = setup.start->model;
-  } else if (is_checkpoint_path(options.model)) {
-    setup.start = read_checkpoint(options.model);
-    setup.start->train.clear();  // weights only: a new run from pretrained parameters
-    setup.start->progress = nullptr;
-    setup.description = expand_presets(setup.start->model);
-  } else {
-    setup.description = load_model_description(options.model, classes, options.width);
-  }
-  return setup;
-}
-
-Shape input_shape(const Setup& setup, const TrainOptions& options) {
-  return {options.batch, 3, setup.source->height(), setup.source->width()};
-}
-
-// Everything the run allocates besides the network, named as in the plan.
-struct ExtraTensor {
-  std::string name;
-  Shape shape;
-  DType dtype;
-  vk::MemoryUsage usage;
-  std::string category;
-};
-
-std::vector<ExtraTensor> extra_tensors(const Shape& input, int accumulate) {
-  std::vector<ExtraTensor> extra;
-  int64_t n = input[0], h = input[2], w = input[3];
-  for (int slot = 0; slot < 2; ++slot)
-    for (int k = 0; k < accumulate; ++k) {
-      std::string suffix = "." + std::to_string(slot) + "." + std::to_string(k);
-      extra.push_back({"images" + suffix, {n, h, w, 3}, DType::u8, vk::MemoryUsage::staging, "staging"});
-      extra.push_back({"labels" + suffix, {n}, DType::u32, vk::MemoryUsage::staging, "staging"});
-      extra.push_back({"valid" + suffix, {1}, DType::u32, vk::MemoryUsage::staging, "staging"});
-    }
-  extra.push_back({"metrics", {4}, DType::f32, vk::MemoryUsage::staging, "staging"});
-  extra.push_back({"input", input, DType::f32, vk::MemoryUsage::device, "activations"});
-  extra.push_back({"loss", {n}, DType::f32, vk::MemoryUsage::device, "activations"});
-  extra.push_back({"loss.grad", {n}, DType::f32, vk::MemoryUsage::device, "activation gradients"});
-  extra.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
-  return extra;
-}
-
-nlohmann::json loss_layer() { return {{"name", "loss"}, {"type", "softmax_cross_entropy"}}; }
-
-MemoryPlan make_plan(vk::Context& context, Network& network, Op& loss, Optimizer& optimizer, const Shape& input,
-                     int accumulate) {
-  MemoryPlan plan;
-  auto& allocator = context.allocator();
-  for (auto& t : network.planned_tensors())
-    plan.bytes[t.category] += allocator.footprint(static_cast<uint64_t>(element_count(t.shape)) * element_size(t.dtype));
-  for (auto& spec : loss.tensors())
-    plan.bytes["activations"] += allocator.footprint(static_cast<uint64_t>(element_count(spec.shape)) * element_size(spec.dtype));
-  for (auto& t : extra_tensors(input, accumulate))
-    plan.bytes[t.category] += allocator.footprint(static_cast<uint64_t>(element_count(t.shape)) * element_size(t.dtype));
-  for (auto& layer : network.layers())
-    for (auto& spec : layer.specs)
-      if (spec.role == TensorRole::parameter)
-        for (auto& state : optimizer.state(spec))
-          plan.bytes["optimizer state"] += allocator.footprint(static_cast<uint64_t>(element_count(state.shape)) * element_size(state.dtype));
-  return plan;
-}
 
 // Test-only faults for the sweep's tests (TESSERA_FAULT): a trial that leaks device memory,
 // crashes, hangs, runs out of memory or diverges, each through the real code path.
@@ -139,133 +44,189 @@ bool nan_fault() {
   return fault && std::strcmp(fault, "nan") == 0;
 }
 
-class Run {
- public:
-  Run(vk::Context& context, const TrainOptions& options, Setup setup)
-      : context_(context),
-        options_(options),
-        setup_(std::move(setup)),
-        input_shape_(input_shape(setup_, options)),
-        network_(setup_.description, input_shape_, true),
-        loss_(make_op(LayerConfig(loss_layer()))),
-        optimizer_(Optimizer::make(options.optimizer)) {
-    loss_->infer({network_.output_shape(), {input_shape_[0]}});  // fixes the loss op's shapes
+// Tensors the loop allocates beside the graph, named as in the plan.
+struct LoopTensor {
+  std::string name;
+  Shape shape;
+  DType dtype;
+  vk::MemoryUsage usage;
+  std::string category;
+};
+
+std::string suffix(int slot, int k) { return "." + std::to_string(slot) + "." + std::to_string(k); }
+
+nlohmann::json loss_layers(const nlohmann::json& graph) {
+  std::string logits = graph["layers"].back()["name"];
+  return nlohmann::json::array(
+      {{{"name", "loss"}, {"type", "softmax_cross_entropy"}, {"inputs", {logits, "labels"}}}});
+}
+
+}  // namespace
+
+struct TrainingLoop::State {
+  State(vk::Context& run_context, const TrainOptions& run_options, TrainingJob run_job)
+      : context(run_context),
+        options(run_options),
+        job(std::move(run_job)),
+        network(job.graph, job.staged, true, job.prologue, loss_layers(job.graph)),
+        logits(network.layer(job.graph["layers"].back()["name"].get<std::string>())),
+        optimizer(Optimizer::make(options.optimizer)) {}
+
+  int64_t batch() const {
+    for (auto& input : job.staged)
+      if (input.name == "labels") return input.shape[0];
+    throw std::logic_error("a training job stages no labels");
   }
 
-  MemoryPlan plan() {
-    return make_plan(context_, network_, *loss_, *optimizer_, input_shape_, options_.accumulate);
+  // Two slots of staged inputs (one filled while the other's step runs) of K micro-batches.
+  std::vector<LoopTensor> loop_tensors() const {
+    std::vector<LoopTensor> tensors;
+    for (int slot = 0; slot < 2; ++slot)
+      for (int k = 0; k < options.accumulate; ++k)
+        for (auto& input : job.staged)
+          tensors.push_back({input.name + suffix(slot, k), input.shape, input.dtype, vk::MemoryUsage::staging, "staging"});
+    tensors.push_back({"metrics", {4}, DType::f32, vk::MemoryUsage::staging, "staging"});
+    tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
+    return tensors;
+  }
+
+  MemoryPlan plan() const {
+    auto& allocator = context.allocator();
+    MemoryPlan plan = network.plan(allocator);
+    auto bytes = [&](const Shape& shape, DType dtype) {
+      return allocator.footprint(static_cast<uint64_t>(element_count(shape)) * element_size(dtype));
+    };
+    for (auto& t : loop_tensors()) plan.bytes[t.category] += bytes(t.shape, t.dtype);
+    for (auto& layer : network.layers())
+      for (auto& spec : layer.specs)
+        if (spec.role == TensorRole::parameter)
+          for (auto& state : optimizer->state(spec)) plan.bytes["optimizer state"] += bytes(state.shape, state.dtype);
+    return plan;
   }
 
   void allocate() {
-    network_.allocate(context_);
-    for (auto& t : extra_tensors(input_shape_, options_.accumulate))
-      extra_[t.name] = std::make_unique<Tensor>(context_, t.name, t.shape, t.dtype, t.usage);
-    for (auto& spec : loss_->tensors())
-      loss_tensors_.push_back(std::make_unique<Tensor>(context_, "loss." + spec.name, spec.shape, spec.dtype));
-    for (auto& named : network_.named_tensors()) {
+    network.allocate(context);
+    for (auto& t : loop_tensors()) extra[t.name] = std::make_unique<Tensor>(context, t.name, t.shape, t.dtype, t.usage);
+    for (auto& named : network.named_tensors()) {
       if (!named.grad) continue;
-      auto& states = optimizer_states_[named.name];
-      for (auto& spec : optimizer_->state(named.spec))
-        states.push_back(std::make_unique<Tensor>(context_, named.name + "." + spec.name, spec.shape, spec.dtype));
+      auto& states = optimizer_states[named.name];
+      for (auto& spec : optimizer->state(named.spec))
+        states.push_back(std::make_unique<Tensor>(context, named.name + "." + spec.name, spec.shape, spec.dtype));
     }
   }
 
   void initialise() {
-    network_.initialise(options_.seed);
-    for (size_t s = 0; s < loss_tensors_.size(); ++s) {
-      std::vector<float> weights(static_cast<size_t>(loss_tensors_[s]->count()), 1.0f);
-      if (!options_.class_weights.empty()) {
-        if (options_.class_weights.size() != weights.size())
-          throw UsageError("--class-weights has " + std::to_string(options_.class_weights.size()) +
-                           " values; the data has " + std::to_string(weights.size()) + " classes");
-        weights = options_.class_weights;
-      }
-      loss_tensors_[s]->upload(weights);
+    network.initialise(options.seed);
+    Network::Layer& loss = network.layer("loss");
+    if (!options.class_weights.empty()) {
+      auto classes = static_cast<size_t>(loss.tensors[0]->count());
+      if (options.class_weights.size() != classes)
+        throw UsageError("--class-weights has " + std::to_string(options.class_weights.size()) +
+                         " values; the data has " + std::to_string(classes) + " classes");
+      loss.tensors[0]->upload(options.class_weights);
     }
-    std::vector<float> loss_grad(static_cast<size_t>(input_shape_[0]), 1.0f / static_cast<float>(options_.accumulate));
-    extra_["loss.grad"]->upload(loss_grad);
-    for (auto& [name, states] : optimizer_states_)
+    // The loss is the sum of per-sample terms; each micro-batch adds 1/K of its gradient.
+    loss.output_grad->upload(
+        std::vector<float>(static_cast<size_t>(batch()), 1.0f / static_cast<float>(options.accumulate)));
+    for (auto& [name, states] : optimizer_states)
       for (auto& state : states) state->upload(std::vector<float>(static_cast<size_t>(state->count()), 0.0f));
     uint32_t step[2] = {0, 0};
-    extra_["step"]->upload(step, sizeof step);
-    if (setup_.start) restore(*setup_.start);
+    extra["step"]->upload(step, sizeof step);
+    if (job.start) restore(*job.start);
+  }
+
+  Network::Bound bound(int slot, int k) {
+    Network::Bound inputs;
+    for (auto& input : job.staged) inputs[input.name] = extra[input.name + suffix(slot, k)].get();
+    return inputs;
+  }
+
+  std::map<std::string, const Tensor*> staged(int slot, int k) {
+    auto inputs = bound(slot, k);
+    return {inputs.begin(), inputs.end()};
   }
 
   void record() {
-    auto& kernels = context_.kernels();
+    auto& kernels = context.kernels();
+    const Tensor& step = *extra["step"];
     for (int slot = 0; slot < 2; ++slot) {
-      for (int k = 0; k < options_.accumulate; ++k) {
-        train_programs_[slot].push_back(std::make_unique<vk::Program>(context_));
-        vk::Recorder recorder(context_, *train_programs_[slot].back());
-        std::string suffix = "." + std::to_string(slot) + "." + std::to_string(k);
-        uint32_t offset = static_cast<uint32_t>(k * options_.batch);
-        record_normalize(recorder, *extra_["images" + suffix]);
-        auto& step = *extra_["step"];
-        network_.record_forward(recorder, kernels, *extra_["input"], true, options_.seed, step, offset);
-        OpTensors loss = loss_bindings(*extra_["labels" + suffix]);
-        loss_->forward(recorder, kernels, loss);
-        record_metrics(recorder, *extra_["labels" + suffix], *extra_["valid" + suffix]);
-        loss_->backward(recorder, kernels, loss);
-        network_.record_backward(recorder, kernels, *extra_["input"], options_.seed, step, offset);
-        if (k == options_.accumulate - 1) {
+      for (int k = 0; k < options.accumulate; ++k) {
+        train_programs[slot].push_back(std::make_unique<vk::Program>(context));
+        vk::Recorder recorder(context, *train_programs[slot].back());
+        Network::Pass pass{true, options.seed, &step, static_cast<uint32_t>(k * batch())};
+        auto inputs = bound(slot, k);
+        network.record_forward(recorder, kernels, inputs, pass);
+        record_metrics(recorder, slot, k);
+        network.record_backward(recorder, kernels, inputs, pass);
+        if (k == options.accumulate - 1) {
           recorder.set_scope("optimizer");
-          for (auto& named : network_.named_tensors()) {
+          for (auto& named : network.named_tensors()) {
             if (!named.grad) continue;
             std::vector<const Tensor*> states;
-            for (auto& s : optimizer_states_[named.name]) states.push_back(s.get());
-            optimizer_->record_update(recorder, kernels, *named.tensor, *named.grad, states, step);
+            for (auto& s : optimizer_states[named.name]) states.push_back(s.get());
+            optimizer->record_update(recorder, kernels, *named.tensor, *named.grad, states, step);
           }
           Optimizer::record_step_advance(recorder, kernels, step);
         }
         recorder.finish();
       }
-      eval_programs_[slot] = std::make_unique<vk::Program>(context_);
-      vk::Recorder recorder(context_, *eval_programs_[slot]);
-      std::string suffix = "." + std::to_string(slot) + ".0";
-      record_normalize(recorder, *extra_["images" + suffix]);
-      network_.record_forward(recorder, kernels, *extra_["input"], false, options_.seed, *extra_["step"], 0);
-      record_metrics(recorder, *extra_["labels" + suffix], *extra_["valid" + suffix]);
+      eval_programs[slot] = std::make_unique<vk::Program>(context);
+      vk::Recorder recorder(context, *eval_programs[slot]);
+      network.record_forward(recorder, kernels, bound(slot, 0), Network::Pass{false, options.seed, &step, 0});
+      record_metrics(recorder, slot, 0);
       recorder.finish();
     }
   }
 
-  void run(const TrainReporting& reporting) {
+  void record_metrics(vk::Recorder& recorder, int slot, int k) {
+    struct Push {
+      uint32_t classes;
+    } push{static_cast<uint32_t>(logits.output_shape[1])};
+    recorder.set_scope("metrics");
+    recorder.dispatch(context.kernels().get("metrics_accumulate"),
+                      {vk::reads(logits.output->buffer()), vk::reads(extra["labels" + suffix(slot, k)]->buffer()),
+                       vk::reads(extra["valid" + suffix(slot, k)]->buffer()), vk::updates(extra["metrics"]->buffer())},
+                      push, 1);
+    recorder.set_scope("");
+  }
+
+  // NaN in the last parameter reaches the logits unchanged (a max or a ReLU earlier on
+  // would turn it back into a number), so the loss is NaN from the first step.
+  void inject_nan() {
+    auto named = network.named_tensors();
+    std::vector<float> values(static_cast<size_t>(named.back().tensor->count()), std::nanf(""));
+    named.back().tensor->upload(values);
+  }
+
+  void train(Feed& train_feed, Feed& validation_feed, const TrainReporting& reporting) {
     int first_epoch = 0;
-    if (setup_.start && setup_.start->progress.is_object()) first_epoch = setup_.start->progress.value("epoch", 0);
-    data::LoaderOptions train_loading{static_cast<size_t>(options_.batch), true, true, options_.augment,
-                                      options_.seed, options_.workers, 4};
-    data::LoaderOptions val_loading{static_cast<size_t>(options_.batch), false, false, false, options_.seed,
-                                    options_.workers, 4};
-    data::Loader train_loader(*setup_.source, setup_.train_indices, train_loading);
-    data::Loader val_loader(*setup_.source, setup_.val_indices, val_loading);
-    size_t steps = train_loader.batches_per_epoch() / static_cast<size_t>(options_.accumulate);
-    uint64_t total_steps = steps * static_cast<uint64_t>(options_.epochs - first_epoch);
+    if (job.start && job.start->progress.is_object()) first_epoch = job.start->progress.value("epoch", 0);
+    size_t steps = train_feed.batches_per_epoch() / static_cast<size_t>(options.accumulate);
+    uint64_t total_steps = steps * static_cast<uint64_t>(options.epochs - first_epoch);
     std::unique_ptr<Progress> progress;
     if (reporting.progress) progress = std::make_unique<Progress>("train", total_steps);
     nlohmann::json last;
     double wait_seconds = 0, run_seconds = 0;
     uint64_t done = 0;
-    for (int epoch = first_epoch; epoch < options_.epochs; ++epoch) {
+    for (int epoch = first_epoch; epoch < options.epochs; ++epoch) {
       auto epoch_start = Clock::now();
-      train_loader.start_epoch(static_cast<uint32_t>(epoch));
+      train_feed.start_epoch(static_cast<uint32_t>(epoch));
       reset_metrics();
-      data::Batch batch;
       for (size_t step = 0; step < steps; ++step) {
         int slot = static_cast<int>(step % 2);
-        for (int k = 0; k < options_.accumulate; ++k) {
-          auto& program = *train_programs_[slot][static_cast<size_t>(k)];
+        for (int k = 0; k < options.accumulate; ++k) {
+          auto& program = *train_programs[slot][static_cast<size_t>(k)];
           program.wait();
           auto before = Clock::now();
-          train_loader.next(batch);
+          if (!train_feed.next(staged(slot, k))) throw std::logic_error("the feed ended before its batches_per_epoch");
           wait_seconds += std::chrono::duration<double>(Clock::now() - before).count();
-          stage(batch, slot, k);
           program.submit();
         }
         ++done;
         if (progress && (step + 1) % 20 == 0) {
           auto m = read_metrics();
           check_finite(m[0], epoch, step);
-          progress->update(done, {{"epoch", epoch + 1}, {"loss", m[0] / std::max(1.0, m[2]) }});
+          progress->update(done, {{"epoch", epoch + 1}, {"loss", m[0] / std::max(1.0, m[2])}});
         }
       }
       auto train_metrics = read_metrics();
@@ -273,7 +234,7 @@ class Run {
       if (progress) progress->update(done);
       double train_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       run_seconds += train_seconds;
-      auto val_metrics = evaluate(val_loader, epoch);
+      auto val_metrics = evaluate(validation_feed, epoch);
       double samples = std::max(1.0, train_metrics[2]), val_samples = std::max(1.0, val_metrics[2]);
       last = {{"event", "epoch"},
               {"epoch", epoch + 1},
@@ -283,157 +244,124 @@ class Run {
               {"val_accuracy", val_metrics[2] > 0 ? nlohmann::json(val_metrics[1] / val_samples) : nlohmann::json()},
               {"images_per_second", train_metrics[2] / train_seconds},
               {"data_wait_fraction", run_seconds > 0 ? wait_seconds / run_seconds : 0.0},
-              {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
+              {"peak_device_bytes", context.allocator().stats().peak_bytes}};
+      last.update(job.report);
       if (progress) progress->event(last);
       if (reporting.protocol) {
         double value = val_metrics[2] > 0 ? val_metrics[0] / val_samples : train_metrics[0] / samples;
         reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}});
       }
-      if (!options_.checkpoint.empty()) save(options_.checkpoint, epoch + 1);
+      if (!options.checkpoint.empty()) save(epoch + 1);
     }
     if (progress) progress->finish();
-    if (reporting.protocol) {
+    if (reporting.protocol && last.is_object()) {
       double value = last["val_loss"].is_number() ? last["val_loss"].get<double>() : last.value("train_loss", 0.0);
       reporting.protocol({{"type", "final"},
                           {"value", value},
                           {"metrics", last},
-                          {"peak_device_bytes", context_.allocator().stats().peak_bytes},
-                          {"device", context_.info().name}});
+                          {"peak_device_bytes", context.allocator().stats().peak_bytes},
+                          {"device", context.info().name}});
     }
-  }
-
-  // NaN in the last parameter reaches the logits unchanged (a max or a ReLU earlier on
-  // would turn it back into a number), so the loss is NaN from the first step.
-  void inject_nan() {
-    auto named = network_.named_tensors();
-    std::vector<float> values(static_cast<size_t>(named.back().tensor->count()), std::nanf(""));
-    named.back().tensor->upload(values);
-  }
-
- private:
-  void record_normalize(vk::Recorder& recorder, const Tensor& images) {
-    record_input_normalize(recorder, context_.kernels(), images, *extra_["input"]);
-  }
-
-  void record_metrics(vk::Recorder& recorder, const Tensor& labels, const Tensor& valid) {
-    struct Push {
-      uint32_t classes;
-    } push{static_cast<uint32_t>(network_.output_shape()[1])};
-    recorder.dispatch(context_.kernels().get("metrics_accumulate"),
-                      {vk::reads(network_.output().buffer()), vk::reads(labels.buffer()), vk::reads(valid.buffer()),
-                       vk::updates(extra_["metrics"]->buffer())},
-                      push, 1);
-  }
-
-  OpTensors loss_bindings(const Tensor& labels) {
-    OpTensors t;
-    t.inputs = {&network_.output(), &labels};
-    t.input_grads = {&network_.output_grad(), nullptr};
-    t.accumulate_input_grads = {false, false};
-    t.output = extra_["loss"].get();
-    t.output_grad = extra_["loss.grad"].get();
-    for (auto& tensor : loss_tensors_) {
-      t.tensors.push_back(tensor.get());
-      t.grads.push_back(nullptr);
-    }
-    t.step = extra_["step"].get();
-    return t;
-  }
-
-  void stage(const data::Batch& batch, int slot, int k) {
-    std::string suffix = "." + std::to_string(slot) + "." + std::to_string(k);
-    std::memcpy(extra_["images" + suffix]->buffer().mapped(), batch.images.data(), batch.images.size());
-    std::memcpy(extra_["labels" + suffix]->buffer().mapped(), batch.labels.data(), batch.labels.size() * 4);
-    auto valid = static_cast<uint32_t>(batch.count);
-    std::memcpy(extra_["valid" + suffix]->buffer().mapped(), &valid, 4);
   }
 
   void wait_all() {
-    for (auto& programs : train_programs_)
+    for (auto& programs : train_programs)
       for (auto& p : programs) p->wait();
-    for (auto& p : eval_programs_) p->wait();
+    for (auto& p : eval_programs)
+      if (p) p->wait();
   }
 
   void reset_metrics() {
     wait_all();
-    std::memset(extra_["metrics"]->buffer().mapped(), 0, 16);
+    std::memset(extra["metrics"]->buffer().mapped(), 0, 16);
   }
 
   std::array<double, 3> read_metrics() {
     wait_all();
     float m[4];
-    std::memcpy(m, extra_["metrics"]->buffer().mapped(), 16);
+    std::memcpy(m, extra["metrics"]->buffer().mapped(), 16);
     return {m[0], m[1], m[2]};
   }
 
   void check_finite(double loss_sum, int epoch, size_t step) {
     if (!std::isfinite(loss_sum))
-      throw Diverged("training diverged: the loss is not finite in epoch " + std::to_string(epoch + 1) +
-                     " by step " + std::to_string(step) + " (try a lower --lr)");
+      throw Diverged("training diverged: the loss is not finite in epoch " + std::to_string(epoch + 1) + " by step " +
+                     std::to_string(step) + " (try a lower --lr)");
   }
 
-  std::array<double, 3> evaluate(data::Loader& loader, int epoch) {
+  std::array<double, 3> evaluate(Feed& feed, int epoch) {
     reset_metrics();
-    loader.start_epoch(static_cast<uint32_t>(epoch));
-    data::Batch batch;
-    for (size_t b = 0; loader.next(batch); ++b) {
+    feed.start_epoch(static_cast<uint32_t>(epoch));
+    for (size_t b = 0;; ++b) {
       int slot = static_cast<int>(b % 2);
-      eval_programs_[slot]->wait();
-      stage(batch, slot, 0);
-      eval_programs_[slot]->submit();
+      eval_programs[slot]->wait();
+      if (!feed.next(staged(slot, 0))) break;
+      eval_programs[slot]->submit();
     }
     return read_metrics();
   }
 
   std::map<std::string, Tensor*> checkpoint_tensors() {
     std::map<std::string, Tensor*> tensors;
-    for (auto& named : network_.named_tensors()) tensors[named.name] = named.tensor;
+    for (auto& named : network.named_tensors()) tensors[named.name] = named.tensor;
     return tensors;
   }
 
   std::map<std::string, Tensor*> train_tensors() {
-    std::map<std::string, Tensor*> tensors{{"step", extra_["step"].get()}};
-    for (auto& [name, states] : optimizer_states_)
+    std::map<std::string, Tensor*> tensors{{"step", extra["step"].get()}};
+    for (auto& [name, states] : optimizer_states)
       for (auto& state : states) tensors["optimizer/" + state->name()] = state.get();
     return tensors;
   }
 
-  void save(const std::string& path, int epochs_done) {
+  void save(int epochs_done) {
     wait_all();
     Checkpoint checkpoint;
-    checkpoint.model = network_.description();
+    checkpoint.model = job.model;
     checkpoint.params = download_tensors(checkpoint_tensors());
     checkpoint.train = download_tensors(train_tensors());
-    checkpoint.progress = {{"epoch", epochs_done}, {"seed", options_.seed}, {"batch", options_.batch},
-                           {"accumulate", options_.accumulate}, {"optimizer", options_.optimizer.kind}};
-    write_checkpoint(path, checkpoint);
+    checkpoint.progress = {{"epoch", epochs_done},
+                           {"seed", options.seed},
+                           {"batch", options.batch},
+                           {"accumulate", options.accumulate},
+                           {"optimizer", options.optimizer.kind}};
+    write_checkpoint(options.checkpoint, checkpoint);
   }
 
   void restore(const Checkpoint& checkpoint) {
-    std::string file = options_.resume ? options_.checkpoint : options_.model;
-    load_tensors(checkpoint.params, checkpoint_tensors(), file, "params");
-    if (!checkpoint.train.empty()) load_tensors(checkpoint.train, train_tensors(), file, "train");
+    load_tensors(checkpoint.params, checkpoint_tensors(), job.start_path, "params");
+    if (!checkpoint.train.empty()) load_tensors(checkpoint.train, train_tensors(), job.start_path, "train");
   }
 
-  vk::Context& context_;
-  const TrainOptions& options_;
-  Setup setup_;
-  Shape input_shape_;
-  Network network_;
-  std::unique_ptr<Op> loss_;
-  std::unique_ptr<Optimizer> optimizer_;
-  std::map<std::string, std::unique_ptr<Tensor>> extra_;
-  std::vector<std::unique_ptr<Tensor>> loss_tensors_;
-  std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states_;
-  std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs_;
-  std::array<std::unique_ptr<vk::Program>, 2> eval_programs_;
+  vk::Context& context;
+  const TrainOptions& options;
+  TrainingJob job;
+  Network network;
+  Network::Layer& logits;
+  std::unique_ptr<Optimizer> optimizer;
+  std::map<std::string, std::unique_ptr<Tensor>> extra;
+  std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states;
+  std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs;
+  std::array<std::unique_ptr<vk::Program>, 2> eval_programs;
 };
 
-}  // namespace
+TrainingLoop::TrainingLoop(vk::Context& context, const TrainOptions& options, TrainingJob job)
+    : state_(std::make_unique<State>(context, options, std::move(job))) {}
 
-MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
-  Run run(context, options, prepare(options));
-  return run.plan();
+TrainingLoop::~TrainingLoop() {
+  if (state_) state_->wait_all();
+}
+
+MemoryPlan TrainingLoop::plan() const { return state_->plan(); }
+
+void TrainingLoop::run(Feed& train, Feed& validation, const TrainReporting& reporting) {
+  check_plan_fits(state_->context, plan(), state_->job.advice);
+  inject_fault_before_training(state_->context);
+  state_->allocate();
+  state_->initialise();
+  if (nan_fault()) state_->inject_nan();
+  state_->record();
+  state_->train(train, validation, reporting);
 }
 
 void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice) {
@@ -443,17 +371,6 @@ void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::st
     throw OutOfDeviceMemory("the run needs " + format_bytes(plan.total()) + " of device memory" +
                             (in_use ? " with " + format_bytes(in_use) + " already in use" : std::string()) +
                             "; the budget is " + format_bytes(budget) + " (" + advice + ")");
-}
-
-void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
-  Run run(context, options, prepare(options));
-  check_plan_fits(context, run.plan(), "lower --batch and raise --accumulate, or raise --device-memory-limit");
-  inject_fault_before_training(context);
-  run.allocate();
-  run.initialise();
-  if (nan_fault()) run.inject_nan();
-  run.record();
-  run.run(reporting);
 }
 
 }  // namespace tessera

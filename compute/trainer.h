@@ -1,12 +1,18 @@
-// The training loop: a planned, budget-checked set of device tensors, whole steps recorded
-// once into command buffers and replayed, checkpoints every epoch, exact resume.
+// The training loop that every job shares (patches for a CNN, slides as bags of features for
+// a head): one graph (the job's layers, the model, the loss), planned and budget-checked
+// before anything is allocated, whole steps recorded once into command buffers and replayed,
+// metrics summed on the device, checkpoints every epoch, exact resume. It knows nothing of
+// where the batches come from: a job hands it a Feed.
 #pragma once
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "compute/checkpoint.h"
 #include "compute/network.h"
 #include "compute/optimizer.h"
 #include "compute/vk/context.h"
@@ -37,16 +43,52 @@ struct TrainReporting {
   bool progress = true;                                 // bar or JSON lines on stderr
 };
 
-// Device bytes the run needs, by category; what --dry-run prints and what is checked against
-// the budget before any work.
-MemoryPlan plan_training(vk::Context& context, const TrainOptions& options);
+// A job's batches as the loop sees them, in an order fixed by the seed and the epoch alone
+// (so that a resumed run sees the same batches).
+class Feed {
+ public:
+  virtual ~Feed() = default;
+  virtual size_t batches_per_epoch() const = 0;
+  virtual void start_epoch(uint32_t epoch) = 0;
+  // Writes the next batch into the host-visible tensors of the job's staged inputs, by name;
+  // false when the epoch is over.
+  virtual bool next(const std::map<std::string, const Tensor*>& staged) = 0;
+};
+
+// What a job hands the loop.
+struct TrainingJob {
+  nlohmann::json model;  // the description saved in checkpoints (a graph, or a head's fields)
+  nlohmann::json graph;  // the model as a graph of layers
+  // Layers before the model (the normalisation of uint8 images into the layer "input").
+  nlohmann::json prologue = nlohmann::json::array();
+  // Written by the Feed for every micro-batch: what the graph reads, and "labels" u32 [N]
+  // and "valid" u32 [1] (how many of the N samples are real) for the loss and the metrics.
+  std::vector<GraphInput> staged;
+  std::optional<Checkpoint> start;  // --resume, or weights to start from (its `train` empty)
+  std::string start_path;           // the file `start` came from, for messages
+  nlohmann::json report = nlohmann::json::object();  // added to every epoch record
+  std::string advice;  // what to change when the plan is over the budget
+};
+
+class TrainingLoop {
+ public:
+  TrainingLoop(vk::Context& context, const TrainOptions& options, TrainingJob job);
+  ~TrainingLoop();
+  // Device bytes the run needs, by category: what --dry-run prints and what is checked
+  // against the budget before any work.
+  MemoryPlan plan() const;
+  // Checks the plan against the budget, allocates, initialises (from the seed or `start`),
+  // records the programs and trains. Throws OutOfDeviceMemory (plan over budget), Diverged
+  // (non-finite loss), BadInput (checkpoint), UsageError (flags).
+  void run(Feed& train, Feed& validation, const TrainReporting& reporting);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Throws OutOfDeviceMemory, with `advice` on what to change, when the plan and what is already
 // allocated are over the budget.
 void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice);
-
-// Runs training. Throws OutOfDeviceMemory (plan over budget), Diverged (non-finite loss),
-// BadInput (data, checkpoint), UsageError (flags).
-void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting);
 
 }  // namespace tessera

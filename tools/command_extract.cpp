@@ -2,7 +2,7 @@
 // imported model.
 #include <memory>
 
-#include "compute/extract.h"
+#include "jobs/extract.h"
 #include "tools/commands.h"
 
 namespace tessera::cli {

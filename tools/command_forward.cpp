@@ -50,7 +50,7 @@ void run_forward(const ForwardFlags& f) {
   vk::Program program(context);
   {
     vk::Recorder recorder(context, program);
-    network.record_forward(recorder, context.kernels(), input, false, 0, step, 0);
+    network.record_forward(recorder, context.kernels(), input, {false, 0, &step, 0});
     recorder.finish();
   }
   const int64_t classes = network.output_shape()[1];

@@ -11,7 +11,7 @@
 
 #include "common/error.h"
 #include "compute/feature_file.h"
-#include "compute/mil.h"
+#include "jobs/mil.h"
 #include "compute/vk/context.h"
 #include "data/png.h"
 #include "data/slide.h"

@@ -8,8 +8,8 @@
 
 #include "common/error.h"
 #include "common/units.h"
-#include "compute/mil.h"
-#include "compute/trainer.h"
+#include "jobs/mil.h"
+#include "jobs/train.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 

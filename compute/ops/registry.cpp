@@ -11,6 +11,7 @@
 #include "compute/ops/dropout.h"
 #include "compute/ops/flatten.h"
 #include "compute/ops/global_avg_pool.h"
+#include "compute/ops/input_normalize.h"
 #include "compute/ops/instance_mean.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
@@ -87,6 +88,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"instance_mean", make_instance_mean},
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},
+      {"input_normalize", make_input_normalize},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {

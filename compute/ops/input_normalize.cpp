@@ -1,6 +1,4 @@
-#include "compute/input_normalize.h"
-
-#include "compute/op.h"
+#include "compute/ops/input_normalize.h"
 
 namespace tessera {
 
@@ -14,7 +12,17 @@ struct NormalizePush {
 };
 }  // namespace
 
-void record_input_normalize(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& images, const Tensor& input) {
+std::unique_ptr<Op> make_input_normalize(const LayerConfig&) { return std::make_unique<InputNormalize>(); }
+
+Shape InputNormalize::infer(const std::vector<Shape>& inputs) {
+  if (inputs.size() != 1 || inputs[0].size() != 4 || inputs[0][3] != 3)
+    throw ShapeError("input_normalize takes RGB images [N,H,W,3], got " +
+                     (inputs.empty() ? std::string("nothing") : to_string(inputs[0])));
+  return {inputs[0][0], 3, inputs[0][1], inputs[0][2]};
+}
+
+void InputNormalize::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  const Tensor& input = *t.output;
   NormalizePush push{static_cast<uint32_t>(input.count()),
                      static_cast<uint32_t>(input.shape()[2]),
                      static_cast<uint32_t>(input.shape()[3]),
@@ -22,7 +30,7 @@ void record_input_normalize(vk::Recorder& recorder, vk::Kernels& kernels, const 
                      {kMean[0], kMean[1], kMean[2], 0},
                      {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
   recorder.dispatch_elements(kernels.get("input_normalize", {kElementwiseGroup}),
-                             {vk::reads(images.buffer()), vk::writes(input.buffer())}, push,
+                             {vk::reads(t.inputs[0]->buffer()), vk::writes(input.buffer())}, push,
                              static_cast<uint64_t>(input.count()), kElementwiseGroup);
 }
 

@@ -1,4 +1,4 @@
-#include "compute/extract.h"
+#include "jobs/extract.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -17,7 +17,6 @@
 #include "compute/feature_file.h"
 #include "compute/hdf5.h"
 #include "compute/network.h"
-#include "compute/input_normalize.h"
 #include "data/tile_store.h"
 
 namespace tessera {
@@ -118,11 +117,13 @@ class Extractor {
     } else {
       description = load_model_description(options.model, 2);
     }
-    Shape input_shape{options.batch, 3, tile_size, tile_size};
+    // uint8 RGB as read from the store becomes the layer the model reads as "input".
+    std::vector<GraphInput> inputs{{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
+    nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
     // The whole graph resolves the name (a module's output is its last
     // sublayer's); only the layers up to it run.
-    std::string layer = Network(description, input_shape, false).layer(options.layer).name;
-    network_ = std::make_unique<Network>(truncated_after(description, layer), input_shape, false);
+    std::string layer = Network(description, inputs, false, prologue).layer(options.layer).name;
+    network_ = std::make_unique<Network>(truncated_after(description, layer), inputs, false, prologue);
     network_->allocate(context_);
     network_->initialise(0);
     if (checkpoint) {
@@ -140,16 +141,13 @@ class Extractor {
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
 
-    images_ = std::make_unique<Tensor>(context_, "images", Shape{options.batch, tile_size, tile_size, 3}, DType::u8,
-                                       vk::MemoryUsage::staging);
-    input_ = std::make_unique<Tensor>(context_, "input", input_shape);
+    images_ = std::make_unique<Tensor>(context_, "images", inputs[0].shape, DType::u8, vk::MemoryUsage::staging);
     step_ = std::make_unique<Tensor>(context_, "step", Shape{2}, DType::u32);
     uint32_t zero[2] = {0, 0};
     step_->upload(zero, sizeof zero);
     program_ = std::make_unique<vk::Program>(context_);
     vk::Recorder recorder(context_, *program_);
-    record_input_normalize(recorder, context_.kernels(), *images_, *input_);
-    network_->record_forward(recorder, context_.kernels(), *input_, false, 0, *step_, 0);
+    network_->record_forward(recorder, context_.kernels(), {{"images", images_.get()}}, {false, 0, step_.get(), 0});
     recorder.finish();
     output_.resize(static_cast<size_t>(element_count(out)));
   }
@@ -322,7 +320,7 @@ class Extractor {
   int tile_size_;
   vk::Context context_;
   std::unique_ptr<Network> network_;
-  std::unique_ptr<Tensor> images_, input_, step_;
+  std::unique_ptr<Tensor> images_, step_;
   std::unique_ptr<vk::Program> program_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;

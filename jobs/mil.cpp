@@ -1,0 +1,315 @@
+#include "jobs/mil.h"
+
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "common/error.h"
+#include "compute/checkpoint.h"
+
+namespace tessera {
+
+namespace {
+
+struct Bag {
+  std::string slide;
+  uint32_t label = 0;
+  int64_t instances = 0;
+  std::vector<float> features;  // [instances, width]
+};
+
+std::string trim(const std::string& text) {
+  auto first = text.find_first_not_of(" \t\r");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
+}
+
+// `slide,label` rows, an optional header first. Classes are the distinct labels in sorted
+// order ("0" < "1", "normal" < "tumor").
+std::vector<std::pair<std::string, std::string>> read_labels(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw BadInput(path + ": cannot read the labels file");
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (trim(line).empty()) continue;
+    auto comma = line.find(',');
+    if (comma == std::string::npos || line.find(',', comma + 1) != std::string::npos)
+      throw BadInput(path + ":" + std::to_string(number) + ": expected 'slide,label', got '" + trim(line) + "'");
+    std::string slide = trim(line.substr(0, comma)), label = trim(line.substr(comma + 1));
+    if (number == 1 && slide == "slide" && label == "label") continue;
+    if (slide.empty() || label.empty())
+      throw BadInput(path + ":" + std::to_string(number) + ": empty slide or label");
+    rows.emplace_back(slide, label);
+  }
+  if (rows.empty()) throw BadInput(path + ": holds no slides");
+  return rows;
+}
+
+// One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
+Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width) {
+  HostArray array = read_hdf5_array(path, "features");
+  if (array.shape.size() != 2 || array.shape[0] < 1 || array.shape[1] < 1)
+    throw BadInput(path + ": features must be [N,D] with N and D at least 1, got " + to_string(array.shape));
+  if (width && array.shape[1] != width)
+    throw BadInput(path + ": features have width " + std::to_string(array.shape[1]) + ", other slides " +
+                   std::to_string(width));
+  for (float value : array.values)
+    if (!std::isfinite(value)) throw BadInput(path + ": features hold a value that is not finite");
+  width = array.shape[1];
+  return {slide, 0, array.shape[0], std::move(array.values)};
+}
+
+Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width) {
+  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width);
+}
+
+// The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
+// the shared loop trains and that tile_scores runs. `instance_logits` (a mean head's tile
+// scores): the classifier reads every instance instead of their mean.
+nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, bool instance_logits = false) {
+  auto layer = [](const std::string& name, const std::string& type, std::vector<std::string> inputs,
+                  nlohmann::json fields = nlohmann::json::object()) {
+    fields["name"] = name;
+    fields["type"] = type;
+    fields["inputs"] = inputs;
+    return fields;
+  };
+  nlohmann::json layers = nlohmann::json::array();
+  if (instance_logits) {
+    layers.push_back(layer("classifier", "linear", {"features"}, {{"out_features", classes}}));
+    return {{"layers", layers}};
+  }
+  if (kind == "attention") {
+    layers.push_back(layer("attention_V", "linear", {"features"}, {{"out_features", hidden}}));
+    layers.push_back(layer("attention_U", "linear", {"features"}, {{"out_features", hidden}}));
+    layers.push_back(layer("attention_gate", "attention_gate", {"attention_V", "attention_U"}));
+    layers.push_back(layer("attention_w", "linear", {"attention_gate"}, {{"out_features", 1}}));
+    layers.push_back(layer("pool", "attention_pool", {"attention_w", "features", "count"}));
+  } else {
+    layers.push_back(layer("pool", "instance_mean", {"features", "count"}));
+  }
+  layers.push_back(layer("classifier", "linear", {"pool"}, {{"out_features", classes}}));
+  return {{"layers", layers}};
+}
+
+// Slides one at a time, each a batch of one bag padded to the largest bag's rows; rows past
+// its instances keep what they held, which the pooling ops never read.
+class BagFeed : public Feed {
+ public:
+  BagFeed(const std::vector<Bag>& bags, std::vector<size_t> slides, bool shuffle, uint32_t seed)
+      : bags_(bags), slides_(std::move(slides)), shuffle_(shuffle), seed_(seed) {}
+  size_t batches_per_epoch() const override { return slides_.size(); }
+  void start_epoch(uint32_t epoch) override {
+    order_ = slides_;
+    if (shuffle_) std::shuffle(order_.begin(), order_.end(), std::mt19937(seed_ + epoch));
+    next_ = 0;
+  }
+  bool next(const std::map<std::string, const Tensor*>& staged) override {
+    if (next_ == order_.size()) return false;
+    const Bag& bag = bags_[order_[next_++]];
+    std::memcpy(staged.at("features")->buffer().mapped(), bag.features.data(), bag.features.size() * sizeof(float));
+    auto count = static_cast<uint32_t>(bag.instances), one = 1u;
+    std::memcpy(staged.at("count")->buffer().mapped(), &count, 4);
+    std::memcpy(staged.at("labels")->buffer().mapped(), &bag.label, 4);
+    std::memcpy(staged.at("valid")->buffer().mapped(), &one, 4);
+    return true;
+  }
+
+ private:
+  const std::vector<Bag>& bags_;
+  std::vector<size_t> slides_, order_;
+  bool shuffle_;
+  uint32_t seed_;
+  size_t next_ = 0;
+};
+
+// The slides, their split, and the head as a job for the shared training loop.
+class MilJob {
+ public:
+  MilJob(const TrainOptions& options, const MilOptions& mil) : options_(options), mil_(mil) {
+    // One bag a step: the patch flags --batch and --accumulate do not apply.
+    options_.batch = 1;
+    options_.accumulate = 1;
+    load_bags();
+    split();
+  }
+
+  const TrainOptions& options() const { return options_; }
+
+  TrainingJob job() const {
+    int64_t rows = 0;
+    for (auto& bag : bags_) rows = std::max(rows, bag.instances);
+    TrainingJob job;
+    job.model = description();
+    job.graph = head_graph(mil_.head, mil_.attention_hidden, static_cast<int64_t>(classes_.size()));
+    job.staged = {{"features", {rows, width_}},
+                  {"count", {1}, DType::u32},
+                  {"labels", {1}, DType::u32},
+                  {"valid", {1}, DType::u32}};
+    if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
+      job.start = read_checkpoint(options_.checkpoint);
+      job.start_path = options_.checkpoint;
+      if (job.start->model != job.model)
+        throw BadInput(options_.checkpoint + ": holds a head " + job.start->model.dump() + ", not " +
+                       job.model.dump());
+    }
+    job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()}};
+    job.advice = "lower --attention-hidden, or raise --device-memory-limit";
+    return job;
+  }
+
+  BagFeed train_feed() const { return BagFeed(bags_, train_, true, options_.seed); }
+  BagFeed val_feed() const { return BagFeed(bags_, val_, false, options_.seed); }
+
+ private:
+  void load_bags() {
+    auto rows = read_labels(mil_.labels);
+    for (auto& [slide, label] : rows) classes_.push_back(label);
+    std::sort(classes_.begin(), classes_.end());
+    classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
+    if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
+    for (auto& [slide, label] : rows) {
+      Bag bag = read_bag(mil_.features, slide, width_);
+      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
+      bags_.push_back(std::move(bag));
+    }
+  }
+
+  // Held-out slides drawn per class, so that a small study keeps every class on both sides.
+  void split() {
+    std::mt19937 generator(options_.seed);
+    for (uint32_t c = 0; c < classes_.size(); ++c) {
+      std::vector<size_t> members;
+      for (size_t b = 0; b < bags_.size(); ++b)
+        if (bags_[b].label == c) members.push_back(b);
+      std::shuffle(members.begin(), members.end(), generator);
+      auto held = static_cast<size_t>(std::lround(options_.val_fraction * static_cast<double>(members.size())));
+      held = std::min(held, members.size() - 1);
+      val_.insert(val_.end(), members.begin(), members.begin() + static_cast<std::ptrdiff_t>(held));
+      train_.insert(train_.end(), members.begin() + static_cast<std::ptrdiff_t>(held), members.end());
+    }
+    std::sort(val_.begin(), val_.end());
+  }
+
+  nlohmann::json description() const {
+    return {{"head", mil_.head}, {"features", width_}, {"attention_hidden", mil_.attention_hidden},
+            {"classes", classes_}};
+  }
+
+  TrainOptions options_;
+  const MilOptions& mil_;
+  std::vector<std::string> classes_;
+  std::vector<Bag> bags_;
+  int64_t width_ = 0;
+  std::vector<size_t> train_, val_;
+};
+
+// The head a checkpoint of train_mil describes; throws BadInput naming the file otherwise.
+struct HeadDescription {
+  std::string kind;
+  int64_t width = 0, hidden = 0, classes = 0;
+};
+
+HeadDescription describe_head(const Checkpoint& checkpoint, const std::string& path) {
+  const nlohmann::json& model = checkpoint.model;
+  auto positive = [&](const char* key) {
+    return model.contains(key) && model[key].is_number_integer() && model[key].get<int64_t>() > 0;
+  };
+  if (!model.is_object() || !model.contains("head") || !model["head"].is_string() || !positive("features") ||
+      !positive("attention_hidden") || !model.contains("classes") || !model["classes"].is_array() ||
+      model["classes"].size() < 2)
+    throw BadInput(path + ": not a slide-level head (tessera train --features): its model is " + model.dump());
+  HeadDescription head{model["head"].get<std::string>(), model["features"].get<int64_t>(),
+                       model["attention_hidden"].get<int64_t>(), static_cast<int64_t>(model["classes"].size())};
+  if (head.kind != "mean" && head.kind != "attention")
+    throw BadInput(path + ": unknown head '" + head.kind + "' (mean or attention)");
+  return head;
+}
+
+void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
+  if (mil.head != "mean" && mil.head != "attention") throw UsageError("--head must be mean or attention");
+  if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
+  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
+  if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
+  if (mil.attention_hidden < 1) throw UsageError("--attention-hidden must be at least 1");
+}
+
+}  // namespace
+
+std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,
+                               const std::string& checkpoint_path) {
+  Checkpoint checkpoint = read_checkpoint(checkpoint_path);
+  HeadDescription description = describe_head(checkpoint, checkpoint_path);
+  int64_t width = 0;
+  Bag bag = read_bag_file(features_path, "", width);
+  if (width != description.width)
+    throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
+                   checkpoint_path + " takes " + std::to_string(description.width));
+  bool mean = description.kind == "mean";
+  // A mean head's classifier on every instance; an attention head up to its scores.
+  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, mean);
+  if (!mean) {
+    auto& layers = graph["layers"];
+    while (layers.back()["name"] != "attention_w") layers.erase(layers.size() - 1);
+  }
+  Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
+  head.allocate(context);
+  std::map<std::string, Tensor*> tensors;
+  for (auto& named : head.named_tensors()) tensors[named.name] = named.tensor;
+  load_tensors(checkpoint.params, tensors, checkpoint_path, "params");
+  Tensor features(context, "features", {bag.instances, width});
+  features.upload(bag.features);
+  Tensor step(context, "step", {2}, DType::u32);
+  uint32_t zero[2] = {0, 0};
+  step.upload(zero, sizeof zero);
+  vk::Program program(context);
+  {
+    vk::Recorder recorder(context, program);
+    head.record_forward(recorder, context.kernels(), {{"features", &features}}, {false, 0, &step, 0});
+    recorder.finish();
+  }
+  program.run();
+  auto logits = head.output().download();
+  std::vector<float> scores(static_cast<size_t>(bag.instances));
+  if (mean) {
+    // Softmax of each instance's logits on the host: C numbers a row, for the last class.
+    auto classes = static_cast<size_t>(description.classes);
+    for (size_t n = 0; n < scores.size(); ++n) {
+      const float* row = logits.data() + n * classes;
+      float top = *std::max_element(row, row + classes);
+      double sum = 0;
+      for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
+      scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
+    }
+    return scores;
+  }
+  // The weights a_n taken on a log scale: their logits s_n (log a_n up to a constant), since
+  // a softmax over many tiles leaves all but the top few near 0. Min-max rescaled, so that
+  // maps of slides of any size share one colour scale.
+  auto [low, high] = std::minmax_element(logits.begin(), logits.end());
+  float range = *high - *low;
+  for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
+  return scores;
+}
+
+MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {
+  check_mil_flags(options, mil);
+  MilJob job(options, mil);
+  return TrainingLoop(context, job.options(), job.job()).plan();
+}
+
+void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
+               const TrainReporting& reporting) {
+  check_mil_flags(options, mil);
+  MilJob job(options, mil);
+  TrainingLoop loop(context, job.options(), job.job());
+  BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
+  loop.run(train_feed, val_feed, reporting);
+}
+
+}  // namespace tessera

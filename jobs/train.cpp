@@ -1,0 +1,100 @@
+#include "jobs/train.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/error.h"
+#include "data/loader.h"
+
+namespace tessera {
+
+namespace {
+
+// The data and the model as the run will use them.
+struct Setup {
+  std::unique_ptr<data::PatchSource> source;
+  std::vector<size_t> train_indices, val_indices;
+  TrainingJob job;
+};
+
+Setup prepare(const TrainOptions& options) {
+  if (options.batch < 1) throw UsageError("--batch must be at least 1");
+  if (options.accumulate < 1) throw UsageError("--accumulate must be at least 1");
+  if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
+  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
+  if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
+  Setup setup;
+  setup.source = data::open_patches(options.data);
+  if (setup.source->size() == 0) throw BadInput(options.data + ": holds no patches");
+  data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
+  size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
+  if (setup.train_indices.size() < per_step)
+    throw UsageError("--batch " + std::to_string(options.batch) + " x --accumulate " +
+                     std::to_string(options.accumulate) + " needs " + std::to_string(per_step) +
+                     " training patches; " + options.data + " has " + std::to_string(setup.train_indices.size()));
+  int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
+  TrainingJob& job = setup.job;
+  if (options.resume && std::filesystem::exists(options.checkpoint)) {
+    job.start = read_checkpoint(options.checkpoint);
+    job.start_path = options.checkpoint;
+    job.model = job.start->model;
+  } else if (is_checkpoint_path(options.model)) {
+    job.start = read_checkpoint(options.model);
+    job.start_path = options.model;
+    job.start->train.clear();  // weights only: a new run from pretrained parameters
+    job.start->progress = nullptr;
+    job.model = expand_presets(job.start->model);
+  } else {
+    job.model = load_model_description(options.model, classes, options.width);
+  }
+  job.graph = expand_presets(job.model);
+  // uint8 RGB as loaded becomes the layer the model reads as "input".
+  job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+  int64_t n = options.batch;
+  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), 3}, DType::u8},
+                {"labels", {n}, DType::u32},
+                {"valid", {1}, DType::u32}};
+  job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
+  return setup;
+}
+
+// Batches of patches from the prefetching loader.
+class PatchFeed : public Feed {
+ public:
+  PatchFeed(const data::PatchSource& source, std::vector<size_t> indices, data::LoaderOptions options)
+      : loader_(source, std::move(indices), options) {}
+  size_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
+  void start_epoch(uint32_t epoch) override { loader_.start_epoch(epoch); }
+  bool next(const std::map<std::string, const Tensor*>& staged) override {
+    if (!loader_.next(batch_)) return false;
+    std::memcpy(staged.at("images")->buffer().mapped(), batch_.images.data(), batch_.images.size());
+    std::memcpy(staged.at("labels")->buffer().mapped(), batch_.labels.data(), batch_.labels.size() * 4);
+    auto valid = static_cast<uint32_t>(batch_.count);
+    std::memcpy(staged.at("valid")->buffer().mapped(), &valid, 4);
+    return true;
+  }
+
+ private:
+  data::Loader loader_;
+  data::Batch batch_;
+};
+
+}  // namespace
+
+MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
+  return TrainingLoop(context, options, prepare(options).job).plan();
+}
+
+void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
+  Setup setup = prepare(options);
+  TrainingLoop loop(context, options, std::move(setup.job));
+  data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
+                                    options.seed, options.workers, 4};
+  data::LoaderOptions val_loading{static_cast<size_t>(options.batch), false, false, false, options.seed,
+                                  options.workers, 4};
+  PatchFeed train_feed(*setup.source, setup.train_indices, train_loading);
+  PatchFeed val_feed(*setup.source, setup.val_indices, val_loading);
+  loop.run(train_feed, val_feed, reporting);
+}
+
+}  // namespace tessera
