@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "compute/ops/batch_norm2d.h"
-#include "compute/vk/recorder.h"
 #include "tests/support/op_check.h"
 #include "tests/support/vulkan_environment.h"
 
@@ -82,49 +81,20 @@ TEST(BatchNorm2d, EvaluationForwardUsesRunningStatistics) {
                     "batch norm in evaluation");
 }
 
-// Runs the op on tensors of our own, for what OpCheck does not show: the state after
-// forward, and backward without an input gradient.
+// Forward and backward in one run, for what the gradient check does not show: the state
+// after forward, and backward without an input gradient.
 struct DirectRun {
   std::vector<std::vector<float>> tensors, grads;  // after the run
   std::vector<float> input_grad;
 };
 DirectRun run_direct(Op& op, const Shape& shape, const std::vector<float>& x, bool with_input_grad) {
-  auto& context = test::context();
-  op.infer({shape});
-  Tensor input(context, "x", shape), output(context, "y", shape), output_grad(context, "dy", shape),
-      input_grad(context, "dx", shape);
-  input.upload(x);
-  output_grad.upload(test::random_values(x.size(), 9));
-  std::vector<std::unique_ptr<Tensor>> tensors, grads;
-  OpTensors t;
-  for (auto& spec : op.tensors()) {
-    tensors.push_back(std::make_unique<Tensor>(context, spec.name, spec.shape));
-    auto count = static_cast<size_t>(element_count(spec.shape));
-    tensors.back()->upload(std::vector<float>(count, spec.init.kind == Init::ones ? 1.0f : 0.0f));
-    grads.push_back(spec.role == TensorRole::parameter ? std::make_unique<Tensor>(context, spec.name + ".grad", spec.shape)
-                                                       : nullptr);
-    if (grads.back()) grads.back()->upload(std::vector<float>(count, 0.0f));
-    t.tensors.push_back(tensors.back().get());
-    t.grads.push_back(grads.back().get());
-  }
-  t.inputs = {&input};
-  t.input_grads = {with_input_grad ? &input_grad : nullptr};
-  t.accumulate_input_grads = {false};
-  t.output = &output;
-  t.output_grad = &output_grad;
-  vk::Program program(context);
-  {
-    vk::Recorder recorder(context, program);
-    op.forward(recorder, context.kernels(), t);
-    op.backward(recorder, context.kernels(), t);
-    recorder.finish();
-  }
-  program.run();
+  test::OpCheck check(test::context(), op, {shape}, 1, {}, {with_input_grad});
+  check.inputs[0] = x;
+  auto grads = check.backward(test::random_values(x.size(), 9));
   DirectRun result;
-  for (auto& tensor : tensors) result.tensors.push_back(tensor->download());
-  for (auto& grad : grads)
-    if (grad) result.grads.push_back(grad->download());
-  if (with_input_grad) result.input_grad = input_grad.download();
+  for (size_t s = 0; s < check.specs.size(); ++s) result.tensors.push_back(check.tensor_after_run(s));
+  result.input_grad = grads[0];
+  result.grads.assign(grads.begin() + 1, grads.end());
   return result;
 }
 

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include "compute/ops/dropout.h"
-#include "compute/vk/recorder.h"
 #include "tests/support/op_check.h"
 #include "tests/support/vulkan_environment.h"
 
@@ -14,30 +13,14 @@ std::unique_ptr<Op> make(float p, const std::string& name = "drop") {
   return make_dropout(LayerConfig({{"name", name}, {"type", "dropout"}, {"p", p}}));
 }
 
-// Runs forward on device tensors of our own, for what OpCheck does not vary: the step and
-// the sample offset.
+// Forward at a given step and sample offset, which the other checks leave at 0.
 std::vector<float> run_forward(Op& op, const std::vector<float>& x, const Shape& shape, uint32_t step,
                                uint32_t sample_offset) {
-  auto& context = test::context();
-  op.infer({shape});
-  Tensor input(context, "x", shape), output(context, "y", shape), step_tensor(context, "step", {2}, DType::u32);
-  input.upload(x);
-  uint32_t steps[2] = {step, 0};
-  step_tensor.upload(steps, sizeof steps);
-  OpTensors t;
-  t.inputs = {&input};
-  t.output = &output;
-  t.seed = 42;
-  t.step = &step_tensor;
-  t.sample_offset = sample_offset;
-  vk::Program program(context);
-  {
-    vk::Recorder recorder(context, program);
-    op.forward(recorder, context.kernels(), t);
-    recorder.finish();
-  }
-  program.run();
-  return output.download();
+  test::OpCheck check(test::context(), op, {shape}, 42);
+  check.inputs[0] = x;
+  check.step = step;
+  check.sample_offset = sample_offset;
+  return check.forward();
 }
 
 TEST(Dropout, RejectsProbabilityOutsideRange) {

@@ -29,18 +29,45 @@ void expect_near(const std::vector<float>& actual, const std::vector<float>& exp
   }
 }
 
+namespace {
+
+std::vector<DType> dtypes_of(std::vector<DType> dtypes, size_t inputs) {
+  dtypes.resize(inputs, DType::f32);
+  return dtypes;
+}
+
+std::vector<bool> gradients_of(std::vector<bool> gradients, const std::vector<DType>& dtypes) {
+  for (size_t i = gradients.size(); i < dtypes.size(); ++i) gradients.push_back(dtypes[i] == DType::f32);
+  return gradients;
+}
+
+std::vector<GraphInput> graph_inputs(const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
+                                     const std::vector<bool>& gradients) {
+  std::vector<GraphInput> inputs;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    inputs.push_back({"input" + std::to_string(i), shapes[i], dtypes[i], gradients[i]});
+  return inputs;
+}
+
+}  // namespace
+
 OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed,
-                 std::vector<DType> input_dtypes)
-    : context_(context), op_(op), input_shapes_(std::move(input_shapes)), input_dtypes_(std::move(input_dtypes)),
-      seed_(seed) {
-  input_dtypes_.resize(input_shapes_.size(), DType::f32);
-  output_shape = op.infer(input_shapes_);
-  specs = op.tensors();
+                 std::vector<DType> input_dtypes, std::vector<bool> input_gradients)
+    : context_(context),
+      input_shapes_(std::move(input_shapes)),
+      input_dtypes_(dtypes_of(std::move(input_dtypes), input_shapes_.size())),
+      input_gradients_(gradients_of(std::move(input_gradients), input_dtypes_)),
+      seed_(seed),
+      // The test owns the op: the graph borrows it.
+      network_(std::shared_ptr<Op>(std::shared_ptr<Op>(), &op),
+               graph_inputs(input_shapes_, input_dtypes_, input_gradients_), true) {
+  network_.allocate(context);
+  output_shape = network_.output_shape();
+  specs = network_.layers()[0].specs;
   for (size_t i = 0; i < input_shapes_.size(); ++i) {
     inputs.push_back(random_values(static_cast<size_t>(element_count(input_shapes_[i])), seed + 100 + i));
     input_tensors_.push_back(std::make_unique<Tensor>(context, "input" + std::to_string(i), input_shapes_[i],
                                                       input_dtypes_[i]));
-    input_grads_.push_back(std::make_unique<Tensor>(context, "input_grad" + std::to_string(i), input_shapes_[i]));
   }
   for (size_t s = 0; s < specs.size(); ++s) {
     auto count = static_cast<size_t>(element_count(specs[s].shape));
@@ -48,16 +75,8 @@ OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, 
       tensors.push_back(random_values(count, seed + 200 + s));
     else
       tensors.push_back(std::vector<float>(count, specs[s].name == "running_var" ? 1.0f : 0.0f));
-    op_tensors_.push_back(std::make_unique<Tensor>(context, specs[s].name, specs[s].shape, specs[s].dtype));
-    grads_.push_back(specs[s].role == TensorRole::parameter
-                         ? std::make_unique<Tensor>(context, specs[s].name + ".grad", specs[s].shape)
-                         : nullptr);
   }
-  output_ = std::make_unique<Tensor>(context, "output", output_shape);
-  output_grad_ = std::make_unique<Tensor>(context, "output_grad", output_shape);
   step_ = std::make_unique<Tensor>(context, "step", Shape{2}, DType::u32);
-  uint32_t step[2] = {0, 0};
-  step_->upload(step, sizeof step);
 }
 
 void OpCheck::upload() {
@@ -69,40 +88,33 @@ void OpCheck::upload() {
       input_tensors_[i]->upload(inputs[i]);
     }
   }
+  auto& layer = network_.layers()[0];
   for (size_t s = 0; s < tensors.size(); ++s) {
     if (specs[s].role == TensorRole::saved) continue;
-    op_tensors_[s]->upload(tensors[s]);
+    layer.tensors[s]->upload(tensors[s]);
   }
+  uint32_t steps[2] = {step, 0};
+  step_->upload(steps, sizeof steps);
 }
 
-bool OpCheck::differentiable(size_t input) const { return input_dtypes_[input] == DType::f32; }
+bool OpCheck::differentiable(size_t input) const { return input_gradients_[input]; }
 
-OpTensors OpCheck::bindings(bool backward, bool accumulate) const {
-  OpTensors t;
-  for (size_t i = 0; i < input_tensors_.size(); ++i) {
-    t.inputs.push_back(input_tensors_[i].get());
-    if (!backward) continue;
-    t.input_grads.push_back(differentiable(i) ? input_grads_[i].get() : nullptr);
-    t.accumulate_input_grads.push_back(accumulate);
-  }
-  t.output = output_.get();
-  t.output_grad = backward ? output_grad_.get() : nullptr;
-  for (size_t s = 0; s < op_tensors_.size(); ++s) {
-    t.tensors.push_back(op_tensors_[s].get());
-    t.grads.push_back(backward ? grads_[s].get() : nullptr);
-  }
-  t.training = training;
-  t.seed = seed_;
-  t.step = step_.get();
-  return t;
-}
+std::vector<float> OpCheck::tensor_after_run(size_t s) const { return network_.layers()[0].tensors[s]->download(); }
 
-void OpCheck::run(const OpTensors& t, bool backward) {
+void OpCheck::run(bool backward, bool accumulate) {
+  Network::Bound bound;
+  for (size_t i = 0; i < input_tensors_.size(); ++i) bound["input" + std::to_string(i)] = input_tensors_[i].get();
+  Network::Pass pass{training, seed_, step_.get(), sample_offset};
   vk::Program program(context_);
   {
     vk::Recorder recorder(context_, program);
-    op_.forward(recorder, context_.kernels(), t);
-    if (backward) op_.backward(recorder, context_.kernels(), t);
+    network_.record_forward(recorder, context_.kernels(), bound, pass);
+    if (backward) {
+      // A second consumer's backward: the graph's own bindings, adding to the input gradients.
+      OpTensors t = network_.bindings(0, bound, pass, true);
+      t.accumulate_input_grads.assign(t.accumulate_input_grads.size(), accumulate);
+      network_.layers()[0].op->backward(recorder, context_.kernels(), t);
+    }
     recorder.finish();
   }
   program.run();
@@ -110,31 +122,37 @@ void OpCheck::run(const OpTensors& t, bool backward) {
 
 std::vector<float> OpCheck::forward() {
   upload();
-  run(bindings(false, false), false);
-  return output_->download();
+  run(false, false);
+  return network_.output().download();
 }
 
 std::vector<std::vector<float>> OpCheck::backward(const std::vector<float>& output_grad) {
   // Backward must not depend on what forward left in state tensors (running statistics), so
   // state is reset by upload() and forward runs again in the same program.
   upload();
-  output_grad_->upload(output_grad);
-  for (auto& grad : grads_)
+  network_.output_grad().upload(output_grad);
+  auto& layer = network_.layers()[0];
+  for (auto& grad : layer.grads)
     if (grad) grad->upload(std::vector<float>(static_cast<size_t>(grad->count()), 0.0f));
-  run(bindings(true, false), true);
+  run(true, false);
   std::vector<std::vector<float>> grads;
   for (size_t i = 0; i < input_tensors_.size(); ++i)
-    grads.push_back(differentiable(i) ? input_grads_[i]->download() : std::vector<float>{});
-  for (auto& grad : grads_)
+    grads.push_back(differentiable(i) ? network_.input_grad("input" + std::to_string(i)).download()
+                                      : std::vector<float>{});
+  for (auto& grad : layer.grads)
     if (grad) grads.push_back(grad->download());
   return grads;
 }
 
-double OpCheck::loss(const std::vector<float>& output_grad) {
+std::pair<double, double> OpCheck::loss(const std::vector<float>& output_grad) {
   auto y = forward();
-  double sum = 0;
-  for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(output_grad[i]) * y[i];
-  return sum;
+  double sum = 0, magnitude = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    double term = static_cast<double>(output_grad[i]) * y[i];
+    sum += term;
+    magnitude += std::abs(term);
+  }
+  return {sum, magnitude};
 }
 
 void OpCheck::expect_gradients_match(double epsilon, double tolerance, int samples) {
@@ -164,36 +182,47 @@ void OpCheck::expect_gradients_match(double epsilon, double tolerance, int sampl
     auto& values = *targets[k];
     std::vector<size_t> indices(values.size());
     for (size_t i = 0; i < indices.size(); ++i) indices[i] = i;
-    std::shuffle(indices.begin(), indices.end(), generator);
-    indices.resize(std::min(indices.size(), static_cast<size_t>(samples)));
-    int reported = 0;
-    for (size_t i : indices) {
+    if (indices.size() > static_cast<size_t>(samples)) {
+      std::shuffle(indices.begin(), indices.end(), generator);
+      indices.resize(static_cast<size_t>(samples));
+    }
+    std::vector<double> numeric(indices.size());
+    double squares = 0, rounding = 0;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      size_t i = indices[j];
       float original = values[i];
       values[i] = original + static_cast<float>(epsilon);
-      double plus = loss(output_grad);
+      auto [plus, plus_scale] = loss(output_grad);
       values[i] = original - static_cast<float>(epsilon);
-      double minus = loss(output_grad);
+      auto [minus, minus_scale] = loss(output_grad);
       values[i] = original;
-      double numeric = (plus - minus) / (2 * epsilon);
-      double got = analytic_targets[k][i];
-      if (!(std::abs(got - numeric) <= tolerance * std::max(1.0, std::abs(numeric))) && reported++ < 5)
-        ADD_FAILURE() << "d loss / d " << names[k] << "[" << i << "]: backward gives " << got
-                      << ", central differences " << numeric;
+      numeric[j] = (plus - minus) / (2 * epsilon);
+      squares += numeric[j] * numeric[j];
+      // float32 outputs carry a relative error of a few ulps each.
+      rounding = std::max(rounding, 8 * 1.2e-7 * (plus_scale + minus_scale) / (2 * epsilon));
+    }
+    double scale = std::max(std::sqrt(squares / static_cast<double>(indices.size())), rounding / tolerance);
+    int reported = 0;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      double got = analytic_targets[k][indices[j]];
+      if (!(std::abs(got - numeric[j]) <= tolerance * scale) && reported++ < 5)
+        ADD_FAILURE() << "d loss / d " << names[k] << "[" << indices[j] << "]: backward gives " << got
+                      << ", central differences " << numeric[j] << " (rms of the gradient " << scale << ")";
     }
   }
 
   // Accumulation: a second consumer's gradient adds to what the first wrote.
   upload();
-  output_grad_->upload(output_grad);
+  network_.output_grad().upload(output_grad);
   std::vector<std::vector<float>> before;
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
     before.push_back(random_values(inputs[i].size(), seed_ + 300 + static_cast<uint32_t>(i)));
-    if (differentiable(i)) input_grads_[i]->upload(before.back());
+    if (differentiable(i)) network_.input_grad("input" + std::to_string(i)).upload(before.back());
   }
-  run(bindings(true, true), true);
+  run(true, true);
   for (size_t i = 0; i < input_tensors_.size(); ++i) {
     if (!differentiable(i)) continue;
-    auto accumulated = input_grads_[i]->download();
+    auto accumulated = network_.input_grad("input" + std::to_string(i)).download();
     std::vector<float> expected(before[i].size());
     for (size_t e = 0; e < expected.size(); ++e) expected[e] = before[i][e] + analytic[i][e];
     expect_near(accumulated, expected, 1e-5, "accumulated input gradient");

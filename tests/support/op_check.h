@@ -1,11 +1,14 @@
 // Checks one op in isolation, as ggml's test-backend-ops does: forward against a plain CPU
-// reference, backward against central finite differences of the device's own forward.
+// reference, backward against central finite differences of the device's own forward. The op
+// runs as a one-layer graph of compute/network.h, so its tensors are bound where every
+// model's are.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "compute/network.h"
 #include "compute/op.h"
 #include "compute/vk/context.h"
 
@@ -16,40 +19,50 @@ class OpCheck {
   // Builds `op` for inputs of these shapes and types (f32 where `input_dtypes` is shorter).
   // Inputs and parameters start uniform in [-1, 1] (state tensors: zeros, except those
   // named "running_var": ones); u32 inputs (labels) hold whole numbers set by the test.
-  // Gradients are checked for f32 inputs only.
+  // Gradients are computed and checked for f32 inputs unless `input_gradients` says otherwise.
+  // `op` must outlive the check.
   OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed = 1,
-          std::vector<DType> input_dtypes = {});
+          std::vector<DType> input_dtypes = {}, std::vector<bool> input_gradients = {});
 
   Shape output_shape;
   std::vector<std::vector<float>> inputs;   // host copies, uploaded before each run
   std::vector<std::vector<float>> tensors;  // one per op.tensors() spec
   std::vector<TensorSpec> specs;
   bool training = true;
+  uint32_t step = 0;           // the optimizer step the op sees (dropout masks)
+  uint32_t sample_offset = 0;  // the micro-batch's first sample in its batch
 
   // Runs forward and returns the output.
   std::vector<float> forward();
   // Runs forward then backward with this upstream gradient. Returns the gradient of every
   // input (empty where an input has none) followed by the gradient of every parameter.
   std::vector<std::vector<float>> backward(const std::vector<float>& output_grad);
-  // Compares backward() with central differences of L = sum(output_grad * forward()) at up
-  // to `samples` elements of each input and parameter: |analytic - numeric| <= tolerance *
-  // max(1, |numeric|). Also checks that accumulating input gradients adds to what is there.
-  void expect_gradients_match(double epsilon = 1e-2, double tolerance = 2e-2, int samples = 24);
+  // The op's tensor `s` (a TensorSpec's) as the last run left it (running statistics).
+  std::vector<float> tensor_after_run(size_t s) const;
+  // Compares backward() with central differences of L = sum(output_grad * forward()) at
+  // every element of each input and parameter of up to `samples` elements (else at `samples`
+  // of them). The measure is scale-free, as in ggml's test-backend-ops: each element's error
+  // against the root mean square of the tensor's numeric gradient, |analytic - numeric| <=
+  // tolerance * rms (with a floor at the finite differences' own rounding error), so a small
+  // gradient is checked as strictly as a large one. Also checks that accumulating input
+  // gradients adds to what is there.
+  void expect_gradients_match(double epsilon = 1e-2, double tolerance = 2e-2, int samples = 512);
 
  private:
   void upload();
-  OpTensors bindings(bool backward, bool accumulate) const;
-  void run(const OpTensors& t, bool backward);
+  void run(bool backward, bool accumulate);
   bool differentiable(size_t input) const;
-  double loss(const std::vector<float>& output_grad);
+  // sum(output_grad * forward()), and sum |output_grad * forward()| (its rounding scale).
+  std::pair<double, double> loss(const std::vector<float>& output_grad);
 
   vk::Context& context_;
-  Op& op_;
   std::vector<Shape> input_shapes_;
   std::vector<DType> input_dtypes_;
+  std::vector<bool> input_gradients_;
   uint32_t seed_;
-  std::vector<std::unique_ptr<Tensor>> input_tensors_, input_grads_, op_tensors_, grads_;
-  std::unique_ptr<Tensor> output_, output_grad_, step_;
+  Network network_;
+  std::vector<std::unique_ptr<Tensor>> input_tensors_;
+  std::unique_ptr<Tensor> step_;
 };
 
 // Uniform values in [low, high) from a seeded generator.
