@@ -238,18 +238,12 @@ GraphLayout Network::layout() const {
       layout.buffers.push_back({placed.name, bytes, category});
       placed.buffer = layout.buffers.size() - 1;
     } else {
-      // The smallest free buffer that holds it, else the largest one grown, else a new one.
+      // The smallest free buffer that holds it, else a new one: growing a small buffer for a
+      // large tensor would leave two large ones where one was needed.
       auto best = free.end();
-      for (auto it = free.begin(); it != free.end(); ++it) {
-        uint64_t size = layout.buffers[*it].bytes;
-        if (best == free.end()) {
+      for (auto it = free.begin(); it != free.end(); ++it)
+        if (layout.buffers[*it].bytes >= bytes && (best == free.end() || layout.buffers[*it].bytes < layout.buffers[*best].bytes))
           best = it;
-          continue;
-        }
-        uint64_t best_size = layout.buffers[*best].bytes;
-        bool fits = size >= bytes, best_fits = best_size >= bytes;
-        if ((fits && (!best_fits || size < best_size)) || (!fits && !best_fits && size > best_size)) best = it;
-      }
       if (best == free.end()) {
         layout.buffers.push_back({"activations (shared)", bytes, category});
         placed.buffer = layout.buffers.size() - 1;

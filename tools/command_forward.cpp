@@ -36,6 +36,10 @@ void run_forward(const ForwardFlags& f) {
   options.device_index = f.device;
   vk::Context context(options);
   Network network(description, {batch, 3, x.shape[2], x.shape[3]}, false);
+  // The graph's buffers (activations handed on once read), the input and the step count.
+  auto& allocator = context.allocator();
+  uint64_t planned = network.plan(allocator).total() +
+                     allocator.footprint(static_cast<uint64_t>(batch * per_image) * 4) + allocator.footprint(8);
   network.allocate(context);
   network.initialise(0);
   if (checkpoint) {
@@ -73,7 +77,9 @@ void run_forward(const ForwardFlags& f) {
   }
   write_hdf5_arrays(f.output, {{"logits", logits}});
   nlohmann::json summary = {{"images", n}, {"batch", batch}, {"device", context.info().name},
-                            {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds}};
+                            {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds},
+                            {"planned_device_bytes", planned},
+                            {"peak_device_bytes", allocator.stats().peak_bytes}};
   if (n > batch) summary["steady_images_per_second"] = (n - batch) / (device_seconds - first_batch_seconds);
   std::fprintf(stderr, "%s\n", summary.dump().c_str());
 }

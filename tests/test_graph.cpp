@@ -1,0 +1,91 @@
+// The graph executor's memory: in inference a buffer is handed on once its last consumer has
+// run, so resnet18's forward plans a few activations instead of all of them, computes the
+// same outputs as with every activation alive, and allocates exactly what it planned.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "compute/network.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+nlohmann::json resnet18() { return load_model_description("resnet18", 2); }
+
+// The network's output for `x` after initialisation from seed 5, in evaluation mode.
+std::vector<float> forward(Network& network, const Shape& shape, const std::vector<float>& x) {
+  auto& context = test::context();
+  network.allocate(context);
+  network.initialise(5);
+  Tensor input(context, "input", shape), step(context, "step", {2}, DType::u32);
+  input.upload(x);
+  uint32_t zero[2] = {0, 0};
+  step.upload(zero, sizeof zero);
+  vk::Program program(context);
+  {
+    vk::Recorder recorder(context, program);
+    network.record_forward(recorder, context.kernels(), input, {false, 0, &step, 0});
+    recorder.finish();
+  }
+  program.run();
+  return network.output().download();
+}
+
+TEST(Graph, InferencePlansAFewActivationsNotAll) {
+  const Shape shape{64, 3, 224, 224};
+  auto& allocator = test::context().allocator();
+  // Training keeps every activation for backward: what inference planned before reuse.
+  uint64_t all_alive = Network(resnet18(), shape, true).plan(allocator).bytes["activations"];
+  uint64_t reused = Network(resnet18(), shape, false).plan(allocator).bytes["activations"];
+  std::printf("{\"model\":\"resnet18\",\"batch\":64,\"size\":224,\"activation_bytes_all_alive\":%llu,"
+              "\"activation_bytes_reused\":%llu}\n",
+              static_cast<unsigned long long>(all_alive), static_cast<unsigned long long>(reused));
+  // The largest activation (conv1's output, 64x64x112x112 floats) three times over at most.
+  EXPECT_LE(reused, 3 * uint64_t{64} * 64 * 112 * 112 * 4);
+  EXPECT_LT(reused * 4, all_alive);
+}
+
+TEST(Graph, ReusedBuffersGiveTheOutputsOfAllAlive) {
+  const Shape shape{2, 3, 64, 64};
+  auto x = test::random_values(static_cast<size_t>(element_count(shape)), 3);
+  Network all_alive(resnet18(), shape, true), reused(resnet18(), shape, false);
+  test::expect_near(forward(reused, shape, x), forward(all_alive, shape, x), 0, "logits with reused buffers");
+}
+
+TEST(Graph, InferenceAllocatesWhatItPlanned) {
+  const Shape shape{8, 3, 64, 64};
+  auto& context = test::context();
+  Network network(resnet18(), shape, false);
+  uint64_t planned = network.plan(context.allocator()).total();
+  uint64_t before = context.allocator().stats().live_bytes;
+  network.allocate(context);
+  uint64_t allocated = context.allocator().stats().live_bytes - before;
+  EXPECT_LE(allocated, planned * 11 / 10);
+  EXPECT_GE(allocated * 11 / 10, planned);
+}
+
+TEST(Graph, ABranchKeepsItsInputAliveUntilItsLastReader) {
+  // x -> a -> b, and add(a, b): a's buffer must not be handed to b.
+  nlohmann::json graph = {{"layers",
+                           {{{"name", "a"}, {"type", "relu"}},
+                            {{"name", "b"}, {"type", "relu"}},
+                            {{"name", "c"}, {"type", "relu"}},
+                            {{"name", "sum"}, {"type", "add"}, {"inputs", {"a", "c"}}}}}};
+  Network network(graph, Shape{4, 8}, false);
+  GraphLayout layout = network.layout();
+  std::map<std::string, size_t> buffer;
+  for (auto& placed : layout.tensors) buffer[placed.name] = placed.buffer;
+  EXPECT_NE(buffer["a"], buffer["b"]);
+  EXPECT_NE(buffer["a"], buffer["c"]);
+  EXPECT_NE(buffer["a"], buffer["sum"]);
+  EXPECT_EQ(buffer["b"], buffer["sum"]);  // b's last reader was c
+  auto x = test::random_values(32, 4);
+  std::vector<float> expected(32);
+  for (size_t i = 0; i < 32; ++i) expected[i] = 2 * std::max(0.0f, x[i]);
+  test::expect_near(forward(network, {4, 8}, x), expected, 1e-6, "a + relu(relu(a))");
+}
+
+}  // namespace
+}  // namespace tessera
