@@ -433,4 +433,13 @@ void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, cons
   recorder.set_scope("");
 }
 
+InferenceProgram::InferenceProgram(vk::Context& context, Network& network, const Network::Bound& inputs)
+    : step_(context, "step", {2}, DType::u32), program_(context) {
+  uint32_t zero[2] = {0, 0};
+  step_.upload(zero, sizeof zero);
+  vk::Recorder recorder(context, program_);
+  network.record_forward(recorder, context.kernels(), inputs, {false, 0, &step_, 0});
+  recorder.finish();
+}
+
 }  // namespace tessera

@@ -148,4 +148,18 @@ class Network {
   std::map<std::pair<size_t, size_t>, bool> accumulate_input_grad_;
 };
 
+// A forward pass in evaluation mode, recorded once and run any number of times (forward,
+// extract, tile scores), with the optimizer step count that ops read (a u32 [2] of zeros).
+class InferenceProgram {
+ public:
+  InferenceProgram(vk::Context& context, Network& network, const Network::Bound& inputs);
+  void run() { program_.run(); }
+  // The device bytes it adds to the network's plan.
+  static uint64_t planned_bytes(const vk::Allocator& allocator) { return allocator.footprint(8); }
+
+ private:
+  Tensor step_;
+  vk::Program program_;
+};
+
 }  // namespace tessera

@@ -142,13 +142,7 @@ class Extractor {
                    {"tile_size", tile_size}};
 
     images_ = std::make_unique<Tensor>(context_, "images", inputs[0].shape, DType::u8, vk::MemoryUsage::staging);
-    step_ = std::make_unique<Tensor>(context_, "step", Shape{2}, DType::u32);
-    uint32_t zero[2] = {0, 0};
-    step_->upload(zero, sizeof zero);
-    program_ = std::make_unique<vk::Program>(context_);
-    vk::Recorder recorder(context_, *program_);
-    network_->record_forward(recorder, context_.kernels(), {{"images", images_.get()}}, {false, 0, step_.get(), 0});
-    recorder.finish();
+    program_ = std::make_unique<InferenceProgram>(context_, *network_, Network::Bound{{"images", images_.get()}});
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
@@ -320,8 +314,8 @@ class Extractor {
   int tile_size_;
   vk::Context context_;
   std::unique_ptr<Network> network_;
-  std::unique_ptr<Tensor> images_, step_;
-  std::unique_ptr<vk::Program> program_;
+  std::unique_ptr<Tensor> images_;
+  std::unique_ptr<InferenceProgram> program_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;
   nlohmann::json extraction_;

@@ -264,16 +264,7 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   load_tensors(checkpoint.params, tensors, checkpoint_path, "params");
   Tensor features(context, "features", {bag.instances, width});
   features.upload(bag.features);
-  Tensor step(context, "step", {2}, DType::u32);
-  uint32_t zero[2] = {0, 0};
-  step.upload(zero, sizeof zero);
-  vk::Program program(context);
-  {
-    vk::Recorder recorder(context, program);
-    head.record_forward(recorder, context.kernels(), {{"features", &features}}, {false, 0, &step, 0});
-    recorder.finish();
-  }
-  program.run();
+  InferenceProgram(context, head, {{"features", &features}}).run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
   if (mean) {

@@ -19,17 +19,9 @@ std::vector<float> forward(Network& network, const Shape& shape, const std::vect
   auto& context = test::context();
   network.allocate(context);
   network.initialise(5);
-  Tensor input(context, "input", shape), step(context, "step", {2}, DType::u32);
+  Tensor input(context, "input", shape);
   input.upload(x);
-  uint32_t zero[2] = {0, 0};
-  step.upload(zero, sizeof zero);
-  vk::Program program(context);
-  {
-    vk::Recorder recorder(context, program);
-    network.record_forward(recorder, context.kernels(), input, {false, 0, &step, 0});
-    recorder.finish();
-  }
-  program.run();
+  InferenceProgram(context, network, {{"input", &input}}).run();
   return network.output().download();
 }
 

@@ -39,7 +39,8 @@ void run_forward(const ForwardFlags& f) {
   // The graph's buffers (activations handed on once read), the input and the step count.
   auto& allocator = context.allocator();
   uint64_t planned = network.plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(batch * per_image) * 4) + allocator.footprint(8);
+                     allocator.footprint(static_cast<uint64_t>(batch * per_image) * 4) +
+                     InferenceProgram::planned_bytes(allocator);
   network.allocate(context);
   network.initialise(0);
   if (checkpoint) {
@@ -48,15 +49,7 @@ void run_forward(const ForwardFlags& f) {
     load_tensors(checkpoint->params, tensors, f.model, "params");
   }
   Tensor input(context, "input", {batch, 3, x.shape[2], x.shape[3]});
-  Tensor step(context, "step", {2}, DType::u32);
-  uint32_t zero[2] = {0, 0};
-  step.upload(zero, sizeof zero);
-  vk::Program program(context);
-  {
-    vk::Recorder recorder(context, program);
-    network.record_forward(recorder, context.kernels(), input, {false, 0, &step, 0});
-    recorder.finish();
-  }
+  InferenceProgram program(context, network, {{"input", &input}});
   const int64_t classes = network.output_shape()[1];
   HostArray logits{{n, classes}, std::vector<float>(static_cast<size_t>(n * classes))};
   std::vector<float> chunk(static_cast<size_t>(batch * per_image));
