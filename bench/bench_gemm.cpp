@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compute/network.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/gemm.h"
 #include "compute/vk/context.h"
@@ -66,21 +67,16 @@ struct ConvCase {
 };
 
 nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
-  Conv2d conv(c.out_channels, c.kernel, c.kernel, c.stride, c.padding, false);
-  Shape output = conv.infer({c.input});
-  Tensor x(context, "x", c.input), dx(context, "dx", c.input), y(context, "y", output), dy(context, "dy", output);
-  std::vector<std::unique_ptr<Tensor>> tensors, grads;
-  OpTensors t{{&x}, {c.input_grad ? &dx : nullptr}, {false}, &y, &dy};
-  for (auto& spec : conv.tensors()) {
-    tensors.push_back(std::make_unique<Tensor>(context, spec.name, spec.shape));
-    grads.push_back(std::make_unique<Tensor>(context, spec.name + ".grad", spec.shape));
-    t.tensors.push_back(tensors.back().get());
-    t.grads.push_back(grads.back().get());
-  }
+  auto conv = std::make_shared<Conv2d>(c.out_channels, c.kernel, c.kernel, c.stride, c.padding, false);
+  // A one-layer graph: the executor binds the op's tensors as in every model.
+  Network graph(conv, {{"x", c.input, DType::f32, c.input_grad}}, true);
+  graph.allocate(context);
+  Tensor x(context, "x", c.input);
+  OpTensors t = graph.bindings(0, {{"x", &x}}, {true, 0, nullptr, 0}, true);
   auto& kernels = context.kernels();
-  double forward = seconds_per_run(context, [&](vk::Recorder& r) { conv.forward(r, kernels, t); });
-  double backward = seconds_per_run(context, [&](vk::Recorder& r) { conv.backward(r, kernels, t); });
-  double flops = conv.forward_flops();
+  double forward = seconds_per_run(context, [&](vk::Recorder& r) { conv->forward(r, kernels, t); });
+  double backward = seconds_per_run(context, [&](vk::Recorder& r) { conv->backward(r, kernels, t); });
+  double flops = conv->forward_flops();
   return {{"name", c.name},
           {"input", c.input},
           {"out_channels", c.out_channels},

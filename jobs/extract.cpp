@@ -124,6 +124,12 @@ class Extractor {
     // sublayer's); only the layers up to it run.
     std::string layer = Network(description, inputs, false, prologue).layer(options.layer).name;
     network_ = std::make_unique<Network>(truncated_after(description, layer), inputs, false, prologue);
+    // The graph's buffers (in inference an activation's is handed on once read), the staged
+    // images and the step count.
+    auto &allocator = context_.allocator();
+    planned_bytes_ = network_->plan(allocator).total() +
+                     allocator.footprint(static_cast<uint64_t>(element_count(inputs[0].shape))) +
+                     InferenceProgram::planned_bytes(allocator);
     network_->allocate(context_);
     network_->initialise(0);
     if (checkpoint) {
@@ -251,6 +257,8 @@ class Extractor {
   }
 
   double device_seconds() const { return device_seconds_; }
+  uint64_t planned_bytes() const { return planned_bytes_; }
+  uint64_t peak_bytes() { return context_.allocator().stats().peak_bytes; }
   double write_seconds() const { return write_seconds_; }
 
  private:
@@ -320,6 +328,7 @@ class Extractor {
   int64_t width_ = 0, spatial_ = 1;
   nlohmann::json extraction_;
   double device_seconds_ = 0, write_seconds_ = 0;
+  uint64_t planned_bytes_ = 0;
 };
 
 }  // namespace
@@ -379,6 +388,8 @@ void extract_features(const ExtractOptions &options) {
                   {"seconds", seconds},
                   {"features_per_second", seconds > 0 ? static_cast<double>(extracted) / seconds : 0.0},
                   {"device_seconds", extractor.device_seconds()},
+                  {"planned_device_bytes", extractor.planned_bytes()},
+                  {"peak_device_bytes", extractor.peak_bytes()},
                   {"hdf5_write_seconds", extractor.write_seconds()},
                   {"hdf5_write_share", seconds > 0 ? extractor.write_seconds() / seconds : 0.0}});
   std::printf("%s\n", summary.dump().c_str());
