@@ -191,6 +191,9 @@ class TiffSlide final : public Slide {
     TIFFGetField(tiff_, TIFFTAG_PHOTOMETRIC, &photometric);
     if (!width || !height || !tile_width || !tile_height)
       throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no image or tile size");
+    if (!TIFFIsCODECConfigured(compression))
+      throw BadInput(path_ + ": directory " + std::to_string(directory) + ": unsupported TIFF compression " +
+                     std::to_string(compression));
     level.shape = {width, height, 1.0, static_cast<int>(tile_width), static_cast<int>(tile_height)};
     level.columns = (width + tile_width - 1) / tile_width;
     level.rows = (height + tile_height - 1) / tile_height;

@@ -39,8 +39,7 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"encoding", encoding_name(options.encoding)},
           {"quality", options.quality},
           {"min_tissue", options.min_tissue},
-          {"tissue_threshold_flag",
-           options.tissue_threshold ? nlohmann::json(*options.tissue_threshold) : nlohmann::json()},
+          {"tissue_threshold", options.tissue_threshold},
           {"labels", job.labels.empty() ? "" : canonical_path(job.labels)},
           {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
           {"label_coverage", options.label_coverage},
@@ -94,7 +93,6 @@ class SlideTiler {
       }
     entry["grid"] = {columns, rows};
     entry["tissue_level"] = tissue.level();
-    entry["tissue_threshold"] = tissue.threshold();
     entry["candidates"] = candidates.size();
     size_t done = entry.value("done", size_t{0});
     size_t resumed_from = done;
@@ -106,6 +104,7 @@ class SlideTiler {
     std::vector<TileStoreWriter::Tile> batch;
     uint64_t batch_bytes = 0;
     Progress progress("tile", candidates.size());
+    std::string first_corrupt;
     auto commit = [&](size_t processed) {
       entry["done"] = processed;
       store_.commit(id, entry, batch);
@@ -118,6 +117,7 @@ class SlideTiler {
         [&](size_t i, TileResult&& result) {
           size_t processed = done + i + 1;
           if (!result.corrupt.empty()) {
+            if (first_corrupt.empty()) first_corrupt = result.corrupt;
             entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
             progress.event({{"warning", "corrupt tile skipped"}, {"slide", path}, {"error", result.corrupt}});
           } else {
@@ -134,13 +134,15 @@ class SlideTiler {
             commit(processed);
           progress.update(processed, {{"slide", id}, {"written", written}});
         });
+    if (entry.value("tiles", 0) == 0 && entry.value("corrupt_tiles", 0) > 0)
+      throw BadInput(path + ": every tissue tile is corrupt (" + std::to_string(entry.value("corrupt_tiles", 0)) +
+                     "), the first: " + first_corrupt);
     entry["complete"] = true;
     commit(candidates.size());
     progress.finish();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", entry["grid"]},
-                    {"tissue_threshold", tissue.threshold()},
                     {"candidates", candidates.size()},
                     {"resumed_from", resumed_from},
                     {"written", written},
