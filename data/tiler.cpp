@@ -142,12 +142,19 @@ class SlideTiler {
                             options_.label_coverage, options_.label_class);
     int64_t columns = level.width / options_.size, rows = level.height / options_.size;
     std::vector<uint32_t> candidates;
+    uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t column = 0; column < columns; ++column) {
         double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
-        if (tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) >= options_.min_tissue)
-          candidates.push_back(static_cast<uint32_t>(row * columns + column));
+        double fraction = tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent);
+        if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
+        if (labeler && labeler->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
+          ++labelled;
+          labelled_on_tissue += fraction > 0;
+        }
       }
+    Progress progress("tile", candidates.size());
+    if (labeler) check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
     entry["grid"] = {columns, rows};
     entry["tissue_level"] = tissue.level();
     entry["candidates"] = candidates.size();
@@ -160,7 +167,6 @@ class SlideTiler {
     uint64_t copied = 0, written = 0;
     std::vector<TileStoreWriter::Tile> batch;
     uint64_t batch_bytes = 0;
-    Progress progress("tile", candidates.size());
     std::string first_corrupt;
     auto commit = [&](size_t processed) {
       entry["done"] = processed;
@@ -213,6 +219,26 @@ class SlideTiler {
   }
 
  private:
+  // Labels that give no tile a class (GeoJSON beside the slide, an empty mask), or whose classes
+  // lie mostly off the tissue (the labels of another slide), are refused naming the file;
+  // --allow-empty-labels turns the first into a warning, for slides without tumour.
+  void check_labels_fit(const TileLabeler& labeler, uint64_t labelled, uint64_t on_tissue, Progress& progress,
+                        nlohmann::json& summary) const {
+    const SlideLevel& base = slide_->levels()[0];
+    std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
+    if (labelled == 0) {
+      std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
+                            labeler.description() + ")";
+      if (!options_.allow_empty_labels)
+        throw BadInput(message + "; if the slide truly has none, pass --allow-empty-labels");
+      progress.event({{"warning", message}});
+      summary["warning"] = message;
+    } else if (on_tissue * 2 < labelled) {
+      throw BadInput(job_.labels + ": " + std::to_string(labelled - on_tissue) + " of the " + std::to_string(labelled) +
+                     " tiles it labels lie on glass of " + slide + ": the labels of another slide?");
+    }
+  }
+
   nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
     const SlideLevel& base = slide_->levels()[0];
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];

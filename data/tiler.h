@@ -22,6 +22,7 @@ struct TilerOptions {
   LabelRule label_rule = LabelRule::centre;
   double label_coverage = 0.5;
   std::string label_class = "Tumor";
+  bool allow_empty_labels = false;  // labels that give no tile a class: a warning, not an error
   TileEncoding encoding = TileEncoding::jpeg;
   int quality = 90;
   int workers = 1;

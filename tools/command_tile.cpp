@@ -41,6 +41,8 @@ void add_tile_command(CLI::App& app) {
       ->check(finite_in(0, 1));
   command->add_option("--label-class", flags->options.label_class, "GeoJSON classification name of label 1")
       ->capture_default_str();
+  command->add_flag("--allow-empty-labels", flags->options.allow_empty_labels,
+                    "Labels that give no tile a class are a warning, not an error (slides without tumour)");
   command->add_option("--encoding", flags->encoding, "Pixels in the store: jpeg or raw")->capture_default_str();
   command->add_option("--quality", flags->options.quality, "JPEG quality when tiles are encoded")
       ->capture_default_str()
