@@ -2,13 +2,16 @@
 as an independent CLAM-style detection (python3-openslide and numpy) finds it, no glass-only
 tile, every broken file refused with exit 5 naming it, and the formats read through libvips and
 DCMTK tile."""
+import io
 import os
 import shutil
+import struct
 import sys
 
 import numpy as np
 import openslide
 from numpy.lib.stride_tricks import sliding_window_view
+from PIL import Image
 
 from data_tools import parse_value, read_store, run, summary, workdir
 
@@ -45,6 +48,19 @@ def clam_tissue_fractions(path, tile):
     return mask[:rows * tile, :columns * tile].reshape(rows, tile, columns, tile).mean(axis=(1, 3))
 
 
+def dicom_frames(path):
+    """The JPEG fragments of a DICOM file's encapsulated pixel data (after the offset table)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    start = data.index(b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff") + 12
+    items = []
+    while data[start:start + 4] == b"\xfe\xff\x00\xe0":
+        (length,) = struct.unpack_from("<I", data, start + 4)
+        items.append(data[start + 8:start + 8 + length])
+        start += 8 + length
+    return items[1:]
+
+
 def expect_bad_input(binary, path, store, *words):
     result = run(binary, "tile", path, "--out", store, check=False)
     assert result.returncode == 5, (path, result.returncode, result.stdout, result.stderr)
@@ -79,6 +95,42 @@ def main(binary):
         expect_bad_input(binary, slide(name), os.path.join(work, "broken.lmdb"), cause)
         assert not os.path.exists(os.path.join(work, "broken.lmdb", "data.mdb")) or not read_store(
             os.path.join(work, "broken.lmdb"))[0], "no tile of a broken slide"
+    # A plain RGB TIFF in strips (libvips): the tissue tiles, pixel for pixel; the same image as PNG
+    # gives the same tiles.
+    kidney = slide("kidney-ihc-stripped.tif")
+    image = np.asarray(Image.open(kidney).convert("RGB"))
+    png = os.path.join(work, "kidney.png")
+    Image.fromarray(image).save(png)
+    stores = {}
+    for path in (kidney, png):
+        stores[path] = os.path.join(work, os.path.basename(path) + ".lmdb")
+        run(binary, "tile", path, "--out", stores[path], "--size", 32, "--encoding", "raw")
+    tiles, slides = read_store(stores[kidney])
+    assert slides[0]["width"] == 1493 and slides[0]["format"] == "vips:tiffload", slides[0]
+    assert len(tiles) >= 2, len(tiles)
+    for key, value in tiles.items():
+        tile = parse_value(key, value)
+        expected = image[tile["y"]:tile["y"] + 32, tile["x"]:tile["x"] + 32]
+        assert np.array_equal(np.asarray(tile["image"]), expected), key
+        assert 240 <= tile["x"] <= 400 and 450 <= tile["y"] <= 560, f"tile {key} is not on the tissue"
+    assert read_store(stores[png])[0] == tiles
+    print(f"kidney-ihc-stripped.tif: {len(tiles)} tissue tiles of 32 px, as PIL reads them")
+
+    # A DICOM WSI series (VOLUME and THUMBNAIL files, JPEG baseline): tiles decode like its frame.
+    dicom = slide("boxes_0.dcm")
+    store = os.path.join(work, "dicom.lmdb")
+    run(binary, "tile", dicom, "--out", store, "--size", 8, "--min-tissue", 0, "--encoding", "raw")
+    tiles, slides = read_store(store)
+    assert slides[0]["format"] == "dicom" and (slides[0]["width"], slides[0]["height"]) == (16, 16), slides[0]
+    assert abs(slides[0]["mpp_x"] - 0.499) < 1e-9, slides[0]
+    frame = np.asarray(Image.open(io.BytesIO(dicom_frames(dicom)[0])).convert("RGB"), dtype=np.int32)
+    assert sorted(key[2:] for key in tiles) == [(0, 0), (0, 1), (1, 0), (1, 1)], sorted(tiles)
+    for key, value in tiles.items():
+        tile = parse_value(key, value)
+        expected = frame[tile["y"]:tile["y"] + 8, tile["x"]:tile["x"] + 8]
+        difference = np.abs(np.asarray(tile["image"], dtype=np.int32) - expected)
+        assert difference.max() <= 2, (key, difference.max())
+    print("boxes_0.dcm (DICOM series): 4 tiles of 8 px, as PIL decodes its JPEG frame")
     shutil.rmtree(work)
     print("ok")
 

@@ -215,7 +215,7 @@ TEST(BadInput, TruncatedTiff) {
   EXPECT_NE(message.find("truncated.tiff"), std::string::npos) << message;
 }
 
-TEST(BadInput, StrippedTiffIsNotTiled) {
+TEST(Slide, StrippedTiffIsReadThroughLibvips) {
   auto path = directory() / "stripped.tiff";
   TIFF* tiff = TIFFOpen(path.c_str(), "w");
   ASSERT_NE(tiff, nullptr);
@@ -228,7 +228,15 @@ TEST(BadInput, StrippedTiffIsNotTiled) {
   std::vector<uint8_t> row(64 * 3, 200);
   for (uint32_t y = 0; y < 64; ++y) TIFFWriteScanline(tiff, row.data(), y, 0);
   TIFFClose(tiff);
-  auto message = bad_input_message([&] { open_slide(path.string()); });
+  auto slide = open_slide(path.string());
+  EXPECT_EQ(slide->format(), "vips:tiffload");
+  ASSERT_EQ(slide->levels().size(), 1u);
+  EXPECT_EQ(slide->levels()[0].width, 64);
+  std::vector<uint8_t> rgb(32 * 32 * 3);
+  slide->read_region(0, 48, 0, 32, 32, rgb.data());
+  EXPECT_EQ(rgb[0], 200) << "inside the image";
+  EXPECT_EQ(rgb[(31 * 32 + 31) * 3], 255) << "beyond the image: white";
+  auto message = bad_input_message([&] { open_slide(path.string(), 1 << 20, SlideReader::libtiff); });
   EXPECT_NE(message.find("stripped.tiff: not a tiled TIFF"), std::string::npos) << message;
 }
 
