@@ -53,6 +53,15 @@ def main(binary):
     expect(run(binary, "tile", truncated, "--out", store, check=False), 5, "truncated.tiff")
 
 
+    # Fluorescence: tissue glowing on a dark background is refused, not taken for all tissue.
+    fluorescence = os.path.join(work, "fluorescence.png")
+    glow = Image.new("RGB", (1024, 1024), (4, 6, 8))
+    for x in range(200, 700, 3):
+        for y in range(300, 800, 3):
+            glow.putpixel((x, y), (20, 220, 60))
+    glow.save(fluorescence)
+    expect(run(binary, "tile", fluorescence, "--out", store, check=False), 5, "fluorescence.png: most of the slide is dark")
+
     geojson = os.path.join(work, "broken.geojson")
     with open(geojson, "w") as f:
         f.write('{"type": "FeatureCollection", "features": [')
