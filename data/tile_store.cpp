@@ -275,8 +275,10 @@ class TileStore final : public PatchSource {
     Transaction txn;
     if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path, "reading", rc);
     slide_count_ = 0;
+    uint64_t listed = 0;  // tiles the slides' entries count
     for (auto& [id, entry] : read_slides(txn.txn, slides_, path)) {
       ++slide_count_;
+      listed += entry.value("tiles", uint64_t{0});
       if (!entry.value("complete", false))
         throw BadInput(path + ": slide " + std::to_string(id) + " (" + entry.value("path", std::string("?")) +
                        ") is not completely tiled: run the same tessera tile command again to finish it");
@@ -298,6 +300,10 @@ class TileStore final : public PatchSource {
     for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); cursor_has_item(rc, path, "reading tiles");
          rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
       keys_.push_back(decode_tile_key(key.mv_data, key.mv_size));
+    // A zeroed or stale page can read as a short database that LMDB ends with MDB_NOTFOUND.
+    if (listed && keys_.size() != listed)
+      throw BadInput(path + ": its slides list " + std::to_string(listed) + " tiles, the tiles database yields " +
+                     std::to_string(keys_.size()) + " (a corrupt store)");
   }
 
   ~TileStore() override {
@@ -376,6 +382,12 @@ void TileStoreReader::for_each_tile(uint32_t slide, uint64_t skip,
     if (index < skip) continue;
     visit(tile, parse_tile_value(value.mv_data, value.mv_size, path_ + " tile " + describe(tile)));
   }
+  auto slides = read_slides(txn.txn, slides_, path_);
+  if (auto entry = slides.find(slide); entry != slides.end() && entry->second.value("complete", false) &&
+                                       entry->second.value("tiles", index) != index)
+    throw BadInput(path_ + ": slide " + std::to_string(slide) + " lists " +
+                   std::to_string(entry->second.value("tiles", index)) + " tiles, the store yields " +
+                   std::to_string(index) + " (a corrupt store)");
 }
 
 std::unique_ptr<PatchSource> open_tile_store(const std::string& path) { return std::make_unique<TileStore>(path); }

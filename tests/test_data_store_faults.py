@@ -6,6 +6,7 @@ import os
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -66,6 +67,24 @@ def main(binary):
                      os.path.join(work, "features")],
                     ["tile", first, "--out", truncated]):
         expect(run(binary, *command, check=False), 5, "truncated.lmdb/data.mdb: truncated")
+
+    # A corrupt page (the tiles database's root zeroed): an error naming the store, not an early
+    # end of the data (train used to see 0 tiles; extract, a short feature file).
+    corrupt = os.path.join(work, "corrupt.lmdb")
+    shutil.copytree(references[first], corrupt)
+    env = lmdb.open(corrupt, readonly=True, lock=False, max_dbs=2)
+    with env.begin() as txn:
+        record = txn.get(b"tiles")  # the main database's MDB_db record of `tiles`; root page at byte 40
+    env.close()
+    (root,) = struct.unpack_from("<Q", record, 40)
+    with open(os.path.join(corrupt, "data.mdb"), "r+b") as f:
+        f.seek(root * 4096)
+        f.write(bytes(4096))
+    for command in (["train", "--data", corrupt, "--model", "small-cnn", "--epochs", "1", "--batch", "4"],
+                    ["extract", "--model", "small-cnn", "--layer", "conv1", "--batch", "4", "--tiles", corrupt,
+                     "--out", os.path.join(work, "corrupt-features")]):
+        expect(run(binary, *command, check=False), 5, "corrupt.lmdb")
+    assert not [name for name in os.listdir(os.path.join(work, "corrupt-features")) if name.endswith(".h5")]
 
     # Two writers: the first blocks on LMDB's writer lock, held here, after taking the store's
     # lock; the second must refuse at once, naming the store, and leave it alone.
