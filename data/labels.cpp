@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -35,6 +37,11 @@ class Polygon {
       max_y_ = std::max(max_y_, p.y);
     }
   }
+
+  double min_x() const { return min_x_; }
+  double max_x() const { return max_x_; }
+  double min_y() const { return min_y_; }
+  double max_y() const { return max_y_; }
 
   bool overlaps_box(double x0, double y0, double x1, double y1) const {
     return x0 <= max_x_ && x1 >= min_x_ && y0 <= max_y_ && y1 >= min_y_;
@@ -98,7 +105,17 @@ class GeoJsonLabeler final : public TileLabeler {
   }
 
   std::string description() const override {
-    return path_ + ": " + std::to_string(polygons_.size()) + " polygons classified " + label_class_;
+    std::string text = path_ + ": " + std::to_string(polygons_.size()) + " polygons classified " + label_class_;
+    if (polygons_.empty()) return text;
+    double x0 = polygons_[0].min_x(), x1 = polygons_[0].max_x(), y0 = polygons_[0].min_y(), y1 = polygons_[0].max_y();
+    for (auto& polygon : polygons_) {
+      x0 = std::min(x0, polygon.min_x());
+      x1 = std::max(x1, polygon.max_x());
+      y0 = std::min(y0, polygon.min_y());
+      y1 = std::max(y1, polygon.max_y());
+    }
+    return text + " spanning x " + std::to_string(std::lround(x0)) + " to " + std::to_string(std::lround(x1)) +
+           ", y " + std::to_string(std::lround(y0)) + " to " + std::to_string(std::lround(y1));
   }
 
  private:
@@ -172,6 +189,8 @@ class MaskLabeler final : public TileLabeler {
     TIFFClose(tiff);
     scale_x_ = static_cast<double>(slide_width) / width_;
     scale_y_ = static_cast<double>(slide_height) / height_;
+    check_extent(slide_width, slide_height);
+    check_values();
   }
 
   uint32_t label(double x0, double y0, double x1, double y1) const override {
@@ -197,7 +216,66 @@ class MaskLabeler final : public TileLabeler {
   }
 
  private:
+  // The mask must cover the slide: at its declared downsample exactly (to a pixel), else with the
+  // slide's shape (a mask of another slide, given in the wrong order, fails here).
+  void check_extent(int64_t slide_width, int64_t slide_height) const {
+    std::string sizes = "the mask is " + std::to_string(width_) + "x" + std::to_string(height_) + ", the slide " +
+                        std::to_string(slide_width) + "x" + std::to_string(slide_height);
+    if (downsample_ > 0) {
+      auto covers = [&](int mask, int64_t slide) {
+        return std::abs(static_cast<double>(mask) - static_cast<double>(slide) / downsample_) <= 1;
+      };
+      if (!covers(width_, slide_width) || !covers(height_, slide_height))
+        throw BadInput(path_ + ": does not fit the slide: " + sizes + " and the mask says downsample " +
+                       std::to_string(downsample_) + " (the mask of another slide?)");
+    } else if (std::abs(scale_x_ - scale_y_) > 0.02 * std::max(scale_x_, scale_y_)) {
+      throw BadInput(path_ + ": does not fit the slide: " + sizes + ", another shape (the mask of another slide?)");
+    }
+  }
+
+  // Values are classes: those the mask declares, else 0, 1, 2, ... without gaps (255 or 7 in a
+  // 0/1 mask is not a class).
+  void check_values() const {
+    std::array<uint64_t, 256> counts{};
+    for (uint8_t value : values_) ++counts[value];
+    for (int value = 0; value < 256; ++value) {
+      if (!counts[static_cast<size_t>(value)]) continue;
+      bool known = declared_.empty() ? (value == 0 || counts[static_cast<size_t>(value - 1)] > 0)
+                                     : std::count(declared_.begin(), declared_.end(), value) > 0;
+      if (!known)
+        throw BadInput(path_ + ": value " + std::to_string(value) + " (" + std::to_string(counts[static_cast<size_t>(value)]) +
+                       " pixels) is not a class: " +
+                       (declared_.empty() ? std::string("class numbers run 0, 1, 2, ... without gaps")
+                                          : "the mask declares classes " + declared_text()));
+    }
+  }
+
+  std::string declared_text() const {
+    std::string text;
+    for (int value : declared_) text += (text.empty() ? "" : ", ") + std::to_string(value);
+    return text;
+  }
+
+  // tessera synth's masks say {"downsample": N, "values": {"0": "other", "1": "Tumor"}} in their
+  // ImageDescription; other masks may say nothing.
+  void read_declaration(TIFF* tiff) {
+    char* text = nullptr;
+    if (!TIFFGetField(tiff, TIFFTAG_IMAGEDESCRIPTION, &text) || !text) return;
+    auto description = nlohmann::json::parse(text, nullptr, false);
+    if (!description.is_object()) return;
+    if (description.contains("downsample") && description["downsample"].is_number())
+      downsample_ = description["downsample"].get<double>();
+    if (description.contains("values") && description["values"].is_object())
+      for (auto& [key, name] : description["values"].items()) {
+        char* end = nullptr;
+        long value = std::strtol(key.c_str(), &end, 10);
+        if (*end || value < 0 || value > 255) throw BadInput(path_ + ": declares a class '" + key + "' that is not 0-255");
+        declared_.push_back(static_cast<int>(value));
+      }
+  }
+
   void read(TIFF* tiff) {
+    read_declaration(tiff);
     uint32_t width = 0, height = 0;
     uint16_t samples = 1, bits = 8;
     TIFFGetField(tiff, TIFFTAG_IMAGEWIDTH, &width);
@@ -238,6 +316,8 @@ class MaskLabeler final : public TileLabeler {
   double coverage_;
   int width_ = 0, height_ = 0;
   double scale_x_ = 1, scale_y_ = 1;
+  double downsample_ = 0;       // declared; 0 when not
+  std::vector<int> declared_;   // declared classes; empty when not
   std::vector<uint8_t> values_;
 };
 

@@ -22,7 +22,8 @@ class TileLabeler {
 
 // Opens `path` as GeoJSON (.geojson or .json: label 1 inside features classified `label_class`,
 // 0 elsewhere) or as a mask TIFF scaled onto a slide of slide_width x slide_height. Throws
-// BadInput naming the file (and the feature) when it is not valid.
+// BadInput naming the file (and the feature) when it is not valid, when a mask does not fit the
+// slide (its declared downsample, else its shape), or holds a value that is not a class.
 std::unique_ptr<TileLabeler> open_labels(const std::string& path, int64_t slide_width, int64_t slide_height,
                                          LabelRule rule, double coverage, const std::string& label_class);
 

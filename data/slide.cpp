@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "data/jpeg.h"
+#include "data/slide_parts.h"
 
 namespace tessera::data {
 
@@ -49,56 +50,6 @@ bool has_tiff_signature(const std::string& path) {
   return little || big;
 }
 
-// Decoded tiles, least recently used first out, bounded in bytes.
-class TileCache {
- public:
-  explicit TileCache(uint64_t capacity) : capacity_(capacity) {}
-  using Pixels = std::shared_ptr<const std::vector<uint8_t>>;
-
-  Pixels find(uint64_t key) {
-    std::lock_guard lock(mutex_);
-    auto found = index_.find(key);
-    if (found == index_.end()) return nullptr;
-    order_.splice(order_.begin(), order_, found->second);
-    return found->second->second;
-  }
-
-  void insert(uint64_t key, Pixels pixels) {
-    std::lock_guard lock(mutex_);
-    if (index_.count(key) || pixels->size() > capacity_) return;
-    order_.emplace_front(key, pixels);
-    index_[key] = order_.begin();
-    bytes_ += pixels->size();
-    while (bytes_ > capacity_) {
-      bytes_ -= order_.back().second->size();
-      index_.erase(order_.back().first);
-      order_.pop_back();
-    }
-  }
-
- private:
-  uint64_t capacity_, bytes_ = 0;
-  std::mutex mutex_;
-  std::list<std::pair<uint64_t, Pixels>> order_;
-  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, Pixels>>::iterator> index_;
-};
-
-std::string tile_name(int level, int64_t column, int64_t row) {
-  return "level " + std::to_string(level) + " tile column " + std::to_string(column) + " row " + std::to_string(row);
-}
-
-// Copies the part of a tile (origin tile_x, tile_y in level pixels) that overlaps the region.
-void copy_overlap(const uint8_t* tile, int64_t tile_x, int64_t tile_y, int tile_width, int tile_height,
-                  int64_t region_x, int64_t region_y, int region_width, int region_height, uint8_t* region) {
-  int64_t x0 = std::max(tile_x, region_x), x1 = std::min(tile_x + tile_width, region_x + region_width);
-  int64_t y0 = std::max(tile_y, region_y), y1 = std::min(tile_y + tile_height, region_y + region_height);
-  if (x0 >= x1 || y0 >= y1) return;
-  size_t bytes = static_cast<size_t>(x1 - x0) * 3;
-  for (int64_t y = y0; y < y1; ++y)
-    std::memcpy(region + ((y - region_y) * region_width + (x0 - region_x)) * 3,
-                tile + ((y - tile_y) * tile_width + (x0 - tile_x)) * 3, bytes);
-}
-
 class TiffSlide final : public Slide {
   struct Level {
     SlideLevel shape;
@@ -120,9 +71,7 @@ class TiffSlide final : public Slide {
     do {
       if (!TIFFIsTiled(tiff_)) {
         if (directory == 0)
-          throw BadInput(path +
-                         ": not a tiled TIFF (it is stored in strips); tile it first, e.g. "
-                         "`vips tiffsave IN OUT --tile --pyramid --compression jpeg --bigtiff`");
+          throw BadInput(path + ": not a tiled TIFF (it is stored in strips; the automatic reader opens it with libvips)");
         continue;
       }
       Level level = read_level(directory);
@@ -191,6 +140,9 @@ class TiffSlide final : public Slide {
     TIFFGetField(tiff_, TIFFTAG_PHOTOMETRIC, &photometric);
     if (!width || !height || !tile_width || !tile_height)
       throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no image or tile size");
+    if (!TIFFIsCODECConfigured(compression))
+      throw BadInput(path_ + ": directory " + std::to_string(directory) + ": unsupported TIFF compression " +
+                     std::to_string(compression));
     level.shape = {width, height, 1.0, static_cast<int>(tile_width), static_cast<int>(tile_height)};
     level.columns = (width + tile_width - 1) / tile_width;
     level.rows = (height + tile_height - 1) / tile_height;
@@ -320,7 +272,7 @@ class OpenSlideSlide final : public Slide {
  public:
   OpenSlideSlide(const std::string& path, const char* vendor) : path_(path), vendor_(vendor ? vendor : "unknown") {
     slide_ = openslide_open(path.c_str());
-    if (!slide_) throw BadInput(path + ": not a slide that OpenSlide or libtiff can read");
+    if (!slide_) throw BadInput(path + ": not a slide that OpenSlide, libtiff or libvips can read");
     if (const char* error = openslide_get_error(slide_)) {
       std::string message = path + ": OpenSlide: " + error;
       openslide_close(slide_);
@@ -382,16 +334,32 @@ class OpenSlideSlide final : public Slide {
   double mpp_x_ = 0, mpp_y_ = 0;
 };
 
+
+bool is_tiled_tiff(const std::string& path) {
+  install_tiff_handlers();
+  TIFF* tiff = TIFFOpen(path.c_str(), "r");
+  if (!tiff) return true;  // the TIFF reader names what is wrong
+  bool tiled = TIFFIsTiled(tiff);
+  TIFFClose(tiff);
+  return tiled;
+}
+
 }  // namespace
 
 std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader) {
   if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
     throw BadInput(path + ": no such slide");
   if (reader == SlideReader::libtiff) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
+  bool automatic = reader == SlideReader::automatic;
+  if (automatic && has_dicom_signature(path)) return open_dicom_slide(path);
   const char* vendor = openslide_detect_vendor(path.c_str());
   bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
-  if (reader == SlideReader::automatic && generic && has_tiff_signature(path))
-    return std::make_unique<TiffSlide>(path, tile_cache_bytes);
+  if (automatic && generic && has_tiff_signature(path)) {
+    if (is_tiled_tiff(path)) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
+    return open_vips_slide(path);  // strips: plain TIFF, OME-TIFF without tiles
+  }
+  if (automatic && vendor == nullptr && std::filesystem::is_regular_file(path) && vips_can_read(path))
+    return open_vips_slide(path);  // PNG, JPEG ...
   return std::make_unique<OpenSlideSlide>(path, vendor);
 }
 

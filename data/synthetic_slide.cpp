@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numbers>
@@ -402,9 +403,8 @@ void write_geojson(const TissueModel& model, const std::string& path) {
   if (!file) throw Error(ExitCode::runtime_error, path + ": cannot write the annotations");
 }
 
-}  // namespace
 
-nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const SyntheticSlidePaths& paths) {
+nlohmann::json write_files(const SyntheticSlideOptions& options, const SyntheticSlidePaths& paths) {
   auto start = std::chrono::steady_clock::now();
   const int64_t width = options.width, height = options.height;
   const int size = options.tile_size;
@@ -494,6 +494,27 @@ nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const
           {"level0_tissue_tiles", tissue_tiles},
           {"tiles", total_tiles},
           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+}
+
+}  // namespace
+
+nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const SyntheticSlidePaths& paths) {
+  // Each file is written under NAME.partial and renamed when all three are complete (the slide
+  // last), so a killed or failed run leaves nothing at the output paths.
+  SyntheticSlidePaths partial{paths.slide + ".partial", paths.mask + ".partial", paths.geojson + ".partial"};
+  nlohmann::json summary;
+  try {
+    summary = write_files(options, partial);
+    for (auto [from, to] : {std::pair{&partial.mask, &paths.mask}, std::pair{&partial.geojson, &paths.geojson},
+                            std::pair{&partial.slide, &paths.slide}})
+      std::filesystem::rename(*from, *to);
+  } catch (...) {
+    std::error_code ignored;
+    for (auto* path : {&partial.slide, &partial.mask, &partial.geojson}) std::filesystem::remove(*path, ignored);
+    throw;
+  }
+  summary.update({{"slide", paths.slide}, {"mask", paths.mask}, {"geojson", paths.geojson}});
+  return summary;
 }
 
 }  // namespace tessera::data

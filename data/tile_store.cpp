@@ -1,8 +1,13 @@
 #include "data/tile_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -36,6 +41,58 @@ MDB_val as_val(const void* data, size_t size) { return {size, const_cast<void*>(
 
 unsigned env_flags_for(const std::string& path) { return fs::is_regular_file(path) ? MDB_NOSUBDIR : 0u; }
 
+// A read that fails is corrupt or unreadable input (exit 5), named by the store.
+[[noreturn]] void fail_reading(const std::string& store, const std::string& what, int rc) {
+  throw BadInput(store + ": " + what + ": " + mdb_strerror(rc));
+}
+
+// The end of a cursor walk is MDB_NOTFOUND; any other non-zero code is an error.
+bool cursor_has_item(int rc, const std::string& store, const std::string& what) {
+  if (rc == MDB_NOTFOUND) return false;
+  if (rc) fail_reading(store, what, rc);
+  return true;
+}
+
+uint64_t little_endian(const uint8_t* bytes, int size) {
+  uint64_t value = 0;
+  for (int i = size - 1; i >= 0; --i) value = value << 8 | bytes[i];
+  return value;
+}
+
+// LMDB maps the data file and faults (SIGBUS) on a page past its end, so the file is checked
+// against its meta pages first: the newer of the two names the last page in use.
+void check_data_file(const std::string& store, unsigned flags) {
+  std::string file = (flags & MDB_NOSUBDIR) ? store : (fs::path(store) / "data.mdb").string();
+  std::error_code error;
+  uint64_t size = fs::file_size(file, error);
+  if (error) return;  // a new store
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw BadInput(file + ": cannot open: " + std::strerror(errno));
+  // Meta page: 16-byte page header, then magic u32, version u32, address, map size, two 48-byte
+  // database records (the first one's first u32 is the page size), last page, transaction id.
+  constexpr size_t meta_offset = 16, magic_at = 0, page_size_at = 24, last_page_at = 120, txn_at = 128;
+  constexpr uint32_t magic = 0xBEEFC0DE;
+  std::array<uint8_t, meta_offset + 136> meta{};
+  auto read_meta = [&](uint64_t offset) {
+    return ::pread(fd, meta.data(), meta.size(), static_cast<off_t>(offset)) == static_cast<ssize_t>(meta.size()) &&
+           little_endian(&meta[meta_offset + magic_at], 4) == magic;
+  };
+  bool first = read_meta(0);
+  uint64_t page_size = first ? little_endian(&meta[meta_offset + page_size_at], 4) : 0;
+  uint64_t last_page = first ? little_endian(&meta[meta_offset + last_page_at], 8) : 0;
+  uint64_t txn = first ? little_endian(&meta[meta_offset + txn_at], 8) : 0;
+  bool second = page_size >= 512 && read_meta(page_size);
+  if (second && little_endian(&meta[meta_offset + txn_at], 8) > txn)
+    last_page = little_endian(&meta[meta_offset + last_page_at], 8);
+  ::close(fd);
+  if (!first || !second)
+    throw BadInput(file + ": not an LMDB data file, or cut short (" + std::to_string(size) + " bytes, no valid meta pages)");
+  uint64_t needed = (last_page + 1) * page_size;
+  if (size < needed)
+    throw BadInput(file + ": truncated: " + std::to_string(size) + " bytes, its meta page says " +
+                   std::to_string(needed) + " are in use");
+}
+
 struct Transaction {
   MDB_txn* txn = nullptr;
   ~Transaction() {
@@ -52,6 +109,7 @@ struct Transaction {
 // transaction that commits, since handles survive only a committed transaction.
 void open_read_only(const std::string& path, MDB_env*& env, MDB_dbi& tiles, MDB_dbi& slides) {
   if (!fs::exists(path)) throw BadInput(path + ": no such tile store");
+  check_data_file(path, env_flags_for(path));
   if (int rc = mdb_env_create(&env)) fail(path, "creating the environment", rc);
   auto close = [&] {
     mdb_env_close(env);
@@ -72,7 +130,7 @@ void open_read_only(const std::string& path, MDB_env*& env, MDB_dbi& tiles, MDB_
   if (rc == 0) rc = txn.commit();
   if (rc) {
     close();
-    fail(path, "reading", rc);
+    fail_reading(path, "reading", rc);
   }
 }
 
@@ -86,9 +144,9 @@ struct Cursor {
 std::map<uint32_t, nlohmann::json> read_slides(MDB_txn* txn, MDB_dbi slides, const std::string& store) {
   std::map<uint32_t, nlohmann::json> entries;
   Cursor cursor;
-  if (int rc = mdb_cursor_open(txn, slides, &cursor.cursor)) fail(store, "reading slides", rc);
+  if (int rc = mdb_cursor_open(txn, slides, &cursor.cursor)) fail_reading(store, "reading slides", rc);
   MDB_val key, value;
-  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); rc == 0;
+  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); cursor_has_item(rc, store, "reading slides");
        rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT)) {
     if (key.mv_size != 4) throw BadInput(store + ": a slide key has " + std::to_string(key.mv_size) + " bytes");
     auto* k = static_cast<const uint8_t*>(key.mv_data);
@@ -117,6 +175,19 @@ TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_s
     fs::create_directories(path, error);
     if (error) throw Error(ExitCode::runtime_error, path + ": cannot create the tile store: " + error.message());
   }
+  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
+  // the next slide id. The lock is taken before anything in the store is read or written.
+  std::string lock = (flags & MDB_NOSUBDIR) ? path + ".tessera-lock" : (fs::path(path) / "tessera.lock").string();
+  lock_.fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0664);
+  if (lock_.fd < 0) throw Error(ExitCode::runtime_error, lock + ": cannot open the store's lock: " + std::strerror(errno));
+  if (::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0) {
+    int error = errno;
+    throw Error(ExitCode::runtime_error,
+                path + ": the tile store is in use by another tessera run (" +
+                    (error == EWOULDBLOCK ? std::string("locked: ") + lock : std::strerror(error)) +
+                    "); wait for it to end, or use another --out");
+  }
+  check_data_file(path, flags);
   if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
   mdb_env_set_maxdbs(env_, 2);
   mdb_env_set_mapsize(env_, initial_map_size);
@@ -142,6 +213,10 @@ TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_s
 
 TileStoreWriter::~TileStoreWriter() {
   if (env_) mdb_env_close(env_);
+}
+
+TileStoreWriter::Lock::~Lock() {
+  if (fd >= 0) ::close(fd);
 }
 
 std::map<uint32_t, nlohmann::json> TileStoreWriter::slides() const {
@@ -198,10 +273,15 @@ class TileStore final : public PatchSource {
   explicit TileStore(const std::string& path) : path_(path) {
     open_read_only(path, env_, tiles_, slides_);
     Transaction txn;
-    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path, "reading", rc);
+    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path, "reading", rc);
     slide_count_ = 0;
+    uint64_t listed = 0;  // tiles the slides' entries count
     for (auto& [id, entry] : read_slides(txn.txn, slides_, path)) {
       ++slide_count_;
+      listed += entry.value("tiles", uint64_t{0});
+      if (!entry.value("complete", false))
+        throw BadInput(path + ": slide " + std::to_string(id) + " (" + entry.value("path", std::string("?")) +
+                       ") is not completely tiled: run the same tessera tile command again to finish it");
       int tile_size = entry.value("tile_size", 0);
       if (tile_size <= 0) throw BadInput(path + ": slide " + std::to_string(id) + " has no tile_size");
       if (tile_size_ && tile_size != tile_size_)
@@ -215,11 +295,15 @@ class TileStore final : public PatchSource {
             class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
     }
     Cursor cursor;
-    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail(path, "reading tiles", rc);
+    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail_reading(path, "reading tiles", rc);
     MDB_val key, value;
-    for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); rc == 0;
+    for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); cursor_has_item(rc, path, "reading tiles");
          rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
       keys_.push_back(decode_tile_key(key.mv_data, key.mv_size));
+    // A zeroed or stale page can read as a short database that LMDB ends with MDB_NOTFOUND.
+    if (listed && keys_.size() != listed)
+      throw BadInput(path + ": its slides list " + std::to_string(listed) + " tiles, the tiles database yields " +
+                     std::to_string(keys_.size()) + " (a corrupt store)");
   }
 
   ~TileStore() override {
@@ -284,19 +368,26 @@ std::map<uint32_t, nlohmann::json> TileStoreReader::slides() const {
 void TileStoreReader::for_each_tile(uint32_t slide, uint64_t skip,
                                     const std::function<void(const TileKey&, const TileValue&)>& visit) const {
   Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading tiles", rc);
+  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path_, "reading tiles", rc);
   Cursor cursor;
-  if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail(path_, "reading tiles", rc);
+  if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail_reading(path_, "reading tiles", rc);
   auto first = encode_tile_key({slide, 0, 0, 0});
   MDB_val key = as_val(first.data(), first.size()), value;
   uint64_t index = 0;
-  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_SET_RANGE); rc == 0;
+  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_SET_RANGE);
+       cursor_has_item(rc, path_, "reading tiles");
        rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT), ++index) {
     TileKey tile = decode_tile_key(key.mv_data, key.mv_size);
     if (tile.slide != slide) break;
     if (index < skip) continue;
     visit(tile, parse_tile_value(value.mv_data, value.mv_size, path_ + " tile " + describe(tile)));
   }
+  auto slides = read_slides(txn.txn, slides_, path_);
+  if (auto entry = slides.find(slide); entry != slides.end() && entry->second.value("complete", false) &&
+                                       entry->second.value("tiles", index) != index)
+    throw BadInput(path_ + ": slide " + std::to_string(slide) + " lists " +
+                   std::to_string(entry->second.value("tiles", index)) + " tiles, the store yields " +
+                   std::to_string(index) + " (a corrupt store)");
 }
 
 std::unique_ptr<PatchSource> open_tile_store(const std::string& path) { return std::make_unique<TileStore>(path); }

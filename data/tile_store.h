@@ -20,7 +20,9 @@ namespace tessera::data {
 
 class TileStoreWriter {
  public:
-  // Opens or creates the store at `path` (a directory, or a single file if one exists there).
+  // Opens or creates the store at `path` (a directory, or a single file if one exists there),
+  // locked for this writer: a second writer fails at once, naming the store. Throws BadInput
+  // when the store's data file is truncated or not LMDB's.
   explicit TileStoreWriter(const std::string& path, uint64_t initial_map_size = uint64_t{1} << 30);
   ~TileStoreWriter();
   TileStoreWriter(const TileStoreWriter&) = delete;
@@ -43,14 +45,21 @@ class TileStoreWriter {
  private:
   int try_commit(uint32_t slide, const std::string& entry, const std::vector<Tile>& tiles);
 
+  struct Lock {  // an open file holding the store's flock; closing it releases the lock
+    int fd = -1;
+    ~Lock();
+  };
+
   std::string path_;
+  Lock lock_;  // before env_, so it is released after the environment closes, and on a failed open
   MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
   uint64_t map_size_ = 0;
 };
 
 // A tile store as labelled patches; group(index) is the tile's slide id. Throws BadInput naming
-// the store when it is missing or not a tile store.
+// the store when it is missing, truncated or corrupt, not a tile store, or holds a slide that is
+// not completely tiled.
 std::unique_ptr<PatchSource> open_tile_store(const std::string& path);
 
 // A tile store read slide by slide with a cursor, keeping no index of its tiles, so memory does

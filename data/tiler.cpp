@@ -1,8 +1,14 @@
 #include "data/tiler.h"
 
+#include <zlib.h>
+
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 
 #include "common/error.h"
 #include "common/progress.h"
@@ -39,12 +45,76 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"encoding", encoding_name(options.encoding)},
           {"quality", options.quality},
           {"min_tissue", options.min_tissue},
-          {"tissue_threshold_flag",
-           options.tissue_threshold ? nlohmann::json(*options.tissue_threshold) : nlohmann::json()},
+          {"tissue_threshold", options.tissue_threshold},
           {"labels", job.labels.empty() ? "" : canonical_path(job.labels)},
           {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
           {"label_coverage", options.label_coverage},
           {"label_class", options.label_class}};
+}
+
+// A slide is known by its content, not its path: the file's size and CRC-32s of its first 4 MiB
+// (the header, the first tiles) and its last MiB, so a file replaced at the same path is not
+// mistaken for the one tiled before, and a slide moved elsewhere is.
+std::string fingerprint_of(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return "path:" + canonical_path(path);
+  uint64_t size = std::filesystem::file_size(path, error);
+  std::ifstream file(path, std::ios::binary);
+  if (error || !file) throw BadInput(path + ": cannot read the slide");
+  auto crc_of = [&](uint64_t offset, uint64_t length) {
+    std::vector<char> bytes(static_cast<size_t>(std::min(length, size - std::min(offset, size))));
+    file.seekg(static_cast<std::streamoff>(offset));
+    if (!file.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
+      throw BadInput(path + ": cannot read the slide");
+    std::array<char, 9> hex{};
+    std::snprintf(hex.data(), hex.size(), "%08lx",
+                  crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+    return std::string(hex.data());
+  };
+  constexpr uint64_t head = uint64_t{4} << 20, tail = uint64_t{1} << 20;
+  return "size:" + std::to_string(size) + " crc32:" + crc_of(0, head) + ":" +
+         crc_of(size > tail ? size - tail : 0, tail);
+}
+
+// Where a job's slide goes in the store: a new id, or the id of the same content tiled before.
+struct SlidePlan {
+  uint32_t id = 0;
+  nlohmann::json entry;  // null for a new slide
+};
+
+// Decides every job's slide id before any tile is written. Throws BadInput when a path the store
+// knows now holds other content, UsageError when settings differ from the earlier run's.
+std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const TilerOptions& options,
+                                   const std::map<uint32_t, nlohmann::json>& slides, const std::string& store) {
+  uint32_t next_id = slides.empty() ? 0 : slides.rbegin()->first + 1;
+  std::vector<SlidePlan> plans;
+  std::map<std::string, std::string> given;  // fingerprint -> slide
+  for (const SlideJob& job : jobs) {
+    std::string path = canonical_path(job.slide), fingerprint = fingerprint_of(job.slide);
+    nlohmann::json settings = settings_of(job, options);
+    SlidePlan plan;
+    for (auto& [existing_id, existing] : slides) {
+      if (existing.value("tile_size", options.size) != options.size)
+        throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.value("tile_size", 0)) +
+                         " pixels; use another --out for " + std::to_string(options.size));
+      if (existing.value("fingerprint", "") != fingerprint) {
+        if (existing.value("path", "") == path)
+          throw BadInput(path + ": the file changed since it was tiled into " + store + " (was " +
+                         existing.value("fingerprint", "") + ", now " + fingerprint +
+                         "); tiles of two slides would mix under one name: use another --out");
+        continue;
+      }
+      if (existing["settings"] != settings)
+        throw UsageError("--out: " + store + " already holds " + path + " tiled with other settings (" +
+                         existing["settings"].dump() + "); use another --out");
+      plan = {existing_id, existing};
+    }
+    if (!given.emplace(fingerprint, job.slide).second)
+      throw UsageError("SLIDE: " + given[fingerprint] + " and " + job.slide + " are the same slide (same content)");
+    if (plan.entry.is_null()) plan.id = next_id++;
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
 class SlideTiler {
@@ -52,25 +122,11 @@ class SlideTiler {
   SlideTiler(const SlideJob& job, const TilerOptions& options, TileStoreWriter& store)
       : job_(job), options_(options), store_(store), slide_(open_slide(job.slide, options.tile_cache_bytes)) {}
 
-  nlohmann::json run() {
+  nlohmann::json run(const SlidePlan& plan) {
     auto start = Clock::now();
     std::string path = canonical_path(job_.slide);
-    nlohmann::json settings = settings_of(job_, options_);
-    auto slides = store_.slides();
-    uint32_t id = slides.empty() ? 0 : slides.rbegin()->first + 1;
-    nlohmann::json entry;
-    for (auto& [existing_id, existing] : slides) {
-      if (existing.value("tile_size", options_.size) != options_.size)
-        throw UsageError("--size: the store holds tiles of " + std::to_string(existing.value("tile_size", 0)) +
-                         " pixels; use another --out for " + std::to_string(options_.size));
-      if (existing.value("path", "") != path) continue;
-      if (existing["settings"] != settings)
-        throw UsageError("--out: the store already holds " + path + " tiled with other settings (" +
-                         existing["settings"].dump() + "); use another --out");
-      id = existing_id;
-      entry = existing;
-    }
-    if (entry.is_null()) entry = describe_slide(path, settings);
+    uint32_t id = plan.id;
+    nlohmann::json entry = plan.entry.is_null() ? describe_slide(path, settings_of(job_, options_)) : plan.entry;
     nlohmann::json summary = {{"slide", path}, {"id", id}};
     if (entry.value("complete", false)) {
       summary.update({{"status", "already complete"}, {"tiles", entry["tiles"]}});
@@ -86,15 +142,21 @@ class SlideTiler {
                             options_.label_coverage, options_.label_class);
     int64_t columns = level.width / options_.size, rows = level.height / options_.size;
     std::vector<uint32_t> candidates;
+    uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t column = 0; column < columns; ++column) {
         double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
-        if (tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) >= options_.min_tissue)
-          candidates.push_back(static_cast<uint32_t>(row * columns + column));
+        double fraction = tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent);
+        if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
+        if (labeler && labeler->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
+          ++labelled;
+          labelled_on_tissue += fraction > 0;
+        }
       }
+    Progress progress("tile", candidates.size());
+    if (labeler) check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
     entry["grid"] = {columns, rows};
     entry["tissue_level"] = tissue.level();
-    entry["tissue_threshold"] = tissue.threshold();
     entry["candidates"] = candidates.size();
     size_t done = entry.value("done", size_t{0});
     size_t resumed_from = done;
@@ -105,7 +167,7 @@ class SlideTiler {
     uint64_t copied = 0, written = 0;
     std::vector<TileStoreWriter::Tile> batch;
     uint64_t batch_bytes = 0;
-    Progress progress("tile", candidates.size());
+    std::string first_corrupt;
     auto commit = [&](size_t processed) {
       entry["done"] = processed;
       store_.commit(id, entry, batch);
@@ -118,6 +180,7 @@ class SlideTiler {
         [&](size_t i, TileResult&& result) {
           size_t processed = done + i + 1;
           if (!result.corrupt.empty()) {
+            if (first_corrupt.empty()) first_corrupt = result.corrupt;
             entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
             progress.event({{"warning", "corrupt tile skipped"}, {"slide", path}, {"error", result.corrupt}});
           } else {
@@ -134,13 +197,15 @@ class SlideTiler {
             commit(processed);
           progress.update(processed, {{"slide", id}, {"written", written}});
         });
+    if (entry.value("tiles", 0) == 0 && entry.value("corrupt_tiles", 0) > 0)
+      throw BadInput(path + ": every tissue tile is corrupt (" + std::to_string(entry.value("corrupt_tiles", 0)) +
+                     "), the first: " + first_corrupt);
     entry["complete"] = true;
     commit(candidates.size());
     progress.finish();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", entry["grid"]},
-                    {"tissue_threshold", tissue.threshold()},
                     {"candidates", candidates.size()},
                     {"resumed_from", resumed_from},
                     {"written", written},
@@ -154,6 +219,26 @@ class SlideTiler {
   }
 
  private:
+  // Labels that give no tile a class (GeoJSON beside the slide, an empty mask), or whose classes
+  // lie mostly off the tissue (the labels of another slide), are refused naming the file;
+  // --allow-empty-labels turns the first into a warning, for slides without tumour.
+  void check_labels_fit(const TileLabeler& labeler, uint64_t labelled, uint64_t on_tissue, Progress& progress,
+                        nlohmann::json& summary) const {
+    const SlideLevel& base = slide_->levels()[0];
+    std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
+    if (labelled == 0) {
+      std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
+                            labeler.description() + ")";
+      if (!options_.allow_empty_labels)
+        throw BadInput(message + "; if the slide truly has none, pass --allow-empty-labels");
+      progress.event({{"warning", message}});
+      summary["warning"] = message;
+    } else if (on_tissue * 2 < labelled) {
+      throw BadInput(job_.labels + ": " + std::to_string(labelled - on_tissue) + " of the " + std::to_string(labelled) +
+                     " tiles it labels lie on glass of " + slide + ": the labels of another slide?");
+    }
+  }
+
   nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
     const SlideLevel& base = slide_->levels()[0];
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
@@ -169,6 +254,7 @@ class SlideTiler {
             {"tile_size", options_.size},
             {"mpp_x", slide_->mpp_x()},
             {"mpp_y", slide_->mpp_y()},
+            {"fingerprint", fingerprint_of(job_.slide)},
             {"settings", settings},
             {"done", 0},
             {"tiles", 0},
@@ -244,10 +330,11 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
                   options.label_coverage, options.label_class);
   }
   TileStoreWriter writer(store);
+  auto plans = plan_slides(jobs, options, writer.slides(), store);
   nlohmann::json slides = nlohmann::json::array();
   uint64_t written = 0, corrupt = 0;
-  for (const SlideJob& job : jobs) {
-    auto summary = SlideTiler(job, options, writer).run();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto summary = SlideTiler(jobs[i], options, writer).run(plans[i]);
     written += summary.value("written", uint64_t{0});
     corrupt += summary.value("corrupt_tiles", uint64_t{0});
     slides.push_back(std::move(summary));

@@ -10,6 +10,7 @@
 
 #include "data/labels.h"
 #include "data/tile_format.h"
+#include "data/tissue.h"
 
 namespace tessera::data {
 
@@ -17,10 +18,11 @@ struct TilerOptions {
   int size = 256;
   int level = 0;
   double min_tissue = 0.5;
-  std::optional<int> tissue_threshold;  // saturation 0-255; Otsu's when absent
+  int tissue_threshold = default_tissue_threshold;  // saturation 0-255
   LabelRule label_rule = LabelRule::centre;
   double label_coverage = 0.5;
   std::string label_class = "Tumor";
+  bool allow_empty_labels = false;  // labels that give no tile a class: a warning, not an error
   TileEncoding encoding = TileEncoding::jpeg;
   int quality = 90;
   int workers = 1;

@@ -3,18 +3,25 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
+
+#include "common/error.h"
 
 namespace tessera::data {
 
 namespace {
 
-// A saturation below this is background or glass whatever Otsu says (a slide of all tissue or
-// all glass has no two classes to split).
-constexpr int minimum_threshold = 20;
 constexpr int64_t max_mask_side = 4096;
+constexpr int64_t mask_pixels_per_tile = 16;
+// Side of the square that closes gaps between tissue fragments (fat, loose stroma), in mask pixels.
+constexpr int close_side = 5;
+// Holes enclosed by tissue up to this many tiles' area are tissue (fat lobules, lumens, tears).
+constexpr double max_hole_tiles = 16;
+// A slide whose median mask pixel is darker than this (brightest channel) has a dark background.
+constexpr int darkest_bright_field_median = 64;
 
-uint8_t saturation_of(const uint8_t* rgb) {
-  int high = std::max({rgb[0], rgb[1], rgb[2]}), low = std::min({rgb[0], rgb[1], rgb[2]});
+uint8_t saturation_of(int red, int green, int blue) {
+  int high = std::max({red, green, blue}), low = std::min({red, green, blue});
   return high == 0 ? 0 : static_cast<uint8_t>((high - low) * 255 / high);
 }
 
@@ -35,66 +42,134 @@ std::vector<uint8_t> median_blur(const std::vector<uint8_t>& image, int width, i
   return blurred;
 }
 
-}  // namespace
-
-int otsu_threshold(const std::vector<uint64_t>& histogram) {
-  double total = 0, weighted_total = 0;
-  for (size_t value = 0; value < histogram.size(); ++value) {
-    total += static_cast<double>(histogram[value]);
-    weighted_total += static_cast<double>(value) * static_cast<double>(histogram[value]);
-  }
-  double below = 0, weighted_below = 0, best_variance = -1;
-  int best = 0;
-  for (size_t value = 1; value < histogram.size(); ++value) {
-    below += static_cast<double>(histogram[value - 1]);
-    weighted_below += static_cast<double>(value - 1) * static_cast<double>(histogram[value - 1]);
-    double above = total - below;
-    if (below == 0 || above == 0) continue;
-    double mean_below = weighted_below / below, mean_above = (weighted_total - weighted_below) / above;
-    double variance = below * above * (mean_below - mean_above) * (mean_below - mean_above);
-    if (variance > best_variance) {
-      best_variance = variance;
-      best = static_cast<int>(value);
+// Max (dilate) or min (erode) over a close_side square, separably; the window is cut at the
+// image's edges, so the edges neither add nor remove tissue.
+void filter_square(std::vector<uint8_t>& image, int width, int height, bool dilate) {
+  const int radius = close_side / 2;
+  std::vector<uint8_t> pass(image.size());
+  auto pick = [dilate](uint8_t a, uint8_t b) { return dilate ? std::max(a, b) : std::min(a, b); };
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x) {
+      uint8_t value = image[static_cast<size_t>(y) * width + x];
+      for (int sx = std::max(0, x - radius); sx <= std::min(width - 1, x + radius); ++sx)
+        value = pick(value, image[static_cast<size_t>(y) * width + sx]);
+      pass[static_cast<size_t>(y) * width + x] = value;
     }
-  }
-  return best;
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x) {
+      uint8_t value = pass[static_cast<size_t>(y) * width + x];
+      for (int sy = std::max(0, y - radius); sy <= std::min(height - 1, y + radius); ++sy)
+        value = pick(value, pass[static_cast<size_t>(sy) * width + x]);
+      image[static_cast<size_t>(y) * width + x] = value;
+    }
 }
 
-TissueMask::TissueMask(const Slide& slide, double tile_extent, std::optional<int> fixed_threshold) {
+// Glass regions that touch no edge of the image and have at most `max_area` pixels become tissue.
+void fill_holes(std::vector<uint8_t>& tissue, int width, int height, size_t max_area) {
+  constexpr uint8_t glass = 0, outside = 2, seen = 3;
+  std::vector<uint32_t> stack, component;
+  auto flood = [&](uint32_t start, uint8_t mark, std::vector<uint32_t>* members) {
+    tissue[start] = mark;
+    stack.assign(1, start);
+    while (!stack.empty()) {
+      uint32_t at = stack.back();
+      stack.pop_back();
+      if (members && members->size() <= max_area) members->push_back(at);
+      int x = static_cast<int>(at % static_cast<uint32_t>(width)), y = static_cast<int>(at / static_cast<uint32_t>(width));
+      auto visit = [&](int nx, int ny) {
+        if (nx < 0 || ny < 0 || nx >= width || ny >= height) return;
+        uint32_t next = static_cast<uint32_t>(ny) * static_cast<uint32_t>(width) + static_cast<uint32_t>(nx);
+        if (tissue[next] != glass) return;
+        tissue[next] = mark;
+        stack.push_back(next);
+      };
+      visit(x - 1, y);
+      visit(x + 1, y);
+      visit(x, y - 1);
+      visit(x, y + 1);
+    }
+  };
+  auto at = [&](int x, int y) { return static_cast<uint32_t>(y) * static_cast<uint32_t>(width) + static_cast<uint32_t>(x); };
+  for (int x = 0; x < width; ++x)
+    for (int y : {0, height - 1})
+      if (tissue[at(x, y)] == glass) flood(at(x, y), outside, nullptr);
+  for (int y = 0; y < height; ++y)
+    for (int x : {0, width - 1})
+      if (tissue[at(x, y)] == glass) flood(at(x, y), outside, nullptr);
+  for (uint32_t i = 0; i < tissue.size(); ++i)
+    if (tissue[i] == glass) {
+      component.clear();
+      flood(i, seen, &component);
+      if (component.size() <= max_area)
+        for (uint32_t member : component) tissue[member] = 1;
+    }
+  for (uint8_t& value : tissue) value = value == 1;
+}
+
+}  // namespace
+
+TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold) : threshold_(threshold) {
   const auto& levels = slide.levels();
   level_ = 0;
   for (size_t l = 0; l < levels.size(); ++l)
     if (levels[l].downsample * 8 <= tile_extent) level_ = static_cast<int>(l);
   const SlideLevel& level = levels[static_cast<size_t>(level_)];
-  int64_t reduction = std::max<int64_t>(1, (std::max(level.width, level.height) + max_mask_side - 1) / max_mask_side);
+  int64_t reduction = std::max<int64_t>(
+      {1, (std::max(level.width, level.height) + max_mask_side - 1) / max_mask_side,
+       static_cast<int64_t>(tile_extent / level.downsample / mask_pixels_per_tile)});
   width_ = static_cast<int>((level.width + reduction - 1) / reduction);
   height_ = static_cast<int>((level.height + reduction - 1) / reduction);
   scale_x_ = static_cast<double>(levels[0].width) / static_cast<double>(level.width) * static_cast<double>(reduction);
   scale_y_ = static_cast<double>(levels[0].height) / static_cast<double>(level.height) * static_cast<double>(reduction);
 
-  // Reads blocks of whole mask pixels, about 512 level pixels a side, and averages saturation.
-  std::vector<uint32_t> sums(static_cast<size_t>(width_) * height_, 0), counts(sums.size(), 0);
+  // Reads bands of whole mask rows, blocks about 512 level pixels a side, and averages the colour
+  // of each mask pixel (as a pyramid level would), so JPEG noise on glass averages out.
   int64_t block = reduction * std::max<int64_t>(1, 512 / reduction);
+  int64_t band_rows = block / reduction;
+  std::vector<uint32_t> sums(static_cast<size_t>(band_rows * width_) * 4);
   std::vector<uint8_t> rgb(static_cast<size_t>(block * block * 3));
-  for (int64_t block_y = 0; block_y < level.height; block_y += block)
+  std::vector<uint8_t> saturation(static_cast<size_t>(width_) * height_);
+  std::array<uint64_t, 256> brightness{};
+  for (int64_t band_y = 0; band_y < level.height; band_y += block) {
+    std::fill(sums.begin(), sums.end(), 0);
+    int block_height = static_cast<int>(std::min(block, level.height - band_y));
     for (int64_t block_x = 0; block_x < level.width; block_x += block) {
       int block_width = static_cast<int>(std::min(block, level.width - block_x));
-      int block_height = static_cast<int>(std::min(block, level.height - block_y));
-      slide.read_region(level_, block_x, block_y, block_width, block_height, rgb.data());
+      slide.read_region(level_, block_x, band_y, block_width, block_height, rgb.data());
       for (int y = 0; y < block_height; ++y)
         for (int x = 0; x < block_width; ++x) {
-          size_t cell =
-              static_cast<size_t>((block_y + y) / reduction) * width_ + static_cast<size_t>((block_x + x) / reduction);
-          sums[cell] += saturation_of(&rgb[(static_cast<size_t>(y) * block_width + x) * 3]);
-          ++counts[cell];
+          uint32_t* cell = &sums[(static_cast<size_t>(y / reduction) * width_ + static_cast<size_t>((block_x + x) / reduction)) * 4];
+          const uint8_t* pixel = &rgb[(static_cast<size_t>(y) * block_width + x) * 3];
+          cell[0] += pixel[0];
+          cell[1] += pixel[1];
+          cell[2] += pixel[2];
+          ++cell[3];
         }
     }
-  std::vector<uint8_t> saturation(sums.size());
-  for (size_t i = 0; i < sums.size(); ++i) saturation[i] = static_cast<uint8_t>(counts[i] ? sums[i] / counts[i] : 0);
-  saturation_ = median_blur(saturation, width_, height_);
-  std::vector<uint64_t> histogram(256, 0);
-  for (uint8_t value : saturation_) ++histogram[value];
-  threshold_ = fixed_threshold ? *fixed_threshold : std::max(minimum_threshold, otsu_threshold(histogram));
+    int64_t first_row = band_y / reduction, rows = std::min<int64_t>(band_rows, height_ - first_row);
+    for (int64_t row = 0; row < rows; ++row)
+      for (int column = 0; column < width_; ++column) {
+        const uint32_t* cell = &sums[(static_cast<size_t>(row) * width_ + column) * 4];
+        int count = static_cast<int>(std::max<uint32_t>(1, cell[3]));
+        int red = static_cast<int>(cell[0]) / count, green = static_cast<int>(cell[1]) / count,
+            blue = static_cast<int>(cell[2]) / count;
+        saturation[static_cast<size_t>(first_row + row) * width_ + column] = saturation_of(red, green, blue);
+        ++brightness[static_cast<size_t>(std::max({red, green, blue}))];
+      }
+  }
+  uint64_t below = 0, median = 0;
+  while (median < 255 && (below += brightness[median]) * 2 < saturation.size()) ++median;
+  if (median < darkest_bright_field_median)
+    throw BadInput(slide.path() + ": most of the slide is dark (median brightness " + std::to_string(median) +
+                   " of 255): a fluorescence image? Tissue detection works on bright-field slides (stained tissue "
+                   "on bright glass)");
+
+  tissue_ = median_blur(saturation, width_, height_);
+  for (uint8_t& value : tissue_) value = value >= threshold_;
+  filter_square(tissue_, width_, height_, true);
+  filter_square(tissue_, width_, height_, false);
+  double tile_area = (tile_extent / scale_x_) * (tile_extent / scale_y_);
+  fill_holes(tissue_, width_, height_, static_cast<size_t>(max_hole_tiles * tile_area));
 }
 
 double TissueMask::tissue_fraction(double x0, double y0, double x1, double y1) const {
@@ -105,12 +180,11 @@ double TissueMask::tissue_fraction(double x0, double y0, double x1, double y1) c
   if (column0 >= column1 || row0 >= row1) {
     int column = std::clamp(static_cast<int>((x0 + x1) / 2 / scale_x_), 0, width_ - 1);
     int row = std::clamp(static_cast<int>((y0 + y1) / 2 / scale_y_), 0, height_ - 1);
-    return saturation_[static_cast<size_t>(row) * width_ + column] >= threshold_ ? 1.0 : 0.0;
+    return tissue_[static_cast<size_t>(row) * width_ + column];
   }
   size_t tissue = 0;
   for (int row = row0; row < row1; ++row)
-    for (int column = column0; column < column1; ++column)
-      tissue += saturation_[static_cast<size_t>(row) * width_ + column] >= threshold_;
+    for (int column = column0; column < column1; ++column) tissue += tissue_[static_cast<size_t>(row) * width_ + column];
   return static_cast<double>(tissue) / (static_cast<double>(column1 - column0) * (row1 - row0));
 }
 

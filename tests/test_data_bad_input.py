@@ -52,9 +52,15 @@ def main(binary):
         f.write(data[: offsets[len(offsets) // 2]])
     expect(run(binary, "tile", truncated, "--out", store, check=False), 5, "truncated.tiff")
 
-    stripped = os.path.join(work, "stripped.tiff")
-    Image.new("RGB", (300, 200), (230, 150, 200)).save(stripped)
-    expect(run(binary, "tile", stripped, "--out", store, check=False), 5, "stripped.tiff: not a tiled TIFF")
+
+    # Fluorescence: tissue glowing on a dark background is refused, not taken for all tissue.
+    fluorescence = os.path.join(work, "fluorescence.png")
+    glow = Image.new("RGB", (1024, 1024), (4, 6, 8))
+    for x in range(200, 700, 3):
+        for y in range(300, 800, 3):
+            glow.putpixel((x, y), (20, 220, 60))
+    glow.save(fluorescence)
+    expect(run(binary, "tile", fluorescence, "--out", store, check=False), 5, "fluorescence.png: most of the slide is dark")
 
     geojson = os.path.join(work, "broken.geojson")
     with open(geojson, "w") as f:
@@ -68,10 +74,54 @@ def main(binary):
     expect(run(binary, "tile", slide, "--out", store, "--labels", not_geojson, check=False), 5,
            "points.geojson: feature 0: geometry type 'Point'")
 
+    # Labels that do not fit the slide: another slide's mask (given in the wrong order), GeoJSON
+    # beside the slide, mask values that are not classes.
+    wide = os.path.join(work, "wide.tiff")
+    synth(binary, wide, 3072, 2048, 43)
+    expect(run(binary, "tile", slide, wide, "--out", store, "--labels", os.path.join(work, "wide.mask.tiff"),
+               os.path.join(work, "slide.mask.tiff"), check=False), 5, "wide.mask.tiff: does not fit the slide")
+    with open(os.path.join(work, "slide.geojson")) as f:
+        document = json.load(f)
+    for feature in document["features"]:
+        feature["geometry"]["coordinates"] = [[[x + 10000, y] for x, y in ring]
+                                              for ring in feature["geometry"]["coordinates"]]
+    beside = os.path.join(work, "beside.geojson")
+    with open(beside, "w") as f:
+        json.dump(document, f)
+    expect(run(binary, "tile", slide, "--out", store, "--labels", beside, check=False), 5,
+           "beside.geojson: labels no tile", "--allow-empty-labels")
+    assert not read_store(store)[0], "no tile written"
+    mask = Image.open(os.path.join(work, "slide.mask.tiff"))
+    description = mask.tag_v2[270]
+    assert '"1":"Tumor"' in description, description
+    for value, declared in ((7, True), (255, False)):
+        pixels = mask.copy()
+        pixels.putpixel((3, 3), value)
+        odd = os.path.join(work, f"odd{value}.mask.tiff")
+        pixels.save(odd, tiffinfo={270: description} if declared else {})
+        expect(run(binary, "tile", slide, "--out", store, "--labels", odd, check=False), 5,
+               f"odd{value}.mask.tiff: value {value} (1 pixels) is not a class")
+    shutil.rmtree(store)
+
     expect(run(binary, "tile", slide, "--out", store, "--encoding", "png", check=False), 2, "--encoding")
     expect(run(binary, "tile", slide, "--out", store, "--level", 7, check=False), 2, "--level")
     expect(run(binary, "tile", slide, slide, "--out", store, "--labels", geojson, check=False), 2, "--labels")
     expect(run(binary, "tile", slide, "--out", store, "--min-tissue", 2, check=False), 2, "--min-tissue")
+    # NaN and out-of-range numbers: exit 2 naming the flag, nothing written.
+    for flag, value in [("--min-tissue", "nan"), ("--label-coverage", "nan"), ("--tissue-threshold", -1),
+                        ("--tissue-threshold", "nan"), ("--size", 0), ("--size", "nan"), ("--quality", "inf"),
+                        ("--workers", 0), ("--level", -1), ("--commit-tiles", 0)]:
+        expect(run(binary, "tile", slide, "--out", store, flag, value, check=False), 2, flag)
+        assert not os.path.exists(store), (flag, value)
+    for flag, value in [("--size", 0), ("--size", 1), ("--min-tissue", "nan")]:
+        expect(run(binary, "extract", "--model", "small-cnn", "--layer", "conv1", "--slides", slide, "--out",
+                   os.path.join(work, "features"), flag, value, check=False), 2, flag)
+        assert not os.path.exists(os.path.join(work, "features")), (flag, value)
+    for flag, value in [("--mpp", "nan"), ("--mpp", "inf"), ("--quality", 0), ("--tile-size", "nan"),
+                        ("--width", "nan"), ("--workers", 0)]:
+        expect(run(binary, "synth", os.path.join(work, "x.tiff"), "--width", 64, "--height", 64, flag, value,
+                   check=False), 2, flag)
+        assert not os.path.exists(os.path.join(work, "x.tiff")), (flag, value)
     expect(run(binary, "synth", os.path.join(work, "x.tiff"), "--width", 0, "--height", 10, check=False), 2, "--width")
 
     # A corrupt JPEG tile in the middle of level 0: named, counted, skipped; the run goes on.

@@ -1,5 +1,7 @@
-"""A killed `tessera tile` run, and one stopped by a full disk, resume to exactly the tiles of an
-uninterrupted run (byte for byte, read with python3-lmdb)."""
+"""A killed `tessera synth` leaves nothing at its output paths. A killed `tessera tile` run, and one
+stopped by a full disk, resume to exactly the tiles of an uninterrupted run (byte for byte, read
+with python3-lmdb)."""
+import fcntl
 import os
 import resource
 import shutil
@@ -63,8 +65,40 @@ def assert_same_store(a, b):
     return len(tiles_a)
 
 
+def killed_synth_leaves_nothing(binary, work):
+    """A synth run killed after it began writing leaves no file at its output paths. Sync point:
+    its stderr is a full pipe, so it blocks on its first progress line (at latest when the slide
+    is written, before the ground truth and any rename) and cannot finish before the kill."""
+    slide = os.path.join(work, "killed.tiff")
+    outputs = [slide, os.path.join(work, "killed.mask.tiff"), os.path.join(work, "killed.geojson")]
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    process = subprocess.Popen([binary, "synth", slide, "--width", "4096", "--height", "4096", "--seed", "5"],
+                               stdout=subprocess.DEVNULL, stderr=write_end)
+    while not any(os.path.exists(path) for path in [slide, slide + ".partial"]):
+        assert process.poll() is None, process.returncode
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    os.close(read_end)
+    os.close(write_end)
+    left = [path for path in outputs if os.path.exists(path)]
+    assert not left, f"a killed synth left {left}"
+    made = synth(binary, slide, 4096, 4096, 5)
+    assert all(os.path.exists(path) for path in outputs) and not os.path.exists(slide + ".partial"), made
+    print("killed synth: nothing at its output paths; run again, it completes")
+
+
 def main(binary):
     work = workdir("test_data_resume")
+    killed_synth_leaves_nothing(binary, work)
     slide = os.path.join(work, "slide.tiff")
     labels = os.path.join(work, "slide.geojson")
     synth(binary, slide, 4096, 4096, 31)

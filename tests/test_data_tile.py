@@ -80,7 +80,12 @@ def main(binary):
     assert made_normal["tissue_fraction"] == made["tissue_fraction"], (made_normal, made)
     assert tumour_polygons(os.path.join(work, "normal.geojson")) == []
     normal_store = os.path.join(work, "normal.lmdb")
-    run(binary, "tile", normal, "--out", normal_store, "--labels", os.path.join(work, "normal.geojson"))
+    empty = run(binary, "tile", normal, "--out", normal_store, "--labels", os.path.join(work, "normal.geojson"),
+                check=False)
+    assert empty.returncode == 5 and "normal.geojson: labels no tile" in empty.stderr, empty.stderr
+    tiled_normal = summary(run(binary, "tile", normal, "--out", normal_store, "--labels",
+                               os.path.join(work, "normal.geojson"), "--allow-empty-labels"))
+    assert "labels no tile" in tiled_normal["slides"][0]["warning"], tiled_normal
     normal_tiles, _ = read_store(normal_store)
     assert normal_tiles.keys() == tiles.keys()
     assert all(parse_value(k, v)["label"] == 0 for k, v in normal_tiles.items())

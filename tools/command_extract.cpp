@@ -4,6 +4,7 @@
 
 #include "jobs/extract.h"
 #include "tools/commands.h"
+#include "tools/tiling_flags.h"
 
 namespace tessera::cli {
 
@@ -28,10 +29,7 @@ void add_extract_command(CLI::App &app) {
       ->capture_default_str();
   command->add_option("--workers", options->workers, "Threads decoding tiles")->capture_default_str();
   command->add_option("--device", options->device, "Vulkan device index");
-  command->add_option("--size", options->tiler.size, "Tile size in pixels (--slides)")->capture_default_str();
-  command->add_option("--level", options->tiler.level, "Pyramid level to tile (--slides)")->capture_default_str();
-  command->add_option("--min-tissue", options->tiler.min_tissue, "Least tissue fraction of a tile (--slides)")
-      ->capture_default_str();
+  add_tiling_flags(*command, options->tiler);  // for --slides
   command->callback([options, precision, compression] {
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";

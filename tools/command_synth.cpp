@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "data/synthetic_slide.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -31,28 +32,27 @@ void add_synth_command(CLI::App& app) {
   auto* command = app.add_subcommand(
       "synth", "Write a synthetic pyramidal JPEG BigTIFF slide with tumour regions, a label mask and GeoJSON");
   command->add_option("OUT", flags->out, "Slide to write (.tiff)")->required();
-  command->add_option("--width", flags->options.width, "Level-0 width in pixels")->required();
-  command->add_option("--height", flags->options.height, "Level-0 height in pixels")->required();
+  command->add_option("--width", flags->options.width, "Level-0 width in pixels")->required()->check(finite_in(1, 2147483648.0));
+  command->add_option("--height", flags->options.height, "Level-0 height in pixels")->required()->check(finite_in(1, 2147483648.0));
   command->add_option("--seed", flags->options.seed, "Seed of the tissue layout and texture")->capture_default_str();
-  command->add_option("--tile-size", flags->options.tile_size, "TIFF tile size in pixels")->capture_default_str();
-  command->add_option("--quality", flags->options.quality, "JPEG quality")->capture_default_str();
-  command->add_option("--mpp", flags->options.mpp, "Microns per level-0 pixel")->capture_default_str();
+  command->add_option("--tile-size", flags->options.tile_size, "TIFF tile size in pixels (a multiple of 16)")
+      ->capture_default_str()
+      ->check(finite_in(16, 4096));
+  command->add_option("--quality", flags->options.quality, "JPEG quality")->capture_default_str()->check(finite_in(1, 100));
+  command->add_option("--mpp", flags->options.mpp, "Microns per level-0 pixel")
+      ->capture_default_str()
+      ->check(finite_positive());
   command->add_option("--mask", flags->mask, "Label mask to write (default: OUT's name with .mask.tiff)");
   command->add_option("--geojson", flags->geojson, "Tumour annotations to write (default: OUT's name with .geojson)");
   command->add_option("--workers", flags->options.workers, "Threads rendering and compressing tiles")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(1, 1024));
   command->add_flag("--no-tumour", flags->no_tumour,
                     "Tissue without tumour (empty mask and GeoJSON): the seed's slide with its tumour left out");
   command->callback([flags] {
     auto& options = flags->options;
     options.tumour = !flags->no_tumour;
-    if (options.width < 1 || options.width > (int64_t{1} << 31)) throw UsageError("--width: between 1 and 2^31");
-    if (options.height < 1 || options.height > (int64_t{1} << 31)) throw UsageError("--height: between 1 and 2^31");
-    if (options.tile_size < 16 || options.tile_size % 16 || options.tile_size > 4096)
-      throw UsageError("--tile-size: a multiple of 16 up to 4096 (TIFF tiles)");
-    if (options.quality < 1 || options.quality > 100) throw UsageError("--quality: between 1 and 100");
-    if (!(options.mpp > 0)) throw UsageError("--mpp: must be positive");
-    if (options.workers < 1) throw UsageError("--workers: at least 1");
+    if (options.tile_size % 16) throw UsageError("--tile-size: a multiple of 16 (TIFF tiles)");
     data::SyntheticSlidePaths paths{flags->out, flags->mask.empty() ? beside(flags->out, ".mask.tiff") : flags->mask,
                                     flags->geojson.empty() ? beside(flags->out, ".geojson") : flags->geojson};
     auto summary = data::write_synthetic_slide(options, paths);

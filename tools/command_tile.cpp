@@ -8,6 +8,7 @@
 #include "data/tiler.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/tiling_flags.h"
 
 namespace tessera::cli {
 
@@ -16,7 +17,6 @@ namespace {
 struct TileFlags {
   std::vector<std::string> slides, labels;
   std::string out, encoding = "jpeg", label_rule = "centre", commit_bytes = "64MiB", tile_cache = "64MiB";
-  int tissue_threshold = -1;
   data::TilerOptions options;
 };
 
@@ -28,12 +28,7 @@ void add_tile_command(CLI::App& app) {
   auto* command = app.add_subcommand("tile", "Tile slides into an LMDB tile store (tissue only, with labels)");
   command->add_option("SLIDE", flags->slides, "Slides (tiled TIFF/BigTIFF, or any format OpenSlide reads)")->required();
   command->add_option("--out", flags->out, "Tile store (LMDB directory); an unfinished run there resumes")->required();
-  command->add_option("--size", flags->options.size, "Tile size in pixels")->capture_default_str();
-  command->add_option("--level", flags->options.level, "Pyramid level to tile")->capture_default_str();
-  command->add_option("--min-tissue", flags->options.min_tissue, "Least tissue fraction a kept tile has")
-      ->capture_default_str()->check(finite_in(0, 1));
-  command->add_option("--tissue-threshold", flags->tissue_threshold,
-                      "Saturation (0-255) above which a pixel is tissue (default: Otsu's threshold)");
+  add_tiling_flags(*command, flags->options);
   command->add_option("--labels", flags->labels,
                       "Per slide, in order: a label mask TIFF or GeoJSON annotations (.geojson)");
   command
@@ -42,23 +37,26 @@ void add_tile_command(CLI::App& app) {
                    "covering --label-coverage of the tile")
       ->capture_default_str();
   command->add_option("--label-coverage", flags->options.label_coverage, "Fraction for --label-rule coverage")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(0, 1));
   command->add_option("--label-class", flags->options.label_class, "GeoJSON classification name of label 1")
       ->capture_default_str();
+  command->add_flag("--allow-empty-labels", flags->options.allow_empty_labels,
+                    "Labels that give no tile a class are a warning, not an error (slides without tumour)");
   command->add_option("--encoding", flags->encoding, "Pixels in the store: jpeg or raw")->capture_default_str();
   command->add_option("--quality", flags->options.quality, "JPEG quality when tiles are encoded")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(1, 100));
   command->add_option("--workers", flags->options.workers, "Threads reading, decoding and encoding tiles")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(1, 1024));
   command->add_option("--commit-bytes", flags->commit_bytes, "Value bytes per transaction")->capture_default_str();
   command->add_option("--commit-tiles", flags->options.commit_tiles, "Most tiles per transaction")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_in(1, 1e9));
   command->add_option("--tile-cache", flags->tile_cache, "Decoded slide tiles kept in memory")->capture_default_str();
   command->callback([flags] {
     auto& options = flags->options;
-    if (options.size < 8 || options.size > 65535) throw UsageError("--size: between 8 and 65535 pixels");
-    if (flags->tissue_threshold > 255) throw UsageError("--tissue-threshold: between 0 and 255");
-    if (flags->tissue_threshold >= 0) options.tissue_threshold = flags->tissue_threshold;
     if (flags->encoding == "jpeg")
       options.encoding = data::TileEncoding::jpeg;
     else if (flags->encoding == "raw")
@@ -71,11 +69,7 @@ void add_tile_command(CLI::App& app) {
       options.label_rule = data::LabelRule::coverage;
     else
       throw UsageError("--label-rule: centre or coverage, not '" + flags->label_rule + "'");
-    if (options.label_coverage <= 0 || options.label_coverage > 1)
-      throw UsageError("--label-coverage: a fraction in (0, 1]");
-    if (options.quality < 1 || options.quality > 100) throw UsageError("--quality: between 1 and 100");
-    if (options.workers < 1) throw UsageError("--workers: at least 1");
-    if (options.commit_tiles < 1) throw UsageError("--commit-tiles: at least 1");
+    if (options.label_coverage == 0) throw UsageError("--label-coverage: a fraction above 0");
     options.commit_bytes = parse_bytes(flags->commit_bytes, "--commit-bytes");
     options.tile_cache_bytes = parse_bytes(flags->tile_cache, "--tile-cache");
     if (!flags->labels.empty() && flags->labels.size() != flags->slides.size())

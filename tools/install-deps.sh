@@ -5,7 +5,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libvulkan-dev glslc spirv-tools mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
   liblmdb-dev libhdf5-dev hdf5-tools libcli11-dev libtiff-dev libturbojpeg0-dev libjpeg-dev
-  libopenslide-dev openslide-tools libsqlite3-dev nlohmann-json3-dev libpng-dev
+  libopenslide-dev openslide-tools libvips-dev libdcmtk-dev libsqlite3-dev nlohmann-json3-dev libpng-dev
   libgtest-dev libgmock-dev
   python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna libopenblas0-pthread
   libvips-tools time

@@ -1,0 +1,82 @@
+// Parts the slide readers share (internal to data/): a bounded cache of decoded tiles, tile
+// names for messages, copying a tile into a region, and the readers' constructors.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "data/slide.h"
+
+namespace tessera::data {
+
+// Decoded tiles, least recently used first out, bounded in bytes.
+class TileCache {
+ public:
+  explicit TileCache(uint64_t capacity) : capacity_(capacity) {}
+  using Pixels = std::shared_ptr<const std::vector<uint8_t>>;
+
+  Pixels find(uint64_t key) {
+    std::lock_guard lock(mutex_);
+    auto found = index_.find(key);
+    if (found == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, found->second);
+    return found->second->second;
+  }
+
+  void insert(uint64_t key, Pixels pixels) {
+    std::lock_guard lock(mutex_);
+    if (index_.count(key) || pixels->size() > capacity_) return;
+    order_.emplace_front(key, pixels);
+    index_[key] = order_.begin();
+    bytes_ += pixels->size();
+    while (bytes_ > capacity_) {
+      bytes_ -= order_.back().second->size();
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+
+ private:
+  uint64_t capacity_, bytes_ = 0;
+  std::mutex mutex_;
+  std::list<std::pair<uint64_t, Pixels>> order_;
+  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, Pixels>>::iterator> index_;
+};
+
+inline std::string tile_name(int level, int64_t column, int64_t row) {
+  return "level " + std::to_string(level) + " tile column " + std::to_string(column) + " row " + std::to_string(row);
+}
+
+// Copies the part of a tile (origin tile_x, tile_y in level pixels) that overlaps the region.
+inline void copy_overlap(const uint8_t* tile, int64_t tile_x, int64_t tile_y, int tile_width, int tile_height,
+                  int64_t region_x, int64_t region_y, int region_width, int region_height, uint8_t* region) {
+  int64_t x0 = std::max(tile_x, region_x), x1 = std::min(tile_x + tile_width, region_x + region_width);
+  int64_t y0 = std::max(tile_y, region_y), y1 = std::min(tile_y + tile_height, region_y + region_height);
+  if (x0 >= x1 || y0 >= y1) return;
+  size_t bytes = static_cast<size_t>(x1 - x0) * 3;
+  for (int64_t y = y0; y < y1; ++y)
+    std::memcpy(region + ((y - region_y) * region_width + (x0 - region_x)) * 3,
+                tile + ((y - tile_y) * tile_width + (x0 - tile_x)) * 3, bytes);
+}
+
+// A single-level image through libvips (stripped TIFF, OME-TIFF, PNG, JPEG ...), flattened on
+// white and converted to 8-bit sRGB. Throws BadInput naming the file and libvips' error.
+std::unique_ptr<Slide> open_vips_slide(const std::string& path);
+
+// True when libvips has a loader for the file.
+bool vips_can_read(const std::string& path);
+
+// A DICOM VL Whole Slide Microscopy series (TILED_FULL): `path` is one of its files; the other
+// levels are the files of the same series in its directory. Throws BadInput naming the file.
+std::unique_ptr<Slide> open_dicom_slide(const std::string& path);
+
+// True when the file has DICOM's "DICM" preamble.
+bool has_dicom_signature(const std::string& path);
+
+}  // namespace tessera::data
