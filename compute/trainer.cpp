@@ -15,6 +15,7 @@
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/input_normalize.h"
+#include "compute/release_wait.h"
 #include "compute/ops/registry.h"
 #include "data/loader.h"
 
@@ -129,8 +130,10 @@ void inject_fault_before_training(vk::Context& context) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   } else if (kind == "oom") {
     Tensor too_big(context, "TESSERA_FAULT=oom", {static_cast<int64_t>(context.allocator().stats().budget_bytes / 4 + 1)});
+  } else if (kind.rfind("wait:", 0) == 0) {
+    wait_for_release(kind.substr(5));
   } else if (kind != "nan") {
-    throw UsageError("TESSERA_FAULT=" + kind + ": not a fault (leak:BYTES, segfault, hang, oom, nan)");
+    throw UsageError("TESSERA_FAULT=" + kind + ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR)");
   }
 }
 
