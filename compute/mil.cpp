@@ -308,7 +308,7 @@ class MilRun {
         progress->event(last);
       }
       if (reporting.protocol)
-        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", validated ? val.loss : train.loss}});
+        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", validated ? val.loss : train.loss}, {"metrics", last}});
       if (!options_.checkpoint.empty()) save(epoch + 1);
     }
     if (progress) progress->finish();

@@ -16,6 +16,7 @@
 #include "compute/checkpoint.h"
 #include "compute/input_normalize.h"
 #include "compute/release_wait.h"
+#include "compute/roc_auc.h"
 #include "compute/ops/registry.h"
 #include "data/loader.h"
 
@@ -287,10 +288,11 @@ class Run {
               {"images_per_second", train_metrics[2] / train_seconds},
               {"data_wait_fraction", run_seconds > 0 ? wait_seconds / run_seconds : 0.0},
               {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
+      if (auto auc = val_scores_.auc()) last["val_auc"] = *auc;
       if (progress) progress->event(last);
       if (reporting.protocol) {
         double value = val_metrics[2] > 0 ? val_metrics[0] / val_samples : train_metrics[0] / samples;
-        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}});
+        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}, {"metrics", last}});
       }
       if (!options_.checkpoint.empty()) save(options_.checkpoint, epoch + 1);
     }
@@ -377,6 +379,7 @@ class Run {
 
   std::array<double, 3> evaluate(data::Loader& loader, int epoch) {
     reset_metrics();
+    val_scores_.clear();
     loader.start_epoch(static_cast<uint32_t>(epoch));
     data::Batch batch;
     for (size_t b = 0; loader.next(batch); ++b) {
@@ -384,6 +387,10 @@ class Run {
       eval_programs_[slot]->wait();
       stage(batch, slot, 0);
       eval_programs_[slot]->submit();
+      if (network_.output_shape()[1] == 2) {  // val_auc: this batch's logits, before the next batch's
+        eval_programs_[slot]->wait();
+        val_scores_.add(network_.output().download(), batch.labels, batch.count);
+      }
     }
     return read_metrics();
   }
@@ -426,6 +433,7 @@ class Run {
   std::unique_ptr<Op> loss_;
   std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, std::unique_ptr<Tensor>> extra_;
+  BinaryScores val_scores_;
   std::vector<std::unique_ptr<Tensor>> loss_tensors_;
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states_;
   std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs_;
