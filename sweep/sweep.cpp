@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -271,6 +272,11 @@ class SweepRun {
     if (!options_.devices.empty()) attempt.device_index = options_.devices[launches_ % options_.devices.size()];
     ++launches_;
     std::vector<std::string> flags = with_trial_number(config_.train_flags, trial.number);
+    // runs/{trial}.h5: the folder of a per-trial checkpoint is the sweep's to make.
+    if (auto checkpoint = flag_value(config_.train_flags, "--checkpoint"); checkpoint && checkpoint->find("{trial}") != std::string::npos) {
+      std::error_code ignored;  // train names the path if it still cannot write there
+      std::filesystem::create_directories(std::filesystem::path(*flag_value(flags, "--checkpoint")).parent_path(), ignored);
+    }
     for (auto& param : config_.space)
       if (!param.is_environment()) {
         flags.push_back(param.target());
