@@ -118,6 +118,7 @@ function drawHistory() {
   const svg = el("svg", {width: 900, height: 320}, holder);
   const box = {left: 80, right: 870, top: 30, bottom: 270};
   const x = axis([0, Math.max(1, study.trials.length - 1)], false, box.left, box.right);
+  x.ticks = x.ticks.filter(Number.isInteger);  // trial numbers
   const y = axis(scored.map(t => t.value), false, box.bottom, box.top);
   frame(svg, x, y, box, objective + " by trial (" + study.direction + ")", "trial");
   let best = null, points = [];
