@@ -367,10 +367,10 @@ class SweepRun {
   }
 
   void finish(int number, TrialState state, std::optional<int> exit_code, std::optional<int> signal,
-              std::string stderr_tail) {
+              std::string stderr_tail, bool final_seen = false) {
     Trial& trial = trials_[static_cast<size_t>(number)];
     Attempt& attempt = trial.attempts.back();
-    bool objective_missing = state == TrialState::failed && exit_code == 0 && !attempt.value;
+    bool objective_missing = state == TrialState::failed && exit_code == 0 && final_seen && !attempt.value;
     if (objective_missing) stderr_tail += missing_objective(attempt) + "\n";
     attempt.state = state;
     attempt.exit_code = exit_code;
@@ -502,7 +502,7 @@ class SweepRun {
     if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
     else if (WIFSIGNALED(status)) signal = WTERMSIG(status);
     finish(r.number, state_of(r.stop, exit_code, r.final_seen, current_value(r.number)), exit_code, signal,
-           r.child->stderr_tail());
+           r.child->stderr_tail(), r.final_seen);
     return true;
   }
 
@@ -537,7 +537,7 @@ class SweepRun {
       }
       running_count_ = 0;
       finish(*number, state_of(Running::Stop::none, exit_code, final_seen, current_value(*number)), exit_code,
-             std::nullopt, errors);
+             std::nullopt, errors, final_seen);
       report_progress();
     }
   }
