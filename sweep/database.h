@@ -47,12 +47,16 @@ class Database {
   virtual void execute_script(const std::string& sql) = 0;
   // One statement with `?` placeholders bound in order. Throws Error naming the store.
   virtual QueryResult query(const std::string& sql, const std::vector<SqlValue>& parameters = {}) = 0;
-  // A transaction that writes: SQLite takes its write lock at BEGIN, so that reading then
-  // writing never deadlocks. Every result is checked.
-  virtual void begin() = 0;
+  // A transaction; one that writes takes SQLite's write lock at BEGIN, so that reading then
+  // writing never deadlocks, and one that only reads takes no lock a writer waits for. Every
+  // result is checked.
+  virtual void begin(bool writes) = 0;
   virtual void commit() = 0;
   // Never throws: a rollback that fails leaves the connection unusable (the next call throws).
   virtual void rollback() noexcept = 0;
+  // False when no sweep is writing the study (an SQLite file whose lock nobody holds); true when
+  // one is, or when that cannot be known (PostgreSQL: heartbeats tell).
+  virtual bool writer_running() { return true; }
   // Table names in the study's schema.
   virtual std::vector<std::string> tables() = 0;
   // SQL for the server's clock in seconds since the epoch: workers on several machines compare
@@ -74,7 +78,10 @@ bool is_postgres_location(std::string_view location);
 // Rolls back unless committed.
 class Transaction {
  public:
-  explicit Transaction(Database& database) : database_(database) { database_.begin(); }
+  enum class Kind { writes, reads };
+  explicit Transaction(Database& database, Kind kind = Kind::writes) : database_(database) {
+    database_.begin(kind == Kind::writes);
+  }
   ~Transaction() {
     if (!committed_) database_.rollback();
   }

@@ -114,7 +114,8 @@ class PostgresDatabase final : public Database {
     return out;
   }
 
-  void begin() override { execute_script("BEGIN"); }
+  // REPEATABLE READ gives a read one snapshot; writers order themselves by row locks.
+  void begin(bool writes) override { execute_script(writes ? "BEGIN" : "BEGIN ISOLATION LEVEL REPEATABLE READ"); }
   void commit() override {
     check_usable();
     Result result(PQexec(connection_, "COMMIT"));

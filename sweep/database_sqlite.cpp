@@ -86,7 +86,7 @@ class SqliteDatabase final : public Database {
     return out;
   }
 
-  void begin() override { execute_script("BEGIN IMMEDIATE"); }
+  void begin(bool writes) override { execute_script(writes ? "BEGIN IMMEDIATE" : "BEGIN"); }
   void commit() override { execute_script("COMMIT"); }
   void rollback() noexcept override {
     // An error such as SQLITE_FULL may have rolled the transaction back already.
@@ -106,6 +106,16 @@ class SqliteDatabase final : public Database {
     return names;
   }
 
+  bool writer_running() override {
+    if (lock_fd_ >= 0) return true;
+    int fd = ::open(name_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    // A shared lock for an instant: a writer starting meanwhile retries (lock_for_writing).
+    bool running = flock(fd, LOCK_SH | LOCK_NB) != 0;
+    ::close(fd);
+    return running;
+  }
+
   std::string_view now_sql() const override { return "((julianday('now') - 2440587.5) * 86400.0)"; }
 
   std::string schema(std::string_view generic) const override {
@@ -118,14 +128,19 @@ class SqliteDatabase final : public Database {
   void lock_for_writing() {
     lock_fd_ = ::open(name_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (lock_fd_ < 0) throw BadInput(name_ + ": " + std::strerror(errno));
-    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      int error = errno;
-      close();
-      if (error == EWOULDBLOCK)
-        throw UsageError(name_ + ": another sweep is running this study; wait for it to end, or share a study "
-                                 "between several sweeps in PostgreSQL (--study postgresql://...)");
-      throw BadInput(name_ + ": cannot lock: " + std::strerror(error));
+    // A reader probing for a writer (writer_running) holds the lock for microseconds: try for a second.
+    int error = 0;
+    for (int tries = 0; tries < 100; ++tries) {
+      if (flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) return;
+      error = errno;
+      if (error != EWOULDBLOCK) break;
+      usleep(10000);
     }
+    close();
+    if (error == EWOULDBLOCK)
+      throw UsageError(name_ + ": another sweep is running this study; wait for it to end, or share a study "
+                               "between several sweeps in PostgreSQL (--study postgresql://...)");
+    throw BadInput(name_ + ": cannot lock: " + std::strerror(error));
   }
 
   void check_usable() const {

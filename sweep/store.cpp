@@ -109,7 +109,7 @@ void StudyStore::initialize(Mode mode) {
     return BadInput(name() + " is not a tessera study (" + why + ")");
   };
   try {
-    Transaction transaction(*database_);
+    Transaction transaction(*database_, mode == Mode::read_only ? Transaction::Kind::reads : Transaction::Kind::writes);
     // Workers starting at once on an empty database create the tables once.
     if (database_->is_postgres() && mode == Mode::read_write) database_->query("SELECT pg_advisory_xact_lock(7370737)");
     auto tables = database_->tables();
@@ -136,8 +136,27 @@ void StudyStore::initialize(Mode mode) {
     database_->execute_script("PRAGMA foreign_keys = ON");
   }
   auto version = database_->query("SELECT version FROM tessera_study_format").rows;
+  if (!version.empty() && version[0].integer(0) == 1 && !database_->is_postgres()) {
+    if (mode == Mode::read_only)
+      throw BadInput(name() + ": a study of an older tessera; run the sweep on it once (e.g. --resume) to upgrade it");
+    upgrade_from_version_1();
+    return;
+  }
   if (version.empty() || version[0].integer(0) != format_version)
     throw not_a_study("a study format this tessera does not read");
+}
+
+// Version 1 (SQLite only) lacked the objective, workers, heartbeats and sampler records.
+void StudyStore::upgrade_from_version_1() {
+  Transaction transaction(*database_);
+  database_->execute_script(
+      "ALTER TABLE studies ADD COLUMN objective TEXT NOT NULL DEFAULT 'val_loss';"
+      "ALTER TABLE trials ADD COLUMN worker TEXT;"
+      "ALTER TABLE trials ADD COLUMN heartbeat REAL;"
+      "ALTER TABLE trials ADD COLUMN sampler_saw TEXT NOT NULL DEFAULT '[]';"
+      "ALTER TABLE attempts ADD COLUMN worker TEXT;");
+  database_->query("UPDATE tessera_study_format SET version = ?", {int64_t{format_version}});
+  transaction.commit();
 }
 
 bool StudyStore::has_study() { return database_->query("SELECT COUNT(*) FROM studies").rows.at(0).integer(0) > 0; }
@@ -184,9 +203,16 @@ void StudyStore::raise_target_trials(int trials) {
 }
 
 std::vector<Trial> StudyStore::trials() {
-  Transaction transaction(*database_);  // one snapshot of trials and attempts
+  Transaction transaction(*database_, Transaction::Kind::reads);  // one snapshot of trials and attempts
   auto out = load_trials();
   transaction.commit();
+  // A study file that no sweep writes has nothing running: its sweep died (SIGKILL, power).
+  if (!database_->writer_running())
+    for (auto& trial : out) {
+      if (trial.state == TrialState::running) trial.state = TrialState::interrupted;
+      for (auto& attempt : trial.attempts)
+        if (attempt.state == TrialState::running) attempt.state = TrialState::interrupted;
+    }
   return out;
 }
 

@@ -90,6 +90,7 @@ class StudyStore {
 
  private:
   void initialize(Mode mode);
+  void upgrade_from_version_1();
   int64_t trial_id(int number);
   std::vector<Trial> load_trials();
 

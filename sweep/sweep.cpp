@@ -72,6 +72,7 @@ class StopSignals {
       [[maybe_unused]] auto written = write(write_end_, &byte, 1);
     };
     sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // the pipe wakes poll(); other calls carry on
     for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &action, &saved_[i]);
   }
   ~StopSignals() {
@@ -156,6 +157,9 @@ class SweepRun {
       if (config_.target_trials < 1) throw UsageError("--trials must be at least 1");
       prepare();  // before the study is touched: a command that cannot work leaves nothing behind
     }
+    bool must_exist = options_.resume || !options_.settings_given;
+    if (must_exist && !is_postgres_location(options_.study) && !std::filesystem::exists(options_.study))
+      throw BadInput(options_.study + ": no study to resume");
     store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
     if ((options_.resume || !options_.settings_given) && !store_->has_study())
       throw BadInput(store_->name() + ": no study to resume");
@@ -169,7 +173,7 @@ class SweepRun {
       }
     } else {
       config_ = store_->study();
-      config_.target_trials = options_.config.target_trials;
+      if (options_.config.target_trials > 0) config_.target_trials = options_.config.target_trials;
       prepare();
     }
     if (config_.target_trials > 0) store_->raise_target_trials(config_.target_trials);
@@ -188,7 +192,7 @@ class SweepRun {
     pruner_ = make_pruner(config_.pruner, config_.direction);
     if (pruner_ && options_.in_process) throw UsageError("--pruner needs --isolation process (a trial in this process cannot be stopped)");
     check_train_flags(options_.train, config_.train_flags, config_.space, !options_.devices.empty(),
-                      std::max(config_.target_trials, 2));
+                      config_.target_trials);
     if (options_.train.defaults.contains("--batch")) {
       auto& text = options_.train.defaults.at("--batch");
       std::from_chars(text.data(), text.data() + text.size(), default_batch_);
@@ -221,10 +225,15 @@ class SweepRun {
       rerun_.pop_front();
       return number;
     }
+    // Nothing was left to claim: look again at the next heartbeat, not at every line a child writes.
+    if (Clock::now() < claim_again_) return std::nullopt;
     std::optional<size_t> capacity = sampler_->capacity();
     auto claim = store_->claim_trial(worker_, options_.heartbeat_grace, capacity,
                                      [&](int number, const std::vector<Trial>& trials) { return sampler_->sample(number, trials); });
-    if (!claim) return std::nullopt;
+    if (!claim) {
+      claim_again_ = Clock::now() + beat_interval();
+      return std::nullopt;
+    }
     adopt(std::move(claim->trials));
     mine_.insert(claim->number);
     return claim->number;
@@ -615,7 +624,7 @@ class SweepRun {
   std::deque<int> rerun_;
   const std::string worker_ = worker_name();
   StopSignals* signals_ = nullptr;
-  Clock::time_point next_beat_;
+  Clock::time_point next_beat_, claim_again_;
   int target_ = 0;
   int64_t default_batch_ = 0;
   size_t launches_ = 0, running_count_ = 0;

@@ -433,6 +433,38 @@ TEST(SweepStore, NamesEverySettingThatDiffers) {
     EXPECT_NE(all.find(named), std::string::npos) << named << " in\n" << all;
 }
 
+TEST(SweepStore, UpgradesAStudyOfFormatOne) {
+  auto path = temporary_path("v1.sqlite");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  // The tables tessera wrote before studies had objectives, workers and heartbeats.
+  const char* version_1 = R"sql(
+    CREATE TABLE tessera_study_format(version INTEGER NOT NULL); INSERT INTO tessera_study_format VALUES (1);
+    CREATE TABLE studies(id INTEGER PRIMARY KEY, direction TEXT NOT NULL, sampler TEXT NOT NULL, pruner TEXT NOT NULL,
+      seed INTEGER NOT NULL, target_trials INTEGER NOT NULL, space TEXT NOT NULL, train_flags TEXT NOT NULL, created REAL NOT NULL);
+    CREATE TABLE trials(id INTEGER PRIMARY KEY, study_id INTEGER NOT NULL REFERENCES studies(id), number INTEGER NOT NULL,
+      state TEXT NOT NULL, params TEXT NOT NULL, value REAL, UNIQUE(study_id, number));
+    CREATE TABLE attempts(id INTEGER PRIMARY KEY, trial_id INTEGER NOT NULL REFERENCES trials(id), attempt INTEGER NOT NULL,
+      state TEXT NOT NULL, command TEXT NOT NULL, batch INTEGER, accumulate INTEGER, device_index INTEGER,
+      device TEXT, exit_code INTEGER, signal INTEGER, stderr_tail TEXT, peak_device_bytes INTEGER, value REAL,
+      metrics TEXT, intermediate TEXT NOT NULL, sweep_rss_bytes INTEGER, started REAL NOT NULL, finished REAL,
+      UNIQUE(trial_id, attempt));
+    INSERT INTO studies VALUES (1, 'minimize', 'tpe', 'none', 0, 2, '[{"name":"lr","distribution":"loguniform","low":0.001,"high":0.1}]', '["--data","p.h5"]', 0);
+    INSERT INTO trials VALUES (1, 1, 0, 'complete', '{"lr":0.01}', 0.5);
+    INSERT INTO attempts VALUES (1, 1, 0, 'complete', '["tessera","train"]', 0, 0, -1, 'llvmpipe', 0, NULL, '', 100, 0.5, 'null', '[[1,0.5]]', 1, 10, 11);
+  )sql";
+  ASSERT_EQ(sqlite3_exec(db, version_1, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  EXPECT_THROW(StudyStore(path, StudyStore::Mode::read_only), BadInput) << "a reader does not change the file";
+  StudyStore store(path, StudyStore::Mode::read_write);
+  EXPECT_EQ(store.study().objective, "val_loss");
+  auto trials = store.trials();
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0].value, 0.5);
+  EXPECT_EQ(trials[0].intermediate().size(), 1u);
+  EXPECT_TRUE(store.claim_trial("w", 60, std::nullopt, [](int, auto&) { return nlohmann::json{{"lr", 0.02}}; }));
+}
+
 TEST(SweepStore, RefusesFilesThatAreNotStudies) {
   auto text = temporary_path("notes.sqlite");
   std::ofstream(text) << "these are not the trials you are looking for\n";
