@@ -33,7 +33,7 @@ svg { background: #fafafa; margin: 4px; }
 <h2>Optimisation history</h2><div id="history"></div>
 <h2>Each parameter against the objective</h2><div id="params" class="panels"></div>
 <h2>Parallel coordinates</h2><div id="parallel"></div>
-<h2>Trials</h2><p>Click a column to sort.</p><table id="trials"><thead></thead><tbody></tbody></table>
+<h2>Trials</h2><p>Click a column to sort (or open the page with #sort=COLUMN, #sort=-COLUMN).</p><table id="trials"><thead></thead><tbody></tbody></table>
 <script>
 window.onerror = function (message, source, line) {
   document.body.setAttribute("data-error", message + " (line " + line + ")");
@@ -207,6 +207,12 @@ function drawTable() {
       r.forEach(v => { tr.insertCell().textContent = fmt(v); });
     });
     Array.from(header.cells).forEach((cell, i) => cell.className = i === sortedBy ? (up ? "sorted-up" : "sorted-down") : "");
+  }
+  // report.html#sort=COLUMN (or #sort=-COLUMN, descending) opens sorted.
+  const wanted = decodeURIComponent(location.hash).match(/^#sort=(-?)(.+)$/);
+  if (wanted) {
+    const index = columns.findIndex(c => c[0] === wanted[2]);
+    if (index >= 0) { sortedBy = index; up = wanted[1] !== "-"; }
   }
   columns.forEach((c, i) => {
     const th = document.createElement("th");

@@ -31,8 +31,8 @@ def chromium(*args):
                 "--virtual-time-budget=10000", *args], timeout=300)
 
 
-def rendered(page):
-    dom = chromium("--dump-dom", "file://" + page).stdout
+def rendered(page, fragment=""):
+    dom = chromium("--dump-dom", "file://" + page + fragment).stdout
     body = re.search(r"<body[^>]*>", dom)
     assert body, dom[:2000]
     return body.group(0), dom
@@ -70,6 +70,16 @@ def test_html_report_renders_in_chromium():
         assert dom.count("<circle") == 12, dom.count("<circle")
         assert dom.count("<polyline") == 1 + 4, dom.count("<polyline")
         assert dom.count("<tr") == 1 + 4
+
+        # The table sorts by any column, here the objective, descending.
+        _, dom = rendered(page, "#sort=-val_loss")
+        rows = re.findall(r"<tr[^>]*><td>(\d+)</td><td>complete</td><td>([^<]+)</td>", dom)
+        assert len(rows) == 4, dom[-3000:]
+        by_value = sorted(trials, key=lambda t: -t["value"])
+        assert [int(number) for number, _ in rows] == [t["number"] for t in by_value], rows
+        _, dom = rendered(page, "#sort=width")
+        widths = [int(w) for w in re.findall(r"<td>(?:complete)</td>(?:<td>[^<]*</td>){3}<td>[^<]*</td><td>(\d+)</td>", dom)]
+        assert widths == sorted(widths) and len(widths) == 4, widths
 
         screenshot = os.path.join(work, "report.png")
         shot = chromium("--window-size=1200,2000", "--screenshot=" + screenshot, "file://" + page)
