@@ -161,7 +161,7 @@ class SweepRun {
     if (must_exist && !is_postgres_location(options_.study) && !std::filesystem::exists(options_.study))
       throw BadInput(options_.study + ": no study to resume");
     store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
-    if ((options_.resume || !options_.settings_given) && !store_->has_study())
+    if (must_exist && !store_->has_study())
       throw BadInput(store_->name() + ": no study to resume");
     if (options_.settings_given) {
       auto stored = store_->create_or_load(config_);
