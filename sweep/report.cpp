@@ -196,7 +196,10 @@ std::string format_table(const std::vector<Trial>& trials, const StudyConfig& co
   header.insert(header.end(), {"device", "peak device"});
   std::vector<std::vector<std::string>> rows;
   for (auto& trial : trials) {
-    std::vector<std::string> row = {std::to_string(trial.number), std::string(to_string(trial.state)),
+    // A running trial shows when its worker last beat: a dead worker's trial shows its age.
+    auto state = std::string(to_string(trial.state));
+    if (trial.heartbeat_age) state += " (beat " + std::to_string(std::lround(*trial.heartbeat_age)) + " s ago)";
+    std::vector<std::string> row = {std::to_string(trial.number), state,
                                     value_column(trial), std::to_string(trial.attempts.size()),
                                     number_text(trial_seconds(trial))};
     for (auto& param : config.space) {

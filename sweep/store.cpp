@@ -219,13 +219,15 @@ std::vector<Trial> StudyStore::trials() {
 std::vector<Trial> StudyStore::load_trials() {
   std::vector<Trial> out;
   for (auto& row :
-       database_->query("SELECT number, state, params, value, sampler_saw FROM trials WHERE study_id = 1 ORDER BY number").rows) {
+       database_->query("SELECT number, state, params, value, sampler_saw, " + std::string(database_->now_sql()) +
+                        " - heartbeat FROM trials WHERE study_id = 1 ORDER BY number").rows) {
     Trial trial;
     trial.number = static_cast<int>(row.integer(0));
     trial.state = trial_state_from(row.text(1));
     trial.params = parse_json(row.text(2), "trial parameters");
     trial.value = row.optional<double>(3);
     trial.sampler_saw = parse_json(row.text(4), "sampler record").get<std::vector<int>>();
+    if (trial.state == TrialState::running) trial.heartbeat_age = row.optional<double>(5);
     out.push_back(std::move(trial));
   }
   auto attempts = database_->query(

@@ -60,6 +60,7 @@ struct Trial {
   std::optional<double> value;
   std::vector<Attempt> attempts;
   std::vector<int> sampler_saw;  // the finished trials the sampler was given for this one
+  std::optional<double> heartbeat_age;  // running: seconds since its worker last beat
 
   // The values reported by the latest attempt.
   const std::vector<std::pair<int64_t, double>>& intermediate() const;

@@ -185,6 +185,9 @@ TEST_F(SweepPostgres, AKilledWorkersTrialIsRerunByAnotherAfterTheGrace) {
   auto before = trials();
   ASSERT_EQ(before.size(), 1u);
   EXPECT_EQ(before[0].state, TrialState::running);
+  // --show says how long ago the dead worker last beat.
+  auto shown = run_captured({TESSERA_BINARY, "sweep", "--study", server_->url(), "--show"});
+  EXPECT_NE(shown.output.find("running (beat "), std::string::npos) << shown.output;
   for (int trial = 0; trial < 3; ++trial) release(trial);
 
   auto survivor = worker(3, grace);
