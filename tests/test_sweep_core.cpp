@@ -325,6 +325,10 @@ TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
   EXPECT_EQ(loaded.direction, Direction::maximize);
   EXPECT_EQ(loaded.seed, 42u);
   EXPECT_EQ(loaded.train_flags, config.train_flags);
+  // The same command with more trials grows the study; fewer never shrink it.
+  store.raise_target_trials(5);
+  store.raise_target_trials(2);
+  EXPECT_EQ(store.study().target_trials, 5);
   EXPECT_EQ(to_json(loaded.space), to_json(config.space));
   EXPECT_EQ(store.mark_interrupted(), 1);
   auto trials = store.trials();
