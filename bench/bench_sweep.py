@@ -10,13 +10,21 @@ children's lifetimes, which it records per attempt. The parts are also timed alo
 Optuna: a trivial objective in a multiprocessing.Process per trial, the parent waiting for
 its value, with the fork and spawn start methods (spawn is what a GPU objective needs), with
 in-memory and SQLite storage.
+Shared studies: the same tessera sweep with --study postgresql://... beside SQLite, and Optuna's
+RDB storage (SQLAlchemy and psycopg2) on the same server, which the benchmark starts itself
+(initdb and pg_ctl in a temporary directory, as nobody when run as root); skipped, saying why,
+where the server programs or the Python modules are absent.
 
 Prints one JSON object. Usage: bench/bench_sweep.py [TESSERA] [--trials N]
 """
 import argparse
+import contextlib
+import glob
 import json
 import multiprocessing
 import os
+import pwd
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,7 +43,41 @@ def median_seconds(command, runs):
     return statistics.median(times)
 
 
-def tessera_figures(tessera, trials, work):
+@contextlib.contextmanager
+def postgres_server():
+    """A throwaway PostgreSQL server on a Unix socket; yields its socket directory, or None."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        yield None
+        return
+    bin_dir = os.path.dirname(found[-1])
+    directory = tempfile.mkdtemp(prefix="tpg_")
+    as_user = []
+    if os.geteuid() == 0:  # initdb refuses root
+        nobody = pwd.getpwnam("nobody")
+        os.chown(directory, nobody.pw_uid, nobody.pw_gid)
+        as_user = ["runuser", "-u", "nobody", "--"]
+    data = os.path.join(directory, "data")
+    try:
+        subprocess.run(as_user + [os.path.join(bin_dir, "initdb"), "-D", data, "-U", "tessera", "--auth=trust",
+                                  "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(as_user + [os.path.join(bin_dir, "pg_ctl"), "-D", data, "-l", os.path.join(directory, "log"),
+                                  "-w", "-o", f"-k {directory} -c listen_addresses= -p 5432", "start"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        yield directory
+    finally:
+        subprocess.run(as_user + [os.path.join(bin_dir, "pg_ctl"), "-D", data, "-m", "fast", "stop"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def create_database(socket_dir, name):
+    subprocess.run(["psql", "-h", socket_dir, "-U", "tessera", "-d", "postgres", "-c", f"CREATE DATABASE {name}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return name
+
+
+def tessera_figures(tessera, trials, work, socket_dir):
     data = os.path.join(work, "tiny.h5")
     subprocess.run(["/usr/bin/python3", os.path.join(HERE, "..", "tools", "make_patch_task.py"), "--out", data,
                     "--count", "64", "--size", "16"], check=True, stdout=subprocess.DEVNULL)
@@ -47,21 +89,26 @@ def tessera_figures(tessera, trials, work):
     }
     info = json.loads(subprocess.run([tessera, "info", "--json"], check=True, capture_output=True, text=True).stdout)
     figures["device"] = info["devices"][0]["name"] if info["devices"] else None
-    for parallel in (1, 2):
-        study = os.path.join(work, f"study{parallel}.sqlite")
+    stores = [("", lambda parallel: os.path.join(work, f"study{parallel}.sqlite"))]
+    if socket_dir:
+        stores.append(("postgresql_", lambda parallel: "postgresql:///" + create_database(
+            socket_dir, f"tessera{parallel}") + f"?host={socket_dir}&user=tessera"))
+    for (store, parallel) in [(s, p) for s in stores for p in (1, 2)]:
+        prefix, location = store
+        study = location(parallel)
         start = time.perf_counter()
         subprocess.run([tessera, "sweep", "--study", study, "--trials", str(trials), "--parallel", str(parallel),
                         "--param", "lr=loguniform:1e-4:1e-1", "--", "--data", data, "--dry-run"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - start
-        figures[f"sweep_per_trial_s_parallel_{parallel}"] = wall / trials
+        figures[f"{prefix}sweep_per_trial_s_parallel_{parallel}"] = wall / trials
         if parallel == 1:
             # The sweep times each child from fork to reap; the rest of the wall time is its own.
             exported = json.loads(subprocess.run([tessera, "sweep", "--study", study, "--export", "json"],
                                                  check=True, capture_output=True, text=True).stdout)
             children = sum(a["finished"] - a["started"] for t in exported["trials"] for a in t["attempts"])
-            figures["sweep_child_per_trial_s"] = children / trials
-            figures["sweep_own_work_per_trial_s"] = (wall - children) / trials
+            figures[f"{prefix}sweep_child_per_trial_s"] = children / trials
+            figures[f"{prefix}sweep_own_work_per_trial_s"] = (wall - children) / trials
     return figures
 
 
@@ -86,7 +133,7 @@ def optuna_per_trial(optuna, start_method, storage, trials):
     return (time.perf_counter() - start) / trials
 
 
-def optuna_figures(trials, work):
+def optuna_figures(trials, work, socket_dir):
     try:
         import optuna
     except ImportError:
@@ -97,6 +144,19 @@ def optuna_figures(trials, work):
         figures[f"per_trial_s_{start_method}_memory"] = optuna_per_trial(optuna, start_method, None, trials)
         storage = "sqlite:///" + os.path.join(work, f"optuna_{start_method}.sqlite")
         figures[f"per_trial_s_{start_method}_sqlite"] = optuna_per_trial(optuna, start_method, storage, trials)
+    if not socket_dir:
+        figures["postgresql"] = "skipped: no PostgreSQL server programs"
+        return figures
+    try:
+        import psycopg2  # noqa: F401  (SQLAlchemy's PostgreSQL driver)
+        import sqlalchemy  # noqa: F401
+    except ImportError as missing:
+        figures["postgresql"] = f"skipped: {missing}"
+        return figures
+    for start_method in ("fork", "spawn"):
+        name = create_database(socket_dir, f"optuna_{start_method}")
+        storage = f"postgresql+psycopg2://tessera@/{name}?host={socket_dir}"
+        figures[f"per_trial_s_{start_method}_postgresql"] = optuna_per_trial(optuna, start_method, storage, trials)
     return figures
 
 
@@ -105,10 +165,10 @@ def main():
     parser.add_argument("tessera", nargs="?", default=os.path.join(HERE, "..", "build", "tools", "tessera"))
     parser.add_argument("--trials", type=int, default=20)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, postgres_server() as socket_dir:
         out = {"benchmark": "sweep per-trial overhead", "trials": args.trials,
-               "tessera": tessera_figures(os.path.abspath(args.tessera), args.trials, work),
-               "optuna_multiprocessing": optuna_figures(args.trials, work)}
+               "tessera": tessera_figures(os.path.abspath(args.tessera), args.trials, work, socket_dir),
+               "optuna_multiprocessing": optuna_figures(args.trials, work, socket_dir)}
     per_trial = out["tessera"]["sweep_per_trial_s_parallel_1"]
     out["target_per_trial_s"] = 0.2
     out["under_target"] = per_trial < 0.2
@@ -119,6 +179,10 @@ def main():
         optuna_times = {k: v for k, v in out["optuna_multiprocessing"].items() if k.startswith("per_trial_s")}
         out["tessera_trial_below_optuna"] = {k: per_trial < v for k, v in optuna_times.items()}
         out["tessera_own_work_below_optuna"] = {k: own_work < v for k, v in optuna_times.items()}
+        postgres_own_work = out["tessera"].get("postgresql_sweep_own_work_per_trial_s")
+        optuna_postgres = out["optuna_multiprocessing"].get("per_trial_s_fork_postgresql")
+        if postgres_own_work is not None and optuna_postgres is not None:
+            out["tessera_postgresql_own_work_below_optuna_postgresql"] = postgres_own_work < optuna_postgres
     print(json.dumps(out, indent=2))
 
 

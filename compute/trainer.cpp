@@ -11,6 +11,8 @@
 #include "common/error.h"
 #include "common/progress.h"
 #include "common/units.h"
+#include "compute/release_wait.h"
+#include "compute/roc_auc.h"
 
 namespace tessera {
 
@@ -34,8 +36,10 @@ void inject_fault_before_training(vk::Context& context) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   } else if (kind == "oom") {
     Tensor too_big(context, "TESSERA_FAULT=oom", {static_cast<int64_t>(context.allocator().stats().budget_bytes / 4 + 1)});
+  } else if (kind.rfind("wait:", 0) == 0) {
+    wait_for_release(kind.substr(5));
   } else if (kind != "nan") {
-    throw UsageError("TESSERA_FAULT=" + kind + ": not a fault (leak:BYTES, segfault, hang, oom, nan)");
+    throw UsageError("TESSERA_FAULT=" + kind + ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR)");
   }
 }
 
@@ -245,11 +249,12 @@ struct TrainingLoop::State {
               {"images_per_second", train_metrics[2] / train_seconds},
               {"data_wait_fraction", run_seconds > 0 ? wait_seconds / run_seconds : 0.0},
               {"peak_device_bytes", context.allocator().stats().peak_bytes}};
+      if (auto auc = val_scores.auc()) last["val_auc"] = *auc;
       last.update(job.report);
       if (progress) progress->event(last);
       if (reporting.protocol) {
         double value = val_metrics[2] > 0 ? val_metrics[0] / val_samples : train_metrics[0] / samples;
-        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}});
+        reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}, {"metrics", last}});
       }
       if (!options.checkpoint.empty()) save(epoch + 1);
     }
@@ -289,14 +294,27 @@ struct TrainingLoop::State {
                      std::to_string(step) + " (try a lower --lr)");
   }
 
+  // val_auc of a two-class model: the slot's logits and labels, read back before it is refilled.
+  void score(int slot) {
+    eval_programs[slot]->wait();
+    const Tensor& labels = *extra.at("labels" + suffix(slot, 0));
+    std::vector<uint32_t> label_values(static_cast<size_t>(labels.count()));
+    labels.download(label_values.data(), labels.bytes());
+    uint32_t valid = 0;
+    extra.at("valid" + suffix(slot, 0))->download(&valid, sizeof valid);
+    val_scores.add(logits.output->download(), label_values, valid);
+  }
+
   std::array<double, 3> evaluate(Feed& feed, int epoch) {
     reset_metrics();
+    val_scores.clear();
     feed.start_epoch(static_cast<uint32_t>(epoch));
     for (size_t b = 0;; ++b) {
       int slot = static_cast<int>(b % 2);
       eval_programs[slot]->wait();
       if (!feed.next(staged(slot, 0))) break;
       eval_programs[slot]->submit();
+      if (logits.output_shape[1] == 2) score(slot);
     }
     return read_metrics();
   }
@@ -340,6 +358,7 @@ struct TrainingLoop::State {
   Network::Layer& logits;
   std::unique_ptr<Optimizer> optimizer;
   std::map<std::string, std::unique_ptr<Tensor>> extra;
+  BinaryScores val_scores;
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states;
   std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs;
   std::array<std::unique_ptr<vk::Program>, 2> eval_programs;

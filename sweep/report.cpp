@@ -26,15 +26,16 @@ std::string value_column(const Trial& trial) {
   return "-";
 }
 
-double duration(const Trial& trial) {
+}  // namespace
+
+double trial_seconds(const Trial& trial) {
   double total = 0;
   for (auto& attempt : trial.attempts)
     if (attempt.finished > 0) total += attempt.finished - attempt.started;
   return total;
 }
 
-// The searched flags of the best trial as its last attempt ran them (an --oom-retry changes
-// --batch and --accumulate), environment variables first.
+// An --oom-retry changes --batch and --accumulate; environment variables come first.
 std::string best_flags(const Trial& best, const StudyConfig& config) {
   std::string environment;
   std::vector<std::string> flags;
@@ -51,6 +52,13 @@ std::string best_flags(const Trial& best, const StudyConfig& config) {
   if (!out.empty()) out.pop_back();
   return out;
 }
+
+std::optional<std::string> best_checkpoint(const Trial& trial) {
+  if (trial.attempts.empty()) return std::nullopt;
+  return flag_value(trial.attempts.back().command, "--checkpoint");
+}
+
+namespace {
 
 std::string csv_field(const std::string& text) {
   if (text.find_first_of(",\"\n") == std::string::npos) return text;
@@ -188,9 +196,12 @@ std::string format_table(const std::vector<Trial>& trials, const StudyConfig& co
   header.insert(header.end(), {"device", "peak device"});
   std::vector<std::vector<std::string>> rows;
   for (auto& trial : trials) {
-    std::vector<std::string> row = {std::to_string(trial.number), std::string(to_string(trial.state)),
+    // A running trial shows when its worker last beat: a dead worker's trial shows its age.
+    auto state = std::string(to_string(trial.state));
+    if (trial.heartbeat_age) state += " (beat " + std::to_string(std::lround(*trial.heartbeat_age)) + " s ago)";
+    std::vector<std::string> row = {std::to_string(trial.number), state,
                                     value_column(trial), std::to_string(trial.attempts.size()),
-                                    number_text(duration(trial))};
+                                    number_text(trial_seconds(trial))};
     for (auto& param : config.space) {
       const auto& value = trial.params.contains(param.name) ? trial.params[param.name] : nlohmann::json();
       row.push_back(value.is_number_float() ? number_text(value.get<double>()) : value.is_null() ? "-" : value_text(value));
@@ -217,7 +228,10 @@ std::string format_table(const std::vector<Trial>& trials, const StudyConfig& co
   add_row(header);
   for (auto& row : rows) add_row(row);
   out += format_summary(trials, config.direction);
-  if (auto* best = best_trial(trials, config.direction)) out += "best flags: " + best_flags(*best, config) + "\n";
+  if (auto* best = best_trial(trials, config.direction)) {
+    out += "best flags: " + best_flags(*best, config) + "\n";
+    if (auto checkpoint = best_checkpoint(*best)) out += "best checkpoint: " + *checkpoint + "\n";
+  }
   return out;
 }
 
@@ -230,7 +244,7 @@ std::string export_csv(const std::vector<Trial>& trials, const StudyConfig& conf
     auto optional_text = [](auto value) { return value ? std::to_string(*value) : std::string(); };
     out += std::to_string(trial.number) + "," + std::string(to_string(trial.state)) + "," +
            (trial.value ? number_text(*trial.value) : "") + "," + std::to_string(trial.attempts.size()) + "," +
-           number_text(duration(trial)) + "," + (last && last->batch ? std::to_string(last->batch) : "") + "," +
+           number_text(trial_seconds(trial)) + "," + (last && last->batch ? std::to_string(last->batch) : "") + "," +
            (last && last->accumulate ? std::to_string(last->accumulate) : "") + "," +
            csv_field(last ? last->device : "") + "," + (last ? optional_text(last->peak_device_bytes) : "") + "," +
            (last ? optional_text(last->exit_code) : "") + "," + (last ? optional_text(last->signal) : "");
@@ -241,8 +255,8 @@ std::string export_csv(const std::vector<Trial>& trials, const StudyConfig& conf
   return out;
 }
 
-std::string export_json(const std::vector<Trial>& trials, const StudyConfig& config) {
-  nlohmann::json out = {{"direction", to_string(config.direction)}, {"sampler", config.sampler},
+nlohmann::json study_json(const std::vector<Trial>& trials, const StudyConfig& config) {
+  nlohmann::json out = {{"direction", to_string(config.direction)}, {"objective", config.objective}, {"sampler", config.sampler},
                         {"pruner", config.pruner}, {"seed", config.seed}, {"trials_wanted", config.target_trials},
                         {"space", to_json(config.space)}, {"train_flags", config.train_flags},
                         {"trials", nlohmann::json::array()}};
@@ -257,16 +271,22 @@ std::string export_json(const std::vector<Trial>& trials, const StudyConfig& con
                           {"signal", a.signal ? nlohmann::json(*a.signal) : nullptr}, {"stderr_tail", a.stderr_tail},
                           {"peak_device_bytes", a.peak_device_bytes ? nlohmann::json(*a.peak_device_bytes) : nullptr},
                           {"value", a.value ? nlohmann::json(*a.value) : nullptr}, {"metrics", a.metrics},
-                          {"intermediate", intermediate}, {"sweep_rss_bytes", a.sweep_rss_bytes},
+                          {"intermediate", intermediate}, {"sweep_rss_bytes", a.sweep_rss_bytes}, {"worker", a.worker},
                           {"started", a.started}, {"finished", a.finished}});
     }
     out["trials"].push_back({{"number", trial.number}, {"state", to_string(trial.state)},
                              {"value", trial.value ? nlohmann::json(*trial.value) : nullptr},
-                             {"params", trial.params}, {"attempts", attempts}});
+                             {"params", trial.params}, {"sampler_saw", trial.sampler_saw}, {"attempts", attempts}});
   }
-  if (auto* best = best_trial(trials, config.direction))
+  if (auto* best = best_trial(trials, config.direction)) {
     out["best"] = {{"number", best->number}, {"value", *best->value}, {"params", best->params}};
-  return out.dump(2) + "\n";
+    if (auto checkpoint = best_checkpoint(*best)) out["best"]["checkpoint"] = *checkpoint;
+  }
+  return out;
+}
+
+std::string export_json(const std::vector<Trial>& trials, const StudyConfig& config) {
+  return study_json(trials, config).dump(2) + "\n";
 }
 
 std::string export_svg(const std::vector<Trial>& trials, const StudyConfig& config) {

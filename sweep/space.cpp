@@ -145,6 +145,17 @@ SearchSpace parse_space(const std::vector<std::string>& texts) {
   return space;
 }
 
+std::string spec_text(const Param& param) {
+  std::string out(distribution_name(param.distribution));
+  if (param.distribution == Distribution::choice) {
+    for (size_t i = 0; i < param.choices.size(); ++i) out += (i ? "," : ":") + value_text(param.choices[i]);
+    return out;
+  }
+  bool integer = is_integer(param.distribution);
+  return out + ":" + value_text(integer ? nlohmann::json(std::llround(param.low)) : nlohmann::json(param.low)) + ":" +
+         value_text(integer ? nlohmann::json(std::llround(param.high)) : nlohmann::json(param.high));
+}
+
 nlohmann::json to_json(const SearchSpace& space) {
   nlohmann::json out = nlohmann::json::array();
   for (auto& param : space) {

@@ -33,6 +33,9 @@ Param parse_param(std::string_view text);
 // Also rejects a name given twice.
 SearchSpace parse_space(const std::vector<std::string>& texts);
 
+// The SPEC as --param takes it: "loguniform:0.0001:0.1", "choice:16,32".
+std::string spec_text(const Param& param);
+
 nlohmann::json to_json(const SearchSpace& space);
 SearchSpace space_from_json(const nlohmann::json& json);
 

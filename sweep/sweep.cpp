@@ -3,21 +3,28 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
+#include <cmath>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "common/error.h"
 #include "common/progress.h"
 #include "sweep/child.h"
+#include "sweep/database.h"
 #include "sweep/pruner.h"
 #include "sweep/report.h"
 #include "sweep/sampler.h"
@@ -43,6 +50,57 @@ int64_t integer_flag(const std::string& text, std::string_view flag) {
   throw UsageError(std::string(flag) + ": '" + text + "' is not a whole number");
 }
 
+// host/pid/start time: unique among the workers of a study.
+std::string worker_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return std::string(host) + "/" + std::to_string(getpid()) + "/" +
+         std::to_string(static_cast<int64_t>(now_seconds() * 1000) % 100000000);
+}
+
+// SIGINT, SIGTERM and SIGHUP wake the run loop through a pipe; the sweep then stops its trials,
+// records them as interrupted, and ends with the signal.
+class StopSignals {
+ public:
+  StopSignals() {
+    if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw Error(ExitCode::runtime_error, "pipe failed");
+    write_end_ = pipe_[1];
+    struct sigaction action {};
+    action.sa_handler = [](int signal) {
+      received_ = signal;
+      char byte = 0;
+      [[maybe_unused]] auto written = write(write_end_, &byte, 1);
+    };
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // the pipe wakes poll(); other calls carry on
+    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &action, &saved_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &saved_[i], nullptr);
+    close(pipe_[0]);
+    close(pipe_[1]);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int fd() const { return pipe_[0]; }
+  int received() const { return received_; }
+  // Ends the process with the signal, as if it had not been caught.
+  [[noreturn]] void die() {
+    int signal = received_;
+    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &saved_[i], nullptr);
+    std::signal(signal, SIG_DFL);
+    raise(signal);
+    std::_Exit(128 + signal);
+  }
+
+ private:
+  static constexpr std::array<int, 3> signals{SIGINT, SIGTERM, SIGHUP};
+  static inline volatile sig_atomic_t received_ = 0;
+  static inline int write_end_ = -1;
+  int pipe_[2] = {-1, -1};
+  std::array<struct sigaction, 3> saved_{};
+};
+
 // A trial running as a child process.
 struct Running {
   int number = 0;
@@ -65,9 +123,21 @@ class SweepRun {
       progress.event({{"warning", "the grid has " + std::to_string(target_) + " points; running " +
                                       std::to_string(target_) + " trials, not " + std::to_string(config_.target_trials)}});
     report_progress();
-    if (options_.in_process) run_in_process();
-    else run_isolated();
+    if (options_.in_process) {
+      run_in_process();
+    } else {
+      StopSignals signals;
+      signals_ = &signals;
+      run_isolated();
+      if (signals.received()) {
+        store_->release(worker_);
+        progress.event({{"stopped_by_signal", signals.received()}});
+        signals.die();
+      }
+      signals_ = nullptr;
+    }
     progress.finish();
+    trials_ = store_->trials();
     std::printf("%s", format_summary(trials_, config_.direction).c_str());
     if (stop_code_) throw Error(static_cast<ExitCode>(stop_code_), "sweep stopped: " + stop_message_);
   }
@@ -75,35 +145,42 @@ class SweepRun {
  private:
   void open_study() {
     if (options_.in_process) {
+      if (is_postgres_location(options_.study))
+        throw UsageError("--isolation none: a trial in this process cannot beat for a PostgreSQL study; use a study file");
       if (options_.parallel != 1) throw UsageError("--parallel: trials in one process (--isolation none) run one at a time");
       if (options_.trial_timeout > 0) throw UsageError("--trial-timeout needs --isolation process");
     }
     if (options_.parallel < 1) throw UsageError("--parallel must be at least 1");
-    if (options_.resume) {
-      store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
-      if (!store_->has_study()) throw BadInput(options_.study.string() + ": no study to resume");
-      config_ = store_->study();
-      if (options_.config.target_trials > 0) {
-        config_.target_trials = options_.config.target_trials;
-        store_->set_target_trials(config_.target_trials);
-      }
-      prepare();
-      store_->mark_interrupted();
-      trials_ = store_->trials();
-      for (size_t i = 0; i < trials_.size(); ++i)
-        if (trials_[i].number != static_cast<int>(i)) throw BadInput(options_.study.string() + ": trial numbers have gaps");
-      for (auto& trial : trials_)
-        if (trial.state == TrialState::interrupted) rerun_.push_back(trial.number);
-    } else {
+    if (!(options_.heartbeat_grace > 0)) throw UsageError("--heartbeat-grace must be above 0 seconds");
+    if (options_.settings_given) {
       config_ = options_.config;
       if (config_.target_trials < 1) throw UsageError("--trials must be at least 1");
-      prepare();
-      store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
-      if (store_->has_study())
-        throw UsageError("--study: " + options_.study.string() +
-                         " already holds a study; add --resume to continue it, or name another file");
-      store_->create_study(config_);
+      prepare();  // before the study is touched: a command that cannot work leaves nothing behind
     }
+    bool must_exist = options_.resume || !options_.settings_given;
+    if (must_exist && !is_postgres_location(options_.study) && !std::filesystem::exists(options_.study))
+      throw BadInput(options_.study + ": no study to resume");
+    store_ = std::make_unique<StudyStore>(options_.study, StudyStore::Mode::read_write);
+    if (must_exist && !store_->has_study())
+      throw BadInput(store_->name() + ": no study to resume");
+    if (options_.settings_given) {
+      auto stored = store_->create_or_load(config_);
+      if (auto differences = setting_differences(stored, config_); !differences.empty()) {
+        std::string message = "--study " + store_->name() + " holds a study with other settings:";
+        for (auto& difference : differences) message += "\n  " + difference;
+        throw UsageError(message + "\nrun the study's command (tessera sweep --study " + store_->name() +
+                         " --show lists it), or name another study");
+      }
+    } else {
+      config_ = store_->study();
+      if (options_.config.target_trials > 0) config_.target_trials = options_.config.target_trials;
+      prepare();
+    }
+    if (config_.target_trials > 0) store_->raise_target_trials(config_.target_trials);
+    config_.target_trials = store_->study().target_trials;
+    // A file's lock says that no other sweep runs its trials: the running ones died with theirs.
+    if (!store_->is_shared()) store_->mark_interrupted();
+    trials_ = store_->trials();
     target_ = config_.target_trials;
     if (auto capacity = sampler_->capacity(); capacity && *capacity < static_cast<size_t>(target_))
       target_ = static_cast<int>(*capacity);
@@ -114,15 +191,10 @@ class SweepRun {
     sampler_ = make_sampler(config_.sampler, config_.space, config_.direction, config_.seed);
     pruner_ = make_pruner(config_.pruner, config_.direction);
     if (pruner_ && options_.in_process) throw UsageError("--pruner needs --isolation process (a trial in this process cannot be stopped)");
-    std::vector<std::string> help_command = options_.tessera;
-    help_command.insert(help_command.end(), {"train", "--help"});
-    auto help = run_captured(help_command);
-    if (!WIFEXITED(help.wait_status) || WEXITSTATUS(help.wait_status) != 0)
-      throw Error(ExitCode::runtime_error, "'tessera train --help' failed: " + help.errors);
-    auto known = parse_train_help(help.output);
-    check_train_flags(known, config_.train_flags, config_.space, !options_.devices.empty());
-    if (known.defaults.contains("--batch")) {
-      auto& text = known.defaults["--batch"];
+    check_train_flags(options_.train, config_.train_flags, config_.space, !options_.devices.empty(),
+                      config_.target_trials);
+    if (options_.train.defaults.contains("--batch")) {
+      auto& text = options_.train.defaults.at("--batch");
       std::from_chars(text.data(), text.data() + text.size(), default_batch_);
     }
     if (!options_.devices.empty()) check_devices();
@@ -144,21 +216,38 @@ class SweepRun {
                          (present.empty() ? "none" : present) + ")");
   }
 
-  // The trial to run next: one waiting for another attempt, else a new one.
+  // The trial to run next: one of this worker's waiting for another attempt (--oom-retry), else
+  // one claimed from the study (interrupted, or new).
   std::optional<int> next_trial() {
-    if (stop_code_) return std::nullopt;
+    if (stop_code_ || (signals_ && signals_->received())) return std::nullopt;
     if (!rerun_.empty()) {
       int number = rerun_.front();
       rerun_.pop_front();
       return number;
     }
-    if (trials_.size() >= static_cast<size_t>(target_)) return std::nullopt;
-    Trial trial;
-    trial.number = static_cast<int>(trials_.size());
-    trial.params = sampler_->sample(trial.number, trials_);
-    store_->add_trial(trial.number, trial.params);
-    trials_.push_back(std::move(trial));
-    return trials_.back().number;
+    // Nothing was left to claim: look again at the next heartbeat, not at every line a child writes.
+    if (Clock::now() < claim_again_) return std::nullopt;
+    std::optional<size_t> capacity = sampler_->capacity();
+    auto claim = store_->claim_trial(worker_, options_.heartbeat_grace, capacity,
+                                     [&](int number, const std::vector<Trial>& trials) { return sampler_->sample(number, trials); });
+    if (!claim) {
+      claim_again_ = Clock::now() + beat_interval();
+      return std::nullopt;
+    }
+    adopt(std::move(claim->trials));
+    mine_.insert(claim->number);
+    return claim->number;
+  }
+
+  // Takes the study as the store has it, keeping this worker's own running trials as they are
+  // here (their report lines are newer).
+  void adopt(std::vector<Trial> fresh) {
+    for (size_t i = 0; i < fresh.size(); ++i)
+      if (fresh[i].number != static_cast<int>(i)) throw BadInput(store_->name() + ": trial numbers have gaps");
+    for (int number : mine_)
+      if (static_cast<size_t>(number) < fresh.size() && static_cast<size_t>(number) < trials_.size())
+        fresh[static_cast<size_t>(number)] = std::move(trials_[static_cast<size_t>(number)]);
+    trials_ = std::move(fresh);
   }
 
   std::pair<int64_t, int64_t> initial_batch(const Trial& trial) const {
@@ -191,7 +280,12 @@ class SweepRun {
     }
     if (!options_.devices.empty()) attempt.device_index = options_.devices[launches_ % options_.devices.size()];
     ++launches_;
-    std::vector<std::string> flags = config_.train_flags;
+    std::vector<std::string> flags = with_trial_number(config_.train_flags, trial.number);
+    // runs/{trial}.h5: the folder of a per-trial checkpoint is the sweep's to make.
+    if (auto checkpoint = flag_value(config_.train_flags, "--checkpoint"); checkpoint && checkpoint->find("{trial}") != std::string::npos) {
+      std::error_code ignored;  // train names the path if it still cannot write there
+      std::filesystem::create_directories(std::filesystem::path(*flag_value(flags, "--checkpoint")).parent_path(), ignored);
+    }
     for (auto& param : config_.space)
       if (!param.is_environment()) {
         flags.push_back(param.target());
@@ -205,6 +299,7 @@ class SweepRun {
     attempt.command.push_back("train");
     attempt.command.insert(attempt.command.end(), flags.begin(), flags.end());
     attempt.started = now_seconds();
+    attempt.worker = worker_;
     store_->start_attempt(trial.number, attempt);
     trial.state = TrialState::running;
     trial.attempts.push_back(attempt);
@@ -212,10 +307,22 @@ class SweepRun {
   }
 
   Environment environment_of(const Trial& trial) const {
-    Environment environment;
+    Environment environment = {{"TESSERA_TRIAL", std::to_string(trial.number)}};
     for (auto& param : config_.space)
       if (param.is_environment()) environment.emplace_back(param.target(), value_text(trial.params[param.name]));
     return environment;
+  }
+
+  // The objective in a report line: metrics[objective], or for val_loss the line's value (train's
+  // own choice: the training loss when nothing is held out). nullopt: the line does not carry it;
+  // NaN: it is not a number.
+  std::optional<double> objective_of(const nlohmann::json& record) const {
+    auto metrics = record.contains("metrics") ? record["metrics"] : nlohmann::json();
+    nlohmann::json value;
+    if (metrics.is_object() && metrics.contains(config_.objective)) value = metrics[config_.objective];
+    else if (config_.objective == "val_loss" && record.contains("value")) value = record["value"];
+    else return std::nullopt;
+    return value.is_number() ? value.get<double>() : std::numeric_limits<double>::quiet_NaN();
   }
 
   // Takes one report line; returns true when the pruner stops the trial. Lines that do not
@@ -229,22 +336,26 @@ class SweepRun {
     auto field = [&](const char* name) { return record.contains(name) ? record[name] : nlohmann::json(); };
     if (field("metrics").is_object()) attempt.metrics = field("metrics");
     if (type == "intermediate" && field("step").is_number_integer()) {
-      double value = field("value").is_number() ? field("value").get<double>() : std::numeric_limits<double>::quiet_NaN();
-      attempt.intermediate.emplace_back(field("step").get<int64_t>(), value);
+      auto value = objective_of(record);
+      if (!value) return false;
+      attempt.intermediate.emplace_back(field("step").get<int64_t>(), *value);
       store_->record_intermediate(number, attempt);
       return pruner_ && pruner_->should_prune(trial, trials_);
     }
-    if (type == "final" && field("value").is_number()) {
+    if (type == "final") {
       final_seen = true;
-      attempt.value = field("value").get<double>();
+      attempt.value = objective_of(record);
       if (field("peak_device_bytes").is_number_unsigned()) attempt.peak_device_bytes = field("peak_device_bytes").get<uint64_t>();
       if (field("device").is_string()) attempt.device = field("device").get<std::string>();
     }
     return false;
   }
 
-  static TrialState state_of(Running::Stop stop, std::optional<int> exit_code, bool final_seen) {
-    if (exit_code == 0 && final_seen) return TrialState::complete;
+  // A final report without the objective is a failed trial (every trial would fail the same
+  // way); one whose objective is not a number diverged.
+  static TrialState state_of(Running::Stop stop, std::optional<int> exit_code, bool final_seen,
+                             std::optional<double> value) {
+    if (exit_code == 0 && final_seen) return !value ? TrialState::failed : std::isfinite(*value) ? TrialState::complete : TrialState::diverged;
     if (stop == Running::Stop::pruned) return TrialState::pruned;
     if (stop == Running::Stop::timeout) return TrialState::timeout;
     if (!exit_code) return TrialState::crashed;
@@ -255,10 +366,21 @@ class SweepRun {
     }
   }
 
+  std::string missing_objective(const Attempt& attempt) const {
+    std::string reported;
+    if (attempt.metrics.is_object())
+      for (auto& [name, value] : attempt.metrics.items())
+        if (value.is_number()) reported += (reported.empty() ? "" : ", ") + name;
+    return "train reported no " + config_.objective + " (--objective); it reported: " +
+           (reported.empty() ? "nothing" : reported);
+  }
+
   void finish(int number, TrialState state, std::optional<int> exit_code, std::optional<int> signal,
-              std::string stderr_tail) {
+              std::string stderr_tail, bool final_seen = false) {
     Trial& trial = trials_[static_cast<size_t>(number)];
     Attempt& attempt = trial.attempts.back();
+    bool objective_missing = state == TrialState::failed && exit_code == 0 && final_seen && !attempt.value;
+    if (objective_missing) stderr_tail += missing_objective(attempt) + "\n";
     attempt.state = state;
     attempt.exit_code = exit_code;
     attempt.signal = signal;
@@ -268,8 +390,14 @@ class SweepRun {
     bool retry = smaller_batch(attempt).has_value();
     trial.state = retry ? TrialState::running : state;
     trial.value = state == TrialState::complete ? attempt.value : std::nullopt;
-    store_->finish_attempt(number, attempt, trial.state, trial.value);
+    if (!store_->finish_attempt(number, attempt, trial.state, trial.value)) {
+      // Another worker took the trial over (this one's heartbeat was late): its run counts.
+      progress_->event({{"trial", number}, {"warning", "the trial was taken over by another worker; this run is not recorded"}});
+      mine_.erase(number);
+      return;
+    }
     if (retry) rerun_.push_front(number);
+    else mine_.erase(number);
     nlohmann::json event = {{"trial", number}, {"attempt", attempt.index}, {"state", to_string(state)},
                             {"seconds", attempt.finished - attempt.started}};
     if (attempt.value) event["value"] = *attempt.value;
@@ -279,14 +407,17 @@ class SweepRun {
     progress_->event(event);
     bool nothing_worked = std::none_of(trials_.begin(), trials_.end(), [](auto& t) { return t.state == TrialState::complete; });
     if (state == TrialState::failed && nothing_worked && exit_code &&
-        (*exit_code == static_cast<int>(ExitCode::bad_usage) || *exit_code == static_cast<int>(ExitCode::bad_input))) {
-      stop_code_ = *exit_code;
+        (objective_missing || *exit_code == static_cast<int>(ExitCode::bad_usage) ||
+         *exit_code == static_cast<int>(ExitCode::bad_input))) {
+      stop_code_ = objective_missing ? static_cast<int>(ExitCode::bad_usage) : *exit_code;
       auto tail = attempt.stderr_tail;
       while (!tail.empty() && tail.back() == '\n') tail.pop_back();
       stop_message_ = "trial " + std::to_string(number) + " exited with " + std::to_string(*exit_code) + ": " +
                       tail.substr(tail.rfind('\n') == std::string::npos ? 0 : tail.rfind('\n') + 1);
     }
   }
+
+  std::optional<double> current_value(int number) const { return trials_[static_cast<size_t>(number)].attempts.back().value; }
 
   void report_progress() {
     uint64_t done = 0;
@@ -302,6 +433,7 @@ class SweepRun {
 
   void run_isolated() {
     std::vector<Running> running;
+    next_beat_ = Clock::now() + beat_interval();
     while (true) {
       while (running.size() < static_cast<size_t>(options_.parallel)) {
         auto number = next_trial();
@@ -322,8 +454,15 @@ class SweepRun {
         running.push_back(std::move(started));
       }
       running_count_ = running.size();
-      if (running.empty()) break;
+      // Stopped: the children are killed and reaped here; run() records them as interrupted.
+      if (signals_->received()) return;
+      // Other workers' trials may yet come back to be claimed, if their worker dies.
+      if (running.empty() && (stop_code_ || !store_->is_shared() || store_->unfinished_trials() == 0)) break;
       wait_for_children(running);
+      if (Clock::now() >= next_beat_) {
+        store_->heartbeat(worker_);
+        next_beat_ = Clock::now() + beat_interval();
+      }
       size_t before = running.size();
       std::erase_if(running, [this](Running& r) { return service(r); });
       running_count_ = running.size();
@@ -331,11 +470,18 @@ class SweepRun {
     }
   }
 
-  // Sleeps until a child has output, a deadline passes, or an exited child can be reaped.
-  static void wait_for_children(const std::vector<Running>& running) {
-    std::vector<pollfd> fds;
+  // A few beats within the grace period, so that one late beat does not lose a trial.
+  Clock::duration beat_interval() const {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(std::min(options_.heartbeat_grace / 4, 10.0)));
+  }
+
+  // Sleeps until a child has output, a deadline or the next heartbeat comes, an exited child can
+  // be reaped, or a stop signal arrives.
+  void wait_for_children(const std::vector<Running>& running) const {
+    std::vector<pollfd> fds = {{signals_->fd(), POLLIN, 0}};
     auto now = Clock::now();
-    auto wake = Clock::time_point::max();
+    auto wake = next_beat_;
     for (auto& r : running) {
       if (r.child->report_fd() >= 0) fds.push_back({r.child->report_fd(), POLLIN, 0});
       if (r.child->stderr_fd() >= 0) fds.push_back({r.child->stderr_fd(), POLLIN, 0});
@@ -343,10 +489,8 @@ class SweepRun {
       if (r.child->report_fd() < 0 && r.child->stderr_fd() < 0) wake = std::min(wake, now + std::chrono::milliseconds(2));
       wake = std::min({wake, r.stop == Running::Stop::none ? r.deadline : Clock::time_point::max(), r.kill_at});
     }
-    int timeout_ms = -1;
-    if (wake != Clock::time_point::max())
-      timeout_ms = static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1));
+    auto timeout_ms = static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1));
     poll(fds.data(), fds.size(), timeout_ms);
   }
 
@@ -366,7 +510,8 @@ class SweepRun {
     std::optional<int> exit_code, signal;
     if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
     else if (WIFSIGNALED(status)) signal = WTERMSIG(status);
-    finish(r.number, state_of(r.stop, exit_code, r.final_seen), exit_code, signal, r.child->stderr_tail());
+    finish(r.number, state_of(r.stop, exit_code, r.final_seen, current_value(r.number)), exit_code, signal,
+           r.child->stderr_tail(), r.final_seen);
     return true;
   }
 
@@ -400,7 +545,8 @@ class SweepRun {
         errors = capture.tail();
       }
       running_count_ = 0;
-      finish(*number, state_of(Running::Stop::none, exit_code, final_seen), exit_code, std::nullopt, errors);
+      finish(*number, state_of(Running::Stop::none, exit_code, final_seen, current_value(*number)), exit_code,
+             std::nullopt, errors, final_seen);
       report_progress();
     }
   }
@@ -473,8 +619,12 @@ class SweepRun {
   std::unique_ptr<StudyStore> store_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<Pruner> pruner_;
-  std::vector<Trial> trials_;
+  std::vector<Trial> trials_;  // the whole study, as of this worker's last claim
+  std::set<int> mine_;         // the trials this worker runs
   std::deque<int> rerun_;
+  const std::string worker_ = worker_name();
+  StopSignals* signals_ = nullptr;
+  Clock::time_point next_beat_, claim_again_;
   int target_ = 0;
   int64_t default_batch_ = 0;
   size_t launches_ = 0, running_count_ = 0;

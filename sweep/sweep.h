@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sweep/store.h"
+#include "sweep/train_flags.h"
 
 namespace tessera::sweep {
 
@@ -17,10 +18,16 @@ using InProcessTrain = std::function<int(const std::vector<std::string>& args,
                                          const std::function<void(const std::string& json_line)>& report)>;
 
 struct SweepOptions {
-  std::filesystem::path study;
-  // The new study's settings. With `resume` only target_trials counts (0: the study's).
+  std::string study;  // a file (SQLite) or a postgresql:// URL
+  // The study's settings: a new study gets them, an existing one must have them (UsageError
+  // naming each difference otherwise) and grows to target_trials.
   StudyConfig config;
-  bool resume = false;
+  // False: take the study's settings (--resume alone); only target_trials counts (0: the study's).
+  bool settings_given = true;
+  bool resume = false;  // the study must exist
+  TrainFlags train;     // train's flags, from the code that defines them
+  // A running trial whose worker has not beaten for this long is interrupted and run again.
+  double heartbeat_grace = 60;
   int parallel = 1;
   std::vector<int> devices;    // given to trials in turn as --device; empty: train chooses
   double trial_timeout = 0;    // seconds; 0: none
@@ -31,9 +38,12 @@ struct SweepOptions {
   InProcessTrain in_process;          // set: --isolation none
 };
 
-// Runs the sweep to the study's trial count; every trial is recorded, whatever its state.
-// Throws UsageError or BadInput for a sweep that cannot work, and also when a trial fails with
-// exit code 2 or 5 before any trial completed (every trial would: bad flags, missing data).
+// Runs the sweep to the study's trial count; every trial is recorded, whatever its state. With
+// other workers on the study it also waits for their trials, and reruns those whose worker
+// died. Throws UsageError or BadInput for a sweep that cannot work, and also when a trial fails
+// with exit code 2 or 5 before any trial completed (every trial would: bad flags, missing data).
+// SIGINT, SIGTERM and SIGHUP stop the trials, record them as interrupted, and end the sweep
+// with the signal.
 void run_sweep(const SweepOptions& options);
 
 }  // namespace tessera::sweep

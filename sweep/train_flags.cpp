@@ -1,7 +1,6 @@
 #include "sweep/train_flags.h"
 
 #include <cctype>
-#include <sstream>
 
 #include "common/error.h"
 
@@ -19,33 +18,8 @@ std::string flag_name(std::string_view token) {
 
 }  // namespace
 
-TrainFlags parse_train_help(const std::string& help) {
-  TrainFlags flags;
-  std::istringstream lines(help);
-  std::string line;
-  while (std::getline(lines, line)) {
-    size_t start = line.find_first_not_of(' ');
-    if (start == std::string::npos || line[start] != '-') continue;
-    std::string names = line.substr(start, line.find(' ', start) - start);
-    std::vector<std::string> on_line;
-    std::istringstream split(names);
-    for (std::string name; std::getline(split, name, ',');)
-      if (name.starts_with('-')) on_line.push_back(name);
-    // CLI11 writes a default after the type: "--batch INT=32".
-    std::istringstream words(line.substr(start));
-    std::string first, type;
-    words >> first >> type;
-    auto equals = type.rfind('=');
-    for (auto& name : on_line) {
-      flags.names.insert(name);
-      if (!type.starts_with('-') && equals != std::string::npos) flags.defaults[name] = type.substr(equals + 1);
-    }
-  }
-  return flags;
-}
-
 void check_train_flags(const TrainFlags& known, const std::vector<std::string>& fixed, const SearchSpace& space,
-                       bool sweep_sets_device) {
+                       bool sweep_sets_device, int trials) {
   std::set<std::string> fixed_names;
   for (auto& token : fixed) {
     std::string name = flag_name(token);
@@ -69,6 +43,18 @@ void check_train_flags(const TrainFlags& known, const std::vector<std::string>& 
   for (auto& param : space)
     if (param.name == "report-fd" || (sweep_sets_device && param.name == "device"))
       throw UsageError("--param " + param.name + ": set by the sweep");
+  auto checkpoint = flag_value(fixed, "--checkpoint");
+  if (checkpoint && trials > 1 && checkpoint->find("{trial}") == std::string::npos)
+    throw UsageError("train flags after --: every trial would write --checkpoint " + *checkpoint +
+                     "; put {trial} in it for one checkpoint per trial (e.g. runs/{trial}.h5)");
+}
+
+std::vector<std::string> with_trial_number(std::vector<std::string> tokens, int number) {
+  const std::string placeholder = "{trial}", text = std::to_string(number);
+  for (auto& token : tokens)
+    for (size_t at = token.find(placeholder); at != std::string::npos; at = token.find(placeholder, at + text.size()))
+      token.replace(at, placeholder.size(), text);
+  return tokens;
 }
 
 std::optional<std::string> flag_value(const std::vector<std::string>& tokens, std::string_view flag) {

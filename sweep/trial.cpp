@@ -44,6 +44,14 @@ Direction direction_from(std::string_view name) {
   throw UsageError("--direction: '" + std::string(name) + "' is neither minimize nor maximize");
 }
 
+std::optional<Direction> direction_of_metric(std::string_view metric) {
+  for (std::string_view lower : {"loss", "error"})
+    if (metric.find(lower) != std::string_view::npos) return Direction::minimize;
+  for (std::string_view higher : {"accuracy", "auc", "f1", "precision", "recall", "dice", "iou", "per_second"})
+    if (metric.find(higher) != std::string_view::npos) return Direction::maximize;
+  return std::nullopt;
+}
+
 bool better(Direction direction, double a, double b) { return direction == Direction::minimize ? a < b : a > b; }
 
 const std::vector<std::pair<int64_t, double>>& Trial::intermediate() const {

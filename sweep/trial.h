@@ -13,7 +13,8 @@
 namespace tessera::sweep {
 
 // ARCHITECTURE.md, "Study": the states a trial or one of its attempts ends in; `interrupted`
-// marks an attempt that was running when the sweep itself died (its trial is run again).
+// marks an attempt that was running when its sweep was stopped, died, or stopped beating (its
+// trial is run again).
 enum class TrialState { running, complete, pruned, oom, diverged, crashed, timeout, failed, interrupted };
 
 std::string_view to_string(TrialState state);
@@ -26,6 +27,9 @@ enum class Direction { minimize, maximize };
 std::string_view to_string(Direction direction);
 // Throws UsageError naming --direction.
 Direction direction_from(std::string_view name);
+// The direction a metric of train's report is optimised in: losses and errors down, accuracy,
+// AUC and the like up; nullopt for a name that says neither (--direction must).
+std::optional<Direction> direction_of_metric(std::string_view metric);
 // True when `a` is a better objective value than `b`.
 bool better(Direction direction, double a, double b);
 
@@ -45,6 +49,7 @@ struct Attempt {
   nlohmann::json metrics;
   std::vector<std::pair<int64_t, double>> intermediate;  // (step, value) in the order reported
   uint64_t sweep_rss_bytes = 0;  // the sweep's own resident memory when the attempt ended
+  std::string worker;            // the sweep that ran it: host/pid/start
   double started = 0, finished = 0;  // seconds since the epoch
 };
 
@@ -54,6 +59,8 @@ struct Trial {
   nlohmann::json params = nlohmann::json::object();  // parameter name -> value
   std::optional<double> value;
   std::vector<Attempt> attempts;
+  std::vector<int> sampler_saw;  // the finished trials the sampler was given for this one
+  std::optional<double> heartbeat_age;  // running: seconds since its worker last beat
 
   // The values reported by the latest attempt.
   const std::vector<std::pair<int64_t, double>>& intermediate() const;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -102,30 +103,26 @@ TEST(SweepSpace, InternalAxisRoundTripsAndValuesPrintExactly) {
   EXPECT_EQ(std::stod(value_text(1.0 / 3.0)), 1.0 / 3.0);
 }
 
-TEST(SweepSpace, TrainFlagsAreCheckedAgainstTrainHelp) {
-  const std::string help =
-      "Train a model\nUsage: tessera train [OPTIONS]\n\nOptions:\n  -h,--help                   Print this help\n"
-      "  --data TEXT REQUIRED        Patches\n  --batch INT=64              Micro-batch\n"
-      "  --optimizer TEXT:{sgd,adam,adamw,adagrad}=sgd\n                              sgd, adam\n"
-      "  --lr FLOAT:POSITIVE=0.01    Learning rate\n  --device INT                Device\n"
-      "  --report-fd INT             Report\n  --dry-run                   Plan\n";
-  auto known = parse_train_help(help);
-  EXPECT_TRUE(known.names.contains("--data"));
-  EXPECT_TRUE(known.names.contains("-h"));
-  EXPECT_EQ(known.defaults.at("--batch"), "64");
-  EXPECT_EQ(known.defaults.at("--lr"), "0.01");
-  EXPECT_EQ(known.defaults.at("--optimizer"), "sgd");
-  EXPECT_FALSE(known.defaults.contains("--data"));
+TEST(SweepSpace, TrainFlagsAreCheckedAgainstTrainsFlags) {
+  TrainFlags known;
+  known.names = {"-h", "--help", "--data", "--batch", "--lr", "--device", "--report-fd", "--dry-run", "--checkpoint"};
+  known.defaults = {{"--batch", "64"}};
   auto space = parse_space({"lr=loguniform:1e-4:1e-1"});
-  EXPECT_NO_THROW(check_train_flags(known, {"--data", "p.h5", "--batch=8", "--dry-run"}, space, false));
-  EXPECT_NO_THROW(check_train_flags(known, {"--data", "-1"}, space, false));
-  EXPECT_THROW(check_train_flags(known, {"--data", "p.h5", "--bogus", "1"}, space, false), UsageError);
-  EXPECT_THROW(check_train_flags(known, {"--lr", "0.1"}, space, false), UsageError);
-  EXPECT_THROW(check_train_flags(known, {"--report-fd", "5"}, space, false), UsageError);
-  EXPECT_THROW(check_train_flags(known, {"--device", "0"}, space, true), UsageError);
-  EXPECT_NO_THROW(check_train_flags(known, {"--device", "0"}, space, false));
-  EXPECT_THROW(check_train_flags(known, {}, parse_space({"widht=int:8:64"}), false), UsageError);
-  EXPECT_NO_THROW(check_train_flags(known, {}, parse_space({"env:TESSERA_FAULT=choice:nan"}), false));
+  EXPECT_NO_THROW(check_train_flags(known, {"--data", "p.h5", "--batch=8", "--dry-run"}, space, false, 4));
+  EXPECT_NO_THROW(check_train_flags(known, {"--data", "-1"}, space, false, 4));
+  EXPECT_THROW(check_train_flags(known, {"--data", "p.h5", "--bogus", "1"}, space, false, 4), UsageError);
+  EXPECT_THROW(check_train_flags(known, {"--lr", "0.1"}, space, false, 4), UsageError);
+  EXPECT_THROW(check_train_flags(known, {"--report-fd", "5"}, space, false, 4), UsageError);
+  EXPECT_THROW(check_train_flags(known, {"--device", "0"}, space, true, 4), UsageError);
+  EXPECT_NO_THROW(check_train_flags(known, {"--device", "0"}, space, false, 4));
+  EXPECT_THROW(check_train_flags(known, {}, parse_space({"widht=int:8:64"}), false, 4), UsageError);
+  EXPECT_NO_THROW(check_train_flags(known, {}, parse_space({"env:TESSERA_FAULT=choice:nan"}), false, 4));
+  // One checkpoint for every trial only with {trial} in it, or with one trial.
+  EXPECT_THROW(check_train_flags(known, {"--checkpoint", "c.h5"}, space, false, 4), UsageError);
+  EXPECT_NO_THROW(check_train_flags(known, {"--checkpoint", "c.h5"}, space, false, 1));
+  EXPECT_NO_THROW(check_train_flags(known, {"--checkpoint", "runs/{trial}.h5"}, space, false, 4));
+  EXPECT_EQ(with_trial_number({"--checkpoint", "runs/{trial}/c{trial}.h5", "--lr"}, 7),
+            (std::vector<std::string>{"--checkpoint", "runs/7/c7.h5", "--lr"}));
 
   std::vector<std::string> tokens = {"--data", "p.h5", "--batch=8"};
   EXPECT_EQ(flag_value(tokens, "--batch"), "8");
@@ -282,21 +279,27 @@ TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
   config.target_trials = 3;
   config.space = parse_space({"lr=loguniform:1e-4:1e-1", "batch=choice:16,32"});
   config.train_flags = {"--data", "patches.h5", "--epochs", "2"};
+  auto sample_lr = [](double lr, int batch) {
+    return [=](int, const std::vector<Trial>&) { return nlohmann::json{{"lr", lr}, {"batch", batch}}; };
+  };
   {
     StudyStore store(path, StudyStore::Mode::read_write);
     EXPECT_FALSE(store.has_study());
-    store.create_study(config);
-    store.add_trial(0, {{"lr", 0.01}, {"batch", 32}});
+    EXPECT_EQ(to_json(store.create_or_load(config).space), to_json(config.space));
+    auto claim = store.claim_trial("w", 60, std::nullopt, sample_lr(0.01, 32));
+    ASSERT_TRUE(claim);
+    EXPECT_EQ(claim->number, 0);
     Attempt first;
     first.command = {"tessera", "train", "--batch", "32"};
     first.batch = 32;
     first.started = 100;
+    first.worker = "w";
     store.start_attempt(0, first);
     first.state = TrialState::oom;
     first.exit_code = 3;
     first.stderr_tail = "out of device memory";
     first.finished = 101;
-    store.finish_attempt(0, first, TrialState::running, std::nullopt);
+    EXPECT_TRUE(store.finish_attempt(0, first, TrialState::running, std::nullopt));
     Attempt second = first;
     second.index = 1;
     second.batch = 16;
@@ -310,9 +313,11 @@ TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
     second.peak_device_bytes = 123456;
     second.device = "llvmpipe";
     second.metrics = {{"accuracy", 0.75}};
-    store.finish_attempt(0, second, TrialState::complete, 0.75);
-    store.add_trial(1, {{"lr", 0.001}, {"batch", 16}});
+    EXPECT_TRUE(store.finish_attempt(0, second, TrialState::complete, 0.75));
+    ASSERT_TRUE(store.claim_trial("w", 60, std::nullopt, sample_lr(0.001, 16)));
     store.start_attempt(1, first);
+    // The target is 3 and a grid of 2 caps it.
+    EXPECT_FALSE(store.claim_trial("w", 60, size_t{2}, sample_lr(0.1, 16)));
   }
   StudyStore store(path, StudyStore::Mode::read_write);
   ASSERT_TRUE(store.has_study());
@@ -320,6 +325,10 @@ TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
   EXPECT_EQ(loaded.direction, Direction::maximize);
   EXPECT_EQ(loaded.seed, 42u);
   EXPECT_EQ(loaded.train_flags, config.train_flags);
+  // The same command with more trials grows the study; fewer never shrink it.
+  store.raise_target_trials(5);
+  store.raise_target_trials(2);
+  EXPECT_EQ(store.study().target_trials, 5);
   EXPECT_EQ(to_json(loaded.space), to_json(config.space));
   EXPECT_EQ(store.mark_interrupted(), 1);
   auto trials = store.trials();
@@ -335,6 +344,11 @@ TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
   EXPECT_EQ(trials[0].intermediate(), (std::vector<std::pair<int64_t, double>>{{1, 0.5}, {2, 0.75}}));
   EXPECT_EQ(trials[1].state, TrialState::interrupted);
   EXPECT_EQ(trials[1].attempts[0].state, TrialState::interrupted);
+  EXPECT_EQ(trials[1].sampler_saw, std::vector<int>{0}) << "the sampler of trial 1 saw trial 0";
+  // An interrupted trial is claimed before a new one.
+  auto again = store.claim_trial("v", 60, std::nullopt, [](int, auto&) -> nlohmann::json { throw std::logic_error("sampled"); });
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->number, 1);
 
   auto csv = export_csv(trials, loaded);
   EXPECT_NE(csv.find("number,state,value,attempts"), std::string::npos);
@@ -344,10 +358,115 @@ TEST(SweepStore, KeepsTrialsAndAttemptsAcrossReopening) {
   EXPECT_EQ(json["trials"][0]["attempts"][1]["intermediate"][1]["value"], 0.75);
   auto table = format_table(trials, loaded);
   EXPECT_NE(table.find("best flags: --lr 0.01 --batch 16 --accumulate 2"), std::string::npos) << table;
+  auto html = export_html(trials, loaded, "study.sqlite");
+  EXPECT_NE(html.find("data-rendered"), std::string::npos);
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg")) << "no external resources";
+  EXPECT_EQ(html.find("https://"), std::string::npos);
   auto svg = export_svg(trials, loaded);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("lr against the objective"), std::string::npos);
   EXPECT_NE(svg.find("batch against the objective"), std::string::npos);
+}
+
+TEST(SweepStore, ATrialWithNaNValuesStaysReadable) {
+  auto path = temporary_path("nan.sqlite");
+  StudyConfig config;
+  config.target_trials = 2;
+  config.space = parse_space({"lr=loguniform:1e-4:1e-1"});
+  StudyStore store(path, StudyStore::Mode::read_write);
+  store.create_or_load(config);
+  ASSERT_TRUE(store.claim_trial("w", 60, std::nullopt, [](int, auto&) { return nlohmann::json{{"lr", 0.01}}; }));
+  Attempt attempt;
+  attempt.worker = "w";
+  store.start_attempt(0, attempt);
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  attempt.intermediate = {{1, 0.5}, {2, nan}};
+  attempt.value = nan;
+  attempt.metrics = {{"val_loss", nan}, {"val_accuracy", 0.5}};
+  attempt.state = TrialState::diverged;
+  ASSERT_TRUE(store.finish_attempt(0, attempt, TrialState::diverged, nan));
+  auto trials = StudyStore(path, StudyStore::Mode::read_only).trials();
+  ASSERT_EQ(trials.size(), 1u);
+  ASSERT_EQ(trials[0].intermediate().size(), 2u);
+  EXPECT_EQ(trials[0].intermediate()[0].second, 0.5);
+  EXPECT_TRUE(std::isnan(trials[0].intermediate()[1].second));
+  EXPECT_NE(format_table(trials, config).find("diverged"), std::string::npos);
+  EXPECT_NO_THROW(nlohmann::json::parse(export_json(trials, config)));
+  EXPECT_NO_THROW(export_csv(trials, config));
+  EXPECT_NO_THROW(export_svg(trials, config));
+}
+
+TEST(SweepStore, OneWriterAtATimeOnAStudyFile) {
+  auto path = temporary_path("locked.sqlite");
+  StudyConfig config;
+  config.target_trials = 1;
+  config.space = parse_space({"lr=loguniform:1e-4:1e-1"});
+  auto writer = std::make_unique<StudyStore>(path, StudyStore::Mode::read_write);
+  writer->create_or_load(config);
+  try {
+    StudyStore second(path, StudyStore::Mode::read_write);
+    ADD_FAILURE() << "a second writer opened the study";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("another sweep is running"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(StudyStore(path, StudyStore::Mode::read_only).trials()) << "readers need no lock";
+  writer.reset();
+  EXPECT_NO_THROW(StudyStore(path, StudyStore::Mode::read_write));
+}
+
+TEST(SweepStore, NamesEverySettingThatDiffers) {
+  StudyConfig study;
+  study.space = parse_space({"lr=loguniform:1e-4:1e-1", "width=int:4:16"});
+  study.train_flags = {"--data", "p.h5"};
+  StudyConfig here = study;
+  here.target_trials = 50;
+  EXPECT_TRUE(setting_differences(study, here).empty()) << "the trial count may grow";
+  here.space = parse_space({"lr=loguniform:1e-3:1e-1", "momentum=uniform:0:0.9"});
+  here.sampler = "random";
+  here.objective = "val_accuracy";
+  here.direction = Direction::maximize;
+  here.train_flags = {"--data", "q.h5"};
+  auto differences = setting_differences(study, here);
+  std::string all;
+  for (auto& d : differences) all += d + "\n";
+  EXPECT_EQ(differences.size(), 7u) << all;
+  for (const char* named : {"--param lr: loguniform:1e-04:0.1 in the study, loguniform:0.001:0.1 here",
+                            "--param width: in the study, not here", "--param momentum: here, not in the study",
+                            "--sampler: tpe in the study, random here", "--objective", "--direction",
+                            "train flags after --: '--data p.h5' in the study, '--data q.h5' here"})
+    EXPECT_NE(all.find(named), std::string::npos) << named << " in\n" << all;
+}
+
+TEST(SweepStore, UpgradesAStudyOfFormatOne) {
+  auto path = temporary_path("v1.sqlite");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  // The tables tessera wrote before studies had objectives, workers and heartbeats.
+  const char* version_1 = R"sql(
+    CREATE TABLE tessera_study_format(version INTEGER NOT NULL); INSERT INTO tessera_study_format VALUES (1);
+    CREATE TABLE studies(id INTEGER PRIMARY KEY, direction TEXT NOT NULL, sampler TEXT NOT NULL, pruner TEXT NOT NULL,
+      seed INTEGER NOT NULL, target_trials INTEGER NOT NULL, space TEXT NOT NULL, train_flags TEXT NOT NULL, created REAL NOT NULL);
+    CREATE TABLE trials(id INTEGER PRIMARY KEY, study_id INTEGER NOT NULL REFERENCES studies(id), number INTEGER NOT NULL,
+      state TEXT NOT NULL, params TEXT NOT NULL, value REAL, UNIQUE(study_id, number));
+    CREATE TABLE attempts(id INTEGER PRIMARY KEY, trial_id INTEGER NOT NULL REFERENCES trials(id), attempt INTEGER NOT NULL,
+      state TEXT NOT NULL, command TEXT NOT NULL, batch INTEGER, accumulate INTEGER, device_index INTEGER,
+      device TEXT, exit_code INTEGER, signal INTEGER, stderr_tail TEXT, peak_device_bytes INTEGER, value REAL,
+      metrics TEXT, intermediate TEXT NOT NULL, sweep_rss_bytes INTEGER, started REAL NOT NULL, finished REAL,
+      UNIQUE(trial_id, attempt));
+    INSERT INTO studies VALUES (1, 'minimize', 'tpe', 'none', 0, 2, '[{"name":"lr","distribution":"loguniform","low":0.001,"high":0.1}]', '["--data","p.h5"]', 0);
+    INSERT INTO trials VALUES (1, 1, 0, 'complete', '{"lr":0.01}', 0.5);
+    INSERT INTO attempts VALUES (1, 1, 0, 'complete', '["tessera","train"]', 0, 0, -1, 'llvmpipe', 0, NULL, '', 100, 0.5, 'null', '[[1,0.5]]', 1, 10, 11);
+  )sql";
+  ASSERT_EQ(sqlite3_exec(db, version_1, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  EXPECT_THROW(StudyStore(path, StudyStore::Mode::read_only), BadInput) << "a reader does not change the file";
+  StudyStore store(path, StudyStore::Mode::read_write);
+  EXPECT_EQ(store.study().objective, "val_loss");
+  auto trials = store.trials();
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0].value, 0.5);
+  EXPECT_EQ(trials[0].intermediate().size(), 1u);
+  EXPECT_TRUE(store.claim_trial("w", 60, std::nullopt, [](int, auto&) { return nlohmann::json{{"lr", 0.02}}; }));
 }
 
 TEST(SweepStore, RefusesFilesThatAreNotStudies) {

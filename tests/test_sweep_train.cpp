@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -121,6 +122,8 @@ TEST(SweepCommand, BadInputIsAClearErrorBeforeAnyTrial) {
       {{"--devices", "0,7", "--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data}, 2, "no device 7"},
       {{"--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data, "--report-fd", "5"}, 2, "--report-fd"},
       {{"--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data, "--lr", "0.1"}, 2, "--lr"},
+      {{"--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data, "--checkpoint", "c.h5"}, 2, "{trial}"},
+      {{"--objective", "wobble", "--param", "lr=loguniform:1e-3:1e-1", "--", "--data", data}, 2, "--direction"},
   };
   for (auto& c : cases) {
     std::vector<std::string> args = {"sweep", "--study", study, "--trials", "2"};
@@ -149,10 +152,13 @@ TEST(SweepCommand, BadInputIsAClearErrorBeforeAnyTrial) {
   ASSERT_EQ(trials.size(), 1u);
   EXPECT_EQ(trials[0].state, TrialState::failed);
   EXPECT_EQ(trials[0].attempts[0].exit_code, 5);
+  // Another command on the study is refused, naming what differs.
   auto again = tessera({"sweep", "--study", study, "--trials", "2", "--param", "lr=loguniform:1e-3:1e-1", "--",
                         "--data", data});
   EXPECT_EQ(again.exit_code, 2);
-  EXPECT_NE(again.errors.find("--resume"), std::string::npos) << again.errors;
+  EXPECT_NE(again.errors.find("train flags after --: '--data " + (dir / "absent.h5").string()), std::string::npos)
+      << again.errors;
+  EXPECT_EQ(trials_of(study).size(), 1u);
 }
 
 TEST(SweepTrain, FaultyTrialsAreRecordedWhileTheOthersFinish) {
@@ -273,7 +279,16 @@ TEST(SweepTrain, OomRetryHalvesTheMicroBatchAndKeepsTheEffectiveBatch) {
   EXPECT_EQ(trials[0].attempts[0].state, TrialState::oom);
   EXPECT_EQ(trials[0].attempts[1].state, TrialState::oom);
   EXPECT_EQ(trials[0].attempts[2].state, TrialState::complete);
-  EXPECT_LE(*trials[0].attempts[2].peak_device_bytes, 8u << 20);
+  // The retries were needed and the last one fits: train's plan for a micro-batch of 32 is over
+  // the limit, and the completed attempt's measured peak is the plan for 16.
+  auto plan = [&](const char* batch) {
+    auto dry = tessera({"train", "--data", patch_task(256, 16), "--batch", batch, "--dry-run"});
+    EXPECT_EQ(dry.exit_code, 0) << dry.errors;
+    return nlohmann::json::parse(dry.output.substr(0, dry.output.find('\n')))["total_bytes"].get<double>();
+  };
+  EXPECT_GT(plan("32"), 8u << 20);
+  double measured = static_cast<double>(*trials[0].attempts[2].peak_device_bytes), planned = plan("16");
+  EXPECT_NEAR(measured, planned, 0.1 * planned);
   auto& command = trials[0].attempts[2].command;
   auto at = std::find(command.begin(), command.end(), "--accumulate");
   ASSERT_NE(at, command.end());
@@ -289,39 +304,60 @@ TEST(SweepTrain, OomRetryHalvesTheMicroBatchAndKeepsTheEffectiveBatch) {
   EXPECT_EQ(floor_trials[0].attempts.size(), 2u);
 }
 
+// Trials wait on files (TESSERA_FAULT=wait:DIR): DIR/started-N says trial N runs, DIR/go-N lets it go on.
+struct Gate {
+  fs::path dir;
+  explicit Gate(const fs::path& at) : dir(at) { fs::create_directories(dir); }
+  Environment environment() const { return {{"TESSERA_FAULT", "wait:" + dir.string()}}; }
+  void release(int trial) const { std::ofstream(dir / ("go-" + std::to_string(trial))) << "go\n"; }
+  bool started(int trial) const { return fs::exists(dir / ("started-" + std::to_string(trial))); }
+};
+
+// Waits for an event while reading the sweep's stderr, so that it never blocks on a full pipe.
+void wait_for(ChildProcess& sweep, const std::function<bool()>& event) {
+  while (!event()) {
+    sweep.read_stderr();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+bool trial_complete(const fs::path& study, size_t number) {
+  try {
+    auto trials = trials_of(study);
+    return trials.size() > number && trials[number].state == TrialState::complete;
+  } catch (const std::exception&) {
+    return false;  // the study is still being created
+  }
+}
+
 TEST(SweepTrain, KilledSweepResumesWithEveryTrialRecordedOnce) {
   auto dir = work_dir();
   auto study = dir / "resume.sqlite";
-  // Trial 1 runs four epochs, so it is still running when trial 0 (one epoch) has finished.
-  std::vector<std::string> args = {TESSERA_BINARY, "sweep", "--study", study.string(), "--trials", "4",
-                                   "--parallel", "2", "--sampler", "grid", "--param", "lr=choice:0.01,0.03",
-                                   "--param", "epochs=choice:1,4", "--", "--data", patch_task(64, 16), "--batch",
-                                   "16"};
+  Gate gate(dir / "gate");
+  std::vector<std::string> args = {"sweep", "--study", study.string(), "--trials", "4", "--parallel", "2",
+                                   "--sampler", "grid", "--param", "lr=choice:0.01,0.03", "--param",
+                                   "epochs=choice:1,2", "--", "--data", patch_task(64, 16), "--batch", "16"};
+  std::vector<std::string> command = args;
+  command.insert(command.begin(), TESSERA_BINARY);
   {
-    ChildProcess sweep(args, {});
-    bool first_complete = false;
-    for (int polls = 0; polls < 1200 && !first_complete; ++polls) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      sweep.read_stderr();
-      if (!fs::exists(study)) continue;
-      try {
-        auto trials = trials_of(study);
-        first_complete = !trials.empty() && trials[0].state == TrialState::complete;
-      } catch (const std::exception&) {
-        // The study is still being created.
-      }
-    }
-    ASSERT_TRUE(first_complete) << sweep.stderr_tail();
+    // Trial 0 goes on and trial 1 waits: the sweep is killed while trial 1 runs.
+    gate.release(0);
+    ChildProcess sweep(command, gate.environment());
+    wait_for(sweep, [&] { return trial_complete(study, 0) && gate.started(1); });
     sweep.send(SIGKILL);
     sweep.wait();
     ASSERT_TRUE(WIFSIGNALED(sweep.wait_status()));
   }
+  // With no sweep writing the file, --show calls the dead sweep's trial interrupted, not running.
   auto before = trials_of(study);
   ASSERT_GE(before.size(), 2u);
-  EXPECT_EQ(before[1].state, TrialState::running);
+  EXPECT_EQ(before[1].state, TrialState::interrupted);
+  EXPECT_EQ(tessera({"sweep", "--study", study.string(), "--show"}).output.find("running"), std::string::npos);
   double first_finished = before[0].attempts[0].finished;
+  for (int trial = 1; trial < 4; ++trial) gate.release(trial);
 
-  auto resumed = tessera({"sweep", "--study", study.string(), "--resume", "--parallel", "2"});
+  // The same command again continues the study.
+  auto resumed = tessera(args, gate.environment());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.errors;
   auto after = trials_of(study);
   ASSERT_EQ(after.size(), 4u);
@@ -338,7 +374,55 @@ TEST(SweepTrain, KilledSweepResumesWithEveryTrialRecordedOnce) {
   ASSERT_EQ(after[0].attempts.size(), 1u) << "a finished trial is not run again";
   EXPECT_EQ(after[0].attempts[0].finished, first_finished);
   EXPECT_EQ(after[1].attempts.size(), 2u);
-  EXPECT_EQ(after[1].intermediate().size(), 4u);
+
+  // With --resume added the same command is accepted and has nothing left to do.
+  auto with_resume = args;
+  with_resume.insert(with_resume.begin() + 3, "--resume");
+  auto again = tessera(with_resume);
+  EXPECT_EQ(again.exit_code, 0) << again.errors;
+  EXPECT_EQ(trials_of(study).size(), 4u);
+  // A changed --param is refused, naming it.
+  auto changed = args;
+  *std::find(changed.begin(), changed.end(), "lr=choice:0.01,0.03") = "lr=choice:0.01,0.05";
+  auto refused = tessera(changed);
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.errors.find("--param lr: choice:0.01,0.03 in the study, choice:0.01,0.05 here"), std::string::npos)
+      << refused.errors;
+}
+
+TEST(SweepTrain, ASignalledSweepRecordsItsTrialAsInterruptedAndLocksItsStudy) {
+  auto dir = work_dir();
+  auto study = dir / "signal.sqlite";
+  Gate gate(dir / "gate");
+  std::vector<std::string> args = {"sweep", "--study", study.string(), "--trials", "2", "--param",
+                                   "lr=loguniform:1e-3:1e-1", "--", "--data", patch_task(64, 16), "--batch", "16"};
+  auto command = args;
+  command.insert(command.begin(), TESSERA_BINARY);
+  ChildProcess sweep(command, gate.environment());
+  wait_for(sweep, [&] { return gate.started(0); });
+  // A second sweep on the same file is refused while the first runs; the running trial is untouched.
+  auto second = tessera({"sweep", "--study", study.string(), "--resume"});
+  EXPECT_EQ(second.exit_code, 2);
+  EXPECT_NE(second.errors.find("another sweep is running"), std::string::npos) << second.errors;
+  auto during = trials_of(study);
+  ASSERT_EQ(during.size(), 1u);
+  EXPECT_EQ(during[0].state, TrialState::running);
+  ASSERT_EQ(during[0].attempts.size(), 1u);
+
+  sweep.send(SIGTERM);
+  while (sweep.stderr_fd() >= 0 || sweep.report_fd() >= 0) {
+    sweep.read_stderr();
+    sweep.read_report();
+  }
+  sweep.wait();
+  ASSERT_TRUE(WIFSIGNALED(sweep.wait_status()));
+  EXPECT_EQ(WTERMSIG(sweep.wait_status()), SIGTERM);
+  auto after = trials_of(study);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].state, TrialState::interrupted);
+  EXPECT_EQ(after[0].attempts[0].state, TrialState::interrupted);
+  auto shown = tessera({"sweep", "--study", study.string(), "--show"});
+  EXPECT_EQ(shown.output.find("running"), std::string::npos) << shown.output;
 }
 
 TEST(SweepTrain, AshaStopsTheTrialThatIsBehindAtTheFirstRung) {
@@ -397,6 +481,45 @@ TEST(SweepTrain, FindsAGoodLearningRateOnAPatchTask) {
       EXPECT_GT(loss, best + 0.05) << "lr " << lr;
     }
   }
+}
+
+TEST(SweepTrain, ObjectiveValAccuracyPicksTheMostAccurateTrialWithOneCheckpointEach) {
+  auto dir = work_dir();
+  auto study = (dir / "accuracy.sqlite").string();
+  auto checkpoints = dir / "runs";
+  auto result = tessera({"sweep", "--study", study, "--trials", "3", "--parallel", "2", "--sampler", "grid",
+                         "--objective", "val_accuracy", "--param", "lr=choice:0.00001,0.1,1", "--", "--data",
+                         patch_task(512, 16), "--epochs", "3", "--batch", "32", "--width", "8", "--momentum", "0.9",
+                         "--checkpoint", (checkpoints / "{trial}.h5").string()});
+  ASSERT_EQ(result.exit_code, 0) << result.errors;
+  auto trials = trials_of(study);
+  ASSERT_EQ(trials.size(), 3u);
+  double most = -1, least = 2;
+  for (auto& trial : trials) {
+    ASSERT_EQ(trial.state, TrialState::complete);
+    double accuracy = trial.attempts.back().metrics["val_accuracy"].get<double>();
+    EXPECT_EQ(*trial.value, accuracy) << "the trial's value is its val_accuracy";
+    EXPECT_LT(*trial.value, 1.0) << "not val_loss";
+    most = std::max(most, accuracy);
+    least = std::min(least, accuracy);
+    // One checkpoint per trial, each a readable HDF5 file with the trial's weights.
+    auto path = checkpoints / (std::to_string(trial.number) + ".h5");
+    auto read = run_captured({"/usr/bin/python3", "-c",
+                              "import h5py, sys; f = h5py.File(sys.argv[1], 'r'); print(len(f['params']))",
+                              path.string()});
+    EXPECT_EQ(read.wait_status, 0) << path << ": " << read.errors;
+    EXPECT_GT(std::atoi(read.output.c_str()), 0) << path;
+  }
+  ASSERT_GT(most, least) << "the trials must differ for the choice to mean something";
+  auto json = nlohmann::json::parse(tessera({"sweep", "--study", study, "--export", "json"}).output);
+  EXPECT_EQ(json["direction"], "maximize");
+  EXPECT_EQ(json["objective"], "val_accuracy");
+  EXPECT_EQ(json["best"]["value"].get<double>(), most);
+  int best = json["best"]["number"].get<int>();
+  auto best_checkpoint = (checkpoints / (std::to_string(best) + ".h5")).string();
+  EXPECT_EQ(json["best"]["checkpoint"], best_checkpoint);
+  auto shown = tessera({"sweep", "--study", study, "--show"});
+  EXPECT_NE(shown.output.find("best checkpoint: " + best_checkpoint), std::string::npos) << shown.output;
 }
 
 }  // namespace
