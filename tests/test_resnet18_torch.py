@@ -34,11 +34,11 @@ def relative_error(actual, expected):
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 
 
-def seeded_resnet18(seed):
-    """resnet18 with random weights and perturbed, calibrated batch-norm statistics."""
+def seeded_resnet(name, seed, classes=CLASSES):
+    """A torchvision resnet with random weights and perturbed, calibrated batch-norm statistics."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = torchvision.models.resnet18(num_classes=CLASSES)
+    model = getattr(torchvision.models, name)(num_classes=classes)
     batch_norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     with torch.no_grad():
         for bn in batch_norms:
@@ -68,7 +68,7 @@ class Resnet18MatchesTorch(unittest.TestCase):
     def setUp(self):
         self.directory = tempfile.TemporaryDirectory(prefix="tessera-resnet18-")
         self.dir = self.directory.name
-        self.model = seeded_resnet18(seed=1234)
+        self.model = seeded_resnet("resnet18", seed=1234)
 
     def tearDown(self):
         self.directory.cleanup()

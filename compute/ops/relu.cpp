@@ -37,4 +37,12 @@ void Relu::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensor
       kElementwiseGroup);
 }
 
+void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
+                                   const Tensor& output_grad) {
+  int64_t count = output.count();
+  recorder.dispatch_elements(kernels.get("relu_backward_in_place", {kElementwiseGroup}),
+                             {vk::reads(output.buffer()), vk::updates(output_grad.buffer())},
+                             ForwardPush{static_cast<uint32_t>(count)}, (count + 3) / 4, kElementwiseGroup);
+}
+
 }  // namespace tessera

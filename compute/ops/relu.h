@@ -19,4 +19,9 @@ class Relu : public Op {
 
 std::unique_ptr<Op> make_relu(const LayerConfig& layer);
 
+// output_grad = output > 0 ? output_grad : 0 in place: the backward of a ReLU fused into the
+// op that wrote `output` (OpTensors::relu), before that op's own backward reads output_grad.
+void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
+                                   const Tensor& output_grad);
+
 }  // namespace tessera
