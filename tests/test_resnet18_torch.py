@@ -1,4 +1,5 @@
-"""resnet18 converted from PyTorch gives PyTorch's logits in `tessera forward`.
+"""resnet18 converted from PyTorch gives PyTorch's logits in `tessera forward`, and one
+training step of `tessera train` gives PyTorch's gradients and running statistics.
 
 Run by ctest as: /usr/bin/python3 tests/test_resnet18_torch.py TESSERA_BINARY
 
@@ -8,8 +9,15 @@ tools/torch_to_tessera.py, and `tessera forward` runs it on a random normalised 
 [2,3,64,64]. The logits must match PyTorch's (computed in float64) with a relative error
 max|a-b| / max|b| under 1e-4. Also checks that the converter rejects misshapen and missing
 tensors with exit code 5, naming the tensor.
+
+The training step (SGD, no momentum, one batch of 4 random 64x64 patches, train-mode batch
+norm) runs resnet18 (ReLUs fused into its batch norms) and a conv/dense net given as a model
+graph (ReLUs fused into a convolution and a dense layer); each parameter's gradient
+(before - after) / lr and each running statistic must match PyTorch's within 1e-4 relative
+to the tensor's largest value.
 """
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +28,9 @@ import h5py
 import numpy as np
 import torch
 import torchvision
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from tessera_presets import normalise  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONVERTER = os.path.join(REPO, "tools", "torch_to_tessera.py")
@@ -53,6 +64,38 @@ def seeded_resnet(name, seed, classes=CLASSES):
                                  * torch.randn(bn.running_mean.shape, generator=generator))
             bn.running_var.mul_(torch.empty(bn.running_var.shape).uniform_(0.8, 1.25, generator=generator))
     return model.eval()
+
+
+# A conv/dense net as a tessera model graph and its PyTorch twin (modules named as the layers).
+CONV_DENSE_GRAPH = {"name": "conv-dense", "layers": [
+    {"name": "conv", "type": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1},
+    {"name": "relu1", "type": "relu"},
+    {"name": "pool", "type": "max_pool2d", "kernel_size": 4},
+    {"name": "flatten", "type": "flatten"},
+    {"name": "fc1", "type": "linear", "out_features": 16},
+    {"name": "relu2", "type": "relu"},
+    {"name": "fc2", "type": "linear", "out_features": 2}]}
+
+
+class ConvDense(torch.nn.Module):
+    def __init__(self, side):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc1 = torch.nn.Linear(8 * (side // 4) ** 2, 16)
+        self.fc2 = torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 4)
+        return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def write_graph_checkpoint(path, graph, model):
+    """A tessera checkpoint of a model graph with the PyTorch module's parameters."""
+    with h5py.File(path, "w") as f:
+        f.attrs["model"] = json.dumps(graph)
+        for name, value in model.state_dict().items():
+            if not name.endswith("num_batches_tracked"):
+                f.create_dataset(f"params/{name}", data=value.numpy().astype(np.float32))
 
 
 def run(command):
@@ -111,6 +154,49 @@ class Resnet18MatchesTorch(unittest.TestCase):
         self.assertLess(error, TOLERANCE,
                         f"tessera logits differ from PyTorch's: relative error {error:.3g}\n"
                         f"tessera:\n{logits}\nPyTorch:\n{expected}")
+
+    def check_training_step(self, model, checkpoint):
+        """One SGD step of `tessera train` from `checkpoint` against PyTorch's on `model`."""
+        lr = 0.1
+        generator = np.random.default_rng(5)
+        images = generator.integers(0, 256, (4, 64, 64, 3), dtype=np.uint8)
+        labels = np.array([0, 1, 1, 0], dtype=np.uint8)
+        with h5py.File(self.path("patches.h5"), "w") as f:
+            f.create_dataset("x", data=images)
+            f.create_dataset("y", data=labels)
+        trained = run([TESSERA, "train", "--data", self.path("patches.h5"), "--model", checkpoint, "--epochs", "1",
+                       "--batch", "4", "--val-fraction", "0", "--optimizer", "sgd", "--momentum", "0", "--lr", str(lr),
+                       "--checkpoint", self.path("trained.h5")])
+        self.assertEqual(trained.returncode, 0, f"`tessera train` exited {trained.returncode}:\n{trained.stderr[-4000:]}")
+
+        model = copy.deepcopy(model).double().train()
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.momentum = 0.1  # tessera's (seeded_resnet calibrated with a cumulative average)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        loss = torch.nn.functional.cross_entropy(model(normalise(images).double()), torch.as_tensor(labels).long())
+        loss.backward()
+        expected = {name: p.grad for name, p in model.named_parameters()}
+        expected.update({k: v for k, v in model.state_dict().items() if "running" in k})
+        with h5py.File(self.path("trained.h5"), "r") as f:
+            for name, reference in expected.items():
+                after = torch.as_tensor(f["params"][name][...]).double()
+                actual = after if "running" in name else (before[name] - after) / lr
+                error = float((actual - reference).abs().max() / reference.abs().max())
+                self.assertLess(error, TOLERANCE, f"{name}: relative error {error:.3g}")
+
+    def test_training_step_matches_torch(self):
+        model = seeded_resnet("resnet18", seed=77, classes=2)
+        torch.save(model.state_dict(), self.path("resnet18.pt"))
+        converted = convert(self.path("resnet18.pt"), self.path("resnet18.h5"))
+        self.assertEqual(converted.returncode, 0, converted.stderr)
+        self.check_training_step(model, self.path("resnet18.h5"))
+
+    def test_conv_dense_training_step_matches_torch(self):
+        torch.manual_seed(3)
+        model = ConvDense(64)
+        write_graph_checkpoint(self.path("conv_dense.h5"), CONV_DENSE_GRAPH, model)
+        self.check_training_step(model, self.path("conv_dense.h5"))
 
     def test_converter_rejects_wrong_shape(self):
         state_dict = self.model.state_dict()
