@@ -222,7 +222,7 @@ void Network::plan_fusion() {
       bool fold = !training && type == "batch_norm2d" && host_type == "conv2d" && fused[host].folded_batch_norm < 0 &&
                   !fused[host].relu;
       bool relu = type == "relu" && !fused[host].relu &&
-                  (host_type == "conv2d" || host_type == "linear" || host_type == "batch_norm2d");
+                  (host_type == "conv2d" || host_type == "linear" || host_type == "batch_norm2d" || host_type == "add");
       if (!fold && !relu) continue;
       fused[l].skipped = true;
       fused[host].writes_output_of = static_cast<int>(l);

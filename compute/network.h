@@ -85,7 +85,7 @@ class Network {
 
   // Fusion, decided once per mode (inference, training) from the graph alone, so that
   // checkpoints and layer names stay PyTorch's: a ReLU whose input has no other consumer runs
-  // in the epilogue of the conv2d, linear or batch_norm2d before it; in inference a batch norm
+  // in the epilogue of the conv2d, linear, batch_norm2d or add before it; in inference a batch norm
   // whose input is a conv2d with no other consumer is folded into that convolution.
   struct Fused {
     bool skipped = false;         // runs inside an earlier layer: records nothing

@@ -56,7 +56,7 @@ struct OpTensors {
   uint32_t seed = 0;                       // dropout: the run's seed, mixed with the layer's name
   const Tensor* step = nullptr;            // u32 [2]: optimizer step count, bumped on device
   uint32_t sample_offset = 0;              // index of the micro-batch's first sample in the batch
-  // Fusion (the graph decides; conv2d, linear and batch_norm2d honour it): `output` is then the
+  // Fusion (the graph decides; conv2d, linear, batch_norm2d and add honour it): `output` is then the
   // output of the ReLU (and batch norm) fused in. relu: forward applies max(y, 0), backward
   // first masks output_grad by output > 0. folded_batch_norm (conv2d, inference): the
   // convolution applies the batch norm in its weights and epilogue.

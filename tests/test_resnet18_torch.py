@@ -102,6 +102,38 @@ def run(command):
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
+def check_logits_match_torch(test, tessera, model, checkpoint, work, seed):
+    """`tessera forward` of `checkpoint` on a random normalised input [2,3,64,64] gives the
+    logits of `model` (eval mode, float64) within TOLERANCE."""
+    x = torch.randn(INPUT_SHAPE, generator=torch.Generator().manual_seed(seed))
+    inputs, outputs = os.path.join(work, "input.h5"), os.path.join(work, "output.h5")
+    with h5py.File(inputs, "w") as f:
+        f.create_dataset("x", data=x.numpy().astype(np.float32))
+    with torch.no_grad():
+        expected = copy.deepcopy(model).double()(x.double()).numpy()
+        batch_statistics = copy.deepcopy(model).double().train()(x.double()).numpy()
+        float32 = model(x).numpy()
+    # Guards that make the comparison meaningful: the logits vary, and running
+    # statistics differ from batch statistics (an eval-mode slip would be caught).
+    test.assertGreater(float(expected.std()), 1e-2, "reference logits are nearly constant")
+    test.assertGreater(relative_error(batch_statistics, expected), 100 * TOLERANCE,
+                       "batch-norm running statistics are too close to batch statistics")
+
+    forward = run([tessera, "forward", "--model", checkpoint, "--input", inputs, "--output", outputs])
+    test.assertEqual(forward.returncode, 0, f"`tessera forward` exited {forward.returncode}:\n{forward.stderr[-4000:]}")
+    with h5py.File(outputs, "r") as f:
+        test.assertIn("logits", f, "output.h5 has no dataset 'logits'")
+        logits = f["logits"]
+        test.assertEqual(logits.dtype, np.float32, "dataset 'logits' is not float32")
+        logits = logits[...]
+    test.assertEqual(logits.shape, expected.shape, "dataset 'logits' has the wrong shape")
+    error = relative_error(logits, expected)
+    print(f"{os.path.basename(checkpoint)} logits: tessera vs PyTorch float64 relative error {error:.3g} "
+          f"(PyTorch float32: {relative_error(float32, expected):.3g}; limit {TOLERANCE})", file=sys.stderr)
+    test.assertLess(error, TOLERANCE, f"tessera logits differ from PyTorch's: relative error {error:.3g}\n"
+                    f"tessera:\n{logits}\nPyTorch:\n{expected}")
+
+
 def convert(state_dict_path, checkpoint_path):
     return run([sys.executable, CONVERTER, "--state-dict", state_dict_path,
                 "--preset", "resnet18", "--out", checkpoint_path])
@@ -124,36 +156,7 @@ class Resnet18MatchesTorch(unittest.TestCase):
         converted = convert(self.path("resnet18.pt"), self.path("resnet18.h5"))
         self.assertEqual(converted.returncode, 0, f"converter failed:\n{converted.stderr}")
 
-        x = torch.randn(INPUT_SHAPE, generator=torch.Generator().manual_seed(99))
-        with h5py.File(self.path("input.h5"), "w") as f:
-            f.create_dataset("x", data=x.numpy().astype(np.float32))
-        with torch.no_grad():
-            expected = copy.deepcopy(self.model).double()(x.double()).numpy()
-            batch_statistics = copy.deepcopy(self.model).double().train()(x.double()).numpy()
-            float32 = self.model(x).numpy()
-        # Guards that make the comparison meaningful: the logits vary, and running
-        # statistics differ from batch statistics (an eval-mode slip would be caught).
-        self.assertGreater(float(expected.std()), 1e-2, "reference logits are nearly constant")
-        self.assertGreater(relative_error(batch_statistics, expected), 100 * TOLERANCE,
-                           "batch-norm running statistics are too close to batch statistics")
-
-        forward = run([TESSERA, "forward", "--model", self.path("resnet18.h5"),
-                       "--input", self.path("input.h5"), "--output", self.path("output.h5")])
-        self.assertEqual(forward.returncode, 0,
-                         f"`tessera forward` exited {forward.returncode}:\n{forward.stderr[-4000:]}")
-        with h5py.File(self.path("output.h5"), "r") as f:
-            self.assertIn("logits", f, "output.h5 has no dataset 'logits'")
-            logits = f["logits"]
-            self.assertEqual(logits.dtype, np.float32, "dataset 'logits' is not float32")
-            logits = logits[...]
-        self.assertEqual(logits.shape, (INPUT_SHAPE[0], CLASSES), "dataset 'logits' has the wrong shape")
-        error = relative_error(logits, expected)
-        print(f"resnet18 logits: tessera vs PyTorch float64 relative error {error:.3g} "
-              f"(PyTorch float32: {relative_error(float32, expected):.3g}; limit {TOLERANCE})",
-              file=sys.stderr)
-        self.assertLess(error, TOLERANCE,
-                        f"tessera logits differ from PyTorch's: relative error {error:.3g}\n"
-                        f"tessera:\n{logits}\nPyTorch:\n{expected}")
+        check_logits_match_torch(self, TESSERA, self.model, self.path("resnet18.h5"), self.dir, seed=99)
 
     def check_training_step(self, model, checkpoint):
         """One SGD step of `tessera train` from `checkpoint` against PyTorch's on `model`."""

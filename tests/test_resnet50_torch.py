@@ -7,7 +7,7 @@ A seeded torchvision resnet50 (10 classes; batch norm statistics perturbed as in
 test_resnet18_torch.py, so that eval-mode batch norm, which tessera folds into the
 convolutions, is really exercised) is converted with tools/torch_to_tessera.py.
 - `tessera forward` on a random normalised input [2,3,64,64] gives the logits of PyTorch
-  (float64) with a relative error max|a-b| / max|b| under 1e-4.
+  (float64) with a relative error max|a-b| / max|b| under 1e-4 (as test_resnet18_torch.py).
 - `tessera extract --layer layer3` on the 64x64 tiles of a synthetic slide writes 1024
   features per tile equal (same relative error) to CLAM's resnet50_trunc (torchvision's
   resnet50 through layer3, AdaptiveAvgPool2d(1); tools/tessera_presets.Resnet50Trunc) on the
@@ -27,10 +27,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(TESTS, "..", "tools"))
 from data_tools import parse_value, read_store, run as run_tessera, summary, synth  # noqa: E402
 from tessera_presets import Resnet50Trunc, normalise  # noqa: E402
-from test_resnet18_torch import CONVERTER, relative_error, run, seeded_resnet  # noqa: E402
+from test_resnet18_torch import CONVERTER, check_logits_match_torch, relative_error, run, seeded_resnet  # noqa: E402
 
 CLASSES = 10
-INPUT_SHAPE = (2, 3, 64, 64)
 TILE = 64
 TOLERANCE = 1e-4
 TESSERA = None  # set from argv in __main__
@@ -56,28 +55,8 @@ class Resnet50MatchesTorch(unittest.TestCase):
         return os.path.join(cls.dir, name)
 
     def test_forward_logits_match_torch(self):
-        x = torch.randn(INPUT_SHAPE, generator=torch.Generator().manual_seed(98))
-        with h5py.File(self.path("input.h5"), "w") as f:
-            f.create_dataset("x", data=x.numpy().astype(np.float32))
-        with torch.no_grad():
-            expected = copy.deepcopy(self.model).double()(x.double()).numpy()
-            batch_statistics = copy.deepcopy(self.model).double().train()(x.double()).numpy()
-            float32 = self.model(x).numpy()
-        self.assertGreater(float(expected.std()), 1e-2, "reference logits are nearly constant")
-        self.assertGreater(relative_error(batch_statistics, expected), 100 * TOLERANCE,
-                           "batch-norm running statistics are too close to batch statistics")
-
-        forward = run([TESSERA, "forward", "--model", self.path("resnet50.h5"), "--input", self.path("input.h5"),
-                       "--output", self.path("output.h5")])
-        self.assertEqual(forward.returncode, 0, f"`tessera forward` exited {forward.returncode}:\n{forward.stderr[-4000:]}")
-        with h5py.File(self.path("output.h5"), "r") as f:
-            logits = f["logits"][...]
-        self.assertEqual(logits.shape, (INPUT_SHAPE[0], CLASSES))
-        error = relative_error(logits, expected)
         # 16 bottlenecks: PyTorch's own float32 logits are 3e-5 off its float64 ones here.
-        print(f"resnet50 logits: tessera vs PyTorch float64 relative error {error:.3g} "
-              f"(PyTorch float32: {relative_error(float32, expected):.3g}; limit {TOLERANCE})", file=sys.stderr)
-        self.assertLess(error, TOLERANCE, f"tessera:\n{logits}\nPyTorch:\n{expected}")
+        check_logits_match_torch(self, TESSERA, self.model, self.path("resnet50.h5"), self.dir, seed=98)
 
     def test_layer3_features_match_clam_resnet50_trunc(self):
         slide, store, out = self.path("slide.tiff"), self.path("tiles.lmdb"), self.path("features")
