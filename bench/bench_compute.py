@@ -65,7 +65,7 @@ def resnet50_extraction(tessera, batch, work):
     """Tiles/s of `tessera extract --layer layer3` with resnet50 (features per second after the
     network is built: reading, decoding, the device and the HDF5 writes)."""
     slide, store = os.path.join(work, "slide.tiff"), os.path.join(work, "tiles.lmdb")
-    subprocess.run([tessera, "synth", slide, "--width", "1792", "--height", "1792", "--seed", "1"], check=True,
+    subprocess.run([tessera, "synth", slide, "--width", "3072", "--height", "3072", "--seed", "1"], check=True,
                    capture_output=True)
     subprocess.run([tessera, "tile", slide, "--out", store, "--size", "224"], check=True, capture_output=True)
     run = subprocess.run([tessera, "extract", "--model", "resnet50", "--layer", "layer3", "--tiles", store, "--out",
