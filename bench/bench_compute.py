@@ -2,8 +2,11 @@
 
 GEMM GFLOPS at 1024^3 (bench_gemm), and images/second forward and for a training step for
 small-cnn at batch 64 on 3x96x96 and resnet18 at batch 16 on 3x224x224 (tessera forward and
-tessera train on generated data), beside the same figures from PyTorch on the same machine
-(bench_torch.py) when /usr/bin/python3 has torch, and the ratios tessera / PyTorch.
+tessera train on generated data), and tiles/second of CLAM's features (`tessera extract
+--model resnet50 --layer layer3`, batch 8, over the 224x224 tiles of a synthetic slide: with
+every activation alive, batch 16 does not fit lavapipe's 2 GiB),
+beside the same figures from PyTorch on the same machine (bench_torch.py) when
+/usr/bin/python3 has torch, and the ratios tessera / PyTorch.
 
 Run: /usr/bin/python3 bench/bench_compute.py --build build [--skip-resnet] [--device cpu|cuda]
 """
@@ -58,10 +61,25 @@ def tessera_figures(tessera, model, batch, size, steps, work):
             "train_first_epoch_images_per_second": epochs[0]["images_per_second"], "train_longest_kernels": longest}
 
 
+def resnet50_extraction(tessera, batch, work):
+    """Tiles/s of `tessera extract --layer layer3` with resnet50 (features per second after the
+    network is built: reading, decoding, the device and the HDF5 writes)."""
+    slide, store = os.path.join(work, "slide.tiff"), os.path.join(work, "tiles.lmdb")
+    subprocess.run([tessera, "synth", slide, "--width", "3072", "--height", "3072", "--seed", "1"], check=True,
+                   capture_output=True)
+    subprocess.run([tessera, "tile", slide, "--out", store, "--size", "224"], check=True, capture_output=True)
+    run = subprocess.run([tessera, "extract", "--model", "resnet50", "--layer", "layer3", "--tiles", store, "--out",
+                          os.path.join(work, "features"), "--batch", str(batch)], capture_output=True, text=True,
+                         check=True)
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"batch": batch, "tiles": summary["tiles"], "tiles_per_second": summary["features_per_second"],
+            "feature_width": summary["extraction"]["output_shape"][0]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default=os.path.join(ROOT, "build"), help="CMake build directory")
-    parser.add_argument("--skip-resnet", action="store_true", help="leave resnet18 out (slow on lavapipe)")
+    parser.add_argument("--skip-resnet", action="store_true", help="leave the resnets out (slow on lavapipe)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="PyTorch's device")
     args = parser.parse_args()
     tessera = os.path.join(args.build, "tools", "tessera")
@@ -72,6 +90,8 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for model, batch, size, steps in models:
             result["tessera"][model] = tessera_figures(tessera, model, batch, size, steps, work)
+        if not args.skip_resnet:
+            result["tessera"]["resnet50_layer3_extract"] = resnet50_extraction(tessera, 8, work)
     try:
         torch = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch.py"),
                                 "--device", args.device], capture_output=True, text=True, check=True)
@@ -96,6 +116,9 @@ def ratios(result):
         for our_key, their_key in pairs:
             if theirs.get(their_key):
                 out[f"{model} {our_key}"] = ours[our_key] / theirs[their_key]
+    ours, theirs = result["tessera"].get("resnet50_layer3_extract"), torch.get("resnet50_layer3_extract")
+    if ours and isinstance(theirs, dict) and theirs.get("tiles_per_s"):
+        out["resnet50_layer3_extract tiles_per_second"] = ours["tiles_per_second"] / theirs["tiles_per_s"]
     if torch.get("gemm_1024_gflops"):
         out["gemm_1024"] = result["tessera"]["gemm"]["gemm_1024_gflops"] / torch["gemm_1024_gflops"]
     return out

@@ -6,7 +6,10 @@ Measures, with the same shapes as tessera's bench:
 - images/second for forward (eval mode, no grad) and for a training step (train mode,
   forward + softmax cross-entropy + backward + SGD step with momentum 0.9) of
   small-cnn (width 32, 2 classes) at batch 64 on 3x96x96, and
-  resnet18 (1000 classes) at batch 16 on 3x224x224.
+  resnet18 (1000 classes) at batch 16 on 3x224x224;
+- tiles/second of CLAM's resnet50_trunc features (resnet50 through layer3, average pooled,
+  1024 per tile; eval mode, no grad) at batch 8 on 3x224x224, the figure that `tessera
+  extract --model resnet50 --layer layer3` is compared with (PyTorch's excludes tile reading).
 Each figure takes the median over --iterations timed runs after --warmup untimed runs.
 CPU runs use all cores (torch.set_num_threads(os.cpu_count())); the 1-minute load average
 at the start is reported, since other work on the machine lowers the CPU figures.
@@ -24,7 +27,7 @@ import torchvision
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from tessera_presets import build_preset  # noqa: E402
+from tessera_presets import Resnet50Trunc, build_preset  # noqa: E402
 
 GEMM_N = 1024
 MODELS = (  # name, batch, side, classes
@@ -86,6 +89,18 @@ def model_images_per_second(name, batch, side, classes, device, warmup, iteratio
     return batch / forward_seconds, batch / train_seconds
 
 
+def resnet50_trunc_tiles_per_second(batch, side, device, warmup, iterations):
+    torch.manual_seed(0)
+    model = Resnet50Trunc(build_preset("resnet50", 1000, (side, side))).to(device).eval()
+    x = torch.randn(batch, 3, side, side, device=device)
+
+    def extract():
+        with torch.no_grad():
+            model(x)
+
+    return batch / median_seconds(extract, device, warmup, iterations)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,6 +137,9 @@ def main(argv=None):
         result[key] = {"batch": batch, "input": [3, side, side], "classes": classes,
                        "forward_images_per_s": round(forward, 2),
                        "train_step_images_per_s": round(train, 2)}
+    result["resnet50_layer3_extract"] = {
+        "batch": 8, "input": [3, 224, 224], "feature_width": 1024,
+        "tiles_per_s": round(resnet50_trunc_tiles_per_second(8, 224, device, args.warmup, args.iterations), 2)}
     print(json.dumps(result))
     return 0
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 
+#include "compute/ops/batch_norm2d.h"
 #include "compute/ops/registry.h"
 
 namespace tessera {
@@ -44,13 +45,14 @@ nlohmann::json small_cnn(int classes, int width) {
   return {{"name", "small-cnn"}, {"layers", layers}};
 }
 
-// torchvision's resnet18: the names of parameters match its state_dict. A block's layers end
-// in "<stage>.<block>.relu2", so that "layer1.0" and "layer1" name the outputs PyTorch's
+// torchvision's resnet18 (basic blocks) and resnet50 (bottlenecks, stride on the 3x3 conv as
+// torchvision's v1.5): the names of parameters match its state_dict. A block's layers end in
+// "<stage>.<block>.relu<last>", so that "layer1.0" and "layer1" name the outputs PyTorch's
 // modules of those names give (see Network::layer).
-nlohmann::json resnet18(int classes) {
+nlohmann::json resnet(const std::string& name, int classes, bool bottleneck, const std::vector<int>& blocks) {
   nlohmann::json layers = nlohmann::json::array();
-  auto conv = [](const std::string& name, int out, int kernel, int stride, int padding, std::string input) {
-    return layer(name, "conv2d",
+  auto conv = [](const std::string& conv_name, int out, int kernel, int stride, int padding, std::string input) {
+    return layer(conv_name, "conv2d",
                  {{"out_channels", out}, {"kernel", kernel}, {"stride", stride}, {"padding", padding}, {"bias", false}},
                  {std::move(input)});
   };
@@ -60,31 +62,46 @@ nlohmann::json resnet18(int classes) {
   layers.push_back(layer("maxpool", "max_pool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}));
   std::string previous = "maxpool";
   int channels = 64;
-  for (int stage = 1; stage <= 4; ++stage) {
-    int out = 64 << (stage - 1);
-    for (int block = 0; block < 2; ++block) {
+  const int expansion = bottleneck ? 4 : 1;
+  for (int stage = 1; stage <= static_cast<int>(blocks.size()); ++stage) {
+    int width = 64 << (stage - 1), out = width * expansion;
+    for (int block = 0; block < blocks[static_cast<size_t>(stage - 1)]; ++block) {
       std::string prefix = "layer" + std::to_string(stage) + "." + std::to_string(block) + ".";
       int stride = (stage > 1 && block == 0) ? 2 : 1;
-      layers.push_back(conv(prefix + "conv1", out, 3, stride, 1, previous));
-      layers.push_back(layer(prefix + "bn1", "batch_norm2d"));
-      layers.push_back(layer(prefix + "relu1", "relu"));
-      layers.push_back(conv(prefix + "conv2", out, 3, 1, 1, prefix + "relu1"));
-      layers.push_back(layer(prefix + "bn2", "batch_norm2d"));
+      // Basic: 3x3 (stride), 3x3. Bottleneck: 1x1, 3x3 (stride), 1x1 to width * 4.
+      std::vector<std::pair<int, int>> convs;  // (kernel, stride)
+      if (bottleneck)
+        convs = {{1, 1}, {3, stride}, {1, 1}};
+      else
+        convs = {{3, stride}, {3, 1}};
+      std::string branch = previous;
+      for (size_t c = 0; c < convs.size(); ++c) {
+        auto index = std::to_string(c + 1);
+        bool last = c + 1 == convs.size();
+        auto [kernel, conv_stride] = convs[c];
+        layers.push_back(conv(prefix + "conv" + index, last ? out : width, kernel, conv_stride, kernel / 2, branch));
+        layers.push_back(layer(prefix + "bn" + index, "batch_norm2d"));
+        branch = prefix + "bn" + index;
+        if (!last) {
+          layers.push_back(layer(prefix + "relu" + index, "relu"));
+          branch = prefix + "relu" + index;
+        }
+      }
       std::string identity = previous;
       if (stride != 1 || channels != out) {
         layers.push_back(conv(prefix + "downsample.0", out, 1, stride, 0, previous));
         layers.push_back(layer(prefix + "downsample.1", "batch_norm2d"));
         identity = prefix + "downsample.1";
       }
-      layers.push_back(layer(prefix + "add", "add", {}, {prefix + "bn2", identity}));
-      layers.push_back(layer(prefix + "relu2", "relu"));
-      previous = prefix + "relu2";
+      layers.push_back(layer(prefix + "add", "add", {}, {branch, identity}));
+      previous = prefix + "relu" + std::to_string(convs.size());
+      layers.push_back(layer(previous, "relu"));
       channels = out;
     }
   }
   layers.push_back(layer("avgpool", "global_avg_pool"));
   layers.push_back(layer("fc", "linear", {{"out_features", classes}}));
-  return {{"name", "resnet18"}, {"layers", layers}};
+  return {{"name", name}, {"layers", layers}};
 }
 
 uint32_t name_hash(const std::string& name) {
@@ -102,15 +119,16 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   if (classes < 1) throw ModelError("model: field 'classes' must be at least 1");
   if (width < 1) throw ModelError("model: field 'width' must be at least 1");
   if (preset == "small-cnn") return small_cnn(classes, width);
-  if (preset == "resnet18") return resnet18(classes);
-  throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (small-cnn, resnet18)");
+  if (preset == "resnet18") return resnet("resnet18", classes, false, {2, 2, 2, 2});
+  if (preset == "resnet50") return resnet("resnet50", classes, true, {3, 4, 6, 3});
+  throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (small-cnn, resnet18, resnet50)");
 }
 
 nlohmann::json load_model_description(const std::string& model, int classes, int width) {
-  if (model == "small-cnn" || model == "resnet18")
+  if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
   if (!std::filesystem::exists(model))
-    throw BadInput("--model " + model + ": neither a preset (small-cnn, resnet18) nor an existing file");
+    throw BadInput("--model " + model + ": neither a preset (small-cnn, resnet18, resnet50) nor an existing file");
   std::ifstream in(model);
   nlohmann::json description;
   try {
@@ -220,6 +238,43 @@ void Network::finish() {
       accumulate_input_grad_[{l, j}] = written[producer];
       written[producer] = true;
     }
+  plan_fusion();
+}
+
+void Network::plan_fusion() {
+  std::vector<int> consumers(layers_.size(), 0);
+  for (auto& l : layers_)
+    for (int producer : l.inputs)
+      if (producer >= 0) ++consumers[static_cast<size_t>(producer)];
+  // The producer of layer l's only input when l is that producer's only consumer, else -1.
+  auto sole_producer = [&](size_t l) {
+    auto& inputs = layers_[l].inputs;
+    return inputs.size() == 1 && inputs[0] >= 0 && consumers[static_cast<size_t>(inputs[0])] == 1 ? inputs[0] : -1;
+  };
+  folded_.resize(layers_.size());
+  for (bool training : {false, true}) {
+    auto& fused = fusion_[training];
+    fused.assign(layers_.size(), Fused{});
+    // The layer whose pass computes layer l's output.
+    std::vector<int> computed_by(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      computed_by[l] = static_cast<int>(l);
+      int producer = sole_producer(l);
+      if (producer < 0) continue;
+      auto host = static_cast<size_t>(computed_by[static_cast<size_t>(producer)]);
+      std::string type = layers_[l].op->type(), host_type = layers_[host].op->type();
+      bool fold = !training && type == "batch_norm2d" && host_type == "conv2d" && fused[host].folded_batch_norm < 0 &&
+                  !fused[host].relu;
+      bool relu = type == "relu" && !fused[host].relu &&
+                  (host_type == "conv2d" || host_type == "linear" || host_type == "batch_norm2d" || host_type == "add");
+      if (!fold && !relu) continue;
+      fused[l].skipped = true;
+      fused[host].writes_output_of = static_cast<int>(l);
+      if (fold) fused[host].folded_batch_norm = static_cast<int>(l);
+      if (relu) fused[host].relu = true;
+      computed_by[l] = static_cast<int>(host);
+    }
+  }
 }
 
 MemoryPlan GraphLayout::plan(const vk::Allocator& allocator) const {
@@ -403,8 +458,17 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
       t.accumulate_input_grads.push_back(accumulate_input_grad_.at({index, j}));
     }
   }
-  t.output = l.output.get();
-  t.output_grad = backward ? l.output_grad.get() : nullptr;
+  const Fused& fused = fusion_[pass.training][index];
+  const Layer& target = fused.writes_output_of < 0 ? l : layers_[static_cast<size_t>(fused.writes_output_of)];
+  t.output = target.output.get();
+  t.output_grad = backward ? target.output_grad.get() : nullptr;
+  t.relu = fused.relu;
+  if (fused.folded_batch_norm >= 0) {
+    const Layer& bn = layers_[static_cast<size_t>(fused.folded_batch_norm)];
+    folded_[index] = {bn.tensors[0].get(), bn.tensors[1].get(), bn.tensors[2].get(), bn.tensors[3].get(),
+                      static_cast<const BatchNorm2d&>(*bn.op).eps()};
+    t.folded_batch_norm = &folded_[index];
+  }
   for (size_t s = 0; s < l.tensors.size(); ++s) {
     t.tensors.push_back(l.tensors[s].get());
     t.grads.push_back(l.grads[s].get());
@@ -418,6 +482,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
 
 void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
   for (size_t l = 0; l < layers_.size(); ++l) {
+    if (fusion_[pass.training][l].skipped) continue;
     recorder.set_scope(layers_[l].name);
     layers_[l].op->forward(recorder, kernels, bindings(l, inputs, pass, false));
   }
@@ -426,7 +491,7 @@ void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const
 
 void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
   for (size_t l = layers_.size(); l-- > 0;) {
-    if (!needs_grad_[l]) continue;
+    if (!needs_grad_[l] || fusion_[true][l].skipped) continue;
     recorder.set_scope(layers_[l].name + " backward");
     layers_[l].op->backward(recorder, kernels, bindings(l, inputs, pass, true));
   }

@@ -1,5 +1,6 @@
 // A model: a graph of named layers (JSON), built for one input shape, with its device tensors.
 #pragma once
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,7 +15,7 @@ namespace tessera {
 
 class LayerConfig;
 
-// The model description for `--model`: a preset name (small-cnn, resnet18) or a JSON file,
+// The model description for `--model`: a preset name (small-cnn, resnet18, resnet50) or a JSON file,
 // completed with the class count and width where the description leaves them open.
 nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
 // Expands {"preset": NAME, "classes": K, "width": W} to a graph; returns graphs unchanged.
@@ -137,6 +138,18 @@ class Network {
   void add_layers(const nlohmann::json& layers, bool from_model);
   void finish();
 
+  // Fusion, decided once per mode (inference, training) from the graph alone, so that
+  // checkpoints and layer names stay PyTorch's: a ReLU whose input has no other consumer runs
+  // in the epilogue of the conv2d, linear, batch_norm2d or add before it; in inference a batch norm
+  // whose input is a conv2d with no other consumer is folded into that convolution.
+  struct Fused {
+    bool skipped = false;         // runs inside an earlier layer: records nothing
+    int writes_output_of = -1;    // writes the output (and reads the gradient) of this later layer
+    bool relu = false;
+    int folded_batch_norm = -1;   // conv2d: the batch norm layer folded in
+  };
+  void plan_fusion();
+
   nlohmann::json description_;
   std::vector<GraphInput> inputs_;
   bool with_gradients_;
@@ -146,6 +159,8 @@ class Network {
   std::vector<bool> needs_grad_;  // per layer: whether backward reaches it
   // (layer, input) -> whether its backward adds to the input's gradient rather than writing it.
   std::map<std::pair<size_t, size_t>, bool> accumulate_input_grad_;
+  std::array<std::vector<Fused>, 2> fusion_;  // [training]
+  mutable std::vector<FoldedBatchNorm> folded_;  // per layer, bound while folded
 };
 
 // A forward pass in evaluation mode, recorded once and run any number of times (forward,

@@ -38,6 +38,12 @@ struct TensorSpec {
 // the optimizer zeroes them after each update, which is what makes --accumulate K add up
 // K micro-batches. Gradients of inputs are overwritten unless accumulate_input_grads says
 // that another consumer of the same tensor has already written there (residual branches).
+// A batch norm folded into the convolution before it (inference): its tensors and epsilon.
+struct FoldedBatchNorm {
+  const Tensor *weight, *bias, *running_mean, *running_var;
+  float eps;
+};
+
 struct OpTensors {
   std::vector<const Tensor*> inputs;
   std::vector<const Tensor*> input_grads;  // nullptr where no gradient flows (the images)
@@ -50,6 +56,12 @@ struct OpTensors {
   uint32_t seed = 0;                       // dropout: the run's seed, mixed with the layer's name
   const Tensor* step = nullptr;            // u32 [2]: optimizer step count, bumped on device
   uint32_t sample_offset = 0;              // index of the micro-batch's first sample in the batch
+  // Fusion (the graph decides; conv2d, linear, batch_norm2d and add honour it): `output` is then the
+  // output of the ReLU (and batch norm) fused in. relu: forward applies max(y, 0), backward
+  // first masks output_grad by output > 0. folded_batch_norm (conv2d, inference): the
+  // convolution applies the batch norm in its weights and epilogue.
+  bool relu = false;
+  const FoldedBatchNorm* folded_batch_norm = nullptr;
 };
 
 class Op {

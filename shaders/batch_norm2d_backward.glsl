@@ -3,8 +3,10 @@
 //   dbias[c] += sum dy, dweight[c] += sum dy * xhat, with xhat = (x - mean[c]) * invstd[c]
 //   training:   dx (+)= weight[c] * invstd[c] * (dy - (sum dy + xhat * sum dy * xhat) / M)
 //   evaluation: dx (+)= weight[c] * invstd[c] * dy  (the statistics are constants)
+// RELU (a ReLU fused into the forward): dy is first masked by the fused output, y > 0.
 #include "batch_norm2d.glsl"
 layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const bool RELU = false;
 #include "reduce.glsl"
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
@@ -13,19 +15,22 @@ layout(std430, binding = 3) readonly buffer Invstd { float saved_invstd[]; };
 layout(std430, binding = 4) readonly buffer DY { float dy[]; };
 layout(std430, binding = 5) buffer DWeight { float dweight[]; };
 layout(std430, binding = 6) buffer DBias { float dbias[]; };
+layout(std430, binding = 7) readonly buffer Y { float y[]; };  // unread without RELU
 #ifdef INPUT_GRAD
-layout(std430, binding = 7) buffer DX { float dx[]; };
+layout(std430, binding = 8) buffer DX { float dx[]; };
 #endif
 layout(push_constant) uniform Push {
   uint batch, channels, plane, training, accumulate;
 } p;
+float gradient(uint i) { return RELU ? (y[i] > 0.0 ? dy[i] : 0.0) : dy[i]; }
 void main() {
   uint c = gl_WorkGroupID.x, t = gl_LocalInvocationID.x, count = p.batch * p.plane;
   float mean = saved_mean[c], invstd = saved_invstd[c];
   vec2 partial = vec2(0.0);  // (sum dy, sum dy * xhat)
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
-    partial += vec2(dy[i], dy[i] * (x[i] - mean) * invstd);
+    float g = gradient(i);
+    partial += vec2(g, g * (x[i] - mean) * invstd);
   }
   vec2 sums = workgroup_sum(partial);
   if (t == 0u) {
@@ -38,7 +43,7 @@ void main() {
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
     float xhat = (x[i] - mean) * invstd;
-    float g = scale * (dy[i] - per_element.x - xhat * per_element.y);
+    float g = scale * (gradient(i) - per_element.x - xhat * per_element.y);
     dx[i] = p.accumulate != 0u ? dx[i] + g : g;
   }
 #endif

@@ -1,9 +1,11 @@
 #version 450
 // y = (x - mean[c]) * invstd[c] * weight[c] + bias[c]. Training: mean and biased variance of
 // the batch, saved for backward; running_mean and running_var move towards them by momentum
-// (the variance unbiased, as PyTorch). Evaluation: the running statistics.
+// (the variance unbiased, as PyTorch). Evaluation: the running statistics. RELU: a ReLU fused
+// in, y = max(y, 0).
 #include "batch_norm2d.glsl"
 layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const bool RELU = false;
 #include "reduce.glsl"
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
@@ -49,6 +51,7 @@ void main() {
   float scale = weight[c] * invstd, shift = bias[c] - mean * scale;
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
-    y[i] = x[i] * scale + shift;
+    float value = x[i] * scale + shift;
+    y[i] = RELU ? max(value, 0.0) : value;
   }
 }

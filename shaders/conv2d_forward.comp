@@ -1,11 +1,19 @@
 #version 450
 // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
 // as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
+// FOLD: the weight arrives scaled by the batch norm's scale s[o] = gamma[o] / sqrt(var[o] + eps)
+// (conv2d_forward_weight.comp) and the epilogue adds bias[o] s[o] + beta[o] - mean[o] s[o];
+// RELU: then y = max(y, 0).
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer x;
 layout(binding = 1) uniform samplerBuffer weight_blocked;  // see WEIGHT_BLOCK
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
+// The folded batch norm's weight (gamma), bias (beta), running mean and variance; unread without FOLD.
+layout(std430, binding = 4) readonly buffer Gamma { float gamma[]; };
+layout(std430, binding = 5) readonly buffer Beta { float beta[]; };
+layout(std430, binding = 6) readonly buffer Mean { float running_mean[]; };
+layout(std430, binding = 7) readonly buffer Var { float running_var[]; };
 
 #include "gemm_block.glsl"
 
@@ -56,10 +64,16 @@ void main() {
   accumulate_block(m0, p.O, 0, p.C * TAPS);
   for (int i = 0; i < TM; ++i) {
     uint o = m0 + i * gl_WorkGroupSize.x;
-    float shift = p.has_bias != 0u ? bias[min(o, p.O - 1)] : 0.0;
+    uint row = min(o, p.O - 1);
+    float shift = p.has_bias != 0u ? bias[row] : 0.0;
+    if (FOLD) {
+      float scale = gamma[row] * inversesqrt(running_var[row] + p.eps);
+      shift = shift * scale + beta[row] - running_mean[row] * scale;
+    }
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + j;
-      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = acc[i][j] + shift;
+      float value = acc[i][j] + shift;
+      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = RELU ? max(value, 0.0) : value;
     }
   }
 }

@@ -1,6 +1,7 @@
 #version 450
 // C(m,n) (+)= sum_k A(m,k) B(k,n) (+ bias[m]), each operand addressed through two strides so
 // that one kernel serves every transposition (dense forward, both backward passes, benchmarks).
+// RELU: c = max(c, 0) (a ReLU fused into a dense layer; not with accumulate).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TM = 4;
 layout(constant_id = 2) const int TN = 16;
@@ -8,6 +9,7 @@ layout(constant_id = 3) const bool HAS_BIAS = false;
 layout(constant_id = 4) const bool SHARE_B = false;
 layout(constant_id = 5) const int K_UNROLL = 1;
 layout(constant_id = 6) const bool SHARE_K = false;
+layout(constant_id = 7) const bool RELU = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
 layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
@@ -39,7 +41,9 @@ void main() {
     float shift = HAS_BIAS ? bias[min(m, p.M - 1)] : 0.0;
     for (int j = 0; j < TN; ++j) {
       uint at = m * p.c_m + (n0 + j) * p.c_n;
-      if (m < p.M && n0 + j < p.N) c[at] = p.accumulate != 0u ? c[at] + acc[i][j] + shift : acc[i][j] + shift;
+      float value = acc[i][j] + shift;
+      if (RELU) value = max(value, 0.0);
+      if (m < p.M && n0 + j < p.N) c[at] = p.accumulate != 0u ? c[at] + value : value;
     }
   }
 }

@@ -14,7 +14,7 @@ void add_extract_command(CLI::App &app) {
   auto precision = std::make_shared<std::string>("fp32");
   auto compression = std::make_shared<std::string>("none");
   command->add_option("--model", options->model, "Checkpoint .h5 or preset")->required();
-  command->add_option("--layer", options->layer, "Layer or module name (resnet18: conv1, layer1 ... layer4)")
+  command->add_option("--layer", options->layer, "Layer or module name (resnets: conv1, layer1 ... layer4; resnet50 layer3: CLAM's resnet50_trunc)")
       ->required();
   auto *slides = command->add_option("--slides", options->slides, "Slides, tiled into OUT/tiles.lmdb first");
   auto *tiles = command->add_option("--tiles", options->tiles, "A tile store (tessera tile)");

@@ -40,7 +40,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
   command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches")
       ->capture_default_str()->check(CLI::PositiveNumber)->needs(features);
-  command.add_option("--model", o.model, "Preset (small-cnn, resnet18), model JSON, or checkpoint .h5 to start from")
+  command.add_option("--model", o.model, "Preset (small-cnn, resnet18, resnet50), model JSON, or checkpoint .h5 to start from")
       ->capture_default_str();
   command.add_option("--width", o.width, "Channel width of small-cnn (conv1; conv2 and fc1 scale with it)")
       ->capture_default_str()->check(CLI::PositiveNumber);

@@ -8,7 +8,7 @@ import torch
 import torchvision
 from torch import nn
 
-PRESETS = ("small-cnn", "resnet18")
+PRESETS = ("small-cnn", "resnet18", "resnet50")
 SMALL_CNN_DEFAULT_WIDTH = 32
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -39,8 +39,8 @@ def build_preset(name, classes, input_size, width=SMALL_CNN_DEFAULT_WIDTH):
     """A freshly initialised (PyTorch default init) preset for 3 x input_size[0] x input_size[1]."""
     if name == "small-cnn":
         return SmallCNN(classes, width, input_size[0], input_size[1])
-    if name == "resnet18":
-        return torchvision.models.resnet18(num_classes=classes)
+    if name in ("resnet18", "resnet50"):
+        return getattr(torchvision.models, name)(num_classes=classes)
     raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
 
 
@@ -58,3 +58,17 @@ def normalise(images_uint8_nhwc):
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return (x - mean) / std
+
+
+class Resnet50Trunc(nn.Module):
+    """CLAM's resnet50_trunc feature extractor: torchvision's resnet50 through layer3, then
+    adaptive average pooling to 1x1; [N,3,H,W] -> [N,1024] (CLAM's models/resnet_custom.py)."""
+
+    def __init__(self, resnet50):
+        super().__init__()
+        self.trunk = nn.Sequential(resnet50.conv1, resnet50.bn1, resnet50.relu, resnet50.maxpool,
+                                   resnet50.layer1, resnet50.layer2, resnet50.layer3)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return torch.flatten(self.pool(self.trunk(x)), 1)

@@ -14,6 +14,10 @@ Examples:
   /usr/bin/python3 tools/torch_to_tessera.py --state-dict resnet18.pt --preset resnet18 --out r18.h5
   /usr/bin/python3 tools/torch_to_tessera.py --torchvision resnet18 --seed 1 --classes 10 \\
       --preset resnet18 --out r18.h5
+  # ImageNet resnet50 (torchvision.models.resnet50(weights="IMAGENET1K_V1").state_dict()
+  # saved with torch.save); `tessera extract --layer layer3` then gives CLAM's resnet50_trunc
+  # features (1024 per tile):
+  /usr/bin/python3 tools/torch_to_tessera.py --state-dict resnet50.pt --preset resnet50 --out r50.h5
 """
 import argparse
 import json
@@ -55,7 +59,7 @@ def seeded_torchvision(name, seed, classes):
 
 
 def infer_classes(preset, state_dict, source):
-    key = "fc.weight" if preset == "resnet18" else "fc2.weight"
+    key = "fc2.weight" if preset == "small-cnn" else "fc.weight"
     if key not in state_dict:
         raise ConversionError(f"{source}: tensor '{key}' is missing (needed to infer --classes)")
     return int(state_dict[key].shape[0])
@@ -123,7 +127,7 @@ def parse_args(argv):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--state-dict", metavar="FILE.pt",
                         help="torch.save file with a state_dict (or a whole model)")
-    source.add_argument("--torchvision", choices=("resnet18",),
+    source.add_argument("--torchvision", choices=("resnet18", "resnet50"),
                         help="build a seeded, randomly initialised torchvision model instead")
     parser.add_argument("--seed", type=int, default=0, help="seed for --torchvision (default 0)")
     parser.add_argument("--preset", required=True, choices=PRESETS, help="tessera preset to check against")

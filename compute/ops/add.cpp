@@ -1,6 +1,7 @@
 #include "compute/ops/add.h"
 
 #include "compute/ops/input_grad.h"
+#include "compute/ops/relu.h"
 
 namespace tessera {
 
@@ -24,7 +25,7 @@ Shape Add::infer(const std::vector<Shape>& inputs) {
 }
 
 void Add::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("add_forward", {kElementwiseGroup});
+  auto& kernel = kernels.get("add_forward", {kElementwiseGroup, t.relu ? 1 : 0});
   recorder.dispatch_elements(kernel,
                              {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
                               vk::writes(t.output->buffer())},
@@ -32,7 +33,11 @@ void Add::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors&
 }
 
 void Add::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  for (size_t input = 0; input < 2; ++input) record_pass_through_grad(recorder, kernels, t, input, count_);
+  for (size_t input = 0; input < 2; ++input)
+    if (t.relu)
+      record_relu_backward(recorder, kernels, t, input, count_);
+    else
+      record_pass_through_grad(recorder, kernels, t, input, count_);
 }
 
 void record_pass_through_grad(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,

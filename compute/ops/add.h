@@ -8,9 +8,9 @@ class Add : public Op {
  public:
   std::string type() const override { return "add"; }
   Shape infer(const std::vector<Shape>& inputs) override;
-  // y[i] = a[i] + b[i]
+  // y[i] = a[i] + b[i] (then max(y, 0) with a fused ReLU, OpTensors::relu)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
-  // da[i] (+)= dy[i], db[i] (+)= dy[i]
+  // da[i] (+)= dy[i], db[i] (+)= dy[i] (where y > 0 with a fused ReLU)
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
 
  private:

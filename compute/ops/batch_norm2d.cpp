@@ -54,7 +54,7 @@ void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
   };
   ForwardPush push{static_cast<uint32_t>(batch_), static_cast<uint32_t>(channels_), static_cast<uint32_t>(plane_),
                    eps_, momentum_, t.training ? 1u : 0u};
-  recorder.dispatch(kernels.get("batch_norm2d_forward", {kChannelGroup}),
+  recorder.dispatch(kernels.get("batch_norm2d_forward", {kChannelGroup, t.relu ? 1 : 0}),
                     {vk::reads(t.inputs[0]->buffer()), vk::reads(t.tensors[weight]->buffer()),
                      vk::reads(t.tensors[bias]->buffer()), running(running_mean), running(running_var),
                      vk::writes(t.tensors[mean]->buffer()), vk::writes(t.tensors[invstd]->buffer()),
@@ -69,14 +69,15 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
   auto x = vk::reads(t.inputs[0]->buffer()), w = vk::reads(t.tensors[weight]->buffer()),
        m = vk::reads(t.tensors[mean]->buffer()), s = vk::reads(t.tensors[invstd]->buffer()),
        dy = vk::reads(t.output_grad->buffer()), dw = vk::updates(t.grads[weight]->buffer()),
-       db = vk::updates(t.grads[bias]->buffer());
+       db = vk::updates(t.grads[bias]->buffer()), y = vk::reads(t.output->buffer());
   auto groups = static_cast<uint32_t>(channels_);
+  std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
   if (input_grad)
-    recorder.dispatch(kernels.get("batch_norm2d_backward", {kChannelGroup}),
-                      {x, w, m, s, dy, dw, db, input_grad_arg(t, 0)}, push, groups);
-  else
-    recorder.dispatch(kernels.get("batch_norm2d_backward_parameters", {kChannelGroup}), {x, w, m, s, dy, dw, db},
+    recorder.dispatch(kernels.get("batch_norm2d_backward", constants), {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)},
                       push, groups);
+  else
+    recorder.dispatch(kernels.get("batch_norm2d_backward_parameters", constants), {x, w, m, s, dy, dw, db, y}, push,
+                      groups);
 }
 
 }  // namespace tessera

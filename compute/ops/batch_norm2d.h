@@ -14,7 +14,8 @@ class BatchNorm2d : public Op {
   // weight [C] (ones), bias [C] (zeros); running_mean [C] (zeros), running_var [C] (ones);
   // saved: mean [C] and invstd [C], the statistics that forward normalised with
   std::vector<TensorSpec> tensors() const override;
-  // x [N,C,(H,W)] -> y, one workgroup per channel
+  float eps() const { return eps_; }
+  // x [N,C,(H,W)] -> y, one workgroup per channel (then max(y, 0) with a fused ReLU)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dy -> dx, dweight, dbias, one workgroup per channel
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "compute/ops/gemm.h"
+#include "compute/ops/relu.h"
 
 namespace tessera {
 
@@ -82,17 +83,19 @@ double Conv2d::forward_flops() const {
          static_cast<double>(s.in_channels * s.kernel_h * s.kernel_w);
 }
 
-Conv2d::Push Conv2d::push(bool accumulate) const {
+Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
   const Conv2dShape& s = shape_;
   auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
   return {u(s.batch),      u(s.in_channels), u(s.height),         u(s.width),       u(s.out_channels), u(s.out_height),
-          u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u};
+          u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps};
 }
 
-const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles) const {
+const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles, bool relu,
+                                 bool fold) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
   return kernels.get(name, {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
-                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock});
+                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock,
+                            relu ? 1 : 0, fold ? 1 : 0});
 }
 
 namespace {
@@ -110,23 +113,36 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   const vk::Buffer& blocked = blocked_tensor.buffer();
   struct WeightPush {
     uint32_t rows, columns, count;
+    float eps;
   };
+  const FoldedBatchNorm* fold = t.folded_batch_norm;
+  float eps = fold ? fold->eps : 0.0f;
   WeightPush weight_push{static_cast<uint32_t>(s.out_channels),
                          static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
-                         static_cast<uint32_t>(blocked_tensor.count())};
+                         static_cast<uint32_t>(blocked_tensor.count()), eps};
+  // Without a folded batch norm, its bindings take the weight, which the kernels leave unread.
+  auto folded = [&](const Tensor* FoldedBatchNorm::*member) -> const vk::Buffer& {
+    return fold ? (fold->*member)->buffer() : weight;
+  };
   recorder.dispatch_elements(
-      kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup), kWeightBlock}),
-      {vk::reads(weight), vk::writes(blocked)}, weight_push, weight_push.count, kElementwiseGroup);
-  recorder.dispatch(kernel(kernels, "conv2d_forward", tiles),
+      kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup), kWeightBlock, fold ? 1 : 0}),
+      {vk::reads(weight), vk::writes(blocked), vk::reads(folded(&FoldedBatchNorm::weight)),
+       vk::reads(folded(&FoldedBatchNorm::running_var))},
+      weight_push, weight_push.count, kElementwiseGroup);
+  recorder.dispatch(kernel(kernels, "conv2d_forward", tiles, t.relu, fold != nullptr),
                     {vk::reads(t.inputs[0]->buffer()), vk::reads(blocked),
-                     vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer())},
-                    push(false), blocks(s.out_channels, tiles.group * tiles.rows), groups_y, groups_z);
+                     vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer()),
+                     vk::reads(folded(&FoldedBatchNorm::weight)), vk::reads(folded(&FoldedBatchNorm::bias)),
+                     vk::reads(folded(&FoldedBatchNorm::running_mean)),
+                     vk::reads(folded(&FoldedBatchNorm::running_var))},
+                    push(false, eps), blocks(s.out_channels, tiles.group * tiles.rows), groups_y, groups_z);
 }
 
 void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
   const vk::Buffer& dy = t.output_grad->buffer();
   const vk::Buffer& weight = t.tensors[0]->buffer();
+  if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
 
   if (t.input_grads[0]) {
     GemmTiles tiles = gemm_tiles(kernels, s.in_channels);

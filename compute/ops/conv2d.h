@@ -23,7 +23,8 @@ class Conv2d : public Op {
   // the forward kernel (shaders/conv2d_forward_weight.comp), saved by forward; where the
   // weight gradient's reduction is split, a saved buffer for the partial sums of the slices.
   std::vector<TensorSpec> tensors() const override;
-  // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw]
+  // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw],
+  // then the batch norm and ReLU fused in (OpTensors::folded_batch_norm, relu)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= the transposed convolution of dy; dweight += dy (*) x; dbias += sum dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
@@ -32,10 +33,13 @@ class Conv2d : public Op {
  private:
   struct Push {
     uint32_t batch, C, H, W, O, OH, OW, pad, k_per_slice, accumulate, has_bias;
+    float eps;
   };
-  Push push(bool accumulate) const;
-  // The pipeline of one of the conv2d shaders, specialised for these tiles, kernel size and stride.
-  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles) const;
+  Push push(bool accumulate, float eps = 0) const;
+  // The pipeline of one of the conv2d shaders, specialised for these tiles, kernel size and
+  // stride, and for forward's epilogue.
+  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles, bool relu = false,
+                           bool fold = false) const;
 
   Conv2dShape shape_;
   bool has_bias_;

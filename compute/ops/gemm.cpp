@@ -38,7 +38,7 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
 }
 
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
-                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias) {
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias, bool relu) {
   // The invocations of a workgroup take neighbouring rows of C, so they read A down a column.
   // Where A's rows are strided and B's columns contiguous, C^T = B^T A^T reads both along
   // contiguous memory: rows a power-of-two apart all fall in one cache set (a row-major 1024^3
@@ -56,7 +56,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
                     tiles.reduction_unroll == tiles.group;
   auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
                                       tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
-                                      share_rows ? 1 : 0});
+                                      share_rows ? 1 : 0, relu ? 1 : 0});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                 accumulate ? 1u : 0u};
   uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);

@@ -33,9 +33,11 @@ struct MatrixView {
   uint32_t row_stride, col_stride;
 };
 
-// c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given).
+// c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given); relu (not with
+// accumulate): c = max(c, 0), a fused ReLU.
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
-                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias = nullptr);
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias = nullptr,
+                 bool relu = false);
 
 // dbias[o] += sum_{n,i} dy[n,o,i] for dy [batch, channels, pixels].
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const vk::Buffer& dy,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "compute/ops/gemm.h"
+#include "compute/ops/relu.h"
 
 namespace tessera {
 
@@ -34,13 +35,14 @@ void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
        out = static_cast<uint32_t>(out_features_);
   // y^T [out, N] = weight [out, in] x^T [in, N]: rows are output features.
   record_gemm(recorder, kernels, out, batch, in, {&t.tensors[0]->buffer(), in, 1}, {&t.inputs[0]->buffer(), 1, in},
-              {&t.output->buffer(), 1, out}, false, has_bias_ ? &t.tensors[1]->buffer() : nullptr);
+              {&t.output->buffer(), 1, out}, false, has_bias_ ? &t.tensors[1]->buffer() : nullptr, t.relu);
 }
 
 void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   auto batch = static_cast<uint32_t>(batch_), in = static_cast<uint32_t>(in_features_),
        out = static_cast<uint32_t>(out_features_);
   const vk::Buffer& dy = t.output_grad->buffer();
+  if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
   if (t.input_grads[0]) {
     // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
     record_gemm(recorder, kernels, in, batch, out, {&t.tensors[0]->buffer(), 1, in}, {&dy, 1, out},

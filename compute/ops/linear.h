@@ -12,7 +12,7 @@ class Linear : public Op {
   Shape infer(const std::vector<Shape>& inputs) override;
   // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
   std::vector<TensorSpec> tensors() const override;
-  // y = x weight^T + bias
+  // y = x weight^T + bias (then max(y, 0) with a fused ReLU, OpTensors::relu)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;

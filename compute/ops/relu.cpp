@@ -1,5 +1,7 @@
 #include "compute/ops/relu.h"
 
+#include "compute/ops/input_grad.h"
+
 namespace tessera {
 
 namespace {
@@ -26,15 +28,24 @@ void Relu::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors
 }
 
 void Relu::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  if (!t.input_grads[0]) return;
-  auto& kernel = kernels.get("relu_backward", {kElementwiseGroup});
-  auto& dx = t.input_grads[0]->buffer();
-  recorder.dispatch_elements(
-      kernel,
-      {vk::reads(t.output->buffer()), vk::reads(t.output_grad->buffer()),
-       t.accumulate_input_grads[0] ? vk::updates(dx) : vk::writes(dx)},
-      BackwardPush{static_cast<uint32_t>(count_), t.accumulate_input_grads[0] ? 1u : 0u}, (count_ + 3) / 4,
-      kElementwiseGroup);
+  record_relu_backward(recorder, kernels, t, 0, count_);
+}
+
+void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,
+                          int64_t count) {
+  if (!t.input_grads[input]) return;
+  recorder.dispatch_elements(kernels.get("relu_backward", {kElementwiseGroup}),
+                             {vk::reads(t.output->buffer()), vk::reads(t.output_grad->buffer()), input_grad_arg(t, input)},
+                             BackwardPush{static_cast<uint32_t>(count), accumulates(t, input)}, (count + 3) / 4,
+                             kElementwiseGroup);
+}
+
+void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
+                                   const Tensor& output_grad) {
+  int64_t count = output.count();
+  recorder.dispatch_elements(kernels.get("relu_backward_in_place", {kElementwiseGroup}),
+                             {vk::reads(output.buffer()), vk::updates(output_grad.buffer())},
+                             ForwardPush{static_cast<uint32_t>(count)}, (count + 3) / 4, kElementwiseGroup);
 }
 
 }  // namespace tessera

@@ -19,4 +19,14 @@ class Relu : public Op {
 
 std::unique_ptr<Op> make_relu(const LayerConfig& layer);
 
+// input_grad[input] (+)= output > 0 ? output_grad : 0 over `count` elements: the ReLU's backward,
+// and that of an op with a ReLU fused in whose input reaches its output unchanged (add).
+void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,
+                          int64_t count);
+
+// output_grad = output > 0 ? output_grad : 0 in place: the backward of a ReLU fused into the
+// op that wrote `output` (OpTensors::relu), before that op's own backward reads output_grad.
+void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
+                                   const Tensor& output_grad);
+
 }  // namespace tessera
