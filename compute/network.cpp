@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -319,7 +320,16 @@ GraphLayout Network::layout() const {
       if (producer >= 0) last_use[static_cast<size_t>(producer)] = l;
   }
   last_use.back() = layers_.size();
-  std::vector<size_t> output_buffer(layers_.size());
+  constexpr size_t unplaced = SIZE_MAX;
+  std::vector<size_t> output_buffer(layers_.size(), unplaced);
+  auto place_output = [&](size_t l) {
+    const Layer& layer = layers_[l];
+    output_buffer[l] =
+        place({layer.name, layer.output_shape, DType::f32, GraphLayout::Kind::output, l, 0}, "activations", reuse);
+  };
+  // Inference passes run the inference fusion: a layer that computes a later layer's output
+  // writes it while its own inputs are live, so that output is placed with the writer.
+  const std::vector<Fused>& fused = fusion_[false];
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     std::vector<size_t> scratch;
@@ -333,8 +343,8 @@ GraphLayout Network::layout() const {
       if (spec.role == TensorRole::parameter && with_gradients_)
         place({full + ".grad", spec.shape, DType::f32, GraphLayout::Kind::grad, l, s}, "gradients", false);
     }
-    output_buffer[l] = place({layer.name, layer.output_shape, DType::f32, GraphLayout::Kind::output, l, 0},
-                             "activations", reuse);
+    if (int target = fused[l].writes_output_of; reuse && target >= 0) place_output(static_cast<size_t>(target));
+    if (output_buffer[l] == unplaced) place_output(l);
     if (with_gradients_ && needs_grad_[l])
       place({layer.name + ".grad", layer.output_shape, DType::f32, GraphLayout::Kind::output_grad, l, 0},
             "activation gradients", false);
