@@ -18,7 +18,8 @@ from PIL import Image
 
 from data_tools import tumour_polygons
 
-TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
 SIZE, TILE, WIDTH, BAGS = 2048, 128, 16, 24
 
 
@@ -157,6 +158,10 @@ def main():
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_heatmap():
+    main()
 
 
 if __name__ == "__main__":
