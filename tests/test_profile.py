@@ -10,7 +10,8 @@ import tempfile
 import h5py
 import numpy as np
 
-TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
 IMAGES, BATCH = 6, 2
 
 
@@ -20,7 +21,7 @@ def main():
         with h5py.File(images, "w") as f:
             f["x"] = np.random.default_rng(0).standard_normal((IMAGES, 3, 32, 32), dtype=np.float32)
         env = dict(os.environ, TESSERA_VALIDATION="1", TESSERA_PROFILE="1")
-        process = subprocess.run([TESSERA, "forward", "--model", "small-cnn", "--input", images, "--output",
+        process = subprocess.run([TESSERA, "forward", "--model", "small-cnn", "--random-weights", "--input", images, "--output",
                                   os.path.join(work, "logits.h5"), "--batch", str(BATCH)],
                                  capture_output=True, text=True, env=env)
         assert process.returncode == 0, process.stderr
@@ -40,6 +41,10 @@ def main():
         seconds = [entry["seconds"] for entry in profile["kernels"]]
         assert seconds == sorted(seconds, reverse=True), "entries are not longest first"
         print(f"profile: {len(kernels)} entries, {profile['seconds'] * 1e3:.1f} ms of device time")
+
+
+def test_profile():
+    main()
 
 
 if __name__ == "__main__":

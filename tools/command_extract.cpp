@@ -4,6 +4,7 @@
 
 #include "compute/extract.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -12,7 +13,10 @@ void add_extract_command(CLI::App &app) {
   auto options = std::make_shared<ExtractOptions>();
   auto precision = std::make_shared<std::string>("fp32");
   auto compression = std::make_shared<std::string>("none");
+  auto random_weights = std::make_shared<bool>(false);
   command->add_option("--model", options->model, "Checkpoint .h5 or preset")->required();
+  command->add_flag("--random-weights", *random_weights,
+                    "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
   command->add_option("--layer", options->layer, "Layer or module name (resnet18: conv1, layer1 ... layer4)")
       ->required();
   auto *slides = command->add_option("--slides", options->slides, "Slides, tiled into OUT/tiles.lmdb first");
@@ -32,7 +36,8 @@ void add_extract_command(CLI::App &app) {
   command->add_option("--level", options->tiler.level, "Pyramid level to tile (--slides)")->capture_default_str();
   command->add_option("--min-tissue", options->tiler.min_tissue, "Least tissue fraction of a tile (--slides)")
       ->capture_default_str();
-  command->callback([options, precision, compression] {
+  command->callback([options, precision, compression, random_weights] {
+    refuse_untrained_model(options->model, *random_weights);
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";
     extract_features(*options);
