@@ -15,6 +15,7 @@
 #include "compute/ops/instance_mean.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/softmax_cross_entropy.h"
+#include "compute/run_checks.h"
 #include "compute/vk/memory.h"
 
 namespace tessera {
@@ -309,7 +310,8 @@ class MilRun {
       }
       if (reporting.protocol)
         reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", validated ? val.loss : train.loss}});
-      if (!options_.checkpoint.empty()) save(epoch + 1);
+      check_finite_state(download_tensors(head_->saved_params()), download_tensors(saved_train()), epoch + 1);
+      if (!options_.checkpoint.empty()) save(epoch + 1, last);
     }
     if (progress) progress->finish();
     if (reporting.protocol && last.is_object())
@@ -443,9 +445,11 @@ class MilRun {
     return tensors;
   }
 
-  void save(int epoch) {
+  void save(int epoch, const nlohmann::json& metrics) {
+    nlohmann::json progress = run_settings(options_);
+    progress.update({{"epoch", epoch}, {"metrics", metrics}});
     Checkpoint checkpoint{description(), download_tensors(head_->saved_params()), download_tensors(saved_train()),
-                          {{"epoch", epoch}, {"seed", options_.seed}}};
+                          progress};
     write_checkpoint(options_.checkpoint, checkpoint);
   }
 

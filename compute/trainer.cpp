@@ -16,6 +16,7 @@
 #include "compute/checkpoint.h"
 #include "compute/input_normalize.h"
 #include "compute/ops/registry.h"
+#include "compute/run_checks.h"
 #include "data/loader.h"
 
 namespace tessera {
@@ -42,11 +43,7 @@ Setup prepare(const TrainOptions& options) {
   setup.source = data::open_patches(options.data);
   if (setup.source->size() == 0) throw BadInput(options.data + ": holds no patches");
   data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
-  size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
-  if (setup.train_indices.size() < per_step)
-    throw UsageError("--batch " + std::to_string(options.batch) + " x --accumulate " +
-                     std::to_string(options.accumulate) + " needs " + std::to_string(per_step) +
-                     " training patches; " + options.data + " has " + std::to_string(setup.train_indices.size()));
+  check_training_patches(*setup.source, options, setup.train_indices.size(), setup.val_indices.size());
   int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
   if (options.resume && std::filesystem::exists(options.checkpoint)) {
     setup.start = read_checkpoint(options.checkpoint);
@@ -105,6 +102,12 @@ MemoryPlan make_plan(vk::Context& context, Network& network, Op& loss, Optimizer
     plan.bytes["activations"] += allocator.footprint(static_cast<uint64_t>(element_count(spec.shape)) * element_size(spec.dtype));
   for (auto& t : extra_tensors(input, accumulate))
     plan.bytes[t.category] += allocator.footprint(static_cast<uint64_t>(element_count(t.shape)) * element_size(t.dtype));
+  // Uploads and checkpoint downloads stage one tensor at a time; the largest is a parameter or state.
+  uint64_t largest = 0;
+  for (auto& t : network.planned_tensors())
+    if (t.category != "activations" && t.category != "activation gradients")
+      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(element_count(t.shape)) * element_size(t.dtype));
+  plan.bytes["staging"] += allocator.transfer_footprint(largest);
   for (auto& layer : network.layers())
     for (auto& spec : layer.specs)
       if (spec.role == TensorRole::parameter)
@@ -150,6 +153,7 @@ class Run {
         loss_(make_op(LayerConfig(loss_layer()))),
         optimizer_(Optimizer::make(options.optimizer)) {
     loss_->infer({network_.output_shape(), {input_shape_[0]}});  // fixes the loss op's shapes
+    check_labels_fit(*setup_.source, network_.output_shape()[1], options.data);
   }
 
   MemoryPlan plan() {
@@ -289,7 +293,8 @@ class Run {
         double value = val_metrics[2] > 0 ? val_metrics[0] / val_samples : train_metrics[0] / samples;
         reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}});
       }
-      if (!options_.checkpoint.empty()) save(options_.checkpoint, epoch + 1);
+      check_finite_state(download_tensors(checkpoint_tensors()), download_tensors(train_tensors()), epoch + 1);
+      if (!options_.checkpoint.empty()) save(options_.checkpoint, epoch + 1, last);
     }
     if (progress) progress->finish();
     if (reporting.protocol) {
@@ -398,14 +403,14 @@ class Run {
     return tensors;
   }
 
-  void save(const std::string& path, int epochs_done) {
+  void save(const std::string& path, int epochs_done, const nlohmann::json& metrics) {
     wait_all();
     Checkpoint checkpoint;
     checkpoint.model = network_.description();
     checkpoint.params = download_tensors(checkpoint_tensors());
     checkpoint.train = download_tensors(train_tensors());
-    checkpoint.progress = {{"epoch", epochs_done}, {"seed", options_.seed}, {"batch", options_.batch},
-                           {"accumulate", options_.accumulate}, {"optimizer", options_.optimizer.kind}};
+    checkpoint.progress = run_settings(options_);
+    checkpoint.progress.update({{"epoch", epochs_done}, {"metrics", metrics}});
     write_checkpoint(path, checkpoint);
   }
 
