@@ -267,6 +267,55 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("--batch", err)
 
+        # A field tessera does not implement is an error, not silently dropped.
+        model = os.path.join(self.dir, "unknown_field.json")
+        with open(model, "w") as f:
+            json.dump({"layers": [{"name": "c", "type": "conv2d", "kernel": 3, "out_channels": 4, "dilation": 2},
+                                  {"name": "f", "type": "flatten"},
+                                  {"name": "fc", "type": "linear", "out_features": 2}]}, f)
+        code, _, err, _ = run(self.base("--model", model), check=False)
+        self.assertEqual(code, 5, err)
+        self.assertIn("'dilation'", err)
+        self.assertIn("'c'", err)
+
+    def test_augment_class_weights_and_weight_decay_take_effect(self):
+        def final_params(*flags):
+            path = os.path.join(self.dir, "effect_" + "_".join(f.strip("-") for f in flags) + ".h5")
+            _, _, err, _ = run(self.base("--epochs", "1", "--checkpoint", path, *flags))
+            return params(path), epochs(err)[-1]
+
+        plain, plain_epoch = final_params()
+        augmented, _ = final_params("--augment")
+        augmented_again, _ = final_params("--augment")
+        self.assertFalse(np.array_equal(plain["conv1.weight"], augmented["conv1.weight"]))
+        np.testing.assert_array_equal(augmented["conv1.weight"], augmented_again["conv1.weight"])
+
+        # Weight decay shrinks the weights against the same batches.
+        decayed, _ = final_params("--weight-decay", "0.5")
+        norm = lambda p: np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for k, v in p.items() if "weight" in k))
+        self.assertLess(norm(decayed), 0.95 * norm(plain))
+
+        # Class 0 weighted 0: only class 1 pulls, so the model calls every patch class 1 and its
+        # validation accuracy is the share of class 1 among the held-out patches.
+        _, weighted_epoch = final_params("--class-weights", "0,1")
+        with h5py.File(self.data, "r") as f:
+            y = f["y"][()].reshape(-1)
+        held_out = y[len(y) - round(0.2 * len(y)):]
+        self.assertAlmostEqual(weighted_epoch["val_accuracy"], float(np.mean(held_out == 1)), places=6)
+        self.assertNotAlmostEqual(plain_epoch["val_accuracy"], weighted_epoch["val_accuracy"], places=3)
+
+    def test_store_of_one_slide_says_validation_took_it(self):
+        slide = os.path.join(self.dir, "one.tiff")
+        store = os.path.join(self.dir, "one.lmdb")
+        subprocess.run([TESSERA, "synth", slide, "--width", "512", "--height", "512", "--seed", "1"], check=True,
+                       capture_output=True)
+        subprocess.run([TESSERA, "tile", slide, "--out", store, "--size", "32"], check=True, capture_output=True)
+        code, _, err, report = run(["train", "--data", store, "--width", "4", "--batch", "16"], check=False)
+        self.assertEqual(code, 2, err)
+        self.assertIn("validation", err)
+        self.assertIn("--val-fraction 0", err)
+        self.assertEqual(report, [])
+
     def test_output_that_is_an_input_is_refused_before_any_work(self):
         data = os.path.join(self.dir, "own_data.h5")
         shutil.copy(self.data, data)
