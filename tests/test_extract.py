@@ -88,6 +88,19 @@ def check_layout_coords_and_features(store, tiles, slides, model):
     return out
 
 
+def check_other_settings_refused(store, plain):
+    """Complete files made with another layer or precision are never kept as this run's."""
+    files = {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)}
+    for flags in (["--precision", "fp16"], ["--layer", "conv2"]):
+        layer = flags[1] if flags[0] == "--layer" else "pool2"
+        precision = flags[1] if flags[0] == "--precision" else "fp32"
+        result = run(TESSERA, "extract", "--model", MODEL, "--layer", layer, "--tiles", store, "--out", plain,
+                     "--precision", precision, check=False)
+        assert result.returncode == 2, (flags, result.returncode, result.stderr)
+        assert ".h5" in result.stderr and "another --out" in result.stderr, result.stderr
+        assert {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)} == files
+
+
 def check_fp16(store, plain):
     out = os.path.join(WORK, "fp16")
     extract(store, out, "--precision", "fp16", "--compression", "gzip")
@@ -208,6 +221,7 @@ def test_extract():
         MODEL = os.path.join(WORK, "model.h5")
         plain = check_layout_coords_and_features(STORE, tiles, slides, model)
         check_fp16(STORE, plain)
+        check_other_settings_refused(STORE, plain)
         check_kill_and_resume(STORE, plain)
         check_full_disk(STORE, plain)
         check_unknown_layer(STORE)
