@@ -39,7 +39,7 @@ def tessera_figures(tessera, model, batch, size, steps, work):
     with h5py.File(images, "w") as f:
         f["x"] = rng.standard_normal((batch * 3, 3, size, size), dtype=np.float32)
     classes = "1000" if model == "resnet18" else "2"
-    run = subprocess.run([tessera, "forward", "--model", model, "--classes", classes, "--input", images,
+    run = subprocess.run([tessera, "forward", "--model", model, "--random-weights", "--classes", classes, "--input", images,
                           "--output", os.path.join(work, "logits.h5"), "--batch", str(batch)],
                          capture_output=True, text=True, check=True)
     forward = last_json(run.stderr, "images_per_second")["steady_images_per_second"]

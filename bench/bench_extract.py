@@ -44,7 +44,7 @@ def main():
         subprocess.run([tessera, "synth", slide, "--width", str(args.size), "--height", str(args.size), "--seed", "1"],
                        check=True, capture_output=True)
         subprocess.run([tessera, "tile", slide, "--out", store, "--size", "224"], check=True, capture_output=True)
-        peak, stdout = timed([tessera, "extract", "--model", "resnet18", "--layer", "layer4", "--tiles", store,
+        peak, stdout = timed([tessera, "extract", "--model", "resnet18", "--random-weights", "--layer", "layer4", "--tiles", store,
                               "--out", out, "--batch", args.batch, "--precision", args.precision])
         run = json.loads(stdout.strip().splitlines()[-1])
         figures = {

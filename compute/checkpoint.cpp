@@ -1,9 +1,12 @@
 #include "compute/checkpoint.h"
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
+#include <functional>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "compute/hdf5.h"
 
 namespace tessera {
@@ -14,7 +17,8 @@ using hdf5::Handle;
 using hdf5::read_string_attribute;
 using hdf5::write_string_attribute;
 
-void write_arrays(hid_t file, const std::string& group_name, const std::map<std::string, HostArray>& arrays) {
+void write_arrays(hid_t file, const std::string& file_path, const std::string& group_name,
+                  const std::map<std::string, HostArray>& arrays) {
   Handle link_properties(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(link_properties, 1);
   for (auto& [name, array] : arrays) {
@@ -24,8 +28,35 @@ void write_arrays(hid_t file, const std::string& group_name, const std::map<std:
     Handle dataset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space, link_properties, H5P_DEFAULT, H5P_DEFAULT),
                    H5Dclose);
     if (!dataset.valid() || H5Dwrite(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
-      throw Error(ExitCode::runtime_error, "cannot write dataset " + path);
+      throw Error(ExitCode::runtime_error, file_path + ": cannot write dataset " + path + disk_full_hint());
   }
+}
+
+// What read_arrays's H5Ovisit callback fills, and the exception it caught: exceptions must not
+// unwind through libhdf5's C frames, so the callback stops the visit and read_arrays rethrows.
+struct ArrayVisit {
+  std::map<std::string, HostArray>* arrays;
+  const std::string* path;
+  const std::string* group;
+  std::exception_ptr failure;
+};
+
+void read_dataset(hid_t root, const char* name, ArrayVisit& v) {
+  Handle dataset(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
+  Handle space(H5Dget_space(dataset), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  HostArray array;
+  size_t count = 1;
+  for (auto d : dims) {
+    array.shape.push_back(static_cast<int64_t>(d));
+    count *= d;
+  }
+  array.values.resize(count);
+  if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
+    throw BadInput(*v.path + ": dataset " + *v.group + "/" + name + " cannot be read (truncated or corrupt)");
+  (*v.arrays)[name] = std::move(array);
 }
 
 void read_arrays(hid_t file, const std::string& path, const std::string& group_name,
@@ -33,33 +64,42 @@ void read_arrays(hid_t file, const std::string& path, const std::string& group_n
   if (group_name != "/" && H5Lexists(file, group_name.c_str(), H5P_DEFAULT) <= 0) return;
   Handle group(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), H5Gclose);
   // Datasets may sit in nested groups (h5py writes "a/b" as groups); visit them all.
-  struct Visit {
-    std::map<std::string, HostArray>* arrays;
-    const std::string* path;
-    const std::string* group;
-  } visit{&arrays, &path, &group_name};
+  ArrayVisit visit{&arrays, &path, &group_name, nullptr};
   auto callback = [](hid_t root, const char* name, const H5O_info_t* info, void* data) -> herr_t {
-    auto& v = *static_cast<Visit*>(data);
+    auto& v = *static_cast<ArrayVisit*>(data);
     if (info->type != H5O_TYPE_DATASET) return 0;
-    Handle dataset(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
-    Handle space(H5Dget_space(dataset), H5Sclose);
-    int rank = H5Sget_simple_extent_ndims(space);
-    std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
-    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-    HostArray array;
-    size_t count = 1;
-    for (auto d : dims) {
-      array.shape.push_back(static_cast<int64_t>(d));
-      count *= d;
+    try {
+      read_dataset(root, name, v);
+    } catch (...) {
+      v.failure = std::current_exception();
+      return -1;
     }
-    array.values.resize(count);
-    if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
-      throw BadInput(*v.path + ": dataset " + *v.group + "/" + name + " cannot be read (truncated or corrupt)");
-    (*v.arrays)[name] = std::move(array);
     return 0;
   };
-  if (H5Ovisit(group, H5_INDEX_NAME, H5_ITER_INC, callback, &visit) < 0)
-    throw BadInput(path + ": group " + group_name + " cannot be read");
+  herr_t visited = H5Ovisit(group, H5_INDEX_NAME, H5_ITER_INC, callback, &visit);
+  if (visit.failure) std::rethrow_exception(visit.failure);
+  if (visited < 0) throw BadInput(path + ": group " + group_name + " cannot be read");
+}
+
+// Writes a new HDF5 file PATH.partial with `write`, then renames it over PATH durably; on any
+// failure removes PATH.partial (a full disk keeps the old PATH and no large leftover).
+void write_then_rename(const std::string& path, const std::function<void(hid_t, const std::string&)>& write) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  std::string partial = path + ".partial";
+  try {
+    {
+      Handle file(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+      if (!file.valid()) throw Error(ExitCode::runtime_error, partial + ": cannot create" + disk_full_hint());
+      write(file, partial);
+      if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0)
+        throw Error(ExitCode::runtime_error, partial + ": cannot flush" + disk_full_hint());
+    }
+    durable_rename(partial, path);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    throw;
+  }
 }
 
 }  // namespace
@@ -77,15 +117,7 @@ HostArray read_hdf5_array(const std::string& path, const std::string& dataset) {
 
 void write_hdf5_arrays(const std::string& path, const std::map<std::string, HostArray>& arrays) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  std::string partial = path + ".partial";
-  {
-    Handle file(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (!file.valid()) throw Error(ExitCode::runtime_error, partial + ": cannot create");
-    write_arrays(file, "", arrays);
-  }
-  std::error_code ec;
-  std::filesystem::rename(partial, path, ec);
-  if (ec) throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " + path + ": " + ec.message());
+  write_then_rename(path, [&](hid_t file, const std::string& partial) { write_arrays(file, partial, "", arrays); });
 }
 
 std::map<std::string, HostArray> download_tensors(const std::map<std::string, Tensor*>& tensors) {
@@ -110,15 +142,11 @@ bool is_checkpoint_path(const std::string& path) {
 }
 
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  std::string partial = path + ".partial";
-  {
-    Handle file(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (!file.valid()) throw Error(ExitCode::runtime_error, partial + ": cannot create the checkpoint file");
+  write_then_rename(path, [&](hid_t file, const std::string& partial) {
     write_string_attribute(file, "model", checkpoint.model.dump());
     write_string_attribute(file, "format", "tessera-checkpoint-1");
-    write_arrays(file, "params", checkpoint.params);
-    write_arrays(file, "train", checkpoint.train);
+    write_arrays(file, partial, "params", checkpoint.params);
+    write_arrays(file, partial, "train", checkpoint.train);
     if (!checkpoint.progress.is_null()) {
       Handle link_properties(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
       if (H5Lexists(file, "train", H5P_DEFAULT) <= 0)
@@ -126,12 +154,22 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
       Handle train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
       write_string_attribute(train, "progress", checkpoint.progress.dump());
     }
-    if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0)
-      throw Error(ExitCode::runtime_error, partial + ": cannot flush (is the disk full?)");
+  });
+}
+
+nlohmann::json read_checkpoint_progress(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
+  if (H5Lexists(file, "train", H5P_DEFAULT) <= 0) return nullptr;
+  Handle train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
+  auto progress = read_string_attribute(train, "progress");
+  if (!progress) return nullptr;
+  try {
+    return nlohmann::json::parse(*progress);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw BadInput(path + ": attribute train/progress is not valid JSON: " + e.what());
   }
-  std::error_code ec;
-  std::filesystem::rename(partial, path, ec);
-  if (ec) throw Error(ExitCode::runtime_error, "cannot rename " + partial + " to " + path + ": " + ec.message());
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

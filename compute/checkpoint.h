@@ -29,6 +29,9 @@ struct Checkpoint {
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 // Throws BadInput naming the file and the dataset that is missing or malformed.
 Checkpoint read_checkpoint(const std::string& path);
+// The progress record alone (epoch, settings of the run), without the arrays; null when the
+// checkpoint has none.
+nlohmann::json read_checkpoint_progress(const std::string& path);
 
 // Copies parameter and state values into device tensors by name, checking shapes; throws
 // BadInput naming the parameter (and the file) on a missing name or a shape mismatch.

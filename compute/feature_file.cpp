@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace tessera {
 
@@ -157,10 +159,8 @@ void FeatureFileWriter::append(const float *features, const int64_t *coords, int
 
 void FeatureFileWriter::finish() {
   close();
+  durable_rename(partial_, path_);
   std::error_code error;
-  fs::rename(partial_, path_, error);
-  if (error)
-    throw Error(ExitCode::runtime_error, "cannot rename " + partial_ + " to " + path_ + ": " + error.message());
   fs::remove(rows_path_, error);
 }
 
@@ -192,6 +192,20 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
                    std::to_string(tiles.patch_level) + ", downsample " + std::to_string(downsample[0]));
   tiles.downsample = downsample[0];
   return tiles;
+}
+
+void check_same_extraction(const std::string &path, const nlohmann::json &extraction) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
+  std::optional<std::string> stored;
+  if (H5Lexists(file, "features", H5P_DEFAULT) > 0) {
+    Handle features(H5Dopen2(file, "features", H5P_DEFAULT), H5Dclose);
+    stored = hdf5::read_string_attribute(features, "extraction");
+  }
+  if (stored && *stored == extraction.dump()) return;
+  throw UsageError(path + " holds features made with " + stored.value_or("unknown settings") + "; this run makes " +
+                   extraction.dump() + ": write to another --out directory, or remove the file to redo it");
 }
 
 }  // namespace tessera

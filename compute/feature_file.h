@@ -67,4 +67,9 @@ struct FeatureFileTiles {
 // attributes patch_size, patch_level and downsample are missing or malformed.
 FeatureFileTiles read_feature_tiles(const std::string &path);
 
+// Throws UsageError (exit 2) when the complete feature file at `path` was made with other
+// settings (model, layer, precision...) than `extraction`: a run into a directory of such
+// files must not keep them as if they were its own.
+void check_same_extraction(const std::string &path, const nlohmann::json &extraction);
+
 }  // namespace tessera

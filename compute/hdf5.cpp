@@ -4,6 +4,13 @@
 
 namespace tessera::hdf5 {
 
+namespace {
+// A file whose close failed (a full disk) stays in libhdf5's tables, and the library's atexit
+// cleanup then crashes closing it again; tessera closes every file itself, so it skips that
+// cleanup (set before main, ahead of any other HDF5 call).
+[[maybe_unused]] const bool no_cleanup_at_exit = [] { return H5dont_atexit() >= 0; }();
+}  // namespace
+
 void write_string_attribute(hid_t object, const char *name, const std::string &value) {
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type, value.size() + 1);

@@ -13,6 +13,7 @@
 #include "common/units.h"
 #include "compute/release_wait.h"
 #include "compute/roc_auc.h"
+#include "compute/run_checks.h"
 
 namespace tessera {
 
@@ -101,6 +102,13 @@ struct TrainingLoop::State {
       return allocator.footprint(static_cast<uint64_t>(element_count(shape)) * element_size(dtype));
     };
     for (auto& t : loop_tensors()) plan.bytes[t.category] += bytes(t.shape, t.dtype);
+    // Uploads and checkpoint downloads stage one tensor at a time; the largest is a parameter or state.
+    uint64_t largest = 0;
+    for (auto& layer : network.layers())
+      for (auto& spec : layer.specs)
+        if (spec.role != TensorRole::saved)
+          largest = std::max(largest, static_cast<uint64_t>(element_count(spec.shape)) * element_size(spec.dtype));
+    plan.bytes["staging"] += allocator.transfer_footprint(largest);
     for (auto& layer : network.layers())
       for (auto& spec : layer.specs)
         if (spec.role == TensorRole::parameter)
@@ -256,7 +264,8 @@ struct TrainingLoop::State {
         double value = val_metrics[2] > 0 ? val_metrics[0] / val_samples : train_metrics[0] / samples;
         reporting.protocol({{"type", "intermediate"}, {"step", epoch + 1}, {"value", value}, {"metrics", last}});
       }
-      if (!options.checkpoint.empty()) save(epoch + 1);
+      check_finite_state(download_tensors(checkpoint_tensors()), download_tensors(train_tensors()), epoch + 1);
+      if (!options.checkpoint.empty()) save(epoch + 1, last);
     }
     if (progress) progress->finish();
     if (reporting.protocol && last.is_object()) {
@@ -332,17 +341,14 @@ struct TrainingLoop::State {
     return tensors;
   }
 
-  void save(int epochs_done) {
+  void save(int epochs_done, const nlohmann::json& metrics) {
     wait_all();
     Checkpoint checkpoint;
     checkpoint.model = job.model;
     checkpoint.params = download_tensors(checkpoint_tensors());
     checkpoint.train = download_tensors(train_tensors());
-    checkpoint.progress = {{"epoch", epochs_done},
-                           {"seed", options.seed},
-                           {"batch", options.batch},
-                           {"accumulate", options.accumulate},
-                           {"optimizer", options.optimizer.kind}};
+    checkpoint.progress = run_settings(options);
+    checkpoint.progress.update({{"epoch", epochs_done}, {"metrics", metrics}});
     write_checkpoint(options.checkpoint, checkpoint);
   }
 
@@ -366,6 +372,8 @@ struct TrainingLoop::State {
 
 TrainingLoop::TrainingLoop(vk::Context& context, const TrainOptions& options, TrainingJob job)
     : state_(std::make_unique<State>(context, options, std::move(job))) {}
+
+int64_t TrainingLoop::classes() const { return state_->logits.output_shape[1]; }
 
 TrainingLoop::~TrainingLoop() {
   if (state_) state_->wait_all();

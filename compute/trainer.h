@@ -77,6 +77,8 @@ class TrainingLoop {
   // Device bytes the run needs, by category: what --dry-run prints and what is checked
   // against the budget before any work.
   MemoryPlan plan() const;
+  // The model's outputs: the classes its labels must lie in.
+  int64_t classes() const;
   // Checks the plan against the budget, allocates, initialises (from the seed or `start`),
   // records the programs and trains. Throws OutOfDeviceMemory (plan over budget), Diverged
   // (non-finite loss), BadInput (checkpoint), UsageError (flags).

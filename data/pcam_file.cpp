@@ -40,11 +40,7 @@ class PcamFile : public PatchSource {
     for (size_t d = 1; d < y_dims.size(); ++d) per_label *= y_dims[d];
     if (y_dims.empty() || y_dims[0] != count_ || per_label != 1)
       fail("y", "must hold one label per patch ([N] or [N,1,1,1]) for the " + std::to_string(count_) + " patches of x");
-    // Labels are small (N bytes): read them once, also to know the class count.
-    labels_.resize(count_);
-    if (count_ && H5Dread(y_, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels_.data()) < 0)
-      fail("y", "cannot be read (truncated or corrupt)");
-    for (auto label : labels_) classes_ = std::max<uint32_t>(classes_, label + 1u);
+    read_labels();
   }
 
   ~PcamFile() override {
@@ -77,6 +73,33 @@ class PcamFile : public PatchSource {
   }
 
  private:
+  // Labels are small: read them once, also to know the class count. Read as they are stored
+  // (HDF5 would clip int8 -1 to 0 and truncate 0.7 to 0), and refuse what is not a class index.
+  void read_labels() {
+    hid_t type = H5Dget_type(y_);
+    bool integer = H5Tget_class(type) == H5T_INTEGER;
+    H5Tclose(type);
+    if (!integer) fail("y", "must hold integer class indices (uint8 in the PCam layout), not floating point");
+    std::vector<int64_t> stored(count_);
+    if (count_ && H5Dread(y_, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, stored.data()) < 0)
+      fail("y", "cannot be read (truncated or corrupt)");
+    std::vector<size_t> per_class;
+    for (size_t i = 0; i < count_; ++i) {
+      if (stored[i] < 0 || stored[i] > 255)
+        fail("y", "label " + std::to_string(stored[i]) + " of patch " + std::to_string(i) + " is not a class index in [0, 255]");
+      auto label = static_cast<size_t>(stored[i]);
+      if (label >= per_class.size()) per_class.resize(label + 1);
+      per_class[label]++;
+      labels_.push_back(static_cast<uint8_t>(label));
+    }
+    // Classes are 0..K-1, each with patches (0 and 1 of a binary task may stand alone): a lone
+    // 255 among 0s and 1s is a broken label, not the sign of a 256-class task.
+    for (size_t c = 0; per_class.size() > 2 && c < per_class.size(); ++c)
+      if (per_class[c] == 0)
+        fail("y", "has labels up to " + std::to_string(per_class.size() - 1) + " but no patch of class " +
+                      std::to_string(c) + ": labels must be the class indices 0..K-1");
+    classes_ = static_cast<uint32_t>(per_class.size());
+  }
   [[noreturn]] void fail(const std::string& dataset, const std::string& problem) const {
     throw BadInput(path_ + ": dataset " + dataset + " " + problem);
   }

@@ -359,6 +359,9 @@ void extract_features(const ExtractOptions &options) {
   for (auto &[id, entry] : slides) total += entry.value("tiles", uint64_t{0});
 
   Extractor extractor(options, tile_size);
+  for (auto &[id, entry] : slides)
+    if (auto done = fs::path(options.out) / (slide_name(entry) + ".h5"); fs::exists(done))
+      check_same_extraction(done.string(), extractor.extraction());
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
   Progress progress("extract", total);

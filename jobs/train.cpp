@@ -2,13 +2,48 @@
 
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "common/error.h"
+#include "compute/run_checks.h"
 #include "data/loader.h"
 
 namespace tessera {
 
 namespace {
+
+// 0.1 as "0.1", as the user wrote it.
+std::string number(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+// Throws BadInput (exit 5) naming `data` when its labels do not fit a model of `classes`
+// outputs (labels are class indices in [0, classes)).
+void check_labels_fit(const data::PatchSource& source, int64_t classes, const std::string& data) {
+  if (source.class_count() > static_cast<uint64_t>(classes))
+    throw BadInput(data + ": holds label " + std::to_string(source.class_count() - 1) + ", but the model has " +
+                   std::to_string(classes) + " classes (labels must be in [0, " + std::to_string(classes) + "))");
+}
+
+// Throws UsageError when the training split is too small for one optimizer step, saying
+// why (validation may have taken whole slides) and what to change.
+void check_training_patches(const data::PatchSource& source, const TrainOptions& options, size_t train_patches,
+                            size_t val_patches) {
+  size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
+  if (train_patches >= per_step) return;
+  std::string need = "--batch " + std::to_string(options.batch) + " x --accumulate " +
+                     std::to_string(options.accumulate) + " needs " + std::to_string(per_step) + " training patches";
+  if (train_patches == 0 && val_patches > 0)
+    throw UsageError(need + ", but validation (--val-fraction " + number(options.val_fraction) + ") took all " +
+                     std::to_string(val_patches) + " patches of " + options.data +
+                     " (whole slides go to one side: a store of one slide cannot be split); use --val-fraction 0, "
+                     "or tile more slides");
+  throw UsageError(need + "; " + options.data + " has " + std::to_string(train_patches) + " for training (" +
+                   std::to_string(val_patches) + " held out for validation of " + std::to_string(source.size()) +
+                   "): lower --batch or --val-fraction");
+}
 
 // The data and the model as the run will use them.
 struct Setup {
@@ -27,11 +62,7 @@ Setup prepare(const TrainOptions& options) {
   setup.source = data::open_patches(options.data);
   if (setup.source->size() == 0) throw BadInput(options.data + ": holds no patches");
   data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
-  size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
-  if (setup.train_indices.size() < per_step)
-    throw UsageError("--batch " + std::to_string(options.batch) + " x --accumulate " +
-                     std::to_string(options.accumulate) + " needs " + std::to_string(per_step) +
-                     " training patches; " + options.data + " has " + std::to_string(setup.train_indices.size()));
+  check_training_patches(*setup.source, options, setup.train_indices.size(), setup.val_indices.size());
   int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
   TrainingJob& job = setup.job;
   if (options.resume && std::filesystem::exists(options.checkpoint)) {
@@ -82,12 +113,16 @@ class PatchFeed : public Feed {
 }  // namespace
 
 MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
-  return TrainingLoop(context, options, prepare(options).job).plan();
+  Setup setup = prepare(options);
+  TrainingLoop loop(context, options, std::move(setup.job));
+  check_labels_fit(*setup.source, loop.classes(), options.data);
+  return loop.plan();
 }
 
 void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
   Setup setup = prepare(options);
   TrainingLoop loop(context, options, std::move(setup.job));
+  check_labels_fit(*setup.source, loop.classes(), options.data);
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};
   data::LoaderOptions val_loading{static_cast<size_t>(options.batch), false, false, false, options.seed,

@@ -1,5 +1,5 @@
 #version 450
-// y = max(x, 0), four elements per invocation (one vec4 store instead of four scalar ones).
+// y = max(x, 0) with NaN kept, four elements per invocation (one vec4 store instead of four scalar ones).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer x;
@@ -9,7 +9,10 @@ void main() {
   uint i = global_index(), first = 4 * i;
   if (first >= p.count) return;
   vec4 v;
-  for (int j = 0; j < 4; ++j) v[j] = max(texelFetch(x, int(min(first + j, p.count - 1))).x, 0.0);
+  for (int j = 0; j < 4; ++j) {
+    float value = texelFetch(x, int(min(first + j, p.count - 1))).x;
+    v[j] = value < 0.0 ? 0.0 : value;  // NaN stays NaN, as in PyTorch (max(NaN, 0) may give 0)
+  }
   if (first + 4 <= p.count) {
     y[i] = v;
   } else {

@@ -11,6 +11,8 @@ from PIL import Image
 from data_tools import read_store, run, summary, synth, workdir
 
 
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+
 def expect(result, code, *words):
     assert result.returncode == code, (result.returncode, code, result.stderr)
     for word in words:
@@ -147,5 +149,9 @@ def main(binary):
     print("ok")
 
 
+def test_data_bad_input():
+    main(TESSERA)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else TESSERA)

@@ -18,6 +18,8 @@ from data_tools import parse_value, read_store, run, summary, synth, workdir
 TILE_FLAGS = ["--size", "128", "--workers", "1", "--commit-tiles", "16", "--quality", "80"]
 
 
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+
 def tile_count(store):
     try:
         env = lmdb.open(store, readonly=True, max_dbs=2)
@@ -137,5 +139,9 @@ def main(binary):
     print("ok")
 
 
+def test_data_resume():
+    main(TESSERA)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else TESSERA)

@@ -10,6 +10,8 @@ import numpy as np
 from data_tools import parse_value, point_in_polygons, read_store, run, summary, synth, tumour_polygons, workdir
 
 
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+
 def main(binary):
     work = workdir("test_data_tile")
     slide = os.path.join(work, "slide.tiff")
@@ -93,5 +95,9 @@ def main(binary):
     print("ok")
 
 
+def test_data_tile():
+    main(TESSERA)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else TESSERA)

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from data_tools import parse_value, read_store, run, summary, synth  # noqa: E402
 from tessera_presets import build_preset, normalise  # noqa: E402
 
-TESSERA = sys.argv[1]
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
 CONVERTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "torch_to_tessera.py")
 SIZE, WIDTH = 32, 8
 SLIDES = {"s0": (640, 384, 3), "s1": (512, 384, 4), "s2": (448, 320, 5)}
@@ -61,7 +62,7 @@ def extract(store, out, *flags, check=True):
     return result
 
 
-def test_layout_coords_and_features(store, tiles, slides, model):
+def check_layout_coords_and_features(store, tiles, slides, model):
     out = os.path.join(WORK, "plain")
     result = summary(extract(store, out, "--batch", "8"))
     assert result["extraction"]["pooling"] == "global_average", result
@@ -87,7 +88,20 @@ def test_layout_coords_and_features(store, tiles, slides, model):
     return out
 
 
-def test_fp16(store, plain):
+def check_other_settings_refused(store, plain):
+    """Complete files made with another layer or precision are never kept as this run's."""
+    files = {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)}
+    for flags in (["--precision", "fp16"], ["--layer", "conv2"]):
+        layer = flags[1] if flags[0] == "--layer" else "pool2"
+        precision = flags[1] if flags[0] == "--precision" else "fp32"
+        result = run(TESSERA, "extract", "--model", MODEL, "--layer", layer, "--tiles", store, "--out", plain,
+                     "--precision", precision, check=False)
+        assert result.returncode == 2, (flags, result.returncode, result.stderr)
+        assert ".h5" in result.stderr and "another --out" in result.stderr, result.stderr
+        assert {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)} == files
+
+
+def check_fp16(store, plain):
     out = os.path.join(WORK, "fp16")
     extract(store, out, "--precision", "fp16", "--compression", "gzip")
     for name in SLIDES:
@@ -111,7 +125,7 @@ def flushed_rows(out):
     return rows
 
 
-def test_kill_and_resume(store, plain):
+def check_kill_and_resume(store, plain):
     out = os.path.join(WORK, "killed")
     for attempt in range(3):
         process = subprocess.Popen([TESSERA, "extract", "--model", MODEL, "--layer", "pool2", "--tiles", store,
@@ -137,7 +151,7 @@ def test_kill_and_resume(store, plain):
     assert not [n for n in os.listdir(out) if "partial" in n], os.listdir(out)
 
 
-def test_full_disk(store, plain):
+def check_full_disk(store, plain):
     out = os.path.join(WORK, "full")
 
     def limit_file_size():
@@ -156,14 +170,14 @@ def test_full_disk(store, plain):
         np.testing.assert_allclose(features, expected_features, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
-def test_unknown_layer(store):
+def check_unknown_layer(store):
     result = run(TESSERA, "extract", "--model", MODEL, "--layer", "layer9", "--tiles", store, "--out",
                  os.path.join(WORK, "unknown"), check=False)
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "layer9" in result.stderr and "conv1" in result.stderr and "pool2" in result.stderr, result.stderr
 
 
-def test_slide_fails_alone(store, tiles):
+def check_slide_fails_alone(store, tiles):
     broken = os.path.join(WORK, "broken.lmdb")
     shutil.copytree(store, broken)
     key = sorted(k for k in tiles if k[0] == 1)[3]
@@ -182,17 +196,18 @@ def test_slide_fails_alone(store, tiles):
     assert not os.path.exists(os.path.join(out, "s1.h5"))
 
 
-def test_from_slides():
+def check_from_slides():
     out = os.path.join(WORK, "from_slides")
     slide = os.path.join(WORK, "s2.tiff")
-    result = summary(run(TESSERA, "extract", "--model", "small-cnn", "--layer", "relu3", "--slides", slide, "--out",
+    result = summary(run(TESSERA, "extract", "--model", "small-cnn", "--random-weights", "--layer", "relu3", "--slides", slide, "--out",
                          out, "--size", str(SIZE), "--batch", "16"))
     assert result["extraction"]["pooling"] == "none", result
     features, coords, attrs, _ = read_features(os.path.join(out, "s2.h5"))
     assert features.shape == (result["tiles"], 128) and len(coords) == result["tiles"] > 0, features.shape
 
 
-if __name__ == "__main__":
+def test_extract():
+    global WORK, STORE, MODEL
     WORK = tempfile.mkdtemp(prefix="tessera_extract_")
     try:
         paths = []
@@ -204,13 +219,18 @@ if __name__ == "__main__":
         tiles, slides = read_store(STORE)
         model = make_checkpoint(WORK)
         MODEL = os.path.join(WORK, "model.h5")
-        plain = test_layout_coords_and_features(STORE, tiles, slides, model)
-        test_fp16(STORE, plain)
-        test_kill_and_resume(STORE, plain)
-        test_full_disk(STORE, plain)
-        test_unknown_layer(STORE)
-        test_slide_fails_alone(STORE, tiles)
-        test_from_slides()
+        plain = check_layout_coords_and_features(STORE, tiles, slides, model)
+        check_fp16(STORE, plain)
+        check_other_settings_refused(STORE, plain)
+        check_kill_and_resume(STORE, plain)
+        check_full_disk(STORE, plain)
+        check_unknown_layer(STORE)
+        check_slide_fails_alone(STORE, tiles)
+        check_from_slides()
         print("test_extract: all passed")
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    test_extract()

@@ -14,7 +14,8 @@ import tempfile
 import h5py
 import numpy as np
 
-TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
 SLIDES, WIDTH = 48, 16
 
 
@@ -114,6 +115,10 @@ def main():
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_mil():
+    main()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import time
 
 from data_tools import run, summary, synth, workdir
 
-TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
 SLIDES, SIZE, TILE = 24, 1024, 32
 # A randomly initialised small-cnn of width 8 up to pool2: 16 features a tile, which already set
 # tumour tiles apart (darker, denser nuclei), though by small amounts on a large common offset.
@@ -60,7 +61,7 @@ def main():
         with open(model, "w") as f:
             json.dump(BACKBONE, f)
         features = os.path.join(work, "features")
-        extracted = summary(vulkan("extract", "--model", model, "--layer", "pool2", "--tiles", store,
+        extracted = summary(vulkan("extract", "--model", model, "--random-weights", "--layer", "pool2", "--tiles", store,
                                    "--out", features, "--batch", 64))
         assert sorted(os.listdir(features)) == [f"slide{index:02d}.h5" for index in range(SLIDES)], extracted
 
@@ -75,6 +76,10 @@ def main():
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_mil_slides():
+    main()
 
 
 if __name__ == "__main__":

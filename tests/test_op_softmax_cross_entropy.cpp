@@ -2,6 +2,7 @@
 // weights, and large logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "compute/ops/softmax_cross_entropy.h"
@@ -27,8 +28,28 @@ std::vector<float> cross_entropy_cpu(const std::vector<float>& logits, const std
   return loss;
 }
 
+// The gradient of sum(dloss * l) for the loss above (PyTorch's weighted mean), in double.
+std::vector<float> cross_entropy_grad_cpu(const std::vector<float>& logits, const std::vector<float>& labels,
+                                          const std::vector<float>& weights, const std::vector<float>& dloss) {
+  size_t samples = labels.size(), classes = weights.size();
+  double total = 0;
+  for (float label : labels) total += weights[static_cast<size_t>(label)];
+  std::vector<float> grad(samples * classes);
+  for (size_t n = 0; n < samples; ++n) {
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(logits[n * classes + c]));
+    auto label = static_cast<size_t>(labels[n]);
+    for (size_t c = 0; c < classes; ++c) {
+      double p = std::exp(static_cast<double>(logits[n * classes + c])) / sum;
+      grad[n * classes + c] = static_cast<float>(dloss[n] * weights[label] / total * (p - (c == label ? 1 : 0)));
+    }
+  }
+  return grad;
+}
+
+// Every class in turn, so that class weights do not cancel out.
 void set_labels(test::OpCheck& check, size_t classes) {
-  for (size_t n = 0; n < check.inputs[1].size(); ++n) check.inputs[1][n] = static_cast<float>((n * 7 + 3) % classes);
+  for (size_t n = 0; n < check.inputs[1].size(); ++n) check.inputs[1][n] = static_cast<float>((n + 3) % classes);
 }
 
 TEST(SoftmaxCrossEntropy, RejectsMismatchedShapes) {
@@ -77,6 +98,25 @@ TEST(SoftmaxCrossEntropy, LabelOutsideTheClassesGivesNaN) {
   check.tensors[0] = {1.0f, 1.0f};
   auto l = check.forward();
   EXPECT_TRUE(std::isnan(l[1]));
+}
+
+TEST(SoftmaxCrossEntropy, BackwardMatchesCpuWithClassWeights) {
+  SoftmaxCrossEntropy loss;
+  test::OpCheck check(test::context(), loss, {{11, 7}, {11}}, 3, {DType::f32, DType::u32});
+  set_labels(check, 7);
+  for (auto& x : check.inputs[0]) x *= 3;
+  std::vector<float> dloss = test::random_values(11, 5, 0.5f, 2.0f);
+  const std::vector<float> weights = {1.0f, 0.5f, 2.0f, 3.0f, 0.25f, 1.5f, 0.75f}, uniform(7, 1.0f);
+  check.tensors[0] = weights;
+  auto weighted = check.backward(dloss)[0];
+  auto expected = cross_entropy_grad_cpu(check.inputs[0], check.inputs[1], weights, dloss);
+  test::expect_near(weighted, expected, 1e-5, "weighted cross-entropy gradient");
+  // The weights change the gradient: a backward that ignored them would fail above.
+  auto unweighted = cross_entropy_grad_cpu(check.inputs[0], check.inputs[1], uniform, dloss);
+  double largest_change = 0;
+  for (size_t i = 0; i < expected.size(); ++i)
+    largest_change = std::max(largest_change, std::abs(static_cast<double>(expected[i] - unweighted[i])));
+  EXPECT_GT(largest_change, 0.01);
 }
 
 TEST(SoftmaxCrossEntropy, BackwardMatchesFiniteDifferences) {

@@ -38,7 +38,7 @@ CLASSES = 10
 INPUT_SHAPE = (2, 3, 64, 64)
 TOLERANCE = 1e-4
 EXIT_BAD_INPUT = 5
-TESSERA = None  # set from argv in __main__
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 
 
 def relative_error(actual, expected):
@@ -221,7 +221,6 @@ class Resnet18MatchesTorch(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(f"usage: {sys.argv[0]} TESSERA_BINARY")
-    TESSERA = sys.argv.pop(1)
+    if len(sys.argv) > 1:
+        TESSERA = sys.argv.pop(1)
     unittest.main(verbosity=2)

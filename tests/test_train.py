@@ -5,8 +5,12 @@ one; K micro-batches equal one K-times-larger batch; the memory plan matches the
 peak; bad input exits with its code and names the culprit.
 Run as: /usr/bin/python3 tests/test_train.py TESSERA_BINARY
 """
+import hashlib
 import json
 import os
+import resource
+import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,7 +19,8 @@ import unittest
 import h5py
 import numpy as np
 
-TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -83,13 +88,125 @@ class TrainTest(unittest.TestCase):
         resumed = os.path.join(self.dir, "resumed.h5")
         run(self.base("--epochs", "2", "--optimizer", "adam", "--lr", "0.003", "--checkpoint", whole))
         run(self.base("--epochs", "1", "--optimizer", "adam", "--lr", "0.003", "--checkpoint", resumed))
-        run(self.base("--epochs", "2", "--optimizer", "adam", "--lr", "0.003", "--checkpoint", resumed, "--resume"))
+        # The resumed run takes every setting from the checkpoint: only the data and --epochs are given.
+        run(["train", "--data", self.data, "--epochs", "2", "--checkpoint", resumed, "--resume"])
         a, b = params(whole), params(resumed)
         self.assertEqual(sorted(a), sorted(b))
         for name in a:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
         with h5py.File(resumed, "r") as f:
             self.assertEqual(json.loads(f["train"].attrs["progress"])["epoch"], 2)
+
+        # Resuming a finished run trains nothing and reports the real final metrics, not 0.
+        _, _, err, report = run(["train", "--data", self.data, "--epochs", "2", "--checkpoint", resumed, "--resume"])
+        self.assertIn("nothing to do", err)
+        final = [line for line in report if line["type"] == "final"]
+        self.assertEqual(len(final), 1)
+        with h5py.File(resumed, "r") as f:
+            last = json.loads(f["train"].attrs["progress"])["metrics"]
+        self.assertEqual(last["epoch"], 2)
+        self.assertGreater(final[0]["value"], 0.1)
+        self.assertEqual(final[0]["value"], last["val_loss"])
+        self.assertEqual(params(resumed).keys(), a.keys())
+        for name in a:
+            np.testing.assert_array_equal(a[name], params(resumed)[name], err_msg=name)
+
+    def test_resume_with_other_flags_names_each_difference(self):
+        checkpoint = os.path.join(self.dir, "resume_flags.h5")
+        run(self.base("--epochs", "1", "--checkpoint", checkpoint))
+        before = digest(checkpoint)
+        other_data = os.path.join(self.dir, "other_task.h5")
+        shutil.copy(self.data, other_data)
+        code, _, err, report = run(self.base("--epochs", "2", "--checkpoint", checkpoint, "--resume", "--width", "8",
+                                             "--batch", "8", "--seed", "1", "--optimizer", "adam",
+                                             "--data", other_data), check=False)
+        self.assertEqual(code, 2, err)
+        for flag in ("--width 8", "--batch 8", "--seed 1", "--optimizer adam", "--data " + other_data):
+            self.assertIn(flag, err)
+        self.assertNotIn("--lr", err)
+        self.assertEqual(report, [])
+        self.assertEqual(digest(checkpoint), before)
+
+    def test_non_finite_weights_are_divergence_and_keep_the_last_checkpoint(self):
+        checkpoint = os.path.join(self.dir, "diverging.h5")
+        run(self.base("--epochs", "1", "--checkpoint", checkpoint))
+        before = digest(checkpoint)
+        code, _, err, report = run(self.base("--epochs", "1", "--checkpoint", checkpoint, "--lr", "1e30"),
+                                   check=False)
+        self.assertEqual(code, 4, err)
+        self.assertIn("diverged", err)
+        self.assertEqual([line for line in report if line["type"] == "final"], [])
+        self.assertEqual(digest(checkpoint), before)
+        self.assertFalse(os.path.exists(checkpoint + ".partial"))
+
+    def test_labels_that_are_not_class_indices_are_bad_input(self):
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, 255, (64, 16, 16, 3), dtype=np.uint8)
+        cases = {"y255.h5": np.array([0, 1] * 31 + [255, 1], np.uint8),
+                 "int8.h5": np.array([0, 1] * 31 + [-1, 1], np.int8),
+                 "float.h5": np.array([0.0, 1.0] * 31 + [0.7, 1.0], np.float32)}
+        for name, y in cases.items():
+            path = os.path.join(self.dir, name)
+            with h5py.File(path, "w") as f:
+                f["x"] = x
+                f["y"] = y
+            code, _, err, report = run(self.base("--data", path, "--epochs", "1"), check=False)
+            self.assertEqual(code, 5, name + ": " + err)
+            self.assertIn(path, err)
+            self.assertEqual(report, [])
+
+        # Data of three classes on a model of two: exit 5 naming the data, not "diverged".
+        checkpoint = os.path.join(self.dir, "two_classes.h5")
+        run(self.base("--epochs", "1", "--checkpoint", checkpoint))
+        three = os.path.join(self.dir, "three_classes.h5")
+        with h5py.File(three, "w") as f:
+            f["x"] = x
+            f["y"] = np.array([0, 1, 2, 1] * 16, np.uint8)
+        code, _, err, _ = run(self.base("--data", three, "--model", checkpoint, "--epochs", "1"), check=False)
+        self.assertEqual(code, 5, err)
+        self.assertIn(three, err)
+        self.assertIn("2 classes", err)
+
+    def test_non_finite_or_negative_numeric_flags_exit_2(self):
+        for flag, value in (("--lr", "nan"), ("--momentum", "nan"), ("--weight-decay", "nan"),
+                            ("--class-weights", "nan,1"), ("--class-weights", "-1,1"), ("--class-weights", "0,0"),
+                            ("--val-fraction", "nan"), ("--lr", "inf")):
+            code, _, err, report = run(self.base(flag, value, "--epochs", "1"), check=False)
+            self.assertEqual(code, 2, f"{flag} {value}: {err}")
+            self.assertIn(flag, err)
+            self.assertEqual(report, [])
+
+    def test_flags_that_do_not_apply_to_features_are_errors(self):
+        features = os.path.join(self.dir, "no_features")
+        os.makedirs(features, exist_ok=True)
+        labels = os.path.join(self.dir, "labels.csv")
+        with open(labels, "w") as f:
+            f.write("slide,label\n")
+        for flag in (["--batch", "4"], ["--accumulate", "2"], ["--model", "resnet18"], ["--width", "8"],
+                     ["--augment"], ["--workers", "3"]):
+            code, _, err, report = run(["train", "--features", features, "--labels", labels, *flag], check=False)
+            self.assertEqual(code, 2, f"{flag}: {err}")
+            self.assertIn(flag[0], err)
+            self.assertEqual(report, [])
+
+    def test_checkpoint_write_error_names_the_file_and_keeps_the_last_one(self):
+        checkpoint = os.path.join(self.dir, "full_disk.h5")
+        run(self.base("--epochs", "1", "--checkpoint", checkpoint))
+        before = digest(checkpoint)
+        size = os.path.getsize(checkpoint)
+
+        def small_files():
+            # A file may not grow past half a checkpoint: writing one fails as on a full disk.
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+
+        command = [TESSERA] + self.base("--epochs", "1", "--checkpoint", checkpoint, "--seed", "8")
+        process = subprocess.run(command, capture_output=True, text=True, preexec_fn=small_files)
+        self.assertEqual(process.returncode, 1, process.stderr)
+        self.assertIn(checkpoint, process.stderr)
+        self.assertIn("disk full", process.stderr)
+        self.assertEqual(digest(checkpoint), before)
+        self.assertFalse(os.path.exists(checkpoint + ".partial"))
 
     def test_accumulation_equals_larger_batch(self):
         big = os.path.join(self.dir, "big.h5")
@@ -149,6 +266,78 @@ class TrainTest(unittest.TestCase):
         code, _, err, _ = run(self.base("--batch", "0"), check=False)
         self.assertEqual(code, 2)
         self.assertIn("--batch", err)
+
+        # A field tessera does not implement is an error, not silently dropped.
+        model = os.path.join(self.dir, "unknown_field.json")
+        with open(model, "w") as f:
+            json.dump({"layers": [{"name": "c", "type": "conv2d", "kernel": 3, "out_channels": 4, "dilation": 2},
+                                  {"name": "f", "type": "flatten"},
+                                  {"name": "fc", "type": "linear", "out_features": 2}]}, f)
+        code, _, err, _ = run(self.base("--model", model), check=False)
+        self.assertEqual(code, 5, err)
+        self.assertIn("'dilation'", err)
+        self.assertIn("'c'", err)
+
+    def test_augment_class_weights_and_weight_decay_take_effect(self):
+        def final_params(*flags):
+            path = os.path.join(self.dir, "effect_" + "_".join(f.strip("-") for f in flags) + ".h5")
+            _, _, err, _ = run(self.base("--epochs", "1", "--checkpoint", path, *flags))
+            return params(path), epochs(err)[-1]
+
+        plain, plain_epoch = final_params()
+        augmented, _ = final_params("--augment")
+        augmented_again, _ = final_params("--augment")
+        self.assertFalse(np.array_equal(plain["conv1.weight"], augmented["conv1.weight"]))
+        np.testing.assert_array_equal(augmented["conv1.weight"], augmented_again["conv1.weight"])
+
+        # Weight decay shrinks the weights against the same batches.
+        decayed, _ = final_params("--weight-decay", "0.5")
+        norm = lambda p: np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for k, v in p.items() if "weight" in k))
+        self.assertLess(norm(decayed), 0.95 * norm(plain))
+
+        # Class 0 weighted 0: only class 1 pulls, so the model calls every patch class 1 and its
+        # validation accuracy is the share of class 1 among the held-out patches.
+        _, weighted_epoch = final_params("--class-weights", "0,1")
+        with h5py.File(self.data, "r") as f:
+            y = f["y"][()].reshape(-1)
+        held_out = y[len(y) - round(0.2 * len(y)):]
+        self.assertAlmostEqual(weighted_epoch["val_accuracy"], float(np.mean(held_out == 1)), places=6)
+        self.assertNotAlmostEqual(plain_epoch["val_accuracy"], weighted_epoch["val_accuracy"], places=3)
+
+    def test_store_of_one_slide_says_validation_took_it(self):
+        slide = os.path.join(self.dir, "one.tiff")
+        store = os.path.join(self.dir, "one.lmdb")
+        subprocess.run([TESSERA, "synth", slide, "--width", "512", "--height", "512", "--seed", "1"], check=True,
+                       capture_output=True)
+        subprocess.run([TESSERA, "tile", slide, "--out", store, "--size", "32"], check=True, capture_output=True)
+        code, _, err, report = run(["train", "--data", store, "--width", "4", "--batch", "16"], check=False)
+        self.assertEqual(code, 2, err)
+        self.assertIn("validation", err)
+        self.assertIn("--val-fraction 0", err)
+        self.assertEqual(report, [])
+
+    def test_output_that_is_an_input_is_refused_before_any_work(self):
+        data = os.path.join(self.dir, "own_data.h5")
+        shutil.copy(self.data, data)
+        before = digest(data)
+        link = os.path.join(self.dir, "link_to_data.h5")
+        os.symlink(data, link)
+        hard = os.path.join(self.dir, "hard_link_to_data.h5")
+        os.link(data, hard)
+        # The same file by another name: identity, not text, decides.
+        for checkpoint in (data, link, hard, os.path.join(self.dir, ".", "own_data.h5")):
+            code, _, err, report = run(self.base("--data", data, "--checkpoint", checkpoint), check=False)
+            self.assertEqual(code, 2, err)
+            self.assertIn("--checkpoint", err)
+            self.assertIn("--data", err)
+            self.assertEqual(report, [])
+            self.assertEqual(digest(data), before)
+        self.assertFalse(os.path.exists(data + ".partial"))
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 if __name__ == "__main__":

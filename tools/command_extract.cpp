@@ -5,6 +5,7 @@
 #include "jobs/extract.h"
 #include "tools/commands.h"
 #include "tools/tiling_flags.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -13,7 +14,10 @@ void add_extract_command(CLI::App &app) {
   auto options = std::make_shared<ExtractOptions>();
   auto precision = std::make_shared<std::string>("fp32");
   auto compression = std::make_shared<std::string>("none");
+  auto random_weights = std::make_shared<bool>(false);
   command->add_option("--model", options->model, "Checkpoint .h5 or preset")->required();
+  command->add_flag("--random-weights", *random_weights,
+                    "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
   command->add_option("--layer", options->layer, "Layer or module name (resnets: conv1, layer1 ... layer4; resnet50 layer3: CLAM's resnet50_trunc)")
       ->required();
   auto *slides = command->add_option("--slides", options->slides, "Slides, tiled into OUT/tiles.lmdb first");
@@ -30,7 +34,8 @@ void add_extract_command(CLI::App &app) {
   command->add_option("--workers", options->workers, "Threads decoding tiles")->capture_default_str();
   command->add_option("--device", options->device, "Vulkan device index");
   add_tiling_flags(*command, options->tiler);  // for --slides
-  command->callback([options, precision, compression] {
+  command->callback([options, precision, compression, random_weights] {
+    refuse_untrained_model(options->model, *random_weights);
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";
     extract_features(*options);

@@ -8,6 +8,7 @@
 #include "compute/checkpoint.h"
 #include "compute/network.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -16,12 +17,16 @@ namespace {
 struct ForwardFlags {
   std::string model, input, output;
   int batch = 16, device = -1, classes = 2;
+  bool random_weights = false;
 };
 
 void run_forward(const ForwardFlags& f) {
+  refuse_untrained_model(f.model, f.random_weights);
+  refuse_output_over_inputs("--output", f.output, {{"--input", f.input}, {"--model", f.model}});
   HostArray x = read_hdf5_array(f.input, "x");
   if (x.shape.size() != 4 || x.shape[1] != 3)
     throw BadInput(f.input + ": dataset x must be float32 [N,3,H,W] (normalised images), got " + to_string(x.shape));
+  if (x.shape[0] == 0) throw BadInput(f.input + ": dataset x holds no images (shape " + to_string(x.shape) + ")");
   std::optional<Checkpoint> checkpoint;
   nlohmann::json description;
   if (is_checkpoint_path(f.model)) {
@@ -85,6 +90,8 @@ void add_forward_command(CLI::App& app) {
   command->add_option("--model", flags->model, "Checkpoint .h5 or preset")->required();
   command->add_option("--input", flags->input, "HDF5 file with dataset x, float32 [N,3,H,W], normalised")->required();
   command->add_option("--output", flags->output, "HDF5 file to write dataset logits [N,K] to")->required();
+  command->add_flag("--random-weights", flags->random_weights,
+                    "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
   command->add_option("--classes", flags->classes, "Classes of a preset (not of a checkpoint)")->capture_default_str();
   command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(CLI::PositiveNumber);
   command->add_option("--device", flags->device, "Vulkan device index");

@@ -2,12 +2,17 @@
 // head on spilled features (--features).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
 #include "common/error.h"
 #include "common/units.h"
+#include "compute/checkpoint.h"
+#include "compute/run_checks.h"
 #include "jobs/mil.h"
 #include "jobs/train.h"
 #include "tools/commands.h"
@@ -24,6 +29,8 @@ struct TrainFlags {
   std::string memory_limit;
   int report_fd = -1;
   std::string class_weights;
+  // --resume of a checkpoint that already holds --epochs epochs: its last epoch's record.
+  nlohmann::json finished;
 };
 
 void add_train_flags(CLI::App& command, TrainFlags& f) {
@@ -40,27 +47,31 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
   command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches")
       ->capture_default_str()->check(CLI::PositiveNumber)->needs(features);
+  // Flags of patch training that a head on features has no use for: an error with --features.
   command.add_option("--model", o.model, "Preset (small-cnn, resnet18, resnet50), model JSON, or checkpoint .h5 to start from")
-      ->capture_default_str();
+      ->capture_default_str()->excludes(features);
   command.add_option("--width", o.width, "Channel width of small-cnn (conv1; conv2 and fc1 scale with it)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(CLI::PositiveNumber)->excludes(features);
   command.add_option("--epochs", o.epochs, "Passes over the training patches")->capture_default_str();
-  command.add_option("--batch", o.batch, "Micro-batch: patches on the device at once")->capture_default_str();
+  command.add_option("--batch", o.batch, "Micro-batch: patches on the device at once")->capture_default_str()
+      ->excludes(features);
   command.add_option("--accumulate", o.accumulate, "Micro-batches per optimizer step (effective batch = batch x K)")
-      ->capture_default_str();
+      ->capture_default_str()->excludes(features);
   command.add_option("--optimizer", o.optimizer.kind, "sgd, adam, adamw or adagrad")
       ->capture_default_str()->check(CLI::IsMember({"sgd", "adam", "adamw", "adagrad"}));
   command.add_option("--lr", o.optimizer.lr, "Learning rate")->capture_default_str()->check(finite_positive());
-  command.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str();
+  command.add_option("--momentum", o.optimizer.momentum, "SGD momentum")->capture_default_str()
+      ->check(finite_non_negative());
   command.add_option("--weight-decay", o.optimizer.weight_decay, "Weight decay (decoupled for adamw)")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_non_negative());
   command.add_option("--seed", o.seed, "Seed of initialisation, shuffling, augmentation and dropout")
       ->capture_default_str();
   command.add_option("--val-fraction", o.val_fraction, "Share of patches (whole slides) held out for validation")
-      ->capture_default_str();
+      ->capture_default_str()->check(finite_in(0, 1));
   command.add_option("--class-weights", f.class_weights, "Cross-entropy weight per class, e.g. 1,3");
-  command.add_flag("--augment", o.augment, "Flips, 90-degree rotations and colour jitter");
-  command.add_option("--workers", o.workers, "Loader threads")->capture_default_str()->check(CLI::PositiveNumber);
+  command.add_flag("--augment", o.augment, "Flips, 90-degree rotations and colour jitter")->excludes(features);
+  command.add_option("--workers", o.workers, "Loader threads")->capture_default_str()->check(CLI::PositiveNumber)
+      ->excludes(features);
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
@@ -74,15 +85,96 @@ std::vector<float> parse_weights(const std::string& text) {
   std::stringstream stream(text);
   std::string item;
   while (std::getline(stream, item, ',')) {
+    float weight = 0;
     try {
       size_t used = 0;
-      weights.push_back(std::stof(item, &used));
+      weight = std::stof(item, &used);
       if (used != item.size()) throw std::invalid_argument(item);
     } catch (const std::exception&) {
       throw UsageError("--class-weights: '" + item + "' is not a number");
     }
+    if (!std::isfinite(weight) || weight < 0)
+      throw UsageError("--class-weights: '" + item + "' is not a finite number of at least 0");
+    weights.push_back(weight);
   }
+  if (std::none_of(weights.begin(), weights.end(), [](float w) { return w > 0; }))
+    throw UsageError("--class-weights: at least one weight must be above 0");
   return weights;
+}
+
+std::string shown(const nlohmann::json& value) {
+  return value.is_string() ? value.get<std::string>() : value.dump();
+}
+
+// A resumed run continues the run that wrote the checkpoint: flags left out take the
+// checkpoint's values, and a flag given with another value is an error that names it (exit 2),
+// so that a resumed run never silently differs from the one it continues.
+void settle_resume(const CLI::App& command, TrainFlags& f) {
+  TrainOptions& o = f.options;
+  if (!o.resume || o.checkpoint.empty() || !std::filesystem::exists(o.checkpoint)) return;
+  nlohmann::json saved = read_checkpoint_progress(o.checkpoint);
+  if (!saved.is_object()) return;
+  nlohmann::json settings = run_settings(o);
+  static const std::pair<const char*, const char*> flags[] = {
+      {"data", "--data"},         {"model", "--model"},       {"width", "--width"},
+      {"batch", "--batch"},       {"accumulate", "--accumulate"}, {"optimizer", "--optimizer"},
+      {"lr", "--lr"},             {"momentum", "--momentum"}, {"weight_decay", "--weight-decay"},
+      {"seed", "--seed"},         {"val_fraction", "--val-fraction"}, {"class_weights", "--class-weights"},
+      {"augment", "--augment"}};
+  std::string differences;
+  for (auto& [key, flag] : flags) {
+    if (!saved.contains(key)) continue;
+    if (command.count(flag) == 0) {
+      settings[key] = saved[key];
+    } else if (settings[key] != saved[key]) {
+      differences += std::string(differences.empty() ? "" : "; ") + flag + " " + shown(settings[key]) +
+                     " (the checkpoint's run: " + shown(saved[key]) + ")";
+    }
+  }
+  if (!differences.empty())
+    throw UsageError(o.checkpoint + ": --resume continues the run that wrote it, but " + differences +
+                     ". Leave these flags out (or give the checkpoint's values), or start a new run with another "
+                     "--checkpoint");
+  settings.at("model").get_to(o.model);
+  settings.at("width").get_to(o.width);
+  settings.at("batch").get_to(o.batch);
+  settings.at("accumulate").get_to(o.accumulate);
+  settings.at("optimizer").get_to(o.optimizer.kind);
+  settings.at("lr").get_to(o.optimizer.lr);
+  settings.at("momentum").get_to(o.optimizer.momentum);
+  settings.at("weight_decay").get_to(o.optimizer.weight_decay);
+  settings.at("seed").get_to(o.seed);
+  settings.at("val_fraction").get_to(o.val_fraction);
+  settings.at("class_weights").get_to(o.class_weights);
+  settings.at("augment").get_to(o.augment);
+  int done = saved.value("epoch", 0);
+  if (done < o.epochs) return;
+  if (!saved.contains("metrics") || !saved["metrics"].is_object())
+    throw UsageError(o.checkpoint + ": already holds " + std::to_string(done) + " epochs, and --epochs is " +
+                     std::to_string(o.epochs) + ": raise --epochs to train on");
+  f.finished = saved["metrics"];
+}
+
+// Flags that cannot work together or with the checkpoint to resume; before any device work.
+void check_flags(const CLI::App& command, TrainFlags& f) {
+  if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  refuse_output_over_inputs("--checkpoint", f.options.checkpoint,
+                            {{"--data", f.options.data}, {"--features", f.mil.features}, {"--labels", f.mil.labels},
+                             {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}});
+  settle_resume(command, f);
+}
+
+// The final report of a run that had nothing left to do: the checkpoint's last epoch.
+void report_finished(vk::Context& context, const TrainFlags& f,
+                     const std::function<void(const nlohmann::json&)>& protocol) {
+  const nlohmann::json& last = f.finished;
+  std::fprintf(stderr, "%s: already trained %d epochs (--epochs %d); nothing to do. Its last epoch: %s\n",
+               f.options.checkpoint.c_str(), last.value("epoch", 0), f.options.epochs, last.dump().c_str());
+  protocol({{"type", "final"},
+            {"value", last["val_loss"].is_number() ? last["val_loss"] : last["train_loss"]},
+            {"metrics", last},
+            {"peak_device_bytes", last.value("peak_device_bytes", 0)},
+            {"device", context.info().name}});
 }
 
 vk::ContextOptions context_options(const TrainFlags& f) {
@@ -107,7 +199,7 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
 }
 
 void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlohmann::json&)>& protocol) {
-  if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  if (f.finished.is_object()) return report_finished(context, f, protocol);
   TrainReporting reporting;
   reporting.protocol = protocol;
   bool features = !f.mil.features.empty();
@@ -132,12 +224,13 @@ void add_train_command(CLI::App& app) {
   auto* command = app.add_subcommand("train", "Train a CNN on patches (PCam-layout HDF5 or LMDB tile store)");
   auto flags = std::make_shared<TrainFlags>();
   add_train_flags(*command, *flags);
-  command->callback([flags] {
+  command->callback([command, flags] {
     std::FILE* report = nullptr;
     if (flags->report_fd >= 0) {
       report = fdopen(flags->report_fd, "w");
       if (!report) throw UsageError("--report-fd " + std::to_string(flags->report_fd) + ": not an open file descriptor");
     }
+    check_flags(*command, *flags);
     vk::Context context(context_options(*flags));
     run(context, *flags, [report](const nlohmann::json& line) {
       if (!report) return;
@@ -157,6 +250,7 @@ int run_train_in_process(const std::vector<std::string>& args,
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
+    check_flags(app, flags);
     if (!shared) shared = std::make_unique<vk::Context>(context_options(flags));
     if (!flags.memory_limit.empty())
       shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));

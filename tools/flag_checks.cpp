@@ -2,7 +2,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+
+#include "common/error.h"
+#include "compute/checkpoint.h"
 
 namespace tessera::cli {
 
@@ -44,6 +48,44 @@ CLI::Validator finite_positive() {
         return {};
       },
       "above 0");
+}
+
+}  // namespace tessera::cli
+
+namespace tessera::cli {
+
+namespace {
+
+// Whether `inner` (a path without "..") is `outer` or lies inside the directory `outer`.
+bool same_or_inside(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  std::error_code error;
+  if (!std::filesystem::exists(outer, error)) return false;
+  for (auto at = inner; !at.empty(); at = at.parent_path()) {
+    if (std::filesystem::exists(at, error) && std::filesystem::equivalent(at, outer, error)) return true;
+    if (at == at.parent_path()) break;
+  }
+  return false;
+}
+
+}  // namespace
+
+void refuse_output_over_inputs(const std::string& output_flag, const std::string& output,
+                               const std::vector<InputPath>& inputs) {
+  if (output.empty()) return;
+  std::error_code error;
+  auto resolved = std::filesystem::weakly_canonical(std::filesystem::absolute(output), error);
+  for (auto& input : inputs) {
+    if (input.path.empty()) continue;
+    if (same_or_inside(resolved, std::filesystem::absolute(input.path)))
+      throw UsageError(output_flag + " " + output + " is the input " + input.flag + " " + input.path +
+                       ": the run would overwrite it; write elsewhere");
+  }
+}
+
+void refuse_untrained_model(const std::string& model, bool random_weights) {
+  if (random_weights || is_checkpoint_path(model)) return;
+  throw UsageError("--model " + model + " has random weights (a preset or a model description, not a checkpoint .h5): "
+                   "give a trained checkpoint, or --random-weights to run it untrained on purpose");
 }
 
 }  // namespace tessera::cli

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include <limits>
+#include <string>
+#include <vector>
 
 namespace tessera::cli {
 
@@ -15,5 +17,25 @@ CLI::Validator finite_positive();
 
 // A finite number, zero or above.
 inline CLI::Validator finite_non_negative() { return finite_in(0, std::numeric_limits<double>::max()); }
+
+}  // namespace tessera::cli
+
+namespace tessera::cli {
+
+// A flag naming a path the run reads, for refuse_output_over_inputs.
+struct InputPath {
+  std::string flag;  // "--data"
+  std::string path;
+};
+
+// Throws UsageError (exit 2) when `output` is one of the inputs, or lies inside an input
+// directory: compared by filesystem identity (links, "./" and hard links included), not by text.
+void refuse_output_over_inputs(const std::string& output_flag, const std::string& output,
+                               const std::vector<InputPath>& inputs);
+
+// Throws UsageError (exit 2) when `model` is a preset or a model JSON (random weights) and
+// the user did not ask for random weights with --random-weights: features or logits of an
+// untrained model are noise that looks like a result.
+void refuse_untrained_model(const std::string& model, bool random_weights);
 
 }  // namespace tessera::cli

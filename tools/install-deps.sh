@@ -7,7 +7,7 @@ packages=(
   liblmdb-dev libhdf5-dev hdf5-tools libcli11-dev libtiff-dev libturbojpeg0-dev libjpeg-dev
   libopenslide-dev openslide-tools libvips-dev libdcmtk-dev libsqlite3-dev nlohmann-json3-dev libpng-dev
   libgtest-dev libgmock-dev
-  python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna libopenblas0-pthread
+  python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna python3-pytest libopenblas0-pthread
   libvips-tools time
   libpq-dev postgresql chromium python3-sqlalchemy python3-psycopg2
 )

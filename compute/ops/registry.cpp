@@ -36,6 +36,7 @@ void LayerConfig::fail(const std::string& field, const std::string& problem) con
 }
 
 const nlohmann::json* LayerConfig::find(const char* field) const {
+  read_.insert(field);
   auto it = layer_.find(field);
   return it == layer_.end() ? nullptr : &*it;
 }
@@ -96,7 +97,13 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
     for (auto& [type, factory] : factories) known += (known.empty() ? "" : ", ") + type;
     layer.fail("type", "'" + layer.type() + "' is not an op (known: " + known + ")");
   }
-  return it->second(layer);
+  auto op = it->second(layer);
+  // A field no op reads ("dilation", "ceil_mode") would make the model differ silently from
+  // the one it mirrors.
+  for (auto& [field, value] : layer.layer_.items())
+    if (field != "name" && field != "type" && field != "inputs" && !layer.read_.count(field))
+      layer.fail(field, "is not a field of " + layer.type() + " (tessera does not implement it)");
+  return op;
 }
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -33,7 +34,9 @@ class LayerConfig {
 
  private:
   const nlohmann::json* find(const char* field) const;
+  friend std::unique_ptr<Op> make_op(const LayerConfig& layer);
   nlohmann::json layer_;
+  mutable std::set<std::string> read_;  // fields the op asked for: any other is unknown
   std::string name_, type_;
 };
 

@@ -52,6 +52,7 @@ Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
   const auto& limits = context.properties().limits;
   alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment,
                                    limits.nonCoherentAtomSize});
+  device_memory_mapped_ = context.info().heaps.size() == 1;  // as pool_for chooses
 }
 
 Allocator::~Allocator() {
@@ -61,6 +62,8 @@ Allocator::~Allocator() {
 }
 
 uint64_t Allocator::footprint(uint64_t bytes) const { return round_up(std::max<uint64_t>(bytes, 4), alignment_); }
+
+uint64_t Allocator::transfer_footprint(uint64_t bytes) const { return device_memory_mapped_ ? 0 : footprint(bytes); }
 
 uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
   VkPhysicalDeviceMemoryProperties memory;
@@ -133,8 +136,19 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
     }
   }
   if (block_index < 0) {
+    // The budget bounds the blocks taken from the device, not only the live buffers in them:
+    // the last block is cut to what the budget has left.
+    uint64_t left = stats_.budget_bytes > stats_.reserved_bytes ? stats_.budget_bytes - stats_.reserved_bytes : 0;
+    if (reserved > left) {
+      vkDestroyBuffer(device, buffer.handle_, nullptr);
+      buffer.handle_ = VK_NULL_HANDLE;
+      throw OutOfDeviceMemory(what + ": asked for " + format_bytes(reserved) + " with " +
+                              format_bytes(stats_.reserved_bytes) + " of device memory blocks taken (" +
+                              format_bytes(stats_.live_bytes) + " in use); the device memory budget is " +
+                              format_bytes(stats_.budget_bytes) + " (--device-memory-limit)");
+    }
     auto block = std::make_unique<Block>();
-    block->size = std::max(kBlockSize, reserved);
+    block->size = std::max(std::min(kBlockSize, left), reserved);
     VkMemoryAllocateInfo allocate{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     allocate.allocationSize = block->size;
     allocate.memoryTypeIndex = pool.memory_type;

@@ -54,7 +54,7 @@ class Buffer {
 struct MemoryStats {
   uint64_t live_bytes = 0;      // bytes held by live buffers (aligned sizes)
   uint64_t peak_bytes = 0;      // the most live_bytes ever reached
-  uint64_t reserved_bytes = 0;  // bytes of the device memory blocks behind them
+  uint64_t reserved_bytes = 0;  // bytes of the device memory blocks behind them: what the budget bounds
   uint64_t budget_bytes = 0;
   uint64_t allocations = 0;
 };
@@ -75,6 +75,9 @@ class Allocator {
   void trim();
   // The bytes a buffer of `bytes` takes in a block once aligned (for memory plans).
   uint64_t footprint(uint64_t bytes) const;
+  // The staging buffer that uploading or downloading a tensor of `bytes` takes: none where
+  // device memory is mapped (lavapipe, integrated GPUs), its footprint on discrete GPUs.
+  uint64_t transfer_footprint(uint64_t bytes) const;
 
  private:
   friend class Buffer;
@@ -97,6 +100,7 @@ class Allocator {
   std::vector<Pool> pools_;
   MemoryStats stats_;
   uint64_t alignment_ = 256;
+  bool device_memory_mapped_ = false;
 };
 
 }  // namespace tessera::vk

@@ -1,0 +1,15 @@
+// Files that must survive a crash or a power cut whole.
+#pragma once
+#include <string>
+
+namespace tessera {
+
+// Makes the finished file `from` durable (fsync), renames it over `to` and makes the rename
+// durable (fsync of the directory), so that a power cut leaves either the old `to` or the new
+// one. Throws a runtime error naming the file, with a disk-full hint.
+void durable_rename(const std::string& from, const std::string& to);
+
+// " (is the disk full? ...)": the hint for a write that failed.
+std::string disk_full_hint();
+
+}  // namespace tessera

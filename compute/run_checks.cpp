@@ -1,0 +1,39 @@
+#include "compute/run_checks.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "common/error.h"
+
+namespace tessera {
+
+void check_finite_state(const std::map<std::string, HostArray>& params, const std::map<std::string, HostArray>& train,
+                        int epoch) {
+  for (auto* group : {&params, &train})
+    for (auto& [name, array] : *group)
+      for (float value : array.values)
+        if (!std::isfinite(value))
+          throw Diverged("training diverged: " + name + " holds " + (std::isnan(value) ? "NaN" : "an infinity") +
+                         " after epoch " + std::to_string(epoch) +
+                         " (try a lower --lr); the checkpoint keeps its last finite state");
+}
+
+nlohmann::json run_settings(const TrainOptions& options) {
+  std::error_code error;
+  std::string data = options.data.empty() ? "" : std::filesystem::weakly_canonical(options.data, error).string();
+  return {{"data", data},
+          {"model", options.model},
+          {"width", options.width},
+          {"batch", options.batch},
+          {"accumulate", options.accumulate},
+          {"optimizer", options.optimizer.kind},
+          {"lr", options.optimizer.lr},
+          {"momentum", options.optimizer.momentum},
+          {"weight_decay", options.optimizer.weight_decay},
+          {"seed", options.seed},
+          {"val_fraction", options.val_fraction},
+          {"class_weights", options.class_weights},
+          {"augment", options.augment}};
+}
+
+}  // namespace tessera

@@ -1,0 +1,157 @@
+// The training loader: the split keeps slides apart, the batches of an epoch are a function of
+// the seed and the epoch alone (whatever the number of threads), every patch comes once, and
+// augmentation moves pixels as a flip and a rotation do.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "data/loader.h"
+
+namespace tessera::data {
+namespace {
+
+constexpr int kSize = 4;
+
+// Patches in memory: patch i is filled with i % 251, labelled i % 2, on slide i / per_slide.
+class MemoryPatches : public PatchSource {
+ public:
+  MemoryPatches(size_t count, size_t per_slide) : count_(count), per_slide_(per_slide) {}
+  size_t size() const override { return count_; }
+  int height() const override { return kSize; }
+  int width() const override { return kSize; }
+  uint32_t class_count() const override { return 2; }
+  uint64_t group(size_t index) const override { return index / per_slide_; }
+  uint32_t read(size_t index, uint8_t* rgb) const override {
+    std::memset(rgb, static_cast<int>(index % 251), kSize * kSize * 3);
+    return static_cast<uint32_t>(index % 2);
+  }
+  std::string description() const override { return "memory"; }
+
+ private:
+  size_t count_, per_slide_;
+};
+
+std::vector<size_t> all(size_t n) {
+  std::vector<size_t> indices(n);
+  for (size_t i = 0; i < n; ++i) indices[i] = i;
+  return indices;
+}
+
+// The patch index behind each sample of an epoch (pixel value; indices below 251).
+std::vector<size_t> epoch_order(const PatchSource& source, const LoaderOptions& options, uint32_t epoch,
+                                std::vector<uint32_t>* labels = nullptr) {
+  Loader loader(source, all(source.size()), options);
+  loader.start_epoch(epoch);
+  std::vector<size_t> order;
+  Batch batch;
+  while (loader.next(batch))
+    for (size_t i = 0; i < batch.count; ++i) {
+      order.push_back(batch.images[i * kSize * kSize * 3]);
+      if (labels) labels->push_back(batch.labels[i]);
+    }
+  return order;
+}
+
+TEST(Loader, SplitHoldsOutWholeSlidesFromTheEnd) {
+  MemoryPatches source(70, 10);  // 7 slides of 10
+  std::vector<size_t> train, validation;
+  split_by_group(source, 0.3, train, validation);
+  // 21 patches wanted: slides 6, 5 and 4 (30 patches), never part of a slide.
+  ASSERT_EQ(validation.size(), 30u);
+  EXPECT_EQ(validation.front(), 40u);
+  EXPECT_EQ(validation.back(), 69u);
+  EXPECT_EQ(train.size(), 40u);
+  std::set<uint64_t> train_slides, val_slides;
+  for (size_t i : train) train_slides.insert(source.group(i));
+  for (size_t i : validation) val_slides.insert(source.group(i));
+  for (uint64_t slide : val_slides) EXPECT_EQ(train_slides.count(slide), 0u) << slide;
+  split_by_group(source, 0, train, validation);
+  EXPECT_TRUE(validation.empty());
+  EXPECT_EQ(train.size(), 70u);
+}
+
+TEST(Loader, EpochsAreTheSameWhateverTheThreadsAndEachPatchComesOnce) {
+  MemoryPatches source(100, 100);
+  LoaderOptions options;
+  options.batch = 8;
+  options.drop_last = false;
+  options.seed = 5;
+  options.workers = 1;
+  std::vector<uint32_t> labels;
+  auto single = epoch_order(source, options, 0, &labels);
+  options.workers = 4;
+  auto threaded = epoch_order(source, options, 0);
+  EXPECT_EQ(single, threaded);
+  ASSERT_EQ(single.size(), 100u);
+  std::vector<size_t> sorted = single;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, all(100));
+  for (size_t i = 0; i < single.size(); ++i) EXPECT_EQ(labels[i], single[i] % 2);
+  EXPECT_NE(single, all(100));                              // shuffled
+  EXPECT_NE(single, epoch_order(source, options, 1));       // a new order each epoch
+  EXPECT_EQ(threaded, epoch_order(source, options, 0));     // the same again for a resumed run
+  options.drop_last = true;
+  EXPECT_EQ(epoch_order(source, options, 0).size(), 96u);   // 12 whole batches of 8
+}
+
+// Where the one marked pixel of a patch went.
+std::pair<int, int> marked(const std::vector<uint8_t>& rgb) {
+  auto brightest = std::max_element(rgb.begin(), rgb.end()) - rgb.begin();
+  int pixel = static_cast<int>(brightest / 3);
+  return {pixel / kSize, pixel % kSize};
+}
+
+TEST(Augment, FlipsAndRotationsMovePixelsToEightPlacesAndJitterIsMild) {
+  std::vector<uint8_t> patch(kSize * kSize * 3, 100);
+  std::fill_n(patch.begin() + (0 * kSize + 1) * 3, 3, 200);  // row 0, column 1: no symmetry keeps it
+  std::set<std::pair<int, int>> places;
+  for (uint64_t geometry = 0; geometry < 8; ++geometry) {
+    uint64_t bits = geometry | (0x40ull << 8) | (0xc0ull << 16) | (0x80ull << 24);
+    auto moved = patch;
+    augment_patch(moved.data(), kSize, bits);
+    places.insert(marked(moved));
+    auto again = patch;
+    augment_patch(again.data(), kSize, bits);
+    EXPECT_EQ(moved, again);
+    // Brightness and contrast within 10%: the plain pixels stay equal and near 100.
+    auto [row, column] = marked(moved);
+    size_t at = static_cast<size_t>(row * kSize + column) * 3;
+    uint8_t plain_value = moved[at == 0 ? 3 : 0];
+    EXPECT_NEAR(plain_value, 100, 25);
+    EXPECT_GT(moved[at], plain_value + 50);
+    for (size_t i = 0; i < moved.size(); ++i)
+      if (i / 3 != at / 3) {
+        EXPECT_EQ(moved[i], plain_value) << i;
+      }
+  }
+  EXPECT_EQ(places.size(), 8u);
+  auto plain = patch;
+  augment_patch(plain.data(), kSize, 0x80808000ull);  // no flip, no rotation
+  EXPECT_EQ(marked(plain), std::make_pair(0, 1));
+}
+
+TEST(Loader, AugmentationChangesImagesNotLabels) {
+  MemoryPatches source(32, 32);
+  LoaderOptions options;
+  options.batch = 8;
+  options.seed = 3;
+  std::vector<uint32_t> plain_labels, augmented_labels;
+  auto plain = epoch_order(source, options, 0, &plain_labels);
+  options.augment = true;
+  Loader loader(source, all(32), options);
+  loader.start_epoch(0);
+  Batch batch;
+  size_t changed = 0, seen = 0;
+  while (loader.next(batch))
+    for (size_t i = 0; i < batch.count; ++i, ++seen) {
+      augmented_labels.push_back(batch.labels[i]);
+      changed += batch.images[i * kSize * kSize * 3] != plain[seen] % 251;
+    }
+  EXPECT_EQ(augmented_labels, plain_labels);
+  EXPECT_GT(changed, seen / 2);
+}
+
+}  // namespace
+}  // namespace tessera::data
