@@ -1,5 +1,5 @@
 #version 450
-// y = a + b; RELU (fused in): y = max(a + b, 0)
+// y = a + b; RELU (fused in): y = relu(a + b), NaN kept
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const bool RELU = false;
@@ -9,5 +9,5 @@ layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint count; } p;
 void main() {
   uint i = global_index();
-  if (i < p.count) y[i] = RELU ? max(a[i] + b[i], 0.0) : a[i] + b[i];
+  if (i < p.count) y[i] = RELU ? relu(a[i] + b[i]) : a[i] + b[i];
 }

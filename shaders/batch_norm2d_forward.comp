@@ -3,6 +3,7 @@
 // the batch, saved for backward; running_mean and running_var move towards them by momentum
 // (the variance unbiased, as PyTorch). Evaluation: the running statistics. RELU: a ReLU fused
 // in, y = max(y, 0).
+#include "common.glsl"
 #include "batch_norm2d.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const bool RELU = false;
@@ -52,6 +53,6 @@ void main() {
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
     float value = x[i] * scale + shift;
-    y[i] = RELU ? max(value, 0.0) : value;
+    y[i] = RELU ? relu(value) : value;
   }
 }

@@ -19,4 +19,8 @@ float uniform_random(uint seed, uint stream, uint index) {
   return float(h >> 8) * (1.0 / 16777216.0);
 }
 
+// ReLU that keeps NaN, as PyTorch does (GLSL leaves max(NaN, 0) undefined: it may give 0, which
+// would hide a diverged run).
+float relu(float x) { return x < 0.0 ? 0.0 : x; }
+
 #endif

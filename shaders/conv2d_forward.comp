@@ -3,7 +3,8 @@
 // as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
 // FOLD: the weight arrives scaled by the batch norm's scale s[o] = gamma[o] / sqrt(var[o] + eps)
 // (conv2d_forward_weight.comp) and the epilogue adds bias[o] s[o] + beta[o] - mean[o] s[o];
-// RELU: then y = max(y, 0).
+// RELU: then y = relu(y) (NaN kept).
+#include "common.glsl"
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer x;
 layout(binding = 1) uniform samplerBuffer weight_blocked;  // see WEIGHT_BLOCK
@@ -73,7 +74,7 @@ void main() {
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + j;
       float value = acc[i][j] + shift;
-      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = RELU ? max(value, 0.0) : value;
+      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = RELU ? relu(value) : value;
     }
   }
 }

@@ -1,7 +1,7 @@
 #version 450
 // C(m,n) (+)= sum_k A(m,k) B(k,n) (+ bias[m]), each operand addressed through two strides so
 // that one kernel serves every transposition (dense forward, both backward passes, benchmarks).
-// RELU: c = max(c, 0) (a ReLU fused into a dense layer; not with accumulate).
+// RELU: c = relu(c) (a ReLU fused into a dense layer; not with accumulate).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TM = 4;
 layout(constant_id = 2) const int TN = 16;
@@ -20,6 +20,7 @@ layout(push_constant) uniform Push {
   uint accumulate;
 } p;
 
+#include "common.glsl"
 #include "gemm_block.glsl"
 
 uint b_columns[B_LOADS];
@@ -42,7 +43,7 @@ void main() {
     for (int j = 0; j < TN; ++j) {
       uint at = m * p.c_m + (n0 + j) * p.c_n;
       float value = acc[i][j] + shift;
-      if (RELU) value = max(value, 0.0);
+      if (RELU) value = relu(value);
       if (m < p.M && n0 + j < p.N) c[at] = p.accumulate != 0u ? c[at] + value : value;
     }
   }

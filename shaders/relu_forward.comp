@@ -11,7 +11,7 @@ void main() {
   vec4 v;
   for (int j = 0; j < 4; ++j) {
     float value = texelFetch(x, int(min(first + j, p.count - 1))).x;
-    v[j] = value < 0.0 ? 0.0 : value;  // NaN stays NaN, as in PyTorch (max(NaN, 0) may give 0)
+    v[j] = relu(value);
   }
   if (first + 4 <= p.count) {
     y[i] = v;
