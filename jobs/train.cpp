@@ -24,14 +24,15 @@ Setup prepare(const TrainOptions& options) {
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
   if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
   Setup setup;
+  if (options.data.empty()) throw UsageError("--data: give a patch file or tile stores");
   setup.source = data::open_patches(options.data);
-  if (setup.source->size() == 0) throw BadInput(options.data + ": holds no patches");
+  if (setup.source->size() == 0) throw BadInput(setup.source->description() + ": holds no patches");
   data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
   size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
   if (setup.train_indices.size() < per_step)
     throw UsageError("--batch " + std::to_string(options.batch) + " x --accumulate " +
                      std::to_string(options.accumulate) + " needs " + std::to_string(per_step) +
-                     " training patches; " + options.data + " has " + std::to_string(setup.train_indices.size()));
+                     " training patches; " + setup.source->description() + " has " + std::to_string(setup.train_indices.size()));
   int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
   TrainingJob& job = setup.job;
   if (options.resume && std::filesystem::exists(options.checkpoint)) {

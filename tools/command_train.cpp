@@ -30,7 +30,9 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   auto& o = f.options;
   // Exactly one source: patches for a CNN, or spilled features for a slide-level head.
   auto* source = command.add_option_group("source", "What to train on (one of)");
-  source->add_option("--data", o.data, "Patches: a PCam-layout HDF5 file or an LMDB tile store");
+  source->add_option("--data", o.data,
+                     "Patches: a PCam-layout HDF5 file, or LMDB tile stores (several, or a directory of them: "
+                     "the shards of tile --shard), read as one");
   auto* features = source->add_option(
       "--features", f.mil.features, "Directory of per-slide feature files (tessera extract): train a slide-level head");
   source->require_option(1);
