@@ -441,6 +441,12 @@ void TileStoreReader::for_each_tile(uint32_t slide, uint64_t skip,
                    std::to_string(index) + " (a corrupt store)");
 }
 
+std::string canonical_path(const std::string& path) {
+  fs::path normal = fs::absolute(path).lexically_normal();
+  // "store/" and "store/." name the directory "store" names.
+  return (normal.has_filename() ? normal : normal.parent_path()).string();
+}
+
 std::unique_ptr<PatchSource> open_tile_store(const std::string& path) {
   return std::make_unique<TileStores>(std::vector<std::string>{path});
 }
@@ -465,7 +471,7 @@ std::vector<std::string> find_tile_stores(const std::vector<std::string>& given,
   }
   std::map<std::string, std::string> seen;  // absolute path -> as given
   for (const std::string& store : stores)
-    if (auto [at, fresh] = seen.emplace(fs::absolute(store).lexically_normal().string(), store); !fresh)
+    if (auto [at, fresh] = seen.emplace(canonical_path(store), store); !fresh)
       throw UsageError(flag + ": " + store + " is given twice (as " + at->second + ")");
   return stores;
 }

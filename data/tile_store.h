@@ -99,6 +99,10 @@ class TileStoreReader {
   MDB_dbi tiles_ = 0, slides_ = 0;
 };
 
+// `path` absolute and normalised, symbolic links left as they are: how the store records a
+// slide's path, and how paths are compared (a slide or store named twice).
+std::string canonical_path(const std::string& path);
+
 // True when `path` looks like an LMDB environment (a directory holding data.mdb, or a name
 // ending in .lmdb).
 bool is_tile_store_path(const std::string& path);

@@ -26,10 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string canonical_path(const std::string& path) {
-  return std::filesystem::absolute(path).lexically_normal().string();
-}
-
 const char* encoding_name(TileEncoding encoding) { return encoding == TileEncoding::jpeg ? "jpeg" : "raw"; }
 
 // What one grid position became.

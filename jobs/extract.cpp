@@ -372,7 +372,8 @@ void extract_features(const ExtractOptions &options) {
     const auto &store = *stores.emplace_back(std::make_unique<data::TileStoreReader>(path));
     for (auto &[id, entry] : store.slides()) all.push_back({&store, id, entry});
   }
-  if (all.empty()) throw BadInput(store_paths.front() + (store_paths.size() > 1 ? " and the others" : "") +
+  if (all.empty() && options.shard.count == 1)
+    throw BadInput(store_paths.front() + (store_paths.size() > 1 ? " and the others" : "") +
                                   ": holds no slides");
   std::vector<std::string> slide_paths;
   for (const SlideWork &work : all) slide_paths.push_back(work.entry.value("path", work.store->path()));

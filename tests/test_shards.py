@@ -4,7 +4,7 @@ one store, with the same tiles as one `tile` run over all slides; training on th
 list in any order, or their directory) gives the same losses and bit-identical weights as
 training on the one store; `extract --shard` over a store writes only that shard's feature
 files (read back with h5py); impossible --shard flags, a store given twice and a slide in two
-stores are refused with exit 2. Stores are read with python3-lmdb (data_tools.read_store)."""
+stores are refused with exit 2; a task left without slides writes an empty store and no files. Stores are read with python3-lmdb (data_tools.read_store)."""
 import json
 import os
 import shutil
@@ -109,6 +109,12 @@ def main():
             assert weights.keys() == expected_weights.keys(), name
             for key, value in expected_weights.items():
                 assert np.array_equal(weights[key], value), (name, key)
+        # A task left without slides (more tasks than slides) writes an empty store that adds nothing.
+        empty = os.path.join(work, "empty.lmdb")
+        assert tile([0], empty, "--shard", "1/2")["slides"] == []
+        assert read_store(empty) == ({}, {})
+        metrics, weights = trained(work, "with-empty", *shards, empty)
+        assert metrics == expected_metrics and all(np.array_equal(weights[k], v) for k, v in expected_weights.items())
         # ...and the check can fail: two shards are not the cohort.
         partial, _ = trained(work, "partial", *shards[:2])
         assert partial != expected_metrics, partial
@@ -130,6 +136,11 @@ def main():
         again = summary(vulkan("extract", "--model", model, "--layer", "pool2", "--tiles", shard_dir,
                                "--out", os.path.join(work, "features-again"), "--shard", f"1/{SHARDS}"))
         assert sorted(s["slide"] for s in again["slides"]) == sorted(in_shard), again
+
+        nothing = os.path.join(work, "features-none")
+        idle = summary(vulkan("extract", "--model", model, "--layer", "pool2", "--tiles", shards[2],
+                              "--out", nothing, "--shard", f"1/{SHARDS}"))
+        assert idle["slides"] == [] and idle["shard"]["slides"] == 0 and os.listdir(nothing) == [], idle
 
         # Bad flags: exit 2 naming the flag, nothing written.
         for bad in ["3/3", "1/0", "0/0", "-1/3", "nan/3", "1/nan", "1", "1/2/3", "a/b", " 1/3", "1/3x", "", "/3"]:
