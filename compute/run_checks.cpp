@@ -1,5 +1,6 @@
 #include "compute/run_checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -19,8 +20,13 @@ void check_finite_state(const std::map<std::string, HostArray>& params, const st
 }
 
 nlohmann::json run_settings(const TrainOptions& options) {
-  std::error_code error;
-  std::string data = options.data.empty() ? "" : std::filesystem::weakly_canonical(options.data, error).string();
+  // The stores' order does not change the patches (they are ordered by slide content).
+  std::vector<std::string> data;
+  for (auto& path : options.data) {
+    std::error_code error;
+    data.push_back(std::filesystem::weakly_canonical(path, error).string());
+  }
+  std::sort(data.begin(), data.end());
   return {{"data", data},
           {"model", options.model},
           {"width", options.width},

@@ -20,7 +20,7 @@
 namespace tessera {
 
 struct TrainOptions {
-  std::string data;
+  std::vector<std::string> data;  // a PCam-layout HDF5 file, or tile stores / a directory of them
   std::string model = "small-cnn";  // preset, model JSON, or checkpoint .h5 to start from
   int width = 32;                   // channel width of small-cnn
   int epochs = 1;

@@ -27,4 +27,14 @@ std::unique_ptr<PatchSource> open_patches(const std::string& path) {
   throw BadInput(path + ": neither an LMDB tile store (a directory with data.mdb, or *.lmdb) nor an HDF5 file");
 }
 
+std::unique_ptr<PatchSource> open_patches(const std::vector<std::string>& paths) {
+  if (paths.size() == 1 && (is_tile_store_path(paths[0]) || !std::filesystem::is_directory(paths[0])))
+    return open_patches(paths[0]);
+  auto stores = find_tile_stores(paths, "--data");
+  for (const std::string& store : stores)
+    if (!is_tile_store_path(store))
+      throw BadInput(store + ": not an LMDB tile store (several --data are tile stores, or a directory of them)");
+  return open_tile_stores(stores);
+}
+
 }  // namespace tessera::data

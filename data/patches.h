@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tessera::data {
 
@@ -28,5 +29,9 @@ class PatchSource {
 // Opens a PCam-layout HDF5 file (`x` uint8 [N,H,W,3], `y` uint8 [N] or [N,1,1,1]) or an LMDB
 // tile store (a directory or a file ending in .lmdb), by what is at `path`.
 std::unique_ptr<PatchSource> open_patches(const std::string& path);
+
+// One path as above, or several LMDB tile stores, or a directory holding tile stores, read as one
+// source (tile_store.h's open_tile_stores: slides by content, a store named twice refused).
+std::unique_ptr<PatchSource> open_patches(const std::vector<std::string>& paths);
 
 }  // namespace tessera::data

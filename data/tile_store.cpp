@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <utility>
 
 #include "common/error.h"
@@ -268,62 +269,98 @@ void TileStoreWriter::commit(uint32_t slide, const nlohmann::json& entry, const 
 
 namespace {
 
-class TileStore final : public PatchSource {
+// One or more stores as one list of patches: slides ordered by content (their fingerprint), each
+// slide's tiles in key order, so the same slides read the same whether tiled into one store or
+// several (shards), in whatever order they were given to `tile`. A slide's group is its rank.
+class TileStores final : public PatchSource {
  public:
-  explicit TileStore(const std::string& path) : path_(path) {
-    open_read_only(path, env_, tiles_, slides_);
-    Transaction txn;
-    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path, "reading", rc);
-    slide_count_ = 0;
-    uint64_t listed = 0;  // tiles the slides' entries count
-    for (auto& [id, entry] : read_slides(txn.txn, slides_, path)) {
-      ++slide_count_;
-      listed += entry.value("tiles", uint64_t{0});
-      if (!entry.value("complete", false))
-        throw BadInput(path + ": slide " + std::to_string(id) + " (" + entry.value("path", std::string("?")) +
-                       ") is not completely tiled: run the same tessera tile command again to finish it");
-      int tile_size = entry.value("tile_size", 0);
-      if (tile_size <= 0) throw BadInput(path + ": slide " + std::to_string(id) + " has no tile_size");
-      if (tile_size_ && tile_size != tile_size_)
-        throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
-                       std::to_string(tile_size) + " in one store");
-      tile_size_ = tile_size;
-      const nlohmann::json& label_counts = entry["label_counts"];
-      if (label_counts.is_object())
-        for (auto& [label, count] : label_counts.items())
-          if (count.get<uint64_t>() > 0)
-            class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
+  explicit TileStores(const std::vector<std::string>& paths) {
+    struct Slide {
+      std::string fingerprint;
+      uint32_t store, id;
+      uint64_t tiles;
+    };
+    std::vector<Slide> slides;
+    std::vector<std::vector<TileKey>> keys_of(paths.size());
+    for (uint32_t index = 0; index < paths.size(); ++index) {
+      const std::string& path = paths[index];
+      Store& store = stores_.emplace_back();
+      store.path = path;
+      open_read_only(path, store.env, store.tiles, store.slides);
+      Transaction txn;
+      if (int rc = mdb_txn_begin(store.env, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path, "reading", rc);
+      uint64_t listed = 0;  // tiles the slides' entries count
+      for (auto& [id, entry] : read_slides(txn.txn, store.slides, path)) {
+        ++slide_count_;
+        uint64_t tiles = entry.value("tiles", uint64_t{0});
+        listed += tiles;
+        if (!entry.value("complete", false))
+          throw BadInput(path + ": slide " + std::to_string(id) + " (" + entry.value("path", std::string("?")) +
+                         ") is not completely tiled: run the same tessera tile command again to finish it");
+        int tile_size = entry.value("tile_size", 0);
+        if (tile_size <= 0) throw BadInput(path + ": slide " + std::to_string(id) + " has no tile_size");
+        if (tile_size_ && tile_size != tile_size_)
+          throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
+                         std::to_string(tile_size) + " in " + describe_paths());
+        tile_size_ = tile_size;
+        const nlohmann::json& label_counts = entry["label_counts"];
+        if (label_counts.is_object())
+          for (auto& [label, count] : label_counts.items())
+            if (count.get<uint64_t>() > 0)
+              class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
+        slides.push_back({entry.value("fingerprint", std::string()), index, id, tiles});
+      }
+      Cursor cursor;
+      if (int rc = mdb_cursor_open(txn.txn, store.tiles, &cursor.cursor)) fail_reading(path, "reading tiles", rc);
+      MDB_val key, value;
+      for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); cursor_has_item(rc, path, "reading tiles");
+           rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
+        keys_of[index].push_back(decode_tile_key(key.mv_data, key.mv_size));
+      // A zeroed or stale page can read as a short database that LMDB ends with MDB_NOTFOUND.
+      if (listed && keys_of[index].size() != listed)
+        throw BadInput(path + ": its slides list " + std::to_string(listed) + " tiles, the tiles database yields " +
+                       std::to_string(keys_of[index].size()) + " (a corrupt store)");
     }
-    Cursor cursor;
-    if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail_reading(path, "reading tiles", rc);
-    MDB_val key, value;
-    for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); cursor_has_item(rc, path, "reading tiles");
-         rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
-      keys_.push_back(decode_tile_key(key.mv_data, key.mv_size));
-    // A zeroed or stale page can read as a short database that LMDB ends with MDB_NOTFOUND.
-    if (listed && keys_.size() != listed)
-      throw BadInput(path + ": its slides list " + std::to_string(listed) + " tiles, the tiles database yields " +
-                     std::to_string(keys_.size()) + " (a corrupt store)");
+    // Entries written before fingerprints existed sort first, by store and id.
+    std::sort(slides.begin(), slides.end(), [](const Slide& a, const Slide& b) {
+      return std::tie(a.fingerprint, a.store, a.id) < std::tie(b.fingerprint, b.store, b.id);
+    });
+    for (size_t rank = 0; rank < slides.size(); ++rank) {
+      const Slide& slide = slides[rank];
+      if (rank > 0 && !slide.fingerprint.empty() && slide.fingerprint == slides[rank - 1].fingerprint) {
+        const Slide& other = slides[rank - 1];
+        throw UsageError("--data: slide " + std::to_string(other.id) + " of " + paths[other.store] + " and slide " +
+                         std::to_string(slide.id) + " of " + paths[slide.store] + " are the same slide (" +
+                         slide.fingerprint + "): its tiles would count twice");
+      }
+      const std::vector<TileKey>& keys = keys_of[slide.store];
+      auto first = std::lower_bound(keys.begin(), keys.end(), TileKey{slide.id, 0, 0, 0});
+      for (auto key = first; key != keys.end() && key->slide == slide.id; ++key)
+        tiles_.push_back({*key, slide.store, static_cast<uint32_t>(rank)});
+    }
   }
 
-  ~TileStore() override {
-    if (env_) mdb_env_close(env_);
+  ~TileStores() override {
+    for (Store& store : stores_)
+      if (store.env) mdb_env_close(store.env);
   }
 
-  size_t size() const override { return keys_.size(); }
+  size_t size() const override { return tiles_.size(); }
   int height() const override { return tile_size_; }
   int width() const override { return tile_size_; }
   uint32_t class_count() const override { return class_count_; }
-  uint64_t group(size_t index) const override { return keys_.at(index).slide; }
+  uint64_t group(size_t index) const override { return tiles_.at(index).group; }
 
   uint32_t read(size_t index, uint8_t* rgb) const override {
-    const TileKey& tile = keys_.at(index);
-    std::string where = path_ + " tile " + describe(tile);
+    const Tile& tile = tiles_.at(index);
+    const Store& store = stores_[tile.store];
+    std::string where = store.path + " tile " + describe(tile.key);
     Transaction txn;
-    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading " + describe(tile), rc);
-    auto key_bytes = encode_tile_key(tile);
+    if (int rc = mdb_txn_begin(store.env, nullptr, MDB_RDONLY, &txn.txn))
+      fail(store.path, "reading " + describe(tile.key), rc);
+    auto key_bytes = encode_tile_key(tile.key);
     MDB_val key = as_val(key_bytes.data(), key_bytes.size()), value;
-    if (int rc = mdb_get(txn.txn, tiles_, &key, &value)) throw BadInput(where + ": " + mdb_strerror(rc));
+    if (int rc = mdb_get(txn.txn, store.tiles, &key, &value)) throw BadInput(where + ": " + mdb_strerror(rc));
     TileValue tile_value = parse_tile_value(value.mv_data, value.mv_size, where);
     if (tile_value.header.width != tile_size_ || tile_value.header.height != tile_size_)
       throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
@@ -334,16 +371,30 @@ class TileStore final : public PatchSource {
   }
 
   std::string description() const override {
-    return "LMDB tile store " + path_ + ": " + std::to_string(keys_.size()) + " tiles of " +
-           std::to_string(tile_size_) + "x" + std::to_string(tile_size_) + " from " + std::to_string(slide_count_) +
-           " slides, " + std::to_string(class_count_) + " classes";
+    return describe_paths() + ": " + std::to_string(tiles_.size()) + " tiles of " + std::to_string(tile_size_) +
+           "x" + std::to_string(tile_size_) + " from " + std::to_string(slide_count_) + " slides, " +
+           std::to_string(class_count_) + " classes";
   }
 
  private:
-  std::string path_;
-  MDB_env* env_ = nullptr;
-  MDB_dbi tiles_ = 0, slides_ = 0;
-  std::vector<TileKey> keys_;
+  std::string describe_paths() const {
+    std::string text = stores_.size() == 1 ? "LMDB tile store" : "LMDB tile stores";
+    for (size_t i = 0; i < stores_.size(); ++i) text += (i ? ", " : " ") + stores_[i].path;
+    return text;
+  }
+
+  struct Store {
+    std::string path;
+    MDB_env* env = nullptr;
+    MDB_dbi tiles = 0, slides = 0;
+  };
+  struct Tile {
+    TileKey key;
+    uint32_t store, group;
+  };
+
+  std::vector<Store> stores_;
+  std::vector<Tile> tiles_;
   int tile_size_ = 0;
   uint32_t class_count_ = 1;
   size_t slide_count_ = 0;
@@ -390,6 +441,39 @@ void TileStoreReader::for_each_tile(uint32_t slide, uint64_t skip,
                    std::to_string(index) + " (a corrupt store)");
 }
 
-std::unique_ptr<PatchSource> open_tile_store(const std::string& path) { return std::make_unique<TileStore>(path); }
+std::string canonical_path(const std::string& path) {
+  fs::path normal = fs::absolute(path).lexically_normal();
+  // "store/" and "store/." name the directory "store" names.
+  return (normal.has_filename() ? normal : normal.parent_path()).string();
+}
+
+std::unique_ptr<PatchSource> open_tile_store(const std::string& path) {
+  return std::make_unique<TileStores>(std::vector<std::string>{path});
+}
+
+std::unique_ptr<PatchSource> open_tile_stores(const std::vector<std::string>& paths) {
+  return std::make_unique<TileStores>(paths);
+}
+
+std::vector<std::string> find_tile_stores(const std::vector<std::string>& given, const std::string& flag) {
+  std::vector<std::string> stores;
+  for (const std::string& path : given) {
+    if (is_tile_store_path(path) || !fs::is_directory(path)) {
+      stores.push_back(path);
+      continue;
+    }
+    std::vector<std::string> inside;  // a directory of stores: each store in it, by name
+    for (const fs::directory_entry& entry : fs::directory_iterator(path))
+      if (is_tile_store_path(entry.path().string())) inside.push_back(entry.path().string());
+    if (inside.empty()) throw BadInput(path + ": neither a tile store nor a directory holding tile stores");
+    std::sort(inside.begin(), inside.end());
+    stores.insert(stores.end(), inside.begin(), inside.end());
+  }
+  std::map<std::string, std::string> seen;  // absolute path -> as given
+  for (const std::string& store : stores)
+    if (auto [at, fresh] = seen.emplace(canonical_path(store), store); !fresh)
+      throw UsageError(flag + ": " + store + " is given twice (as " + at->second + ")");
+  return stores;
+}
 
 }  // namespace tessera::data

@@ -57,10 +57,22 @@ class TileStoreWriter {
   uint64_t map_size_ = 0;
 };
 
-// A tile store as labelled patches; group(index) is the tile's slide id. Throws BadInput naming
+// A tile store as labelled patches: slides in the order of their content fingerprint, each
+// slide's tiles in key order; group(index) is the slide's rank in that order. Throws BadInput naming
 // the store when it is missing, truncated or corrupt, not a tile store, or holds a slide that is
 // not completely tiled.
 std::unique_ptr<PatchSource> open_tile_store(const std::string& path);
+
+// Several tile stores as one PatchSource (the shards of a cohort): slides ordered by content
+// fingerprint, so one store and its shards yield the same patches in the same order; a slide's
+// group is its rank there, so slides of different stores never share a group. Throws UsageError
+// when one slide (by content) is in two stores.
+std::unique_ptr<PatchSource> open_tile_stores(const std::vector<std::string>& paths);
+
+// The stores that `given` names: a store itself, or a directory whose entries include stores
+// (those entries, sorted by name). Throws BadInput for a directory without stores, UsageError
+// naming `flag` when a store is named twice.
+std::vector<std::string> find_tile_stores(const std::vector<std::string>& given, const std::string& flag);
 
 // A tile store read slide by slide with a cursor, keeping no index of its tiles, so memory does
 // not grow with the store (feature extraction over any number of slides).
@@ -86,6 +98,10 @@ class TileStoreReader {
   MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
 };
+
+// `path` absolute and normalised, symbolic links left as they are: how the store records a
+// slide's path, and how paths are compared (a slide or store named twice).
+std::string canonical_path(const std::string& path);
 
 // True when `path` looks like an LMDB environment (a directory holding data.mdb, or a name
 // ending in .lmdb).

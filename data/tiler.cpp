@@ -2,7 +2,9 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,10 +25,6 @@ namespace tessera::data {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string canonical_path(const std::string& path) {
-  return std::filesystem::absolute(path).lexically_normal().string();
-}
 
 const char* encoding_name(TileEncoding encoding) { return encoding == TileEncoding::jpeg ? "jpeg" : "raw"; }
 
@@ -317,6 +315,34 @@ class SlideTiler {
 };
 
 }  // namespace
+
+Shard parse_shard(const std::string& text) {
+  auto number = [&](std::string_view part, uint32_t& value) {
+    auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
+    return !part.empty() && error == std::errc() && end == part.data() + part.size();
+  };
+  Shard shard;
+  size_t slash = text.find('/');
+  std::string_view whole(text);
+  if (slash == std::string::npos || !number(whole.substr(0, slash), shard.index) ||
+      !number(whole.substr(slash + 1), shard.count) || shard.count == 0 || shard.index >= shard.count)
+    throw UsageError("--shard: K/N with 0 <= K < N (K as SLURM_ARRAY_TASK_ID counts, from 0), not '" + text + "'");
+  return shard;
+}
+
+std::vector<size_t> shard_members(const std::vector<std::string>& slides, const Shard& shard, const std::string& flag) {
+  std::vector<std::pair<std::string, size_t>> sorted;
+  for (size_t i = 0; i < slides.size(); ++i) sorted.emplace_back(canonical_path(slides[i]), i);
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<size_t> members;
+  for (size_t rank = 0; rank < sorted.size(); ++rank) {
+    if (rank > 0 && sorted[rank].first == sorted[rank - 1].first)
+      throw UsageError(flag + ": " + sorted[rank].first + " is listed twice");
+    if (rank % shard.count == shard.index) members.push_back(sorted[rank].second);
+  }
+  std::sort(members.begin(), members.end());
+  return members;
+}
 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();

@@ -36,6 +36,20 @@ struct SlideJob {
   std::string labels;  // empty: every tile gets label 0
 };
 
+// One of `count` parts of a cohort, for the tasks of a job array (`--shard K/N`, K from 0 as
+// SLURM_ARRAY_TASK_ID counts).
+struct Shard {
+  uint32_t index = 0, count = 1;
+};
+
+// Parses "K/N" with 0 <= K < N; throws UsageError naming --shard otherwise.
+Shard parse_shard(const std::string& text);
+
+// The positions in `slides` that belong to `shard`: the slides sorted by absolute path, the i-th
+// belongs to shard i mod count, so the N shards divide the list without overlap or gaps whatever
+// its order. Throws UsageError naming `flag` when a slide is listed twice.
+std::vector<size_t> shard_members(const std::vector<std::string>& slides, const Shard& shard, const std::string& flag);
+
 // Tiles each slide into the store at `store` (created if needed), resuming slides a previous
 // run left unfinished and skipping finished ones. Throws BadInput naming the file when a slide
 // or label file cannot be read (before any tile is written); corrupt tiles are reported,

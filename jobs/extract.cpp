@@ -7,6 +7,8 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -344,19 +346,60 @@ void extract_features(const ExtractOptions &options) {
   fs::create_directories(options.out, error);
   if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
   nlohmann::json summary = nlohmann::json::object();
-  std::string store_path = options.tiles;
+  std::vector<std::string> store_paths;
+  data::Shard shard = options.shard;
   if (!options.slides.empty()) {
-    store_path = (fs::path(options.out) / "tiles.lmdb").string();
+    // Each task of a job array tiles its shard into its own store: one writer per store.
+    std::string name = shard.count == 1 ? "tiles.lmdb"
+                                        : "tiles-" + std::to_string(shard.index) + "-of-" +
+                                              std::to_string(shard.count) + ".lmdb";
+    store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
-    for (auto &slide : options.slides) jobs.push_back({slide, ""});
-    summary["tiling"] = data::tile_slides(jobs, store_path, options.tiler);
+    for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
+    summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
+    shard = {};  // that store holds this shard's slides only
+  } else {
+    store_paths = data::find_tile_stores(options.tiles, "--tiles");
   }
-  data::TileStoreReader store(store_path);
-  auto slides = store.slides();
-  if (slides.empty()) throw BadInput(store_path + ": holds no slides");
-  int tile_size = slides.begin()->second.value("tile_size", 0);
+  struct SlideWork {
+    const data::TileStoreReader *store;
+    uint32_t id;
+    nlohmann::json entry;
+  };
+  std::vector<std::unique_ptr<data::TileStoreReader>> stores;
+  std::vector<SlideWork> all;
+  for (const std::string &path : store_paths) {
+    const auto &store = *stores.emplace_back(std::make_unique<data::TileStoreReader>(path));
+    for (auto &[id, entry] : store.slides()) all.push_back({&store, id, entry});
+  }
+  if (all.empty() && options.shard.count == 1)
+    throw BadInput(store_paths.front() + (store_paths.size() > 1 ? " and the others" : "") +
+                                  ": holds no slides");
+  std::vector<std::string> slide_paths;
+  for (const SlideWork &work : all) slide_paths.push_back(work.entry.value("path", work.store->path()));
+  std::vector<SlideWork> selected;
+  std::map<std::string, std::string> written_by;  // feature file name -> the slide writing it
+  for (size_t i : data::shard_members(slide_paths, shard, "--tiles")) {
+    std::string name = slide_name(all[i].entry);
+    if (auto [at, fresh] = written_by.emplace(name, slide_paths[i]); !fresh)
+      throw UsageError("--tiles: slides " + at->second + " and " + slide_paths[i] + " would both write " + name +
+                       ".h5");
+    selected.push_back(all[i]);
+  }
+  summary["shard"] = {{"index", options.shard.index}, {"count", options.shard.count}, {"slides", selected.size()}};
+  if (selected.empty()) {  // more tasks than slides: this one has nothing to do
+    summary.update({{"slides", nlohmann::json::array()}, {"tiles", 0}});
+    std::printf("%s\n", summary.dump().c_str());
+    return;
+  }
+  int tile_size = selected.front().entry.value("tile_size", 0);
   uint64_t total = 0;
-  for (auto &[id, entry] : slides) total += entry.value("tiles", uint64_t{0});
+  for (const SlideWork &work : selected) {
+    total += work.entry.value("tiles", uint64_t{0});
+    if (work.entry.value("tile_size", 0) != tile_size)
+      throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
+                     " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
+  }
 
   Extractor extractor(options, tile_size);
   for (auto &[id, entry] : slides)
@@ -368,9 +411,9 @@ void extract_features(const ExtractOptions &options) {
   uint64_t done = 0, extracted = 0;
   std::vector<std::string> failures;
   nlohmann::json per_slide = nlohmann::json::array();
-  for (auto &[id, entry] : slides) {
+  for (const auto &[store, id, entry] : selected) {
     try {
-      auto result = extractor.extract_slide(store, id, entry, progress, done);
+      auto result = extractor.extract_slide(*store, id, entry, progress, done);
       if (result["status"] != "already complete")
         extracted += result["tiles"].get<uint64_t>() - result["resumed_from"].get<uint64_t>();
       per_slide.push_back(result);

@@ -14,7 +14,8 @@ struct ExtractOptions {
   std::string model;                // checkpoint .h5 or preset
   std::string layer;                // a layer or module name ("layer4")
   std::vector<std::string> slides;  // tiled into <out>/tiles.lmdb first
-  std::string tiles;                // or an existing tile store
+  std::vector<std::string> tiles;   // or existing tile stores (or directories of them)
+  data::Shard shard;                // only this part of the slides
   std::string out;
   int batch = 32;
   int device = -1;
@@ -23,7 +24,7 @@ struct ExtractOptions {
   data::TilerOptions tiler;  // for `slides`
 };
 
-// Writes <out>/<slide>.h5 for every slide not finished before, resuming partial
+// Writes <out>/<slide>.h5 for every slide of the shard not finished before, resuming partial
 // files. A slide whose tiles cannot be read fails alone: the others finish,
 // then BadInput names it. Prints the summary (per slide, throughput, time spent
 // in HDF5 writes) as a JSON line on stdout.

@@ -19,11 +19,11 @@ std::string number(double value) {
   return text.str();
 }
 
-// Throws BadInput (exit 5) naming `data` when its labels do not fit a model of `classes`
+// Throws BadInput (exit 5) naming the data when its labels do not fit a model of `classes`
 // outputs (labels are class indices in [0, classes)).
-void check_labels_fit(const data::PatchSource& source, int64_t classes, const std::string& data) {
+void check_labels_fit(const data::PatchSource& source, int64_t classes) {
   if (source.class_count() > static_cast<uint64_t>(classes))
-    throw BadInput(data + ": holds label " + std::to_string(source.class_count() - 1) + ", but the model has " +
+    throw BadInput(source.description() + ": holds label " + std::to_string(source.class_count() - 1) + ", but the model has " +
                    std::to_string(classes) + " classes (labels must be in [0, " + std::to_string(classes) + "))");
 }
 
@@ -37,10 +37,10 @@ void check_training_patches(const data::PatchSource& source, const TrainOptions&
                      std::to_string(options.accumulate) + " needs " + std::to_string(per_step) + " training patches";
   if (train_patches == 0 && val_patches > 0)
     throw UsageError(need + ", but validation (--val-fraction " + number(options.val_fraction) + ") took all " +
-                     std::to_string(val_patches) + " patches of " + options.data +
+                     std::to_string(val_patches) + " patches of " + source.description() +
                      " (whole slides go to one side: a store of one slide cannot be split); use --val-fraction 0, "
                      "or tile more slides");
-  throw UsageError(need + "; " + options.data + " has " + std::to_string(train_patches) + " for training (" +
+  throw UsageError(need + "; " + source.description() + " has " + std::to_string(train_patches) + " for training (" +
                    std::to_string(val_patches) + " held out for validation of " + std::to_string(source.size()) +
                    "): lower --batch or --val-fraction");
 }
@@ -59,8 +59,9 @@ Setup prepare(const TrainOptions& options) {
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
   if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
   Setup setup;
+  if (options.data.empty()) throw UsageError("--data: give a patch file or tile stores");
   setup.source = data::open_patches(options.data);
-  if (setup.source->size() == 0) throw BadInput(options.data + ": holds no patches");
+  if (setup.source->size() == 0) throw BadInput(setup.source->description() + ": holds no patches");
   data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
   check_training_patches(*setup.source, options, setup.train_indices.size(), setup.val_indices.size());
   int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
@@ -115,14 +116,14 @@ class PatchFeed : public Feed {
 MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
   Setup setup = prepare(options);
   TrainingLoop loop(context, options, std::move(setup.job));
-  check_labels_fit(*setup.source, loop.classes(), options.data);
+  check_labels_fit(*setup.source, loop.classes());
   return loop.plan();
 }
 
 void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
   Setup setup = prepare(options);
   TrainingLoop loop(context, options, std::move(setup.job));
-  check_labels_fit(*setup.source, loop.classes(), options.data);
+  check_labels_fit(*setup.source, loop.classes());
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};
   data::LoaderOptions val_loading{static_cast<size_t>(options.batch), false, false, false, options.seed,

@@ -123,6 +123,40 @@ TEST(TileStore, OpenPatchesOpensAStoreDirectoryAndRejectsOtherThings) {
   EXPECT_THROW(open_patches((path / "data.mdb.txt").string()), BadInput);
 }
 
+TEST(TileStore, SeveralStoresReadAsOneOrderedByContent) {
+  // Two shards, each with its own slide 0: the slides are ordered by fingerprint, not by store or
+  // id, and each is its own group.
+  auto first = fresh_directory("shard_a"), second = fresh_directory("shard_b");
+  auto with_fingerprint = [](std::string fingerprint, int tiles) {
+    auto described = entry(8, {{"0", tiles}});
+    described["fingerprint"] = fingerprint;
+    return described;
+  };
+  TileStoreWriter(first.string()).commit(0, with_fingerprint("c", 1), {raw_tile({0, 0, 0, 0}, 8, 0)});
+  {
+    TileStoreWriter writer(second.string());
+    writer.commit(0, with_fingerprint("b", 2), {raw_tile({0, 0, 1, 0}, 8, 0), raw_tile({0, 0, 1, 1}, 8, 0)});
+    writer.commit(1, with_fingerprint("a", 1), {raw_tile({1, 0, 2, 0}, 8, 0)});
+  }
+  auto stores = open_tile_stores({first.string(), second.string()});
+  ASSERT_EQ(stores->size(), 4u);
+  std::vector<uint64_t> groups;
+  for (size_t i = 0; i < stores->size(); ++i) groups.push_back(stores->group(i));
+  EXPECT_EQ(groups, (std::vector<uint64_t>{0, 1, 1, 2}));
+  std::vector<uint8_t> rgb(8 * 8 * 3);
+  const std::vector<TileKey> expected{{1, 0, 2, 0}, {0, 0, 1, 0}, {0, 0, 1, 1}, {0, 0, 0, 0}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    stores->read(i, rgb.data());
+    EXPECT_EQ(rgb, pattern(expected[i], 8)) << i;
+  }
+  EXPECT_NE(stores->description().find("from 3 slides"), std::string::npos) << stores->description();
+  // The same slide in two stores would count twice.
+  auto copy = fresh_directory("shard_copy");
+  TileStoreWriter(copy.string()).commit(5, with_fingerprint("a", 1), {raw_tile({5, 0, 0, 0}, 8, 0)});
+  EXPECT_THROW(open_tile_stores({second.string(), copy.string()}), UsageError);
+  EXPECT_THROW(find_tile_stores({first.string(), (first / ".").string()}, "--data"), UsageError);
+}
+
 TEST(TileStore, MapGrowsWhenFull) {
   auto path = fresh_directory("growth");
   TileStoreWriter writer(path.string(), uint64_t{1} << 20);

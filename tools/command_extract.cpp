@@ -21,7 +21,8 @@ void add_extract_command(CLI::App &app) {
   command->add_option("--layer", options->layer, "Layer or module name (resnets: conv1, layer1 ... layer4; resnet50 layer3: CLAM's resnet50_trunc)")
       ->required();
   auto *slides = command->add_option("--slides", options->slides, "Slides, tiled into OUT/tiles.lmdb first");
-  auto *tiles = command->add_option("--tiles", options->tiles, "A tile store (tessera tile)");
+  auto *tiles = command->add_option("--tiles", options->tiles,
+                                    "Tile stores (tessera tile), several or a directory of them");
   slides->excludes(tiles);
   command->add_option("--out", options->out, "Directory of <slide>.h5 files; a killed run there resumes")->required();
   command->add_option("--batch", options->batch, "Tiles per dispatch")->capture_default_str();
@@ -34,6 +35,7 @@ void add_extract_command(CLI::App &app) {
   command->add_option("--workers", options->workers, "Threads decoding tiles")->capture_default_str();
   command->add_option("--device", options->device, "Vulkan device index");
   add_tiling_flags(*command, options->tiler);  // for --slides
+  add_shard_flag(*command, options->shard);
   command->callback([options, precision, compression, random_weights] {
     refuse_untrained_model(options->model, *random_weights);
     options->fp16 = *precision == "fp16";

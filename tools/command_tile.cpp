@@ -18,6 +18,7 @@ struct TileFlags {
   std::vector<std::string> slides, labels;
   std::string out, encoding = "jpeg", label_rule = "centre", commit_bytes = "64MiB", tile_cache = "64MiB";
   data::TilerOptions options;
+  data::Shard shard;
 };
 
 }  // namespace
@@ -29,6 +30,7 @@ void add_tile_command(CLI::App& app) {
   command->add_option("SLIDE", flags->slides, "Slides (tiled TIFF/BigTIFF, or any format OpenSlide reads)")->required();
   command->add_option("--out", flags->out, "Tile store (LMDB directory); an unfinished run there resumes")->required();
   add_tiling_flags(*command, flags->options);
+  add_shard_flag(*command, flags->shard);
   command->add_option("--labels", flags->labels,
                       "Per slide, in order: a label mask TIFF or GeoJSON annotations (.geojson)");
   command
@@ -76,9 +78,11 @@ void add_tile_command(CLI::App& app) {
       throw UsageError("--labels: one per slide (" + std::to_string(flags->slides.size()) + "), got " +
                        std::to_string(flags->labels.size()));
     std::vector<data::SlideJob> jobs;
-    for (size_t i = 0; i < flags->slides.size(); ++i)
+    for (size_t i : data::shard_members(flags->slides, flags->shard, "SLIDE"))
       jobs.push_back({flags->slides[i], flags->labels.empty() ? "" : flags->labels[i]});
     auto summary = data::tile_slides(jobs, flags->out, options);
+    summary["shard"] = {{"index", flags->shard.index}, {"count", flags->shard.count},
+                        {"slides", jobs.size()}, {"of", flags->slides.size()}};
     std::printf("%s\n", summary.dump().c_str());
   });
 }

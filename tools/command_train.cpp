@@ -37,7 +37,9 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   auto& o = f.options;
   // Exactly one source: patches for a CNN, or spilled features for a slide-level head.
   auto* source = command.add_option_group("source", "What to train on (one of)");
-  source->add_option("--data", o.data, "Patches: a PCam-layout HDF5 file or an LMDB tile store");
+  source->add_option("--data", o.data,
+                     "Patches: a PCam-layout HDF5 file, or LMDB tile stores (several, or a directory of them: "
+                     "the shards of tile --shard), read as one");
   auto* features = source->add_option(
       "--features", f.mil.features, "Directory of per-slide feature files (tessera extract): train a slide-level head");
   source->require_option(1);
@@ -158,9 +160,11 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
-  refuse_output_over_inputs("--checkpoint", f.options.checkpoint,
-                            {{"--data", f.options.data}, {"--features", f.mil.features}, {"--labels", f.mil.labels},
-                             {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}});
+  std::vector<InputPath> inputs{{"--features", f.mil.features},
+                                 {"--labels", f.mil.labels},
+                                 {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}};
+  for (auto& path : f.options.data) inputs.push_back({"--data", path});
+  refuse_output_over_inputs("--checkpoint", f.options.checkpoint, inputs);
   settle_resume(command, f);
 }
 

@@ -18,4 +18,11 @@ void add_tiling_flags(CLI::App& command, data::TilerOptions& options) {
       ->check(finite_in(0, 255));
 }
 
+void add_shard_flag(CLI::App& command, data::Shard& shard) {
+  command.add_option_function<std::string>(
+      "--shard", [&shard](const std::string& text) { shard = data::parse_shard(text); },
+      "K/N: only the K-th of N parts of the slides (K from 0, e.g. $SLURM_ARRAY_TASK_ID/N): sorted by path, "
+      "slide i belongs to part i mod N");
+}
+
 }  // namespace tessera::cli

@@ -10,4 +10,8 @@ namespace tessera::cli {
 // range with exit 2 before anything is read or written.
 void add_tiling_flags(CLI::App& command, data::TilerOptions& options);
 
+// Adds --shard K/N (the K-th of N parts of the slides; data/tiler.h's shard_members), refused
+// with exit 2 when it is not K/N with 0 <= K < N.
+void add_shard_flag(CLI::App& command, data::Shard& shard);
+
 }  // namespace tessera::cli
