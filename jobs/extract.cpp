@@ -402,8 +402,8 @@ void extract_features(const ExtractOptions &options) {
   }
 
   Extractor extractor(options, tile_size);
-  for (auto &[id, entry] : slides)
-    if (auto done = fs::path(options.out) / (slide_name(entry) + ".h5"); fs::exists(done))
+  for (const SlideWork &work : selected)
+    if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
       check_same_extraction(done.string(), extractor.extraction());
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
