@@ -328,8 +328,10 @@ GraphLayout Network::layout() const {
         place({layer.name, layer.output_shape, DType::f32, GraphLayout::Kind::output, l, 0}, "activations", reuse);
   };
   // Inference passes run the inference fusion: a layer that computes a later layer's output
-  // writes it while its own inputs are live, so that output is placed with the writer.
+  // writes it while its own inputs are live, so that output is placed with the writer, and
+  // what a fused layer would have written (its output, its saved tensors) is never placed.
   const std::vector<Fused>& fused = fusion_[false];
+  auto written = [&](size_t l) { return !reuse || (!fused[l].skipped && fused[l].writes_output_of < 0); };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     std::vector<size_t> scratch;
@@ -337,25 +339,29 @@ GraphLayout Network::layout() const {
       const TensorSpec& spec = layer.specs[s];
       std::string full = layer.name + "." + spec.name;
       bool saved = spec.role == TensorRole::saved;
+      if (saved && reuse && fused[l].skipped) continue;
       size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
                             saved ? "activations" : "parameters", saved && reuse);
       if (saved && reuse) scratch.push_back(buffer);
       if (spec.role == TensorRole::parameter && with_gradients_)
         place({full + ".grad", spec.shape, DType::f32, GraphLayout::Kind::grad, l, s}, "gradients", false);
     }
-    if (int target = fused[l].writes_output_of; reuse && target >= 0) place_output(static_cast<size_t>(target));
-    if (output_buffer[l] == unplaced) place_output(l);
+    if (int target = fused[l].writes_output_of; reuse && target >= 0 && !fused[l].skipped)
+      place_output(static_cast<size_t>(target));
+    if (written(l)) place_output(l);
     if (with_gradients_ && needs_grad_[l])
       place({layer.name + ".grad", layer.output_shape, DType::f32, GraphLayout::Kind::output_grad, l, 0},
             "activation gradients", false);
     if (!reuse) continue;
     // Saved tensors are scratch in inference; inputs whose last reader this was are done.
     free.insert(free.end(), scratch.begin(), scratch.end());
+    auto done = [&](size_t producer) {
+      size_t buffer = output_buffer[producer];
+      if (buffer != unplaced && std::find(free.begin(), free.end(), buffer) == free.end()) free.push_back(buffer);
+    };
     for (int producer : layer.inputs)
-      if (producer >= 0 && last_use[static_cast<size_t>(producer)] == l &&
-          std::find(free.begin(), free.end(), output_buffer[static_cast<size_t>(producer)]) == free.end())
-        free.push_back(output_buffer[static_cast<size_t>(producer)]);
-    if (last_use[l] == l) free.push_back(output_buffer[l]);  // read by no one
+      if (producer >= 0 && last_use[static_cast<size_t>(producer)] == l) done(static_cast<size_t>(producer));
+    if (last_use[l] == l) done(l);  // read by no one
   }
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].gradient && with_gradients_)

@@ -116,7 +116,7 @@ def main(binary):
         expect(run(binary, "tile", slide, "--out", store, flag, value, check=False), 2, flag)
         assert not os.path.exists(store), (flag, value)
     for flag, value in [("--size", 0), ("--size", 1), ("--min-tissue", "nan")]:
-        expect(run(binary, "extract", "--model", "small-cnn", "--layer", "conv1", "--slides", slide, "--out",
+        expect(run(binary, "extract", "--model", "small-cnn", "--random-weights", "--layer", "conv1", "--slides", slide, "--out",
                    os.path.join(work, "features"), flag, value, check=False), 2, flag)
         assert not os.path.exists(os.path.join(work, "features")), (flag, value)
     for flag, value in [("--mpp", "nan"), ("--mpp", "inf"), ("--quality", 0), ("--tile-size", "nan"),

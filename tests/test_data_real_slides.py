@@ -67,6 +67,9 @@ def expect_bad_input(binary, path, store, *words):
     print(f"{os.path.basename(path)}: {result.stderr.strip().splitlines()[-1]}")
 
 
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+
+
 def main(binary):
     work = workdir("test_data_real_slides")
 
@@ -141,5 +144,9 @@ def main(binary):
     print("ok")
 
 
+def test_data_real_slides():
+    main(TESSERA)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else TESSERA)

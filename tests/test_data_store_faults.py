@@ -47,6 +47,9 @@ def limit_file_size(limit):
     return apply
 
 
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+
+
 def main(binary):
     work = workdir("test_data_store_faults")
     first, second, third = (os.path.join(work, f"slide{i}.tiff") for i in range(3))
@@ -63,7 +66,7 @@ def main(binary):
     size = os.path.getsize(os.path.join(truncated, "data.mdb"))
     os.truncate(os.path.join(truncated, "data.mdb"), size // 2)
     for command in (["train", "--data", truncated, "--model", "small-cnn", "--epochs", "1", "--batch", "4"],
-                    ["extract", "--model", "small-cnn", "--layer", "conv1", "--tiles", truncated, "--out",
+                    ["extract", "--model", "small-cnn", "--random-weights", "--layer", "conv1", "--tiles", truncated, "--out",
                      os.path.join(work, "features")],
                     ["tile", first, "--out", truncated]):
         expect(run(binary, *command, check=False), 5, "truncated.lmdb/data.mdb: truncated")
@@ -81,7 +84,7 @@ def main(binary):
         f.seek(root * 4096)
         f.write(bytes(4096))
     for command in (["train", "--data", corrupt, "--model", "small-cnn", "--epochs", "1", "--batch", "4"],
-                    ["extract", "--model", "small-cnn", "--layer", "conv1", "--batch", "4", "--tiles", corrupt,
+                    ["extract", "--model", "small-cnn", "--random-weights", "--layer", "conv1", "--batch", "4", "--tiles", corrupt,
                      "--out", os.path.join(work, "corrupt-features")]):
         expect(run(binary, *command, check=False), 5, "corrupt.lmdb")
     assert not [name for name in os.listdir(os.path.join(work, "corrupt-features")) if name.endswith(".h5")]
@@ -137,5 +140,9 @@ def main(binary):
     print("ok")
 
 
+def test_data_store_faults():
+    main(TESSERA)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else TESSERA)

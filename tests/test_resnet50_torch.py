@@ -32,7 +32,7 @@ from test_resnet18_torch import CONVERTER, check_logits_match_torch, relative_er
 CLASSES = 10
 TILE = 64
 TOLERANCE = 1e-4
-TESSERA = None  # set from argv in __main__
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 
 
 class Resnet50MatchesTorch(unittest.TestCase):
@@ -87,7 +87,6 @@ class Resnet50MatchesTorch(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(f"usage: {sys.argv[0]} TESSERA_BINARY")
-    TESSERA = sys.argv.pop(1)
+    if len(sys.argv) > 1:
+        TESSERA = sys.argv.pop(1)
     unittest.main(verbosity=2)

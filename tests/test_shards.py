@@ -15,7 +15,7 @@ import numpy as np
 
 from data_tools import read_store, run, summary, synth, workdir
 
-TESSERA = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tessera"
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 SLIDES, SHARDS, TILE = 5, 3, 32
 TRAIN = ["--model", "small-cnn", "--width", 4, "--epochs", 1, "--batch", 16, "--seed", 7, "--val-fraction", 0.3,
          "--optimizer", "adam", "--lr", 0.01]
@@ -124,7 +124,7 @@ def main():
         with open(model, "w") as f:
             json.dump({"preset": "small-cnn", "width": 4}, f)
         features = os.path.join(work, "features")
-        extracted = summary(vulkan("extract", "--model", model, "--layer", "pool2", "--tiles", whole,
+        extracted = summary(vulkan("extract", "--model", model, "--random-weights", "--layer", "pool2", "--tiles", whole,
                                    "--out", features, "--shard", f"1/{SHARDS}"))
         in_shard = {os.path.basename(path)[:-5]: len(tiles) for path, tiles in tiles_by_slide(shards[1]).values()}
         assert extracted["shard"] == {"index": 1, "count": SHARDS, "slides": len(in_shard)}, extracted
@@ -133,12 +133,12 @@ def main():
             with h5py.File(os.path.join(features, name + ".h5"), "r") as f:
                 assert f["features"].shape[0] == count and f["coords"].shape == (count, 2), (name, count)
         # The same shard of the shards' directory is the same slides.
-        again = summary(vulkan("extract", "--model", model, "--layer", "pool2", "--tiles", shard_dir,
+        again = summary(vulkan("extract", "--model", model, "--random-weights", "--layer", "pool2", "--tiles", shard_dir,
                                "--out", os.path.join(work, "features-again"), "--shard", f"1/{SHARDS}"))
         assert sorted(s["slide"] for s in again["slides"]) == sorted(in_shard), again
 
         nothing = os.path.join(work, "features-none")
-        idle = summary(vulkan("extract", "--model", model, "--layer", "pool2", "--tiles", shards[2],
+        idle = summary(vulkan("extract", "--model", model, "--random-weights", "--layer", "pool2", "--tiles", shards[2],
                               "--out", nothing, "--shard", f"1/{SHARDS}"))
         assert idle["slides"] == [] and idle["shard"]["slides"] == 0 and os.listdir(nothing) == [], idle
 
@@ -147,7 +147,7 @@ def main():
             out = os.path.join(work, "refused.lmdb")
             expect_refused(["tile", slides[0], "--out", out, "--size", TILE, "--shard", bad], "--shard")
             assert not os.path.exists(out), bad
-            expect_refused(["extract", "--model", model, "--layer", "pool2", "--tiles", whole,
+            expect_refused(["extract", "--model", model, "--random-weights", "--layer", "pool2", "--tiles", whole,
                             "--out", os.path.join(work, "refused"), "--shard", bad], "--shard")
             assert not os.path.exists(os.path.join(work, "refused")), bad
         expect_refused(["tile", slides[0], slides[0], "--out", os.path.join(work, "twice.lmdb"), "--shard", "0/2"],
@@ -159,5 +159,11 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_shards():
+    main()
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        TESSERA = sys.argv[1]
     main()

@@ -164,33 +164,29 @@ TEST(SweepCommand, BadInputIsAClearErrorBeforeAnyTrial) {
 TEST(SweepTrain, FaultyTrialsAreRecordedWhileTheOthersFinish) {
   auto dir = work_dir();
   auto study = (dir / "faults.sqlite").string();
-  // An empty value leaves TESSERA_FAULT unset: a healthy trial. The timeout leaves room for a
-  // healthy trial that compiles its pipelines from a cold cache on a busy CPU device.
-  const double trial_timeout = 60;
-  auto result = tessera({"sweep", "--study", study, "--trials", "7", "--sampler", "grid", "--parallel", "2",
-                         "--trial-timeout", std::to_string(static_cast<int>(trial_timeout)), "--timeout-grace", "1", "--param",
-                         "env:TESSERA_FAULT=choice:,leak:1MiB,segfault,hang,oom,nan", "--", "--data", patch_task(64, 16), "--epochs", "1", "--batch", "16"});
+  // An empty value leaves TESSERA_FAULT unset: a healthy trial. No trial timeout here, so that a
+  // healthy trial on a loaded machine is never cut short; the hanging trial has a sweep of its own.
+  auto result = tessera({"sweep", "--study", study, "--trials", "6", "--sampler", "grid", "--parallel", "2", "--param",
+                         "env:TESSERA_FAULT=choice:,leak:1MiB,segfault,oom,nan", "--", "--data", patch_task(64, 16),
+                         "--epochs", "1", "--batch", "16"});
   ASSERT_EQ(result.exit_code, 0) << result.errors;
   auto trials = trials_of(study);
-  ASSERT_EQ(trials.size(), 6u);  // the grid's size, though 7 were asked for
+  ASSERT_EQ(trials.size(), 5u);  // the grid's size, though 6 were asked for
   std::map<std::string, const Trial*> by_fault;
   for (auto& trial : trials) by_fault[trial.params["env:TESSERA_FAULT"].get<std::string>()] = &trial;
   for (auto* healthy : {by_fault[""], by_fault["leak:1MiB"]}) {
     EXPECT_EQ(healthy->state, TrialState::complete);
     ASSERT_TRUE(healthy->value.has_value());
-    EXPECT_GT(*healthy->value, 0.0);
-    EXPECT_LT(*healthy->value, 5.0);
     EXPECT_EQ(healthy->intermediate().size(), 1u);
     EXPECT_GT(healthy->attempts[0].peak_device_bytes.value_or(0), 0u);
     EXPECT_FALSE(healthy->attempts[0].device.empty());
   }
+  // Same flags and seed: a leak beside the run must not change its result.
+  EXPECT_EQ(*by_fault[""]->value, *by_fault["leak:1MiB"]->value);
   // The leaked MiB shows in the leaking trial's peak.
   EXPECT_GE(*by_fault["leak:1MiB"]->attempts[0].peak_device_bytes, *by_fault[""]->attempts[0].peak_device_bytes + (1u << 20));
   EXPECT_EQ(by_fault["segfault"]->state, TrialState::crashed);
   EXPECT_EQ(by_fault["segfault"]->attempts[0].signal, SIGSEGV);
-  EXPECT_EQ(by_fault["hang"]->state, TrialState::timeout);
-  EXPECT_GE(by_fault["hang"]->attempts[0].finished - by_fault["hang"]->attempts[0].started, trial_timeout);
-  EXPECT_LT(by_fault["hang"]->attempts[0].finished - by_fault["hang"]->attempts[0].started, trial_timeout + 15);
   EXPECT_EQ(by_fault["oom"]->state, TrialState::oom);
   EXPECT_EQ(by_fault["oom"]->attempts[0].exit_code, 3);
   EXPECT_NE(by_fault["oom"]->attempts[0].stderr_tail.find("TESSERA_FAULT=oom"), std::string::npos)
@@ -198,9 +194,22 @@ TEST(SweepTrain, FaultyTrialsAreRecordedWhileTheOthersFinish) {
   EXPECT_EQ(by_fault["nan"]->state, TrialState::diverged);
   EXPECT_EQ(by_fault["nan"]->attempts[0].exit_code, 4);
 
+  // A trial that hangs for ever is stopped at its timeout, however loaded the machine.
+  const double trial_timeout = 2;
+  auto hang_study = (dir / "hang.sqlite").string();
+  auto hung = tessera({"sweep", "--study", hang_study, "--trials", "1", "--trial-timeout",
+                       std::to_string(static_cast<int>(trial_timeout)), "--timeout-grace", "1", "--param",
+                       "env:TESSERA_FAULT=choice:hang", "--", "--data", patch_task(64, 16), "--epochs", "1"});
+  ASSERT_EQ(hung.exit_code, 0) << hung.errors;
+  auto hang = trials_of(hang_study);
+  ASSERT_EQ(hang.size(), 1u);
+  EXPECT_EQ(hang[0].state, TrialState::timeout);
+  EXPECT_GE(hang[0].attempts[0].finished - hang[0].attempts[0].started, trial_timeout);
+  EXPECT_NE(tessera({"sweep", "--study", hang_study, "--show"}).output.find("timeout"), std::string::npos);
+
   auto shown = tessera({"sweep", "--study", study, "--show"});
   EXPECT_EQ(shown.exit_code, 0);
-  for (const char* state : {"complete", "crashed", "timeout", "oom", "diverged"})
+  for (const char* state : {"complete", "crashed", "oom", "diverged"})
     EXPECT_NE(shown.output.find(state), std::string::npos) << shown.output;
   auto svg_path = dir / "history.svg";
   EXPECT_EQ(tessera({"sweep", "--study", study, "--export", "svg", "--output", svg_path.string()}).exit_code, 0);

@@ -104,8 +104,13 @@ std::vector<float> parse_weights(const std::string& text) {
   return weights;
 }
 
+// A setting as its flag is written: "--data a.lmdb b.lmdb", not a JSON list.
 std::string shown(const nlohmann::json& value) {
-  return value.is_string() ? value.get<std::string>() : value.dump();
+  if (value.is_string()) return value.get<std::string>();
+  if (!value.is_array() || value.empty() || !value[0].is_string()) return value.dump();
+  std::string text;
+  for (auto& item : value) text += (text.empty() ? "" : " ") + item.get<std::string>();
+  return text;
 }
 
 // A resumed run continues the run that wrote the checkpoint: flags left out take the
