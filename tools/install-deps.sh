@@ -7,9 +7,9 @@ packages=(
   liblmdb-dev libhdf5-dev hdf5-tools libcli11-dev libtiff-dev libturbojpeg0-dev libjpeg-dev
   libopenslide-dev openslide-tools libvips-dev libdcmtk-dev libsqlite3-dev nlohmann-json3-dev libpng-dev
   libgtest-dev libgmock-dev
-  python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna python3-pytest libopenblas0-pthread
+  python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna python3-pytest python3-openslide libopenblas0-pthread
   libvips-tools time
-  libpq-dev postgresql chromium python3-sqlalchemy python3-psycopg2
+  libpq-dev postgresql chromium libopenmpi-dev openmpi-bin python3-sqlalchemy python3-psycopg2
 )
 missing=()
 for p in "${packages[@]}"; do
