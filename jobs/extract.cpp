@@ -1,5 +1,7 @@
 #include "jobs/extract.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include "compute/feature_file.h"
 #include "compute/hdf5.h"
 #include "compute/network.h"
+#include "compute/vk/context.h"
 #include "data/tile_store.h"
 
 namespace tessera {
@@ -30,13 +33,13 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// A bounded queue between two threads. close() ends it after what is queued;
-// fail() ends it at once and hands the error to the reader.
+// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
+// once, dropping what is queued.
 template <class T>
 class Channel {
  public:
   explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False when the channel was closed (the reader is gone): the writer stops.
+  // False once the channel has ended (the reader is gone): the writer stops.
   bool push(T &&item) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
@@ -45,11 +48,10 @@ class Channel {
     changed_.notify_all();
     return true;
   }
-  // False at the end; rethrows the writer's error.
+  // False at the end.
   bool pop(T &item) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (failure_) std::rethrow_exception(failure_);
     if (items_.empty()) return false;
     item = std::move(items_.front());
     items_.pop_front();
@@ -61,10 +63,10 @@ class Channel {
     closed_ = true;
     changed_.notify_all();
   }
-  void fail(std::exception_ptr failure) {
+  void stop() {
     std::lock_guard lock(mutex_);
-    failure_ = failure;
     closed_ = true;
+    items_.clear();
     changed_.notify_all();
   }
 
@@ -74,7 +76,6 @@ class Channel {
   std::condition_variable changed_;
   std::deque<T> items_;
   bool closed_ = false;
-  std::exception_ptr failure_;
 };
 
 struct TileBatch {
@@ -87,6 +88,18 @@ struct FeatureBatch {
   std::vector<float> features;  // count x D
   std::vector<int64_t> coords;
   int64_t count = 0;
+};
+
+// What moves from a device's reader through the device to its writer, in a slide's order: its
+// file opened, batches (tiles, then their features), the slide read to its end, or the slide
+// failed (its tiles cannot be read).
+struct Message {
+  enum class Kind { opened, batch, read, failed } kind = Kind::batch;
+  size_t slide = 0;  // index into the run's slides
+  std::unique_ptr<FeatureFileWriter> file;
+  TileBatch tiles;
+  FeatureBatch features;
+  std::string error;
 };
 
 // Thrown inside the store's cursor walk when the device side has stopped
@@ -107,10 +120,17 @@ std::string slide_name(const nlohmann::json &entry) {
   return fs::path(entry.value("name", entry.value("path", ""))).stem().string();
 }
 
+struct SlideWork {
+  const data::TileStoreReader *store;
+  uint32_t id;
+  nlohmann::json entry;
+};
+
+// One device's model: the network up to the layer, the staged images and the program that runs it.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, int tile_size)
-      : options_(options), tile_size_(tile_size), context_(context_options(options)) {
+  Extractor(const ExtractOptions &options, int tile_size, int device)
+      : options_(options), tile_size_(tile_size), context_(context_options(device)) {
     nlohmann::json description;
     std::optional<Checkpoint> checkpoint;
     if (is_checkpoint_path(options.model)) {
@@ -155,7 +175,21 @@ class Extractor {
   }
 
   const nlohmann::json &extraction() const { return extraction_; }
-  const std::string &device_name() const { return context_.info().name; }
+  int tile_size() const { return tile_size_; }
+
+  // The feature file of a slide (its tile store entry) as this model writes it.
+  FeatureFileLayout layout(const nlohmann::json &entry) const {
+    return {slide_name(entry),
+            tile_size_,
+            entry.value("level", int64_t{0}),
+            entry.value("downsample", 1.0),
+            entry.value("level_width", int64_t{0}),
+            entry.value("level_height", int64_t{0}),
+            width_,
+            options_.fp16,
+            options_.gzip,
+            extraction_};
+  }
 
   // Runs a batch of tiles through the network; rows are the pooled features.
   FeatureBatch run(TileBatch &&tiles) {
@@ -175,115 +209,178 @@ class Extractor {
     return batch;
   }
 
-  nlohmann::json extract_slide(const data::TileStoreReader &store, uint32_t id, const nlohmann::json &entry,
-                               Progress &progress, uint64_t &done) {
-    std::string name = slide_name(entry);
-    fs::path path = fs::path(options_.out) / (name + ".h5");
-    nlohmann::json summary = {{"slide", name}, {"file", path.string()}};
-    if (fs::exists(path)) {
-      summary["status"] = "already complete";
-      done += entry.value("tiles", uint64_t{0});
-      return summary;
-    }
-    if (!entry.value("complete", false))
-      throw BadInput(store.path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
-    FeatureFileLayout layout{name,
-                             tile_size_,
-                             entry.value("level", int64_t{0}),
-                             entry.value("downsample", 1.0),
-                             entry.value("level_width", int64_t{0}),
-                             entry.value("level_height", int64_t{0}),
-                             width_,
-                             options_.fp16,
-                             options_.gzip,
-                             extraction_};
-    FeatureFileWriter file(path.string(), layout);
-    int64_t resumed_from = file.rows();
-    done += static_cast<uint64_t>(resumed_from);
-    auto start = Clock::now();
-    double write_seconds = 0;
-
-    Channel<TileBatch> tiles(3);
-    Channel<FeatureBatch> features(3);
-    std::exception_ptr write_failure;
-    std::jthread reader([&] {
-      try {
-        read_tiles(store, id, static_cast<uint64_t>(resumed_from), tiles);
-        tiles.close();
-      } catch (const ReaderStopped &) {
-      } catch (...) {
-        tiles.fail(std::current_exception());
-      }
-    });
-    std::jthread writer([&] {
-      try {
-        FeatureBatch batch;
-        while (features.pop(batch)) {
-          auto write_start = Clock::now();
-          file.append(batch.features.data(), batch.coords.data(), batch.count);
-          write_seconds += seconds_since(write_start);
-        }
-      } catch (...) {
-        write_failure = std::current_exception();
-        features.close();
-      }
-    });
-    try {
-      TileBatch batch;
-      while (tiles.pop(batch)) {
-        int64_t count = batch.count;
-        if (!features.push(run(std::move(batch)))) break;
-        done += static_cast<uint64_t>(count);
-        progress.update(done, {{"slide", name}});
-      }
-    } catch (...) {
-      tiles.close();
-      features.close();
-      throw;
-    }
-    // The writer may have stopped first (a full disk): release a reader waiting to hand over tiles.
-    tiles.close();
-    features.close();
-    writer.join();
-    if (write_failure) std::rethrow_exception(write_failure);
-    int64_t rows = file.rows();
-    file.finish();
-    double seconds = seconds_since(start);
-    write_seconds_ += write_seconds;
-    summary.update({{"status", resumed_from ? "resumed" : "extracted"},
-                    {"tiles", rows},
-                    {"resumed_from", resumed_from},
-                    {"seconds", seconds},
-                    {"hdf5_write_seconds", write_seconds}});
-    return summary;
+  nlohmann::json report() {
+    return {{"index", context_.info().index},
+            {"name", context_.info().name},
+            {"device_seconds", device_seconds_},
+            {"planned_device_bytes", planned_bytes_},
+            {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
   }
 
-  double device_seconds() const { return device_seconds_; }
-  uint64_t planned_bytes() const { return planned_bytes_; }
-  uint64_t peak_bytes() { return context_.allocator().stats().peak_bytes; }
-  double write_seconds() const { return write_seconds_; }
-
  private:
-  static vk::ContextOptions context_options(const ExtractOptions &options) {
+  static vk::ContextOptions context_options(int device) {
     vk::ContextOptions context = vk::options_from_environment();
-    context.device_index = options.device;
+    context.device_index = device;
     return context;
   }
 
-  // Walks the slide's tiles in key order, decoding each batch on the worker
-  // threads.
-  void read_tiles(const data::TileStoreReader &store, uint32_t id, uint64_t skip, Channel<TileBatch> &out) const {
+  const ExtractOptions &options_;
+  int tile_size_;
+  vk::Context context_;
+  std::unique_ptr<Network> network_;
+  std::unique_ptr<Tensor> images_;
+  std::unique_ptr<InferenceProgram> program_;
+  std::vector<float> output_;
+  int64_t width_ = 0, spatial_ = 1;
+  nlohmann::json extraction_;
+  double device_seconds_ = 0;
+  uint64_t planned_bytes_ = 0;
+};
+
+// What the devices share: the next slide nobody has taken, the progress, each slide's summary
+// (in the slides' order, whichever device made it), and the first error, which ends the run.
+class SharedRun {
+ public:
+  SharedRun(const std::vector<SlideWork> &slides, uint64_t total, size_t devices)
+      : slides_(slides), next_(devices), summaries_(slides.size()), progress_("extract", total) {}
+
+  const std::vector<SlideWork> &slides() const { return slides_; }
+
+  // Every channel of the run, so that an error stops them all.
+  void watch(Channel<Message> &channel) { channels_.push_back(&channel); }
+
+  // Device k's first slide is slide k, so that every device has work whenever there are as many
+  // slides; later, the next slide nobody has taken. Nothing when all are taken or the run has failed.
+  std::optional<size_t> take_first(size_t device) { return checked(device); }
+  std::optional<size_t> take() { return checked(next_++); }
+
+  void advance(uint64_t tiles, const std::string &slide) {
+    std::lock_guard lock(mutex_);
+    done_ += tiles;
+    progress_.update(done_, {{"slide", slide}});
+  }
+
+  void record(size_t slide, nlohmann::json summary) {
+    std::lock_guard lock(mutex_);
+    if (summary["status"] == "failed")
+      progress_.event({{"error", summary["error"]}, {"slide", summary["slide"]}});
+    summaries_[slide] = std::move(summary);
+  }
+
+  // Ends the run: every queue stops at once and `error` reaches finish().
+  void fail(std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = error;
+    failed_ = true;
+    for (Channel<Message> *channel : channels_) channel->stop();
+  }
+
+  // After every thread has ended: the slides' summaries, or the error that ended the run.
+  const std::vector<nlohmann::json> &finish() {
+    progress_.finish();
+    if (error_) std::rethrow_exception(error_);
+    return summaries_;
+  }
+
+ private:
+  std::optional<size_t> checked(size_t slide) const {
+    if (failed_ || slide >= slides_.size()) return std::nullopt;
+    return slide;
+  }
+
+  const std::vector<SlideWork> &slides_;
+  std::atomic<size_t> next_;
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;  // guards what follows
+  std::vector<nlohmann::json> summaries_;
+  Progress progress_;
+  uint64_t done_ = 0;
+  std::exception_ptr error_;
+  std::vector<Channel<Message> *> channels_;
+};
+
+// One device's share of the run, three threads joined by short queues: a reader that takes the
+// next slide and decodes its tiles ahead of the device (the next slide's while the device
+// computes this one's, so the device never waits between slides), the device, and a writer that
+// appends the features to the slide's file and finishes it.
+class DevicePipeline {
+ public:
+  DevicePipeline(size_t position, Extractor &extractor, SharedRun &run, const ExtractOptions &options)
+      : position_(position), extractor_(extractor), run_(run), options_(options) {
+    run.watch(tiles_);
+    run.watch(features_);
+  }
+
+  void start() {
+    for (auto stage : {&DevicePipeline::read, &DevicePipeline::compute, &DevicePipeline::write})
+      threads_.emplace_back([this, stage] {
+        try {
+          (this->*stage)();
+        } catch (...) {
+          run_.fail(std::current_exception());
+        }
+      });
+  }
+  void join() { threads_.clear(); }
+
+  nlohmann::json report() {
+    nlohmann::json report = extractor_.report();
+    report.update({{"slides", slides_}, {"tiles", tiles_extracted_}, {"hdf5_write_seconds", write_seconds_}});
+    return report;
+  }
+  double write_seconds() const { return write_seconds_; }
+
+ private:
+  std::string file_path(const SlideWork &work) const {
+    return (fs::path(options_.out) / (slide_name(work.entry) + ".h5")).string();
+  }
+
+  void read() {
+    for (auto slide = run_.take_first(position_); slide; slide = run_.take()) {
+      const SlideWork &work = run_.slides()[*slide];
+      std::string name = slide_name(work.entry);
+      if (fs::exists(file_path(work))) {
+        run_.advance(work.entry.value("tiles", uint64_t{0}), name);
+        run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
+        continue;
+      }
+      try {
+        if (!work.entry.value("complete", false))
+          throw BadInput(work.store->path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
+        Message opened{Message::Kind::opened, *slide};
+        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry));
+        auto resumed_from = static_cast<uint64_t>(opened.file->rows());
+        run_.advance(resumed_from, name);
+        if (!tiles_.push(std::move(opened))) return;
+        read_tiles(work, *slide, resumed_from);
+        if (!tiles_.push({Message::Kind::read, *slide})) return;
+      } catch (const ReaderStopped &) {
+        return;
+      } catch (const BadInput &e) {
+        // A slide whose tiles cannot be read fails alone; its partial file stays for a later run.
+        Message failed{Message::Kind::failed, *slide};
+        failed.error = e.what();
+        if (!tiles_.push(std::move(failed))) return;
+      }
+    }
+    tiles_.close();
+  }
+
+  // Walks the slide's tiles in key order, decoding each batch on the worker threads.
+  void read_tiles(const SlideWork &work, size_t slide, uint64_t skip) {
     struct Encoded {
       data::TileHeader header;
       std::vector<uint8_t> pixels;
       std::string where;
     };
     std::vector<Encoded> pending;
-    const size_t tile_bytes = static_cast<size_t>(tile_size_) * static_cast<size_t>(tile_size_) * 3;
+    const int tile_size = extractor_.tile_size();
+    const size_t tile_bytes = static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * 3;
     auto emit = [&] {
-      TileBatch batch{std::vector<uint8_t>(tile_bytes * static_cast<size_t>(options_.batch)),
-                      {},
-                      static_cast<int64_t>(pending.size())};
+      Message message{Message::Kind::batch, slide};
+      TileBatch &batch = message.tiles;
+      batch = {std::vector<uint8_t>(tile_bytes * static_cast<size_t>(options_.batch)), {},
+               static_cast<int64_t>(pending.size())};
       std::exception_ptr failure;
       std::mutex failure_mutex;
       {
@@ -293,10 +390,10 @@ class Extractor {
             for (size_t i = static_cast<size_t>(w); i < pending.size(); i += static_cast<size_t>(options_.workers)) {
               try {
                 const Encoded &tile = pending[i];
-                if (tile.header.width != tile_size_ || tile.header.height != tile_size_)
+                if (tile.header.width != tile_size || tile.header.height != tile_size)
                   throw BadInput(tile.where + ": tile is " + std::to_string(tile.header.width) + "x" +
                                  std::to_string(tile.header.height) + ", the slide's tile size is " +
-                                 std::to_string(tile_size_));
+                                 std::to_string(tile_size));
                 data::decode_tile_pixels({tile.header, tile.pixels.data(), tile.pixels.size()},
                                          batch.rgb.data() + i * tile_bytes, tile.where);
               } catch (...) {
@@ -309,28 +406,83 @@ class Extractor {
       if (failure) std::rethrow_exception(failure);
       for (const Encoded &tile : pending) batch.coords.insert(batch.coords.end(), {tile.header.x, tile.header.y});
       pending.clear();
-      if (!out.push(std::move(batch))) throw ReaderStopped{};
+      if (!tiles_.push(std::move(message))) throw ReaderStopped{};
     };
-    store.for_each_tile(id, skip, [&](const data::TileKey &key, const data::TileValue &value) {
+    work.store->for_each_tile(work.id, skip, [&](const data::TileKey &key, const data::TileValue &value) {
       pending.push_back({value.header,
                          {value.pixels, value.pixels + value.pixel_bytes},
-                         store.path() + " tile " + data::describe(key)});
+                         work.store->path() + " tile " + data::describe(key)});
       if (pending.size() == static_cast<size_t>(options_.batch)) emit();
     });
     if (!pending.empty()) emit();
   }
 
+  void compute() {
+    Message message;
+    while (tiles_.pop(message)) {
+      if (message.kind == Message::Kind::batch) message.features = extractor_.run(std::move(message.tiles));
+      if (!features_.push(std::move(message))) return;
+    }
+    features_.close();
+  }
+
+  void write() {
+    Message message;
+    std::unique_ptr<FeatureFileWriter> file;
+    Clock::time_point start;
+    int64_t resumed_from = 0;
+    double write_seconds = 0;
+    while (features_.pop(message)) {
+      const SlideWork &work = run_.slides()[message.slide];
+      nlohmann::json summary = {{"slide", slide_name(work.entry)}, {"file", file_path(work)}, {"device", position_}};
+      switch (message.kind) {
+        case Message::Kind::opened:
+          file = std::move(message.file);
+          start = Clock::now();
+          resumed_from = file->rows();
+          write_seconds = 0;
+          break;
+        case Message::Kind::batch: {
+          auto write_start = Clock::now();
+          const FeatureBatch &batch = message.features;
+          file->append(batch.features.data(), batch.coords.data(), batch.count);
+          write_seconds += seconds_since(write_start);
+          run_.advance(static_cast<uint64_t>(batch.count), slide_name(work.entry));
+          break;
+        }
+        case Message::Kind::read: {
+          int64_t rows = file->rows();
+          file->finish();
+          file.reset();
+          write_seconds_ += write_seconds;
+          slides_ += 1;
+          tiles_extracted_ += static_cast<uint64_t>(rows - resumed_from);
+          summary.update({{"status", resumed_from ? "resumed" : "extracted"},
+                          {"tiles", rows},
+                          {"resumed_from", resumed_from},
+                          {"seconds", seconds_since(start)},
+                          {"hdf5_write_seconds", write_seconds}});
+          run_.record(message.slide, std::move(summary));
+          break;
+        }
+        case Message::Kind::failed:
+          file.reset();
+          summary.update({{"status", "failed"}, {"error", message.error}});
+          run_.record(message.slide, std::move(summary));
+          break;
+      }
+    }
+  }
+
+  size_t position_;  // in --devices
+  Extractor &extractor_;
+  SharedRun &run_;
   const ExtractOptions &options_;
-  int tile_size_;
-  vk::Context context_;
-  std::unique_ptr<Network> network_;
-  std::unique_ptr<Tensor> images_;
-  std::unique_ptr<InferenceProgram> program_;
-  std::vector<float> output_;
-  int64_t width_ = 0, spatial_ = 1;
-  nlohmann::json extraction_;
-  double device_seconds_ = 0, write_seconds_ = 0;
-  uint64_t planned_bytes_ = 0;
+  // A few batches each way: the reader runs ahead of the device by at most this much.
+  Channel<Message> tiles_{3}, features_{3};
+  uint64_t slides_ = 0, tiles_extracted_ = 0;  // written by the writer thread, read after join
+  double write_seconds_ = 0;
+  std::vector<std::jthread> threads_;  // the last member: joined before the rest is destroyed
 };
 
 }  // namespace
@@ -342,6 +494,9 @@ void extract_features(const ExtractOptions &options) {
   if (options.slides.empty() == options.tiles.empty()) throw UsageError("give either --slides or --tiles");
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
   if (options.workers < 1) throw UsageError("--workers must be at least 1");
+  // Checked before any work: --slides tiles first.
+  std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
+  if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
   std::error_code error;
   fs::create_directories(options.out, error);
   if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
@@ -361,11 +516,6 @@ void extract_features(const ExtractOptions &options) {
   } else {
     store_paths = data::find_tile_stores(options.tiles, "--tiles");
   }
-  struct SlideWork {
-    const data::TileStoreReader *store;
-    uint32_t id;
-    nlohmann::json entry;
-  };
   std::vector<std::unique_ptr<data::TileStoreReader>> stores;
   std::vector<SlideWork> all;
   for (const std::string &path : store_paths) {
@@ -401,43 +551,49 @@ void extract_features(const ExtractOptions &options) {
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
   }
 
-  Extractor extractor(options, tile_size);
+  std::vector<std::unique_ptr<Extractor>> extractors;
+  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, device));
   for (const SlideWork &work : selected)
     if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
-      check_same_extraction(done.string(), extractor.extraction());
+      check_same_extraction(done.string(), extractors.front()->extraction());
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
-  Progress progress("extract", total);
-  uint64_t done = 0, extracted = 0;
-  std::vector<std::string> failures;
-  nlohmann::json per_slide = nlohmann::json::array();
-  for (const auto &[store, id, entry] : selected) {
-    try {
-      auto result = extractor.extract_slide(*store, id, entry, progress, done);
-      if (result["status"] != "already complete")
-        extracted += result["tiles"].get<uint64_t>() - result["resumed_from"].get<uint64_t>();
-      per_slide.push_back(result);
-    } catch (const BadInput &e) {
-      // A slide whose tiles cannot be read fails alone; its partial file stays
-      // for a later run.
-      progress.event({{"error", e.what()}, {"slide", slide_name(entry)}});
-      per_slide.push_back({{"slide", slide_name(entry)}, {"status", "failed"}, {"error", e.what()}});
-      failures.push_back(e.what());
-    }
-  }
-  progress.finish();
+  SharedRun run(selected, total, extractors.size());
+  std::vector<std::unique_ptr<DevicePipeline>> pipelines;
+  for (size_t k = 0; k < extractors.size(); ++k)
+    pipelines.push_back(std::make_unique<DevicePipeline>(k, *extractors[k], run, options));
+  for (auto &pipeline : pipelines) pipeline->start();
+  for (auto &pipeline : pipelines) pipeline->join();
+  const std::vector<nlohmann::json> &per_slide = run.finish();
   double seconds = seconds_since(start);
-  summary.update({{"extraction", extractor.extraction()},
-                  {"device", extractor.device_name()},
+  uint64_t extracted = 0, planned = 0, peak = 0;
+  double device_seconds = 0, write_seconds = 0;
+  nlohmann::json per_device = nlohmann::json::array();
+  for (auto &pipeline : pipelines) {
+    nlohmann::json report = pipeline->report();
+    extracted += report["tiles"].get<uint64_t>();
+    device_seconds += report["device_seconds"].get<double>();
+    write_seconds += report["hdf5_write_seconds"].get<double>();
+    planned = std::max(planned, report["planned_device_bytes"].get<uint64_t>());
+    peak = std::max(peak, report["peak_device_bytes"].get<uint64_t>());
+    per_device.push_back(std::move(report));
+  }
+  std::vector<std::string> failures;
+  for (const nlohmann::json &slide : per_slide)
+    if (slide["status"] == "failed") failures.push_back(slide["error"]);
+  // Device seconds and write seconds add up over the devices; the device bytes are each device's.
+  summary.update({{"extraction", extractors.front()->extraction()},
+                  {"device", per_device.front()["name"]},
+                  {"devices", per_device},
                   {"slides", per_slide},
                   {"tiles", extracted},
                   {"seconds", seconds},
                   {"features_per_second", seconds > 0 ? static_cast<double>(extracted) / seconds : 0.0},
-                  {"device_seconds", extractor.device_seconds()},
-                  {"planned_device_bytes", extractor.planned_bytes()},
-                  {"peak_device_bytes", extractor.peak_bytes()},
-                  {"hdf5_write_seconds", extractor.write_seconds()},
-                  {"hdf5_write_share", seconds > 0 ? extractor.write_seconds() / seconds : 0.0}});
+                  {"device_seconds", device_seconds},
+                  {"planned_device_bytes", planned},
+                  {"peak_device_bytes", peak},
+                  {"hdf5_write_seconds", write_seconds},
+                  {"hdf5_write_share", seconds > 0 ? write_seconds / seconds : 0.0}});
   std::printf("%s\n", summary.dump().c_str());
   std::fflush(stdout);
   if (!failures.empty()) {

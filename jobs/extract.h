@@ -18,7 +18,8 @@ struct ExtractOptions {
   data::Shard shard;                // only this part of the slides
   std::string out;
   int batch = 32;
-  int device = -1;
+  int device = -1;             // --device (-1: the default one)
+  std::vector<int> devices;    // --devices: slides spread over these, one model each
   int workers = 2;  // threads decoding tiles
   bool fp16 = false, gzip = false;
   data::TilerOptions tiler;  // for `slides`

@@ -33,7 +33,12 @@ void add_extract_command(CLI::App &app) {
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str();
   command->add_option("--workers", options->workers, "Threads decoding tiles")->capture_default_str();
-  command->add_option("--device", options->device, "Vulkan device index");
+  auto *device = command->add_option("--device", options->device, "Vulkan device index");
+  command->add_option("--devices", options->devices,
+                      "Vulkan device indices, e.g. 0,1: slides spread over them (a CPU device may be given twice)")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->excludes(device);
   add_tiling_flags(*command, options->tiler);  // for --slides
   add_shard_flag(*command, options->shard);
   command->callback([options, precision, compression, random_weights] {

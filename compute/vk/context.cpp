@@ -151,6 +151,25 @@ std::vector<DeviceInfo> list_devices() {
   return infos;
 }
 
+std::vector<DeviceInfo> named_devices(const std::vector<int>& indices, const std::string& flag) {
+  if (indices.empty()) throw UsageError(flag + ": give at least one device index");
+  auto devices = list_devices();
+  if (devices.empty()) throw Error(ExitCode::runtime_error, "no Vulkan device found");
+  std::vector<DeviceInfo> named;
+  for (int index : indices) {
+    if (index < 0 || static_cast<size_t>(index) >= devices.size())
+      throw UsageError(flag + ": there is no device " + std::to_string(index) + " (the Vulkan devices are 0 to " +
+                       std::to_string(devices.size() - 1) + ", see `tessera info`)");
+    const DeviceInfo& device = devices[static_cast<size_t>(index)];
+    for (const DeviceInfo& earlier : named)
+      if (earlier.index == device.index && device.type != "cpu")
+        throw UsageError(flag + ": device " + std::to_string(index) + " (" + device.name +
+                         ") is given twice; a GPU is opened once");
+    named.push_back(device);
+  }
+  return named;
+}
+
 VKAPI_ATTR VkBool32 VKAPI_CALL Context::on_validation_message(
     VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
     const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {

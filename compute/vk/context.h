@@ -43,6 +43,11 @@ void check(VkResult result, const char* what);
 // Every Vulkan device the loader finds, in the loader's order (the order --device counts in).
 std::vector<DeviceInfo> list_devices();
 
+// The devices a list flag names (`--devices 0,1`), in its order. Throws UsageError naming `flag`
+// for an empty list, an index that does not exist, or a GPU given twice; a CPU device (lavapipe)
+// may be given more than once: opened twice, it stands in for two devices.
+std::vector<DeviceInfo> named_devices(const std::vector<int>& indices, const std::string& flag);
+
 struct ContextOptions {
   int device_index = -1;        // -1: the first discrete GPU, else the first device
   uint64_t memory_budget = 0;   // 0: what the device reports
