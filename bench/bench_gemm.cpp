@@ -92,7 +92,7 @@ nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
 
 int main() {
   vk::Context context;
-  GemmTiles tiles = gemm_tiles(context.kernels(), 1024);
+  GemmTiles tiles = gemm_tiles(context.kernels().tile_target(), 1024);
   nlohmann::json result;
   result["device"] = context.info().name;
   result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns},

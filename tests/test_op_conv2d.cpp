@@ -82,13 +82,27 @@ const Case k5_valid{1, 4, 6, 7, 9, 5, 5, 1, 0, true};
 // blocks for 3 groups of output channels.
 const Case k3_wide{1, 16, 5, 6, 24, 3, 3, 1, 1, false};
 
+// Output channels past a GPU's 64-invocation workgroup (and not a multiple of it): 70 rows of
+// forward's and the weight gradient's products, 67 of the data gradient's.
+const Case k3_many_channels{1, 67, 4, 5, 70, 3, 3, 1, 1, true};
+
+// Both branches of the tile choice (a CPU's shapes and a GPU's) run on any device.
 TEST(Conv2d, ForwardMatchesCpu) {
-  for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide})
-    expect_forward_matches(c);
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(target.device_type + " tiles");
+    test::TileTargetScope scope(test::context(), target);
+    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide, k3_many_channels})
+      expect_forward_matches(c);
+  }
 }
 
 TEST(Conv2d, BackwardMatchesCpu) {
-  for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid}) expect_backward_matches(c);
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(target.device_type + " tiles");
+    test::TileTargetScope scope(test::context(), target);
+    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_many_channels})
+      expect_backward_matches(c);
+  }
 }
 
 // A reduction long enough that the weight gradient is split into slices and summed.
@@ -99,7 +113,11 @@ TEST(Conv2d, SplitWeightGradientMatchesCpu) {
   auto specs = conv.tensors();
   ASSERT_EQ(specs.back().name, "weight_grad_partial");
   EXPECT_GT(specs.back().shape[0], 1);
-  expect_backward_matches(c);
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(target.device_type + " tiles");
+    test::TileTargetScope scope(test::context(), target);
+    expect_backward_matches(c);
+  }
 }
 
 TEST(Conv2d, BackwardMatchesFiniteDifferences) {

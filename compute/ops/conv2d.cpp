@@ -104,7 +104,7 @@ uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>
 
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
-  GemmTiles tiles = gemm_tiles(kernels, s.out_channels);
+  GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
   auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns));
   const vk::Buffer& weight = t.tensors[0]->buffer();
   // The weight in the layout that the forward kernel reads (a pass over the weight, a rounding
@@ -145,7 +145,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
 
   if (t.input_grads[0]) {
-    GemmTiles tiles = gemm_tiles(kernels, s.in_channels);
+    GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
     const vk::Buffer& dx = t.input_grads[0]->buffer();
     auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.height * s.width, tiles.columns));
@@ -154,7 +154,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
                       push(accumulate), blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
   }
 
-  GemmTiles tiles = gemm_tiles(kernels, s.out_channels);
+  GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;

@@ -19,10 +19,9 @@ struct BiasPush {
 constexpr uint64_t kMaxGroupsY = 65535;
 }  // namespace
 
-GemmTiles gemm_tiles(const vk::Kernels& kernels, int64_t M) {
-  const auto& device = kernels.context().info();
-  GemmTiles tiles = device.type == "cpu" ? GemmTiles{static_cast<int32_t>(device.subgroup_size), 8, 32, true, 8}
-                                         : GemmTiles{64, 4, 8, false, 1};
+GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M) {
+  GemmTiles tiles = target.device_type == "cpu" ? GemmTiles{static_cast<int32_t>(target.subgroup_size), 8, 32, true, 8}
+                                                : GemmTiles{64, 4, 8, false, 1};
   tiles.share_columns = tiles.share_columns && tiles.columns % tiles.group == 0;
   int64_t rows_needed = (M + tiles.group - 1) / tiles.group;
   int32_t rows = 1;
@@ -50,7 +49,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
     std::swap(b.row_stride, b.col_stride);
     std::swap(c.row_stride, c.col_stride);
   }
-  GemmTiles tiles = gemm_tiles(kernels, M);
+  GemmTiles tiles = gemm_tiles(kernels.tile_target(), M);
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
                     tiles.reduction_unroll == tiles.group;

@@ -17,12 +17,12 @@ struct GemmTiles {
   bool share_columns;
   int32_t reduction_unroll;  // reduction steps loaded ahead of their FMAs
 };
-// CPU devices (lavapipe) want large blocks per invocation, since loads cost far more than FMAs
-// there; GPUs want many invocations.
-// The device's tiles for a product with M rows: fewer rows per invocation where M is too
-// small to fill a workgroup's blocks (a 3-channel image), rounded up to a power of two so
-// that few pipelines are built.
-GemmTiles gemm_tiles(const vk::Kernels& kernels, int64_t M);
+// The tiles for a product with M rows on `target`: CPU devices (lavapipe) want large blocks per
+// invocation, since loads cost far more than FMAs there; GPUs want many invocations. Fewer rows
+// per invocation where M is too small to fill a workgroup's blocks (a 3-channel image), rounded
+// up to a power of two so that few pipelines are built. The GEMM-shaped ops record with the
+// tiles of kernels.tile_target().
+GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M);
 
 // Workgroups (y, z) that count `blocks` column blocks without passing the y limit.
 std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks);

@@ -68,7 +68,10 @@ std::string cache_file(const VkPhysicalDeviceProperties& properties) {
 
 }  // namespace
 
-Kernels::Kernels(Context& context) : context_(context) { load_cache(); }
+Kernels::Kernels(Context& context)
+    : context_(context), tile_target_{context.info().type, context.info().subgroup_size} {
+  load_cache();
+}
 
 Kernels::~Kernels() {
   save_cache();

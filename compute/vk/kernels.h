@@ -6,11 +6,18 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::vk {
 
 class Context;
+
+// What tile shapes are chosen for (compute/ops/gemm.h): a device's type and subgroup size.
+struct TileTarget {
+  std::string device_type;  // DeviceInfo::type
+  uint32_t subgroup_size;
+};
 
 // Every kernel takes its buffers through one push-descriptor set (bindings 0..n-1, all
 // storage buffers) and its scalars as push constants (at most 128 bytes, the portable limit).
@@ -34,14 +41,19 @@ class Kernels {
   // The pipeline of shaders/<name>.comp with specialization constants 0..n-1 set to
   // `constants` (a shader gives its workgroup size and tile shapes this way).
   const Kernel& get(const std::string& name, const std::vector<int32_t>& constants = {});
-  // The device the kernels run on (ops pick tile shapes for it).
+  // The device the kernels run on.
   Context& context() const { return context_; }
+  // What ops choose their tile shapes for: this device, unless set to another target whose
+  // shapes also run here (tests run a GPU's shapes on lavapipe this way).
+  const TileTarget& tile_target() const { return tile_target_; }
+  void set_tile_target(TileTarget target) { tile_target_ = std::move(target); }
 
  private:
   void load_cache();
   void save_cache();
 
   Context& context_;
+  TileTarget tile_target_;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::string cache_path_;
   std::map<std::pair<std::string, std::vector<int32_t>>, std::unique_ptr<Kernel>> kernels_;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <utility>
 
 namespace tessera::test {
 
@@ -24,6 +25,18 @@ vk::Context& context() {
   if (!shared_context) shared_context = std::make_unique<vk::Context>();
   return *shared_context;
 }
+
+std::vector<vk::TileTarget> runnable_tile_targets(vk::Context& context) {
+  vk::TileTarget own = context.kernels().tile_target();
+  return {own, {own.device_type == "cpu" ? "discrete-gpu" : "cpu", own.subgroup_size}};
+}
+
+TileTargetScope::TileTargetScope(vk::Context& context, vk::TileTarget target)
+    : kernels_(context.kernels()), before_(kernels_.tile_target()) {
+  kernels_.set_tile_target(std::move(target));
+}
+
+TileTargetScope::~TileTargetScope() { kernels_.set_tile_target(before_); }
 
 }  // namespace tessera::test
 
