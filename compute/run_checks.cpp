@@ -27,7 +27,7 @@ nlohmann::json run_settings(const TrainOptions& options) {
     data.push_back(std::filesystem::weakly_canonical(path, error).string());
   }
   std::sort(data.begin(), data.end());
-  return {{"data", data},
+  nlohmann::json settings = {{"data", data},
           {"model", options.model},
           {"width", options.width},
           {"batch", options.batch},
@@ -40,6 +40,8 @@ nlohmann::json run_settings(const TrainOptions& options) {
           {"val_fraction", options.val_fraction},
           {"class_weights", options.class_weights},
           {"augment", options.augment}};
+  settings.update(options.job_settings);
+  return settings;
 }
 
 }  // namespace tessera

@@ -18,7 +18,8 @@ void check_finite_state(const std::map<std::string, HostArray>& params, const st
                         int epoch);
 
 // The settings of a run that a resumed run must share (ARCHITECTURE.md: a resumed run
-// continues exactly), saved in the checkpoint's progress record beside the epoch.
+// continues exactly), the job's own among them, saved in the checkpoint's progress record
+// beside the epoch.
 nlohmann::json run_settings(const TrainOptions& options);
 
 }  // namespace tessera

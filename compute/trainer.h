@@ -35,6 +35,9 @@ struct TrainOptions {
   std::string checkpoint;
   bool resume = false;
   bool dry_run = false;
+  // Settings of the job's own flags that a resumed run must share, by name (a slide-level
+  // head's features, labels and head); saved beside run_settings' in the checkpoint.
+  nlohmann::json job_settings = nlohmann::json::object();
 };
 
 // Where training reports: JSON records for progress and for the trial protocol.

@@ -135,6 +135,7 @@ class MilJob {
     // One bag a step: the patch flags --batch and --accumulate do not apply.
     options_.batch = 1;
     options_.accumulate = 1;
+    options_.job_settings = mil_settings(mil);
     load_bags();
     split();
   }
@@ -286,6 +287,14 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   float range = *high - *low;
   for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
   return scores;
+}
+
+nlohmann::json mil_settings(const MilOptions& mil) {
+  std::error_code error;
+  return {{"features", std::filesystem::weakly_canonical(mil.features, error).string()},
+          {"labels", std::filesystem::weakly_canonical(mil.labels, error).string()},
+          {"head", mil.head},
+          {"attention_hidden", mil.attention_hidden}};
 }
 
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {

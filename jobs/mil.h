@@ -16,6 +16,10 @@ struct MilOptions {
   int attention_hidden = 128;      // L, the width of the attention branches V and U
 };
 
+// The settings of `mil` that a resumed run must share (TrainOptions::job_settings): the
+// features directory and labels file (as canonical paths), the head and its width.
+nlohmann::json mil_settings(const MilOptions& mil);
+
 // Device bytes of training the head on these features, by category (what --dry-run prints);
 // reads every feature file, so it throws what train_mil throws before any work.
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil);

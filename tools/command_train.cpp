@@ -121,16 +121,25 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
   if (!o.resume || o.checkpoint.empty() || !std::filesystem::exists(o.checkpoint)) return;
   nlohmann::json saved = read_checkpoint_progress(o.checkpoint);
   if (!saved.is_object()) return;
+  // A slide-level head's run saves no --data (and, since its settings are saved, its --features).
+  bool features = !f.mil.features.empty();
+  bool saved_features = saved.contains("features") || saved.value("data", nlohmann::json::array()).empty();
+  if (features != saved_features)
+    throw UsageError(o.checkpoint + ": --resume continues the run that wrote it, which trained " +
+                     (saved_features ? "a slide-level head on --features" : "a CNN on --data") +
+                     "; start a new run with another --checkpoint");
   nlohmann::json settings = run_settings(o);
+  if (features) settings.update(mil_settings(f.mil));
   static const std::pair<const char*, const char*> flags[] = {
       {"data", "--data"},         {"model", "--model"},       {"width", "--width"},
       {"batch", "--batch"},       {"accumulate", "--accumulate"}, {"optimizer", "--optimizer"},
       {"lr", "--lr"},             {"momentum", "--momentum"}, {"weight_decay", "--weight-decay"},
       {"seed", "--seed"},         {"val_fraction", "--val-fraction"}, {"class_weights", "--class-weights"},
-      {"augment", "--augment"}};
+      {"augment", "--augment"},   {"features", "--features"}, {"labels", "--labels"},
+      {"head", "--head"},         {"attention_hidden", "--attention-hidden"}};
   std::string differences;
   for (auto& [key, flag] : flags) {
-    if (!saved.contains(key)) continue;
+    if (!saved.contains(key) || !settings.contains(key)) continue;
     if (command.count(flag) == 0) {
       settings[key] = saved[key];
     } else if (settings[key] != saved[key]) {
@@ -154,6 +163,10 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
   settings.at("val_fraction").get_to(o.val_fraction);
   settings.at("class_weights").get_to(o.class_weights);
   settings.at("augment").get_to(o.augment);
+  if (features) {
+    settings.at("head").get_to(f.mil.head);
+    settings.at("attention_hidden").get_to(f.mil.attention_hidden);
+  }
   int done = saved.value("epoch", 0);
   if (done < o.epochs) return;
   if (!saved.contains("metrics") || !saved["metrics"].is_object())
