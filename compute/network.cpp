@@ -13,6 +13,12 @@
 
 namespace tessera {
 
+void MemoryPlan::add(const vk::Allocator& allocator, const std::string& category, uint64_t size,
+                     vk::MemoryUsage usage) {
+  bytes[category] += allocator.footprint(size);
+  buffers.push_back({size, usage});
+}
+
 uint64_t MemoryPlan::total() const {
   uint64_t sum = 0;
   for (auto& [category, size] : bytes) sum += size;
@@ -280,7 +286,7 @@ void Network::plan_fusion() {
 
 MemoryPlan GraphLayout::plan(const vk::Allocator& allocator) const {
   MemoryPlan plan;
-  for (auto& buffer : buffers) plan.bytes[buffer.category] += allocator.footprint(buffer.bytes);
+  for (auto& buffer : buffers) plan.add(allocator, buffer.category, buffer.bytes);
   return plan;
 }
 

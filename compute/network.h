@@ -10,6 +10,7 @@
 
 #include "compute/op.h"
 #include "compute/vk/context.h"
+#include "compute/vk/memory.h"
 
 namespace tessera {
 
@@ -24,7 +25,15 @@ nlohmann::json expand_presets(const nlohmann::json& description);
 // Per-category device bytes, computed from shapes alone (before anything is allocated).
 struct MemoryPlan {
   std::map<std::string, uint64_t> bytes;  // "parameters", "gradients", "activations", ...
+  std::vector<vk::PlannedBuffer> buffers;  // every buffer, in the order the run allocates it
+  // Adds a buffer of `bytes` (its footprint to `category`).
+  void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
+           vk::MemoryUsage usage = vk::MemoryUsage::device);
+  // The bytes of the buffers.
   uint64_t total() const;
+  // What the allocator will take from the device for them on top of what it holds: its blocks,
+  // with the rest of a block that the next buffer did not fit (what the budget bounds).
+  uint64_t device_bytes(const vk::Allocator& allocator) const { return allocator.reserved_after(buffers); }
 };
 
 // A tensor the graph reads from outside, bound when a pass is recorded: the images, the

@@ -97,22 +97,22 @@ struct TrainingLoop::State {
 
   MemoryPlan plan() const {
     auto& allocator = context.allocator();
+    // In the order allocate() takes them, so that the plan places them as the allocator will.
     MemoryPlan plan = network.plan(allocator);
     auto bytes = [&](const Shape& shape, DType dtype) {
-      return allocator.footprint(static_cast<uint64_t>(element_count(shape)) * element_size(dtype));
+      return static_cast<uint64_t>(element_count(shape)) * element_size(dtype);
     };
-    for (auto& t : loop_tensors()) plan.bytes[t.category] += bytes(t.shape, t.dtype);
+    for (auto& t : loop_tensors()) plan.add(allocator, t.category, bytes(t.shape, t.dtype), t.usage);
+    for (auto& layer : network.layers())
+      for (auto& spec : layer.specs)
+        if (spec.role == TensorRole::parameter)
+          for (auto& state : optimizer->state(spec)) plan.add(allocator, "optimizer state", bytes(state.shape, state.dtype));
     // Uploads and checkpoint downloads stage one tensor at a time; the largest is a parameter or state.
     uint64_t largest = 0;
     for (auto& layer : network.layers())
       for (auto& spec : layer.specs)
-        if (spec.role != TensorRole::saved)
-          largest = std::max(largest, static_cast<uint64_t>(element_count(spec.shape)) * element_size(spec.dtype));
-    plan.bytes["staging"] += allocator.transfer_footprint(largest);
-    for (auto& layer : network.layers())
-      for (auto& spec : layer.specs)
-        if (spec.role == TensorRole::parameter)
-          for (auto& state : optimizer->state(spec)) plan.bytes["optimizer state"] += bytes(state.shape, state.dtype);
+        if (spec.role != TensorRole::saved) largest = std::max(largest, bytes(spec.shape, spec.dtype));
+    if (allocator.transfer_footprint(largest)) plan.add(allocator, "staging", largest, vk::MemoryUsage::staging);
     return plan;
   }
 
@@ -392,10 +392,13 @@ void TrainingLoop::run(Feed& train, Feed& validation, const TrainReporting& repo
 }
 
 void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice) {
-  uint64_t budget = context.allocator().stats().budget_bytes;
-  uint64_t in_use = context.allocator().stats().live_bytes;
-  if (in_use + plan.total() > budget)
-    throw OutOfDeviceMemory("the run needs " + format_bytes(plan.total()) + " of device memory" +
+  const vk::Allocator& allocator = context.allocator();
+  uint64_t budget = allocator.stats().budget_bytes;
+  uint64_t in_use = allocator.stats().live_bytes;
+  // The blocks the allocator will hold bound the run, not only the buffers' bytes.
+  if (uint64_t device_bytes = plan.device_bytes(allocator); device_bytes > budget)
+    throw OutOfDeviceMemory("the run needs " + format_bytes(plan.total()) + " of device memory, " +
+                            format_bytes(device_bytes) + " in the allocator's blocks" +
                             (in_use ? " with " + format_bytes(in_use) + " already in use" : std::string()) +
                             "; the budget is " + format_bytes(budget) + " (" + advice + ")");
 }

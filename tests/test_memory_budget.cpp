@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "compute/network.h"
 #include "compute/vk/memory.h"
 #include "tests/support/vulkan_environment.h"
 
@@ -38,6 +39,59 @@ TEST(MemoryBudget, TransfersNeedStagingOnlyWithoutMappedDeviceMemory) {
   auto& context = test::context();
   bool mapped = context.info().heaps.size() == 1;
   EXPECT_EQ(context.allocator().transfer_footprint(1000), mapped ? 0 : context.allocator().footprint(1000));
+}
+
+// A linear layer of 2560 -> 4096 in training: a 40 MiB weight and its 40 MiB gradient. The
+// gradient does not fit the 24 MiB left in the weight's 64 MiB block, so the allocator takes a
+// second block: 80 MiB of buffers take 128 MiB of device memory, and the plan must say so.
+TEST(MemoryBudget, PlanCountsTheRestOfABlockThatTheNextBufferDidNotFit) {
+  nlohmann::json graph = {{"layers", {{{"name", "fc"}, {"type", "linear"}, {"out_features", 4096}}}}};
+  const Shape input{2, 2560};
+  const uint64_t MiB = 1 << 20;
+  {
+    vk::Context context;  // an allocator that holds nothing yet
+    Network network(graph, input, true);
+    MemoryPlan plan = network.plan(context.allocator());
+    uint64_t planned = plan.device_bytes(context.allocator());
+    EXPECT_GE(plan.total(), 80 * MiB);
+    EXPECT_LT(plan.total(), 81 * MiB);
+    EXPECT_GE(planned, plan.total() + 24 * MiB);  // the rest of the first block counts
+    network.allocate(context);
+    uint64_t taken = context.allocator().stats().reserved_bytes;
+    EXPECT_GE(taken, plan.total() + 24 * MiB);
+    EXPECT_LE(taken, planned);
+    EXPECT_GE(static_cast<double>(taken), 0.99 * static_cast<double>(planned));
+    EXPECT_EQ(context.validation_messages(), 0u);
+  }
+  {
+    // A budget over the buffers' bytes but under the blocks: the plan does not fit, and neither
+    // does the allocation.
+    vk::Context context;
+    context.allocator().set_budget(100 * MiB);
+    Network network(graph, input, true);
+    MemoryPlan plan = network.plan(context.allocator());
+    EXPECT_LE(plan.total(), 100 * MiB);
+    EXPECT_GT(plan.device_bytes(context.allocator()), 100 * MiB);
+    EXPECT_THROW(network.allocate(context), OutOfDeviceMemory);
+    EXPECT_LE(context.allocator().stats().reserved_bytes, 100 * MiB);
+    EXPECT_EQ(context.validation_messages(), 0u);
+  }
+}
+
+// The plan starts from what the allocator holds: room left in its blocks takes planned buffers.
+TEST(MemoryBudget, PlanPlacesBuffersInTheRoomLeftInBlocks) {
+  vk::Context context;
+  auto& allocator = context.allocator();
+  vk::Buffer held = allocator.allocate(1 << 20, vk::MemoryUsage::device, "held");
+  uint64_t before = allocator.stats().reserved_bytes;
+  EXPECT_EQ(allocator.reserved_after({{4 << 20, vk::MemoryUsage::device}}), before);
+  std::vector<vk::PlannedBuffer> planned{{40u << 20, vk::MemoryUsage::device}, {40u << 20, vk::MemoryUsage::device}};
+  uint64_t expected = allocator.reserved_after(planned);
+  EXPECT_GT(expected, before);
+  std::vector<vk::Buffer> buffers;
+  for (auto& buffer : planned) buffers.push_back(allocator.allocate(buffer.bytes, buffer.usage, "planned"));
+  EXPECT_EQ(allocator.stats().reserved_bytes, expected);
+  EXPECT_EQ(context.validation_messages(), 0u);
 }
 
 }  // namespace

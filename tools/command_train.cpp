@@ -207,15 +207,18 @@ vk::ContextOptions context_options(const TrainFlags& f) {
 }
 
 void print_plan(vk::Context& context, const MemoryPlan& plan) {
+  uint64_t device_bytes = plan.device_bytes(context.allocator());
   nlohmann::json out = {{"device", context.info().name},
                         {"budget_bytes", context.allocator().stats().budget_bytes},
                         {"total_bytes", plan.total()},
-                        {"fits", plan.total() <= context.allocator().stats().budget_bytes},
+                        {"device_bytes", device_bytes},
+                        {"fits", device_bytes <= context.allocator().stats().budget_bytes},
                         {"bytes", plan.bytes}};
   std::printf("%s\n", out.dump().c_str());
   if (isatty(STDOUT_FILENO)) {
     for (auto& [category, bytes] : plan.bytes) std::printf("  %-22s %s\n", category.c_str(), format_bytes(bytes).c_str());
-    std::printf("  %-22s %s of %s\n", "total", format_bytes(plan.total()).c_str(),
+    std::printf("  %-22s %s\n", "total", format_bytes(plan.total()).c_str());
+    std::printf("  %-22s %s of %s\n", "in blocks", format_bytes(device_bytes).c_str(),
                 format_bytes(context.allocator().stats().budget_bytes).c_str());
   }
 }
@@ -229,9 +232,7 @@ void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlo
   if (f.options.dry_run) {
     auto plan = features ? plan_mil(context, f.options, f.mil) : plan_training(context, f.options);
     print_plan(context, plan);
-    if (plan.total() > context.allocator().stats().budget_bytes)
-      throw OutOfDeviceMemory("the plan (" + format_bytes(plan.total()) + ") is over the device memory budget (" +
-                              format_bytes(context.allocator().stats().budget_bytes) + ")");
+    check_plan_fits(context, plan, "the plan above lists what it holds");
     return;
   }
   if (features)

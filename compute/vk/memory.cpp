@@ -12,6 +12,9 @@ namespace tessera::vk {
 namespace {
 constexpr uint64_t kBlockSize = 64ull << 20;
 
+constexpr VkBufferUsageFlags kBufferUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
+                                            VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+
 uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
@@ -53,6 +56,15 @@ Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
   alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment,
                                    limits.nonCoherentAtomSize});
   device_memory_mapped_ = context.info().heaps.size() == 1;  // as pool_for chooses
+  VkBufferCreateInfo probe{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  probe.size = 4;
+  probe.usage = kBufferUsage;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  check(vkCreateBuffer(context.device(), &probe, nullptr, &buffer), "vkCreateBuffer");
+  VkMemoryRequirements requirements;
+  vkGetBufferMemoryRequirements(context.device(), buffer, &requirements);
+  storage_type_bits_ = requirements.memoryTypeBits;
+  vkDestroyBuffer(context.device(), buffer, nullptr);
 }
 
 Allocator::~Allocator() {
@@ -65,7 +77,7 @@ uint64_t Allocator::footprint(uint64_t bytes) const { return round_up(std::max<u
 
 uint64_t Allocator::transfer_footprint(uint64_t bytes) const { return device_memory_mapped_ ? 0 : footprint(bytes); }
 
-uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
+uint32_t Allocator::memory_type_for(MemoryUsage usage, uint32_t type_bits) const {
   VkPhysicalDeviceMemoryProperties memory;
   vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
   auto find = [&](VkMemoryPropertyFlags required) -> int {
@@ -87,13 +99,71 @@ uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
   }
   if (type < 0) type = find(0);
   if (type < 0) throw Error(ExitCode::runtime_error, "no Vulkan memory type fits a storage buffer");
+  return static_cast<uint32_t>(type);
+}
+
+uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
+  uint32_t type = memory_type_for(usage, type_bits);
   for (uint32_t p = 0; p < pools_.size(); ++p)
-    if (pools_[p].memory_type == static_cast<uint32_t>(type)) return p;
+    if (pools_[p].memory_type == type) return p;
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
   Pool pool;
-  pool.memory_type = static_cast<uint32_t>(type);
+  pool.memory_type = type;
   pool.host_visible = (memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
   pools_.push_back(std::move(pool));
   return static_cast<uint32_t>(pools_.size() - 1);
+}
+
+Allocator::Placement Allocator::place(const std::vector<std::unique_ptr<Block>>& blocks, uint64_t reserved,
+                                      uint64_t alignment) {
+  // First fit over the blocks' free ranges (trim() leaves empty slots).
+  for (size_t b = 0; b < blocks.size(); ++b)
+    if (blocks[b])
+      for (auto [start, size] : blocks[b]->free) {
+        uint64_t aligned = round_up(start, alignment);
+        if (aligned + reserved <= start + size) return {b, aligned};
+      }
+  return {blocks.size(), 0};
+}
+
+uint64_t Allocator::new_block_size(uint64_t reserved, uint64_t reserved_now) const {
+  uint64_t left = stats_.budget_bytes > reserved_now ? stats_.budget_bytes - reserved_now : 0;
+  return std::max(std::min(kBlockSize, left), reserved);
+}
+
+void Allocator::carve(Block& block, uint64_t offset, uint64_t reserved) {
+  auto range = std::prev(block.free.upper_bound(offset));
+  uint64_t range_start = range->first, range_end = range->first + range->second;
+  block.free.erase(range);
+  if (offset > range_start) block.free[range_start] = offset - range_start;
+  if (offset + reserved < range_end) block.free[offset + reserved] = range_end - offset - reserved;
+  block.used += reserved;
+}
+
+uint64_t Allocator::reserved_after(const std::vector<PlannedBuffer>& buffers) const {
+  // The pools' free ranges as they are now (no device memory), then each buffer placed.
+  std::map<uint32_t, std::vector<std::unique_ptr<Block>>> pools;
+  for (const Pool& pool : pools_)
+    for (auto& block : pool.blocks)
+      pools[pool.memory_type].push_back(block ? std::make_unique<Block>(Block{VK_NULL_HANDLE, block->size, nullptr,
+                                                                                block->free, block->used})
+                                              : nullptr);
+  uint64_t reserved_bytes = stats_.reserved_bytes;
+  for (const PlannedBuffer& buffer : buffers) {
+    auto& blocks = pools[memory_type_for(buffer.usage, storage_type_bits_)];
+    uint64_t reserved = footprint(buffer.bytes);
+    Placement placement = place(blocks, reserved, alignment_);
+    if (placement.block == blocks.size()) {
+      auto block = std::make_unique<Block>();
+      block->size = new_block_size(reserved, reserved_bytes);
+      block->free[0] = block->size;
+      reserved_bytes += block->size;
+      blocks.push_back(std::move(block));
+    }
+    carve(*blocks[placement.block], placement.offset, reserved);
+  }
+  return reserved_bytes;
 }
 
 Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string& what) {
@@ -103,8 +173,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
                             format_bytes(context_.info().largest_buffer) + ")");
   VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   create.size = std::max<uint64_t>(bytes, 4);
-  create.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
-                 VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  create.usage = kBufferUsage;
   create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   Buffer buffer;
   check(vkCreateBuffer(device, &create, nullptr, &buffer.handle_), "vkCreateBuffer");
@@ -122,20 +191,8 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   uint32_t p = pool_for(usage, requirements.memoryTypeBits);
   Pool& pool = pools_[p];
 
-  // First fit over the blocks' free ranges.
-  int block_index = -1;
-  uint64_t offset = 0;
-  for (size_t b = 0; b < pool.blocks.size() && block_index < 0; ++b) {
-    for (auto [start, size] : pool.blocks[b]->free) {
-      uint64_t aligned = round_up(start, alignment);
-      if (aligned + reserved <= start + size) {
-        block_index = static_cast<int>(b);
-        offset = aligned;
-        break;
-      }
-    }
-  }
-  if (block_index < 0) {
+  auto [block_index, offset] = place(pool.blocks, reserved, alignment);
+  if (block_index == pool.blocks.size()) {
     // The budget bounds the blocks taken from the device, not only the live buffers in them:
     // the last block is cut to what the budget has left.
     uint64_t left = stats_.budget_bytes > stats_.reserved_bytes ? stats_.budget_bytes - stats_.reserved_bytes : 0;
@@ -148,7 +205,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
                               format_bytes(stats_.budget_bytes) + " (--device-memory-limit)");
     }
     auto block = std::make_unique<Block>();
-    block->size = std::max(std::min(kBlockSize, left), reserved);
+    block->size = new_block_size(reserved, stats_.reserved_bytes);
     VkMemoryAllocateInfo allocate{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     allocate.allocationSize = block->size;
     allocate.memoryTypeIndex = pool.memory_type;
@@ -166,24 +223,15 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
     stats_.reserved_bytes += block->size;
     // Reuse a slot that trim() emptied.
     auto empty = std::find(pool.blocks.begin(), pool.blocks.end(), nullptr);
-    if (empty != pool.blocks.end()) {
+    block_index = static_cast<size_t>(empty - pool.blocks.begin());
+    if (empty != pool.blocks.end())
       *empty = std::move(block);
-      block_index = static_cast<int>(empty - pool.blocks.begin());
-    } else {
+    else
       pool.blocks.push_back(std::move(block));
-      block_index = static_cast<int>(pool.blocks.size() - 1);
-    }
-    offset = 0;
   }
 
-  Block& block = *pool.blocks[static_cast<size_t>(block_index)];
-  // Carve [offset, offset + reserved) out of the free range that holds it.
-  auto range = std::prev(block.free.upper_bound(offset));
-  uint64_t range_start = range->first, range_end = range->first + range->second;
-  block.free.erase(range);
-  if (offset > range_start) block.free[range_start] = offset - range_start;
-  if (offset + reserved < range_end) block.free[offset + reserved] = range_end - offset - reserved;
-  block.used += reserved;
+  Block& block = *pool.blocks[block_index];
+  carve(block, offset, reserved);
 
   check(vkBindBufferMemory(device, buffer.handle_, block.memory, offset), "vkBindBufferMemory");
   buffer.owner_ = this;

@@ -51,6 +51,12 @@ class Buffer {
   uint64_t offset_ = 0, reserved_ = 0;
 };
 
+// A buffer a run will allocate, for Allocator::reserved_after.
+struct PlannedBuffer {
+  uint64_t bytes;
+  MemoryUsage usage;
+};
+
 struct MemoryStats {
   uint64_t live_bytes = 0;      // bytes held by live buffers (aligned sizes)
   uint64_t peak_bytes = 0;      // the most live_bytes ever reached
@@ -78,6 +84,11 @@ class Allocator {
   // The staging buffer that uploading or downloading a tensor of `bytes` takes: none where
   // device memory is mapped (lavapipe, integrated GPUs), its footprint on discrete GPUs.
   uint64_t transfer_footprint(uint64_t bytes) const;
+  // The device memory (blocks) this allocator would hold after allocating `buffers` in this
+  // order on top of what it holds now: each placed as allocate() places it, so a buffer that
+  // does not fit the rest of a block starts another and that rest counts. What a memory plan
+  // checks against the budget (a buffer over the budget counts the block it would take).
+  uint64_t reserved_after(const std::vector<PlannedBuffer>& buffers) const;
 
  private:
   friend class Buffer;
@@ -93,13 +104,28 @@ class Allocator {
     bool host_visible = false;
     std::vector<std::unique_ptr<Block>> blocks;
   };
+  // Where a buffer of `reserved` bytes goes: a block of the pool and the offset in it, where
+  // `block` is the pool's size when it needs a new block (of new_block_size). allocate() and
+  // reserved_after() both place buffers with it.
+  struct Placement {
+    size_t block;
+    uint64_t offset;
+  };
+  static Placement place(const std::vector<std::unique_ptr<Block>>& blocks, uint64_t reserved, uint64_t alignment);
+  // A new block for `reserved` bytes with `reserved_now` of blocks taken: kBlockSize cut to what
+  // the budget has left, and never under `reserved`.
+  uint64_t new_block_size(uint64_t reserved, uint64_t reserved_now) const;
+  // Takes [offset, offset + reserved) out of the free range of `block` that holds it.
+  static void carve(Block& block, uint64_t offset, uint64_t reserved);
   void free(Buffer& buffer);
+  uint32_t memory_type_for(MemoryUsage usage, uint32_t type_bits) const;
   uint32_t pool_for(MemoryUsage usage, uint32_t type_bits);
 
   Context& context_;
   std::vector<Pool> pools_;
   MemoryStats stats_;
   uint64_t alignment_ = 256;
+  uint32_t storage_type_bits_ = ~0u;  // the memory types a storage buffer may take
   bool device_memory_mapped_ = false;
 };
 
