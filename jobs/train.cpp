@@ -113,16 +113,17 @@ class PatchFeed : public Feed {
 
 }  // namespace
 
-MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
+std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options) {
   Setup setup = prepare(options);
-  TrainingLoop loop(context, options, std::move(setup.job));
+  TrainingLoop loop(devices, options, std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
-  return loop.plan();
+  return loop.plans();
 }
 
-void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
+void train(const std::vector<vk::Context*>& devices, const TrainOptions& options, const TrainReporting& reporting) {
   Setup setup = prepare(options);
-  TrainingLoop loop(context, options, std::move(setup.job));
+  // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
+  TrainingLoop loop(devices, options, std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};

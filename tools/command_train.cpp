@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
+#include "compute/data_parallel.h"
 #include "compute/run_checks.h"
 #include "jobs/mil.h"
 #include "jobs/train.h"
@@ -26,6 +27,7 @@ struct TrainFlags {
   TrainOptions options;
   MilOptions mil;
   int device = -1;
+  std::vector<int> devices;  // --devices: one replica per device
   std::string memory_limit;
   int report_fd = -1;
   std::string class_weights;
@@ -77,7 +79,16 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
-  command.add_option("--device", f.device, "Vulkan device index (see tessera info); default: first discrete GPU");
+  auto* device = command.add_option(
+      "--device", f.device,
+      "Vulkan device index (see tessera info); default: first discrete GPU, or under mpirun/srun the "
+      "process's rank on its machine");
+  command.add_option("--devices", f.devices,
+                     "Data-parallel over these devices, e.g. 0,1 (one replica each; an index may repeat): each "
+                     "micro-batch is split over them and their gradients summed, so a step equals one device's "
+                     "step on the whole batch (batch norm uses each device's own samples). Under mpirun/srun "
+                     "every process takes these devices")
+      ->delimiter(',')->excludes(device)->excludes(features);
   command.add_option("--device-memory-limit", f.memory_limit, "Device memory budget, e.g. 2GiB");
   command.add_option("--report-fd", f.report_fd, "Write trial protocol JSON lines to this file descriptor");
 }
@@ -186,11 +197,31 @@ void report_finished(vk::Context& context, const TrainFlags& f,
             {"device", context.info().name}});
 }
 
-vk::ContextOptions context_options(const TrainFlags& f) {
+vk::ContextOptions context_options(const TrainFlags& f, int device_index) {
   vk::ContextOptions options = vk::options_from_environment();
-  options.device_index = f.device;
+  options.device_index = device_index;
   if (!f.memory_limit.empty()) options.memory_budget = parse_bytes(f.memory_limit, "--device-memory-limit");
   return options;
+}
+
+// The devices this process trains on: --devices, else --device, else under an MPI launcher the
+// device of the process's rank on its machine, else the default choice.
+std::vector<std::unique_ptr<vk::Context>> open_devices(const TrainFlags& f, const Processes& processes) {
+  std::vector<int> indices = f.devices;
+  if (indices.empty()) indices.push_back(f.device >= 0 || !processes.launched() ? f.device : processes.local_rank());
+  size_t found = f.devices.empty() && f.device < 0 && !processes.launched() ? 0 : vk::list_devices().size();
+  for (int index : indices) {
+    if (index < 0 && !f.devices.empty()) throw UsageError("--devices: " + std::to_string(index) + " is not a device index");
+    if (index >= 0 && static_cast<size_t>(index) >= found) {
+      std::string flag = !f.devices.empty() ? "--devices" : f.device >= 0 ? "--device" : "the process's local rank";
+      throw UsageError(flag + ": device " + std::to_string(index) + " does not exist (" + std::to_string(found) +
+                       " found; see tessera info)" +
+                       (flag[0] == '-' ? "" : "; give --device N to choose one, which processes may share"));
+    }
+  }
+  std::vector<std::unique_ptr<vk::Context>> contexts;
+  for (int index : indices) contexts.push_back(std::make_unique<vk::Context>(context_options(f, index)));
+  return contexts;
 }
 
 void print_plan(vk::Context& context, const MemoryPlan& plan) {
@@ -207,24 +238,35 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
   }
 }
 
-void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlohmann::json&)>& protocol) {
-  if (f.finished.is_object()) return report_finished(context, f, protocol);
+void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
+         const std::function<void(const nlohmann::json&)>& protocol) {
+  vk::Context& context = *devices.front();
+  if (f.finished.is_object()) {
+    if (Processes::world().rank() == 0) report_finished(context, f, protocol);
+    return;
+  }
   TrainReporting reporting;
   reporting.protocol = protocol;
   bool features = !f.mil.features.empty();
   if (features && f.mil.labels.empty()) throw UsageError("--features needs --labels slides.csv");
   if (f.options.dry_run) {
-    auto plan = features ? plan_mil(context, f.options, f.mil) : plan_training(context, f.options);
-    print_plan(context, plan);
-    if (plan.total() > context.allocator().stats().budget_bytes)
-      throw OutOfDeviceMemory("the plan (" + format_bytes(plan.total()) + ") is over the device memory budget (" +
-                              format_bytes(context.allocator().stats().budget_bytes) + ")");
+    auto plans = features ? std::vector<MemoryPlan>{plan_mil(context, f.options, f.mil)} : plan_training(devices, f.options);
+    // A plan per device, each checked against its own budget.
+    std::string over;
+    for (size_t d = 0; d < plans.size(); ++d) {
+      print_plan(*devices[d], plans[d]);
+      uint64_t budget = devices[d]->allocator().stats().budget_bytes;
+      if (plans[d].total() > budget && over.empty())
+        over = "the plan (" + format_bytes(plans[d].total()) + ") is over the device memory budget (" +
+               format_bytes(budget) + ")" + (plans.size() > 1 ? " of --devices entry " + std::to_string(d) : "");
+    }
+    if (!over.empty()) throw OutOfDeviceMemory(over);
     return;
   }
   if (features)
     train_mil(context, f.options, f.mil, reporting);
   else
-    train(context, f.options, reporting);
+    train(devices, f.options, reporting);
 }
 
 }  // namespace
@@ -240,12 +282,19 @@ void add_train_command(CLI::App& app) {
       if (!report) throw UsageError("--report-fd " + std::to_string(flags->report_fd) + ": not an open file descriptor");
     }
     check_flags(*command, *flags);
-    vk::Context context(context_options(*flags));
-    run(context, *flags, [report](const nlohmann::json& line) {
-      if (!report) return;
-      std::fprintf(report, "%s\n", line.dump().c_str());
-      std::fflush(report);
-    });
+    // Under mpirun or srun, MPI starts here: the rank on this machine picks the default device.
+    Processes& processes = Processes::world();
+    {
+      auto contexts = open_devices(*flags, processes);
+      std::vector<vk::Context*> devices;
+      for (auto& context : contexts) devices.push_back(context.get());
+      run(devices, *flags, [report](const nlohmann::json& line) {
+        if (!report) return;
+        std::fprintf(report, "%s\n", line.dump().c_str());
+        std::fflush(report);
+      });
+    }
+    processes.finish();
   });
 }
 
@@ -260,10 +309,12 @@ int run_train_in_process(const std::vector<std::string>& args,
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
     check_flags(app, flags);
-    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags));
+    if (!flags.devices.empty())
+      throw UsageError("--devices: an in-process trial (--isolation none) shares one device; leave --isolation at its default");
+    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags, flags.device));
     if (!flags.memory_limit.empty())
       shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));
-    run(*shared, flags, [&](const nlohmann::json& line) { report(line.dump()); });
+    run({shared.get()}, flags, [&](const nlohmann::json& line) { report(line.dump()); });
     return 0;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "tessera train: %s\n", e.what());
