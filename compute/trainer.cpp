@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <thread>
@@ -42,9 +43,19 @@ void inject_fault_before_training(vk::Context& context) {
     Tensor too_big(context, "TESSERA_FAULT=oom", {static_cast<int64_t>(context.allocator().stats().budget_bytes / 4 + 1)});
   } else if (kind.rfind("wait:", 0) == 0) {
     wait_for_release(kind.substr(5));
-  } else if (kind != "nan") {
-    throw UsageError("TESSERA_FAULT=" + kind + ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR)");
+  } else if (kind != "nan" && kind.rfind("sigkill:", 0) != 0) {
+    throw UsageError("TESSERA_FAULT=" + kind +
+                     ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR, sigkill:EPOCH[:RANK])");
   }
+}
+
+// TESSERA_FAULT=sigkill:EPOCH[:RANK]: the process (only MPI rank RANK's, if given) kills itself
+// with SIGKILL once epoch EPOCH is done and checkpointed, as a crash or a killed job would.
+void sigkill_fault(int epochs_done, int rank) {
+  const char* fault = std::getenv("TESSERA_FAULT");
+  int epoch = -1, only_rank = -1;
+  if (!fault || std::sscanf(fault, "sigkill:%d:%d", &epoch, &only_rank) < 1) return;
+  if (epoch == epochs_done && (only_rank < 0 || only_rank == rank)) std::raise(SIGKILL);
 }
 
 bool nan_fault() {
@@ -514,14 +525,16 @@ struct TrainingLoop::State {
       }
       check_finite_state(params, download_tensors(first().train_tensors()), epoch + 1);
       if (!options.checkpoint.empty() && lead) save(epoch + 1, last);
+      sigkill_fault(epoch + 1, processes.rank());
     }
     if (progress) progress->finish();
+    double peak = peak_device_bytes();  // a collective: every process, protocol or not
     if (reporting.protocol && lead && last.is_object()) {
       double value = last["val_loss"].is_number() ? last["val_loss"].get<double>() : last.value("train_loss", 0.0);
       reporting.protocol({{"type", "final"},
                           {"value", value},
                           {"metrics", last},
-                          {"peak_device_bytes", peak_device_bytes()},
+                          {"peak_device_bytes", peak},
                           {"device", first().context.info().name}});
     }
   }
