@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <thread>
 
@@ -209,27 +210,70 @@ struct Replica {
     Optimizer::record_step_advance(recorder, kernels, step);
   }
 
-  // Copies between each parameter gradient and its place in the host copy `gradients`.
-  void record_gradient_copies(vk::Recorder& recorder, bool to_host) {
+  // Elements of layer l's parameters.
+  int64_t parameter_count(size_t l) const {
+    int64_t count = 0;
+    for (auto& spec : network.layers()[l].specs)
+      if (spec.role == TensorRole::parameter) count += element_count(spec.shape);
+    return count;
+  }
+
+  // Replicated, the last micro-batch's backward runs in up to kSegments programs of about equal
+  // parameter bytes, last layers first, each ending with the copy of the gradients it finished
+  // into its range of `gradients` (laid out last layer first), so that the host sums one
+  // segment's gradients, and all-reduces them over MPI, while the device computes the next.
+  struct Segment {
+    size_t begin, end;     // layers [begin, end)
+    size_t first, count;   // floats of `gradients`
+  };
+  static constexpr int kSegments = 4;
+
+  std::vector<Segment> plan_segments() const {
+    size_t layers = network.layers().size();
+    int with_parameters = 0;
+    for (size_t l = 0; l < layers; ++l) with_parameters += parameter_count(l) > 0 ? 1 : 0;
+    int wanted = std::max(1, std::min(kSegments, with_parameters));
+    auto target = static_cast<size_t>((gradient_count() + wanted - 1) / wanted);
+    std::vector<Segment> planned;
+    Segment current{0, layers, 0, 0};
+    for (size_t l = layers; l-- > 0;) {
+      current.count += static_cast<size_t>(parameter_count(l));
+      if (l > 0 && current.count >= target && static_cast<int>(planned.size()) + 1 < wanted) {
+        current.begin = l;
+        planned.push_back(current);
+        current = {0, l, current.first + current.count, 0};
+      }
+    }
+    planned.push_back(current);
+    return planned;
+  }
+
+  // Copies between the gradients of layers [begin, end) and their range of the host copy.
+  void record_gradient_copies(vk::Recorder& recorder, bool to_host, const Segment& segment) {
     recorder.set_scope("gradient exchange");
     const vk::Buffer& host = extra["gradients"]->buffer();
-    uint64_t offset = 0;
-    for (auto& named : network.named_tensors()) {
-      if (!named.grad) continue;
-      if (named.grad->dtype() != DType::f32) throw std::logic_error("the gradient exchange sums float32 gradients");
-      if (to_host)
-        recorder.copy(named.grad->buffer(), 0, host, offset, named.grad->bytes());
-      else
-        recorder.copy(host, offset, named.grad->buffer(), 0, named.grad->bytes());
-      offset += named.grad->bytes();
-    }
+    uint64_t offset = segment.first * sizeof(float);
+    auto& layers = network.layers();
+    for (size_t l = segment.end; l-- > segment.begin;)
+      for (size_t i = 0; i < layers[l].specs.size(); ++i) {
+        if (layers[l].specs[i].role != TensorRole::parameter) continue;
+        const Tensor& grad = *layers[l].grads[i];
+        if (grad.dtype() != DType::f32) throw std::logic_error("the gradient exchange sums float32 gradients");
+        if (to_host)
+          recorder.copy(grad.buffer(), 0, host, offset, grad.bytes());
+        else
+          recorder.copy(host, offset, grad.buffer(), 0, grad.bytes());
+        offset += grad.bytes();
+      }
   }
 
   void record() {
     auto& kernels = context.kernels();
     const Tensor& step = *extra["step"];
+    if (replicated) segments = plan_segments();
     for (int slot = 0; slot < 2; ++slot) {
       for (int k = 0; k < options.accumulate; ++k) {
+        bool last = k == options.accumulate - 1;
         train_programs[slot].push_back(std::make_unique<vk::Program>(context));
         vk::Recorder recorder(context, *train_programs[slot].back());
         // Dropout draws by the sample's place in the whole batch, whichever replica computes it.
@@ -237,18 +281,30 @@ struct Replica {
         auto inputs = bound(slot, k);
         network.record_forward(recorder, kernels, inputs, pass);
         record_metrics(recorder, slot, k);
-        if (replicated) {
-          const Tensor& dloss = *network.layer("loss").output_grad;
-          recorder.copy(extra["loss_scale" + suffix(slot, k)]->buffer(), 0, dloss.buffer(), 0, dloss.bytes());
+        if (!replicated) {
+          network.record_backward(recorder, kernels, inputs, pass);
+          if (last) record_update(recorder);
+          recorder.finish();
+          continue;
         }
-        network.record_backward(recorder, kernels, inputs, pass);
-        if (k == options.accumulate - 1) {
-          if (replicated)
-            record_gradient_copies(recorder, true);
-          else
-            record_update(recorder);
+        const Tensor& dloss = *network.layer("loss").output_grad;
+        recorder.copy(extra["loss_scale" + suffix(slot, k)]->buffer(), 0, dloss.buffer(), 0, dloss.bytes());
+        if (!last) {
+          network.record_backward(recorder, kernels, inputs, pass);
+          recorder.finish();
+          continue;
         }
-        recorder.finish();
+        for (size_t s = 0; s < segments.size(); ++s) {
+          std::optional<vk::Recorder> next;
+          if (s > 0) {
+            backward_segments[slot].push_back(std::make_unique<vk::Program>(context));
+            next.emplace(context, *backward_segments[slot].back());
+          }
+          vk::Recorder& into = s > 0 ? *next : recorder;
+          network.record_backward(into, kernels, inputs, pass, segments[s].begin, segments[s].end);
+          record_gradient_copies(into, true, segments[s]);
+          into.finish();
+        }
       }
       eval_programs[slot] = std::make_unique<vk::Program>(context);
       vk::Recorder recorder(context, *eval_programs[slot]);
@@ -259,10 +315,15 @@ struct Replica {
     if (replicated) {
       update_program = std::make_unique<vk::Program>(context);
       vk::Recorder recorder(context, *update_program);
-      record_gradient_copies(recorder, false);
+      for (auto& segment : segments) record_gradient_copies(recorder, false, segment);
       record_update(recorder);
       recorder.finish();
     }
+  }
+
+  // The program that ends segment s of the last micro-batch's backward in `slot`.
+  vk::Program& segment_program(int slot, size_t s) {
+    return s == 0 ? *train_programs[slot].back() : *backward_segments[slot][s - 1];
   }
 
   void record_metrics(vk::Recorder& recorder, int slot, int k) {
@@ -287,6 +348,8 @@ struct Replica {
 
   void wait_all() {
     for (auto& programs : train_programs)
+      for (auto& p : programs) p->wait();
+    for (auto& programs : backward_segments)
       for (auto& p : programs) p->wait();
     for (auto& p : eval_programs)
       if (p) p->wait();
@@ -341,6 +404,8 @@ struct Replica {
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states;
   std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs;
   std::array<std::unique_ptr<vk::Program>, 2> eval_programs;
+  std::vector<Segment> segments;  // replicated: of the last micro-batch's backward
+  std::array<std::vector<std::unique_ptr<vk::Program>>, 2> backward_segments;  // segments after the first
   std::unique_ptr<vk::Program> update_program;
 };
 
@@ -447,15 +512,22 @@ struct TrainingLoop::State {
     }
   }
 
-  // Replicated: sums the gradients of the step that ran in `slot` and starts every replica's update.
+  // Replicated: sums the gradients of the step in `slot` segment by segment, as each finishes on
+  // every replica (while the later segments run), then starts every replica's update.
   void exchange(int slot) {
-    std::vector<std::span<float>> copies;
-    for (auto& replica : replicas) {
-      replica->train_programs[slot].back()->wait();
-      Tensor& gradients = *replica->extra.at("gradients");
-      copies.push_back({static_cast<float*>(gradients.buffer().mapped()), static_cast<size_t>(gradients.count())});
+    auto& segments = first().segments;
+    for (size_t s = 0; s < segments.size(); ++s) {
+      std::vector<std::span<float>> copies;
+      for (auto& replica : replicas) {
+        replica->segment_program(slot, s).wait();
+        auto* gradients = static_cast<float*>(replica->extra.at("gradients")->buffer().mapped());
+        copies.push_back({gradients + segments[s].first, segments[s].count});
+      }
+      auto before = Clock::now();
+      sum_gradients(copies, processes);
+      exchange_seconds += std::chrono::duration<double>(Clock::now() - before).count();
+      exchange_bytes += segments[s].count * sizeof(float);
     }
-    sum_gradients(copies, processes);
     for (auto& replica : replicas) replica->update_program->submit();
   }
 
@@ -475,6 +547,8 @@ struct TrainingLoop::State {
       auto epoch_start = Clock::now();
       train_feed.start_epoch(static_cast<uint32_t>(epoch));
       reset_metrics();
+      exchange_seconds = 0;
+      exchange_bytes = 0;
       for (size_t step = 0; step < steps; ++step) {
         int slot = static_cast<int>(step % 2);
         for (int k = 0; k < options.accumulate; ++k) {
@@ -483,7 +557,11 @@ struct TrainingLoop::State {
           if (!train_feed.next(feed_target(slot, k))) throw std::logic_error("the feed ended before its batches_per_epoch");
           wait_seconds += std::chrono::duration<double>(Clock::now() - before).count();
           distribute(slot, k, true);
-          for (auto& replica : replicas) replica->train_programs[slot][static_cast<size_t>(k)]->submit();
+          for (auto& replica : replicas) {
+            replica->train_programs[slot][static_cast<size_t>(k)]->submit();
+            if (k == options.accumulate - 1)
+              for (auto& segment : replica->backward_segments[slot]) segment->submit();
+          }
         }
         if (replicated()) exchange(slot);
         ++done;
@@ -516,6 +594,8 @@ struct TrainingLoop::State {
       if (replicated()) {
         last["replicas"] = replicas_in_job;
         last["replica_weight_difference"] = replica_weight_difference(params);
+        // The host's gradient sum (over this process's replicas, then MPI), per replica's bytes.
+        last["allreduce_bytes_per_second"] = exchange_seconds > 0 ? exchange_bytes / exchange_seconds : 0.0;
       }
       last.update(job.report);
       if (progress) progress->event(last);
@@ -678,6 +758,8 @@ struct TrainingLoop::State {
   std::vector<std::unique_ptr<Replica>> replicas;  // this process's, in device order
   std::map<std::string, std::unique_ptr<Tensor>> whole;
   BinaryScores val_scores;
+  double exchange_seconds = 0;  // host time summing gradients (and all-reducing them over MPI)
+  uint64_t exchange_bytes = 0;  // gradient bytes summed, per replica
 };
 
 TrainingLoop::TrainingLoop(vk::Context& context, const TrainOptions& options, TrainingJob job)
