@@ -7,8 +7,10 @@ device opened twice, and MPI ranks are processes on this machine over loopback T
 - Batch norm keeps per-device statistics (as PyTorch DDP): `--devices 0,0 --batch 32` equals one
   device with `--batch 16 --accumulate 2` (each micro-batch its own statistics, gradients summed
   with the same weights), on a model with batch norm and dropout: same training losses and weights.
-- An uneven split (batch 33 over two devices, 17 + 16) with a short last validation batch of one
-  sample counts every sample exactly once (train_samples, val_samples) and equals one device.
+- An uneven split (batch 33 over two devices, 17 + 16, and three) with a short last validation
+  batch of one sample counts every sample exactly once (train_samples, val_samples) and equals one
+  device, also with class weights (each replica's weighted mean scaled by its share of the
+  batch's weight) and with --accumulate.
 - `mpirun -np 2` equals `--devices 0,0` and one device (rank 0's checkpoint: the same weights).
 - A rank killed with SIGKILL ends the job with a non-zero exit (a liveness bound of 30 s, asserted
   loosely); a job killed after its first checkpoint and resumed under mpirun ends with the same
@@ -107,6 +109,9 @@ def test_devices_equal_one_device_sgd_and_adam():
         assert [r["replicas"] for r in two[0]] == [2, 2]
         # Training moved the weights: the comparison is not of two untouched initialisations.
         assert one[0][0]["train_loss"] != one[0][1]["train_loss"]
+    # Accumulation: two micro-batches of 16 per step, each split over the replicas.
+    flags = ["--model", "small-cnn", "--batch", 16, "--accumulate", 2, "--optimizer", "adam", "--lr", 0.01]
+    assert_same_run(train(work, "one_k2", *flags), train(work, "two_k2", *flags, "--devices", "0,0"))
 
 
 def test_batch_norm_per_device_statistics():
@@ -138,6 +143,10 @@ def test_uneven_split_counts_every_sample_once():
         assert [r["val_samples"] for r in records] == [34, 34]
     assert_same_run(one, two)
     assert_same_run(one, three)
+    # Class weights: each replica's loss is a weighted mean over its own samples, so its gradient
+    # is scaled by its samples' share of the batch's total weight, which differs batch by batch.
+    weighted = [*flags, "--class-weights", "1,3"]
+    assert_same_run(train(work, "one_weighted", *weighted), train(work, "three_weighted", *weighted, "--devices", "0,0,0"))
 
 
 def test_mpi_equals_devices_and_one_device():
