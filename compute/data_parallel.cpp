@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/mpi_launcher.h"
+
 namespace tessera {
 
 BatchPart batch_part(int64_t n, int replica, int replicas) {
@@ -19,8 +21,8 @@ BatchPart batch_part(int64_t n, int replica, int replicas) {
 namespace {
 
 bool started_by_launcher() {
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
-    if (std::getenv(variable)) return true;
+  for (auto& variable : mpi_launcher_variables())
+    if (std::getenv(variable.c_str())) return true;
   return false;
 }
 

@@ -17,9 +17,9 @@ struct BatchPart {
 };
 BatchPart batch_part(int64_t n, int replica, int replicas);
 
-// The processes of the job: an MPI world when this process was started by a launcher (mpirun's
-// OMPI_COMM_WORLD_SIZE, PMIx's PMIX_RANK or PMI's PMI_SIZE, as srun sets them), else this process
-// alone, with MPI never initialised (the sweep's children and plain runs).
+// The processes of the job: an MPI world when this process was started by a launcher
+// (common/mpi_launcher.h), else this process alone, with MPI never initialised (the sweep's
+// trials and plain runs).
 class Processes {
  public:
   // Initialises MPI on the first call in a launched process.

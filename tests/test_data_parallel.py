@@ -30,7 +30,8 @@ from data_tools import workdir
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# mpirun as root in a container: no shared-memory single copy (CMA is not permitted), loopback TCP.
+# mpirun as root in a container, over loopback TCP (shared memory's single-copy path needs ptrace rights
+# that containers often lack; TCP works everywhere).
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp"]
 COMMON = ["--width", 4, "--epochs", 2, "--seed", 3, "--val-fraction", 0.3]
 
