@@ -81,11 +81,12 @@ nlohmann::json loss_layers(const nlohmann::json& graph) {
       {{{"name", "loss"}, {"type", "softmax_cross_entropy"}, {"inputs", {logits, "labels"}}}});
 }
 
-// The job's staged inputs for a replica that takes `count` samples of every micro-batch:
-// inputs with a leading batch dimension are cut to it ("valid" stays [1]).
-std::vector<GraphInput> part_inputs(std::vector<GraphInput> staged, int64_t count) {
-  for (auto& input : staged)
-    if (input.name != "valid") input.shape[0] = count;
+// The job's staged inputs for one replica of several, which takes `count` samples of every
+// micro-batch: the inputs, all with a leading batch dimension, are cut to it ("valid" stays [1]).
+std::vector<GraphInput> part_inputs(std::vector<GraphInput> staged, bool replicated, int64_t count) {
+  if (replicated)
+    for (auto& input : staged)
+      if (input.name != "valid") input.shape[0] = count;
   return staged;
 }
 
@@ -94,13 +95,14 @@ std::vector<GraphInput> part_inputs(std::vector<GraphInput> staged, int64_t coun
 // with the optimizer in the last; replicated, the last also copies the gradients into host memory
 // (`gradients`), and the optimizer runs in a program of its own once they are summed.
 struct Replica {
-  Replica(vk::Context& device, const TrainOptions& run_options, const TrainingJob& job, BatchPart batch_part,
-          bool run_replicated)
+  Replica(vk::Context& device, const TrainOptions& run_options, const TrainingJob& job, int64_t job_batch,
+          BatchPart batch_part, bool run_replicated)
       : context(device),
         options(run_options),
+        batch(job_batch),
         part(batch_part),
         replicated(run_replicated),
-        staged_inputs(part_inputs(job.staged, part.count)),
+        staged_inputs(part_inputs(job.staged, replicated, part.count)),
         network(job.graph, staged_inputs, true, job.prologue, loss_layers(job.graph)),
         logits(network.layer(job.graph["layers"].back()["name"].get<std::string>())),
         optimizer(Optimizer::make(options.optimizer)) {}
@@ -277,7 +279,7 @@ struct Replica {
         train_programs[slot].push_back(std::make_unique<vk::Program>(context));
         vk::Recorder recorder(context, *train_programs[slot].back());
         // Dropout draws by the sample's place in the whole batch, whichever replica computes it.
-        Network::Pass pass{true, options.seed, &step, static_cast<uint32_t>(k * options.batch + part.first)};
+        Network::Pass pass{true, options.seed, &step, static_cast<uint32_t>(k * batch + part.first)};
         auto inputs = bound(slot, k);
         network.record_forward(recorder, kernels, inputs, pass);
         record_metrics(recorder, slot, k);
@@ -394,7 +396,8 @@ struct Replica {
 
   vk::Context& context;
   const TrainOptions& options;
-  BatchPart part;  // of every training micro-batch
+  int64_t batch;   // samples of a micro-batch, over all replicas
+  BatchPart part;  // this replica's of every training micro-batch
   bool replicated;
   std::vector<GraphInput> staged_inputs;
   Network network;
@@ -426,17 +429,22 @@ struct TrainingLoop::State {
                        " devices x " + std::to_string(processes.size()) +
                        " processes) need at least one sample each, but a micro-batch has " + std::to_string(batch) +
                        (batch == 1 ? " (a slide-level head trains on one bag at a time)" : " (--batch)"));
+    for (auto& input : job.staged)
+      if (replicated && input.name != "valid" && (input.shape.empty() || input.shape[0] != batch))
+        throw std::logic_error("data-parallel training splits staged inputs by their first dimension; " + input.name +
+                               " is " + to_string(input.shape));
     for (int d = 0; d < local; ++d) {
       int replica = processes.rank() * local + d;
       BatchPart part = replicated ? batch_part(batch, replica, replicas_total) : BatchPart{0, batch};
-      replicas.push_back(std::make_unique<Replica>(*devices[static_cast<size_t>(d)], options, job, part, replicated));
+      replicas.push_back(
+          std::make_unique<Replica>(*devices[static_cast<size_t>(d)], options, job, batch, part, replicated));
     }
     replicas_in_job = replicas_total;
   }
 
   bool replicated() const { return replicas_in_job > 1; }
   Replica& first() { return *replicas.front(); }
-  int64_t batch() const { return options.batch; }
+  int64_t batch() const { return replicas.front()->batch; }
 
   // Replicated, the Feed writes the whole micro-batch here, and each replica takes its part.
   std::vector<LoopTensor> whole_batch_tensors() const {
@@ -584,8 +592,8 @@ struct TrainingLoop::State {
               {"train_accuracy", train_metrics[1] / samples},
               {"val_loss", val_metrics[2] > 0 ? nlohmann::json(val_metrics[0] / val_samples) : nlohmann::json()},
               {"val_accuracy", val_metrics[2] > 0 ? nlohmann::json(val_metrics[1] / val_samples) : nlohmann::json()},
-              {"train_samples", train_metrics[2]},
-              {"val_samples", val_metrics[2]},
+              {"train_samples", std::llround(train_metrics[2])},
+              {"val_samples", std::llround(val_metrics[2])},
               {"images_per_second", train_metrics[2] / train_seconds},
               {"data_wait_fraction", run_seconds > 0 ? wait_seconds / run_seconds : 0.0},
               {"peak_device_bytes", peak_device_bytes()}};
@@ -608,7 +616,7 @@ struct TrainingLoop::State {
       sigkill_fault(epoch + 1, processes.rank());
     }
     if (progress) progress->finish();
-    double peak = peak_device_bytes();  // a collective: every process, protocol or not
+    uint64_t peak = peak_device_bytes();  // a collective: every process, protocol or not
     if (reporting.protocol && lead && last.is_object()) {
       double value = last["val_loss"].is_number() ? last["val_loss"].get<double>() : last.value("train_loss", 0.0);
       reporting.protocol({{"type", "final"},
@@ -620,11 +628,11 @@ struct TrainingLoop::State {
   }
 
   // The most any one device of the job has held.
-  double peak_device_bytes() {
+  uint64_t peak_device_bytes() {
     double peak = 0;
     for (auto& replica : replicas) peak = std::max(peak, static_cast<double>(replica->context.allocator().stats().peak_bytes));
     processes.max(std::span<double>(&peak, 1));
-    return peak;
+    return static_cast<uint64_t>(peak);
   }
 
   // The largest difference between a parameter of any replica and rank 0's first replica's:
