@@ -544,6 +544,8 @@ struct TrainingLoop::State {
     if (job.start && job.start->progress.is_object()) first_epoch = job.start->progress.value("epoch", 0);
     size_t steps = train_feed.batches_per_epoch() / static_cast<size_t>(options.accumulate);
     uint64_t total_steps = steps * static_cast<uint64_t>(options.epochs - first_epoch);
+    check_processes_agree({static_cast<double>(steps), static_cast<double>(validation_feed.batches_per_epoch()),
+                           static_cast<double>(first_epoch), static_cast<double>(first().gradient_count())});
     // Every process reads the metrics at the same steps (a collective); rank 0 reports them.
     bool lead = processes.rank() == 0;
     std::unique_ptr<Progress> progress;
@@ -625,6 +627,22 @@ struct TrainingLoop::State {
                           {"peak_device_bytes", peak},
                           {"device", first().context.info().name}});
     }
+  }
+
+  // Processes that disagree on the number of collectives to come would wait for each other
+  // forever: each one's steps, validation batches, first epoch and gradient size must match.
+  void check_processes_agree(std::vector<double> counts) {
+    std::vector<double> largest = counts, negated = counts;
+    for (auto& value : negated) value = -value;
+    processes.max(largest);
+    processes.max(negated);
+    for (size_t i = 0; i < counts.size(); ++i)
+      if (largest[i] != -negated[i])
+        throw BadInput("the processes of the MPI job see different runs (steps per epoch, validation batches, first "
+                       "epoch, gradient size: this one has " + std::to_string(static_cast<int64_t>(counts[0])) + ", " +
+                       std::to_string(static_cast<int64_t>(counts[1])) + ", " + std::to_string(static_cast<int64_t>(counts[2])) +
+                       ", " + std::to_string(static_cast<int64_t>(counts[3])) +
+                       "): every process must read the same --data, model and checkpoint");
   }
 
   // The most any one device of the job has held.

@@ -15,6 +15,7 @@ device opened twice, and MPI ranks are processes on this machine over loopback T
 - A rank killed with SIGKILL ends the job with a non-zero exit (a liveness bound of 30 s, asserted
   loosely); a job killed after its first checkpoint and resumed under mpirun ends with the same
   weights as an uninterrupted run.
+- Processes of an MPI job that see different data exit 5 before any collective could hang.
 - Impossible flags exit 2 naming the flag; --dry-run prints one plan per device.
 Every run is under the Khronos validation layer and must print no validation message.
 """
@@ -159,6 +160,8 @@ def test_mpi_equals_devices_and_one_device():
     ranks = train(work, "ranks", *flags, "--device", 0, mpi=2)
     assert_same_run(two, ranks)
     assert_same_run(one, ranks)
+    # Validation scores are gathered from both ranks: the AUC over all 45 samples, as in one process.
+    assert [r["val_auc"] for r in ranks[0]] == [r["val_auc"] for r in two[0]]
     # Two ranks of two devices each: four replicas.
     four = train(work, "four", *flags, "--devices", "0,0", mpi=2)
     assert [r["replicas"] for r in four[0]] == [4, 4]
@@ -215,3 +218,19 @@ def test_flags_and_plans():
     assert all(line["bytes"]["gradient exchange"] > 0 for line in lines)
     small = run([TESSERA, *data, "--devices", "0,0", "--dry-run", "--device-memory-limit", "64KiB"], check=False)
     assert small.returncode == 3, small.stderr
+
+
+def test_mpi_processes_that_see_different_data_exit_instead_of_hanging():
+    work = workdir("test_data_parallel_disagree")
+    make_task(work, 150)
+    other = os.path.join(work, "other.h5")
+    os.rename(os.path.join(work, "task.h5"), other)
+    make_task(work, 113)  # 79 training patches: two steps of 32 where the other process has three
+    args = ["train", "--model", "small-cnn", *COMMON, "--batch", 32, "--device", 0]
+    command = MPIRUN + ["-np", "1", TESSERA, *map(str, args), "--data", os.path.join(work, "task.h5"), ":",
+                        "-np", "1", TESSERA, *map(str, args), "--data", other]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TESSERA_VALIDATION="1"))
+    assert result.returncode == 5, (result.returncode, result.stderr[-3000:])
+    assert "see different runs" in result.stderr and "steps per epoch" in result.stderr, result.stderr[-3000:]
+    assert "vulkan validation" not in result.stderr.lower()
