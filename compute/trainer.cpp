@@ -546,6 +546,11 @@ struct TrainingLoop::State {
     uint64_t total_steps = steps * static_cast<uint64_t>(options.epochs - first_epoch);
     check_processes_agree({static_cast<double>(steps), static_cast<double>(validation_feed.batches_per_epoch()),
                            static_cast<double>(first_epoch), static_cast<double>(first().gradient_count())});
+    // Every process loads whole batches (the loss weights need every label) but decodes only the
+    // training samples of its own replicas, which are consecutive.
+    if (processes.size() > 1)
+      train_feed.compute_only(first().part.first, replicas.back()->part.first + replicas.back()->part.count -
+                                                      first().part.first);
     // Every process reads the metrics at the same steps (a collective); rank 0 reports them.
     bool lead = processes.rank() == 0;
     std::unique_ptr<Progress> progress;

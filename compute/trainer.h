@@ -53,6 +53,12 @@ class Feed {
   // Writes the next batch into the host-visible tensors of the job's staged inputs, by name;
   // false when the epoch is over.
   virtual bool next(const std::map<std::string, const Tensor*>& staged) = 0;
+  // Only samples [first, first + count) of each batch will be computed here (an MPI process's
+  // part): a feed may leave the others' inputs other than their labels unread.
+  virtual void compute_only(int64_t first, int64_t count) {
+    (void)first;
+    (void)count;
+  }
 };
 
 // What a job hands the loop.

@@ -97,6 +97,9 @@ class PatchFeed : public Feed {
       : loader_(source, std::move(indices), options) {}
   size_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
   void start_epoch(uint32_t epoch) override { loader_.start_epoch(epoch); }
+  void compute_only(int64_t first, int64_t count) override {
+    loader_.decode_only({static_cast<size_t>(first), static_cast<size_t>(count)});
+  }
   bool next(const std::map<std::string, const Tensor*>& staged) override {
     if (!loader_.next(batch_)) return false;
     std::memcpy(staged.at("images")->buffer().mapped(), batch_.images.data(), batch_.images.size());
