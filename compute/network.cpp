@@ -512,7 +512,12 @@ void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const
 }
 
 void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
-  for (size_t l = layers_.size(); l-- > 0;) {
+  record_backward(recorder, kernels, inputs, pass, 0, layers_.size());
+}
+
+void Network::record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass,
+                              size_t begin, size_t end) {
+  for (size_t l = end; l-- > begin;) {
     if (!needs_grad_[l] || fusion_[true][l].skipped) continue;
     recorder.set_scope(layers_[l].name + " backward");
     layers_[l].op->backward(recorder, kernels, bindings(l, inputs, pass, true));

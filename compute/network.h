@@ -119,6 +119,10 @@ class Network {
   }
   // Records the backward pass; the last layer's output gradient must already be there.
   void record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass);
+  // The backward pass of layers [begin, end) only, last first: a later part of the network's
+  // backward must already be recorded (or have run), so that their output gradients are there.
+  void record_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass,
+                       size_t begin, size_t end);
 
   const nlohmann::json& description() const { return description_; }
   const std::vector<GraphInput>& inputs() const { return inputs_; }

@@ -20,6 +20,8 @@ class BinaryScores {
   void clear() { scored_.clear(); }
   // `logits` is [batch, 2]; the first `count` rows are real samples.
   void add(const std::vector<float>& logits, const std::vector<uint32_t>& labels, size_t count);
+  void add(double score, uint32_t label) { scored_.emplace_back(score, label); }
+  const std::vector<std::pair<double, uint32_t>>& scored() const { return scored_; }
   std::optional<double> auc() const { return roc_auc(scored_); }
 
  private:

@@ -56,6 +56,12 @@ class Feed {
   // Writes the next batch into the host-visible tensors of the job's staged inputs, by name;
   // false when the epoch is over.
   virtual bool next(const std::map<std::string, const Tensor*>& staged) = 0;
+  // Only samples [first, first + count) of each batch will be computed here (an MPI process's
+  // part): a feed may leave the others' inputs other than their labels unread.
+  virtual void compute_only(int64_t first, int64_t count) {
+    (void)first;
+    (void)count;
+  }
 };
 
 // What a job hands the loop.
@@ -76,10 +82,16 @@ struct TrainingJob {
 class TrainingLoop {
  public:
   TrainingLoop(vk::Context& context, const TrainOptions& options, TrainingJob job);
+  // Data-parallel: one replica of the model per device (a device may be opened twice), times
+  // the processes of an MPI job (compute/data_parallel.h). Each micro-batch is split over the
+  // replicas, their gradients are summed, and each replica runs the same update, so a step
+  // equals one device's step on the whole batch (batch norm uses each replica's own samples).
+  TrainingLoop(const std::vector<vk::Context*>& devices, const TrainOptions& options, TrainingJob job);
   ~TrainingLoop();
-  // Device bytes the run needs, by category: what --dry-run prints and what is checked
-  // against the budget before any work.
-  MemoryPlan plan() const;
+  // Device bytes the run needs on each device, by category: what --dry-run prints and what is
+  // checked against each device's budget before any work.
+  std::vector<MemoryPlan> plans() const;
+  MemoryPlan plan() const { return plans().front(); }
   // The model's outputs: the classes its labels must lie in.
   int64_t classes() const;
   // Checks the plan against the budget, allocates, initialises (from the seed or `start`),

@@ -86,8 +86,9 @@ Batch Loader::make_batch(const std::vector<size_t>& order, size_t batch_index, u
   batch.count = std::min(b, order.size() - first);
   for (size_t i = 0; i < batch.count; ++i) {
     size_t index = order[first + i];
-    batch.labels[i] = source_.read(index, &batch.images[i * patch]);
-    if (options_.augment && source_.height() == source_.width()) {
+    bool decoded = i >= decoded_.first && i - decoded_.first < decoded_.count;
+    batch.labels[i] = source_.read(index, decoded ? &batch.images[i * patch] : nullptr);
+    if (decoded && options_.augment && source_.height() == source_.width()) {
       std::mt19937_64 generator(options_.seed * 0x9e3779b97f4a7c15ull + epoch * 0x632be59bd9b4e019ull + index);
       augment_patch(&batch.images[i * patch], source_.width(), generator());
     }

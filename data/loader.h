@@ -29,6 +29,12 @@ struct LoaderOptions {
   size_t queue_depth = 4;  // ready batches held at most
 };
 
+// The samples of each batch whose pixels are read; the others get their labels and zero pixels
+// (an MPI process of data-parallel training decodes only the part its devices take).
+struct DecodedPart {
+  size_t first = 0, count = SIZE_MAX;
+};
+
 // Splits patch indices into training and validation so that no group (slide) is in both:
 // groups in order of first appearance, the last ones (about `fraction` of the patches) for
 // validation. For a PCam file (a group per patch) that is its last round(fraction*N) patches.
@@ -43,6 +49,8 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   size_t batches_per_epoch() const;
+  // From the next start_epoch on, reads the pixels of `part` of each batch only.
+  void decode_only(DecodedPart part) { decoded_ = part; }
   // Starts producing the batches of `epoch` (its order is a function of seed and epoch alone,
   // so a resumed run sees the same batches).
   void start_epoch(uint32_t epoch);
@@ -56,6 +64,7 @@ class Loader {
   const PatchSource& source_;
   std::vector<size_t> indices_;
   LoaderOptions options_;
+  DecodedPart decoded_;
   std::thread producer_;
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -20,8 +20,9 @@ class PatchSource {
   // The group a patch belongs to (its slide): training and validation never share a group.
   // Sources without slides put every patch in its own group.
   virtual uint64_t group(size_t index) const = 0;
-  // Writes the patch as height x width x 3 uint8 (RGB, row-major) and returns its label.
-  // Safe to call from several threads at once. Throws BadInput naming the file and patch.
+  // Writes the patch as height x width x 3 uint8 (RGB, row-major) and returns its label; with
+  // `rgb` null, returns the label alone and decodes nothing. Safe to call from several threads
+  // at once. Throws BadInput naming the file and patch.
   virtual uint32_t read(size_t index, uint8_t* rgb) const = 0;
   virtual std::string description() const = 0;
 };

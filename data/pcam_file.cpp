@@ -58,6 +58,7 @@ class PcamFile : public PatchSource {
   std::string description() const override { return path_; }
 
   uint32_t read(size_t index, uint8_t* rgb) const override {
+    if (!rgb) return labels_.at(index);
     std::lock_guard guard(hdf5_lock());
     hid_t space = H5Dget_space(x_);
     hsize_t start[4] = {index, 0, 0, 0};

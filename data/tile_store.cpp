@@ -366,7 +366,7 @@ class TileStores final : public PatchSource {
       throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
                      std::to_string(tile_value.header.height) + ", the store's slides say " +
                      std::to_string(tile_size_));
-    decode_tile_pixels(tile_value, rgb, where);
+    if (rgb) decode_tile_pixels(tile_value, rgb, where);
     return tile_value.header.label;
   }
 

@@ -97,6 +97,9 @@ class PatchFeed : public Feed {
       : loader_(source, std::move(indices), options) {}
   size_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
   void start_epoch(uint32_t epoch) override { loader_.start_epoch(epoch); }
+  void compute_only(int64_t first, int64_t count) override {
+    loader_.decode_only({static_cast<size_t>(first), static_cast<size_t>(count)});
+  }
   bool next(const std::map<std::string, const Tensor*>& staged) override {
     if (!loader_.next(batch_)) return false;
     std::memcpy(staged.at("images")->buffer().mapped(), batch_.images.data(), batch_.images.size());
@@ -113,16 +116,17 @@ class PatchFeed : public Feed {
 
 }  // namespace
 
-MemoryPlan plan_training(vk::Context& context, const TrainOptions& options) {
+std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options) {
   Setup setup = prepare(options);
-  TrainingLoop loop(context, options, std::move(setup.job));
+  TrainingLoop loop(devices, options, std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
-  return loop.plan();
+  return loop.plans();
 }
 
-void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting) {
+void train(const std::vector<vk::Context*>& devices, const TrainOptions& options, const TrainReporting& reporting) {
   Setup setup = prepare(options);
-  TrainingLoop loop(context, options, std::move(setup.job));
+  // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
+  TrainingLoop loop(devices, options, std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};

@@ -5,12 +5,13 @@
 
 namespace tessera {
 
-// Device bytes the run needs, by category; what --dry-run prints and what is checked against
-// the budget before any work.
-MemoryPlan plan_training(vk::Context& context, const TrainOptions& options);
+// Device bytes the run needs on each device, by category; what --dry-run prints and what is
+// checked against each device's budget before any work.
+std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options);
 
-// Runs training. Throws OutOfDeviceMemory (plan over budget), Diverged (non-finite loss),
+// Runs training, data-parallel over several devices (and the processes of an MPI job; see
+// compute/trainer.h). Throws OutOfDeviceMemory (plan over budget), Diverged (non-finite loss),
 // BadInput (data, checkpoint), UsageError (flags).
-void train(vk::Context& context, const TrainOptions& options, const TrainReporting& reporting);
+void train(const std::vector<vk::Context*>& devices, const TrainOptions& options, const TrainReporting& reporting);
 
 }  // namespace tessera

@@ -22,6 +22,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/mpi_launcher.h"
 #include "common/progress.h"
 #include "sweep/child.h"
 #include "sweep/database.h"
@@ -308,6 +309,8 @@ class SweepRun {
 
   Environment environment_of(const Trial& trial) const {
     Environment environment = {{"TESSERA_TRIAL", std::to_string(trial.number)}};
+    // A trial trains alone, even when the sweep worker was started by mpirun or srun.
+    for (auto& variable : mpi_launcher_variables()) environment.emplace_back(variable, "");
     for (auto& param : config_.space)
       if (param.is_environment()) environment.emplace_back(param.target(), value_text(trial.params[param.name]));
     return environment;

@@ -24,7 +24,7 @@ class MemoryPatches : public PatchSource {
   uint32_t class_count() const override { return 2; }
   uint64_t group(size_t index) const override { return index / per_slide_; }
   uint32_t read(size_t index, uint8_t* rgb) const override {
-    std::memset(rgb, static_cast<int>(index % 251), kSize * kSize * 3);
+    if (rgb) std::memset(rgb, static_cast<int>(index % 251), kSize * kSize * 3);
     return static_cast<uint32_t>(index % 2);
   }
   std::string description() const override { return "memory"; }
@@ -151,6 +151,34 @@ TEST(Loader, AugmentationChangesImagesNotLabels) {
     }
   EXPECT_EQ(augmented_labels, plain_labels);
   EXPECT_GT(changed, seen / 2);
+}
+
+TEST(Loader, DecodeOnlyReadsThePixelsOfItsPartAndEveryLabel) {
+  MemoryPatches source(40, 40);
+  LoaderOptions options;
+  options.batch = 8;
+  options.seed = 5;
+  std::vector<uint32_t> plain_labels;
+  auto plain = epoch_order(source, options, 1, &plain_labels);
+  Loader loader(source, all(40), options);
+  loader.decode_only({3, 4});  // samples 3 to 6 of each batch of 8
+  loader.start_epoch(1);
+  Batch batch;
+  std::vector<uint32_t> labels;
+  size_t seen = 0, decoded = 0;
+  while (loader.next(batch))
+    for (size_t i = 0; i < batch.count; ++i, ++seen) {
+      labels.push_back(batch.labels[i]);
+      uint8_t pixel = batch.images[i * kSize * kSize * 3];
+      if (i >= 3 && i < 7) {
+        EXPECT_EQ(pixel, plain[seen] % 251) << seen;
+        decoded += plain[seen] % 251 != 0;
+      } else {
+        EXPECT_EQ(pixel, 0) << seen;
+      }
+    }
+  EXPECT_EQ(labels, plain_labels);
+  EXPECT_GE(decoded, 19u);  // 20 decoded samples, at most one of them patch 0
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
+#include "compute/data_parallel.h"
 #include "compute/run_checks.h"
 #include "jobs/mil.h"
 #include "jobs/train.h"
@@ -26,6 +27,7 @@ struct TrainFlags {
   TrainOptions options;
   MilOptions mil;
   int device = -1;
+  std::vector<int> devices;  // --devices: one replica per device
   std::string memory_limit;
   int report_fd = -1;
   std::string class_weights;
@@ -77,7 +79,16 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
-  command.add_option("--device", f.device, "Vulkan device index (see tessera info); default: first discrete GPU");
+  auto* device = command.add_option(
+      "--device", f.device,
+      "Vulkan device index (see tessera info); default: first discrete GPU, or under mpirun/srun the "
+      "process's rank on its machine");
+  command.add_option("--devices", f.devices,
+                     "Data-parallel over these devices, e.g. 0,1 (one replica each; an index may repeat): each "
+                     "micro-batch is split over them and their gradients summed, so a step equals one device's "
+                     "step on the whole batch (batch norm uses each device's own samples). Under mpirun/srun "
+                     "every process takes these devices")
+      ->delimiter(',')->excludes(device)->excludes(features);
   command.add_option("--device-memory-limit", f.memory_limit, "Device memory budget, e.g. 2GiB");
   command.add_option("--report-fd", f.report_fd, "Write trial protocol JSON lines to this file descriptor");
 }
@@ -199,11 +210,31 @@ void report_finished(vk::Context& context, const TrainFlags& f,
             {"device", context.info().name}});
 }
 
-vk::ContextOptions context_options(const TrainFlags& f) {
+vk::ContextOptions context_options(const TrainFlags& f, int device_index) {
   vk::ContextOptions options = vk::options_from_environment();
-  options.device_index = f.device;
+  options.device_index = device_index;
   if (!f.memory_limit.empty()) options.memory_budget = parse_bytes(f.memory_limit, "--device-memory-limit");
   return options;
+}
+
+// The devices this process trains on: --devices, else --device, else under an MPI launcher the
+// device of the process's rank on its machine, else the default choice.
+std::vector<std::unique_ptr<vk::Context>> open_devices(const TrainFlags& f, const Processes& processes) {
+  std::vector<int> indices = f.devices;
+  if (!indices.empty()) {
+    vk::named_devices(indices, "--devices");
+  } else if (f.device < 0 && processes.launched()) {
+    indices.push_back(processes.local_rank());
+    if (static_cast<size_t>(processes.local_rank()) >= vk::list_devices().size())
+      throw UsageError("the process's local rank: device " + std::to_string(processes.local_rank()) +
+                       " does not exist (see tessera info); give --device N to choose one, which processes may share");
+  } else {
+    if (f.device >= 0) vk::named_devices({f.device}, "--device");
+    indices.push_back(f.device);
+  }
+  std::vector<std::unique_ptr<vk::Context>> contexts;
+  for (int index : indices) contexts.push_back(std::make_unique<vk::Context>(context_options(f, index)));
+  return contexts;
 }
 
 void print_plan(vk::Context& context, const MemoryPlan& plan) {
@@ -223,22 +254,31 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
   }
 }
 
-void run(vk::Context& context, TrainFlags& f, const std::function<void(const nlohmann::json&)>& protocol) {
-  if (f.finished.is_object()) return report_finished(context, f, protocol);
+void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
+         const std::function<void(const nlohmann::json&)>& protocol) {
+  vk::Context& context = *devices.front();
+  if (f.finished.is_object()) {
+    if (Processes::world().rank() == 0) report_finished(context, f, protocol);
+    return;
+  }
   TrainReporting reporting;
   reporting.protocol = protocol;
   bool features = !f.mil.features.empty();
   if (features && f.mil.labels.empty()) throw UsageError("--features needs --labels slides.csv");
   if (f.options.dry_run) {
-    auto plan = features ? plan_mil(context, f.options, f.mil) : plan_training(context, f.options);
-    print_plan(context, plan);
-    check_plan_fits(context, plan, "the plan above lists what it holds");
+    auto plans = features ? std::vector<MemoryPlan>{plan_mil(context, f.options, f.mil)} : plan_training(devices, f.options);
+    // A plan per device, each checked against its own budget once all are printed.
+    for (size_t d = 0; d < plans.size(); ++d) print_plan(*devices[d], plans[d]);
+    for (size_t d = 0; d < plans.size(); ++d)
+      check_plan_fits(*devices[d], plans[d],
+                      "the plan above lists what it holds" +
+                          (plans.size() > 1 ? " (--devices entry " + std::to_string(d) + ")" : std::string()));
     return;
   }
   if (features)
     train_mil(context, f.options, f.mil, reporting);
   else
-    train(context, f.options, reporting);
+    train(devices, f.options, reporting);
 }
 
 }  // namespace
@@ -254,12 +294,19 @@ void add_train_command(CLI::App& app) {
       if (!report) throw UsageError("--report-fd " + std::to_string(flags->report_fd) + ": not an open file descriptor");
     }
     check_flags(*command, *flags);
-    vk::Context context(context_options(*flags));
-    run(context, *flags, [report](const nlohmann::json& line) {
-      if (!report) return;
-      std::fprintf(report, "%s\n", line.dump().c_str());
-      std::fflush(report);
-    });
+    // Under mpirun or srun, MPI starts here: the rank on this machine picks the default device.
+    Processes& processes = Processes::world();
+    {
+      auto contexts = open_devices(*flags, processes);
+      std::vector<vk::Context*> devices;
+      for (auto& context : contexts) devices.push_back(context.get());
+      run(devices, *flags, [report](const nlohmann::json& line) {
+        if (!report) return;
+        std::fprintf(report, "%s\n", line.dump().c_str());
+        std::fflush(report);
+      });
+    }
+    processes.finish();
   });
 }
 
@@ -274,10 +321,12 @@ int run_train_in_process(const std::vector<std::string>& args,
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
     check_flags(app, flags);
-    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags));
+    if (!flags.devices.empty())
+      throw UsageError("--devices: an in-process trial (--isolation none) shares one device; leave --isolation at its default");
+    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags, flags.device));
     if (!flags.memory_limit.empty())
       shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));
-    run(*shared, flags, [&](const nlohmann::json& line) { report(line.dump()); });
+    run({shared.get()}, flags, [&](const nlohmann::json& line) { report(line.dump()); });
     return 0;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "tessera train: %s\n", e.what());
