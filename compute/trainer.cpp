@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/progress.h"
 #include "common/units.h"
+#include "compute/loss_scale.h"
 #include "compute/release_wait.h"
 #include "compute/roc_auc.h"
 #include "compute/run_checks.h"
@@ -39,9 +40,18 @@ void inject_fault_before_training(vk::Context& context) {
     Tensor too_big(context, "TESSERA_FAULT=oom", {static_cast<int64_t>(context.allocator().stats().budget_bytes / 4 + 1)});
   } else if (kind.rfind("wait:", 0) == 0) {
     wait_for_release(kind.substr(5));
-  } else if (kind != "nan") {
-    throw UsageError("TESSERA_FAULT=" + kind + ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR)");
+  } else if (kind != "nan" && kind.rfind("loss_scale:", 0) != 0) {
+    throw UsageError("TESSERA_FAULT=" + kind +
+                     ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR, loss_scale:VALUE)");
   }
+}
+
+// The loss scale a mixed-precision run starts from: GradScaler's 65536, or with
+// TESSERA_FAULT=loss_scale:VALUE one so large that the first steps' gradients overflow fp16.
+float initial_loss_scale() {
+  const char* fault = std::getenv("TESSERA_FAULT");
+  if (fault && std::strncmp(fault, "loss_scale:", 11) == 0) return std::strtof(fault + 11, nullptr);
+  return LossScaleState{}.scale;
 }
 
 bool nan_fault() {
@@ -75,7 +85,9 @@ struct TrainingLoop::State {
         job(std::move(run_job)),
         network(job.graph, job.staged, true, job.prologue, loss_layers(job.graph)),
         logits(network.layer(job.graph["layers"].back()["name"].get<std::string>())),
-        optimizer(Optimizer::make(options.optimizer)) {}
+        optimizer(Optimizer::make(options.optimizer)) {
+    network.set_activation_dtype(options.fp16 ? DType::f16 : DType::f32);
+  }
 
   int64_t batch() const {
     for (auto& input : job.staged)
@@ -92,6 +104,7 @@ struct TrainingLoop::State {
           tensors.push_back({input.name + suffix(slot, k), input.shape, input.dtype, vk::MemoryUsage::staging, "staging"});
     tensors.push_back({"metrics", {4}, DType::f32, vk::MemoryUsage::staging, "staging"});
     tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
+    if (options.fp16) tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
     return tensors;
   }
 
@@ -119,6 +132,7 @@ struct TrainingLoop::State {
   void allocate() {
     network.allocate(context);
     for (auto& t : loop_tensors()) extra[t.name] = std::make_unique<Tensor>(context, t.name, t.shape, t.dtype, t.usage);
+    if (options.fp16) loss_scale.emplace(*extra["loss_scale"]);
     for (auto& named : network.named_tensors()) {
       if (!named.grad) continue;
       auto& states = optimizer_states[named.name];
@@ -144,6 +158,7 @@ struct TrainingLoop::State {
       for (auto& state : states) state->upload(std::vector<float>(static_cast<size_t>(state->count()), 0.0f));
     uint32_t step[2] = {0, 0};
     extra["step"]->upload(step, sizeof step);
+    if (loss_scale) loss_scale->upload({initial_loss_scale()});
     if (job.start) restore(*job.start);
   }
 
@@ -169,16 +184,29 @@ struct TrainingLoop::State {
         auto inputs = bound(slot, k);
         network.record_forward(recorder, kernels, inputs, pass);
         record_metrics(recorder, slot, k);
+        if (loss_scale) {
+          recorder.set_scope("loss scale");
+          loss_scale->record_loss_gradient(recorder, kernels, *network.layer("loss").output_grad,
+                                           1.0f / static_cast<float>(options.accumulate));
+        }
         network.record_backward(recorder, kernels, inputs, pass);
         if (k == options.accumulate - 1) {
+          auto named_tensors = network.named_tensors();
+          if (loss_scale) {
+            recorder.set_scope("loss scale");
+            for (auto& named : named_tensors)
+              if (named.grad) loss_scale->record_check(recorder, kernels, *named.grad);
+          }
           recorder.set_scope("optimizer");
-          for (auto& named : network.named_tensors()) {
+          for (auto& named : named_tensors) {
             if (!named.grad) continue;
             std::vector<const Tensor*> states;
             for (auto& s : optimizer_states[named.name]) states.push_back(s.get());
-            optimizer->record_update(recorder, kernels, *named.tensor, *named.grad, states, step);
+            optimizer->record_update(recorder, kernels, *named.tensor, *named.grad, states, step,
+                                     loss_scale ? extra["loss_scale"].get() : nullptr);
           }
           Optimizer::record_step_advance(recorder, kernels, step);
+          if (loss_scale) loss_scale->record_update(recorder, kernels);
         }
         recorder.finish();
       }
@@ -195,8 +223,8 @@ struct TrainingLoop::State {
       uint32_t classes;
     } push{static_cast<uint32_t>(logits.output_shape[1])};
     recorder.set_scope("metrics");
-    recorder.dispatch(context.kernels().get("metrics_accumulate"),
-                      {vk::reads(logits.output->buffer()), vk::reads(extra["labels" + suffix(slot, k)]->buffer()),
+    recorder.dispatch(kernel_for(context.kernels(), "metrics_accumulate", *logits.output),
+                      {reads(*logits.output), vk::reads(extra["labels" + suffix(slot, k)]->buffer()),
                        vk::reads(extra["valid" + suffix(slot, k)]->buffer()), vk::updates(extra["metrics"]->buffer())},
                       push, 1);
     recorder.set_scope("");
@@ -258,6 +286,11 @@ struct TrainingLoop::State {
               {"data_wait_fraction", run_seconds > 0 ? wait_seconds / run_seconds : 0.0},
               {"peak_device_bytes", context.allocator().stats().peak_bytes}};
       if (auto auc = val_scores.auc()) last["val_auc"] = *auc;
+      if (loss_scale) {
+        auto scaling = loss_scale->download();
+        last["loss_scale"] = scaling.scale;
+        last["skipped_steps"] = scaling.skipped_steps;
+      }
       last.update(job.report);
       if (progress) progress->event(last);
       if (reporting.protocol) {
@@ -336,6 +369,7 @@ struct TrainingLoop::State {
 
   std::map<std::string, Tensor*> train_tensors() {
     std::map<std::string, Tensor*> tensors{{"step", extra["step"].get()}};
+    if (loss_scale) tensors["loss_scale"] = extra["loss_scale"].get();
     for (auto& [name, states] : optimizer_states)
       for (auto& state : states) tensors["optimizer/" + state->name()] = state.get();
     return tensors;
@@ -364,6 +398,7 @@ struct TrainingLoop::State {
   Network::Layer& logits;
   std::unique_ptr<Optimizer> optimizer;
   std::map<std::string, std::unique_ptr<Tensor>> extra;
+  std::optional<LossScale> loss_scale;  // mixed precision
   BinaryScores val_scores;
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states;
   std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs;

@@ -35,6 +35,9 @@ struct TrainOptions {
   std::string checkpoint;
   bool resume = false;
   bool dry_run = false;
+  // --precision fp16: activations and their gradients in fp16, dynamic loss scaling
+  // (loss_scale.h); parameters, gradients and optimizer state stay float.
+  bool fp16 = false;
 };
 
 // Where training reports: JSON records for progress and for the trial protocol.

@@ -29,6 +29,7 @@ struct TrainFlags {
   std::string memory_limit;
   int report_fd = -1;
   std::string class_weights;
+  std::string precision = "fp32";
   // --resume of a checkpoint that already holds --epochs epochs: its last epoch's record.
   nlohmann::json finished;
 };
@@ -77,6 +78,10 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
+  command.add_option("--precision", f.precision,
+                     "fp32, or fp16: activations and their gradients in fp16 with dynamic loss scaling "
+                     "(weights, gradients and optimizer state stay fp32)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16"}));
   command.add_option("--device", f.device, "Vulkan device index (see tessera info); default: first discrete GPU");
   command.add_option("--device-memory-limit", f.memory_limit, "Device memory budget, e.g. 2GiB");
   command.add_option("--report-fd", f.report_fd, "Write trial protocol JSON lines to this file descriptor");
@@ -127,7 +132,7 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
       {"batch", "--batch"},       {"accumulate", "--accumulate"}, {"optimizer", "--optimizer"},
       {"lr", "--lr"},             {"momentum", "--momentum"}, {"weight_decay", "--weight-decay"},
       {"seed", "--seed"},         {"val_fraction", "--val-fraction"}, {"class_weights", "--class-weights"},
-      {"augment", "--augment"}};
+      {"augment", "--augment"},   {"precision", "--precision"}};
   std::string differences;
   for (auto& [key, flag] : flags) {
     if (!saved.contains(key)) continue;
@@ -154,6 +159,7 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
   settings.at("val_fraction").get_to(o.val_fraction);
   settings.at("class_weights").get_to(o.class_weights);
   settings.at("augment").get_to(o.augment);
+  o.fp16 = settings.at("precision") == "fp16";
   int done = saved.value("epoch", 0);
   if (done < o.epochs) return;
   if (!saved.contains("metrics") || !saved["metrics"].is_object())
@@ -165,6 +171,10 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  f.options.fp16 = f.precision == "fp16";
+  if (f.options.fp16 && !f.mil.features.empty())
+    throw UsageError("--precision fp16 is for patch training, not --features (a head's activations are a few "
+                     "kilobytes: nothing to save)");
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
                                  {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}};
@@ -241,6 +251,7 @@ void add_train_command(CLI::App& app) {
     }
     check_flags(*command, *flags);
     vk::Context context(context_options(*flags));
+    if (flags->options.fp16) require_fp16_storage(context.info(), "train");
     run(context, *flags, [report](const nlohmann::json& line) {
       if (!report) return;
       std::fprintf(report, "%s\n", line.dump().c_str());
@@ -261,6 +272,7 @@ int run_train_in_process(const std::vector<std::string>& args,
     app.parse(reversed);
     check_flags(app, flags);
     if (!shared) shared = std::make_unique<vk::Context>(context_options(flags));
+    if (flags.options.fp16) require_fp16_storage(shared->info(), "train");
     if (!flags.memory_limit.empty())
       shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));
     run(*shared, flags, [&](const nlohmann::json& line) { report(line.dump()); });
