@@ -117,6 +117,4 @@ std::vector<float> from_half(std::span<const uint16_t> halves) {
   return values;
 }
 
-float round_to_half(float v) { return static_cast<float>(static_cast<_Float16>(v)); }
-
 }  // namespace tessera

@@ -63,7 +63,5 @@ inline vk::BufferArg updates(const Tensor& t) { return vk::updates(t.buffer(), t
 // Host conversions between float and IEEE half precision (round to nearest even).
 std::vector<uint16_t> to_half(std::span<const float> values);
 std::vector<float> from_half(std::span<const uint16_t> halves);
-// The value an fp16 store makes of v.
-float round_to_half(float v);
 
 }  // namespace tessera
