@@ -114,7 +114,8 @@ uint32_t name_hash(const std::string& name) {
 void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command) {
   if (!device.fp16_storage)
     throw UsageError(command + " --precision fp16: " + device.name +
-                     " cannot store 16-bit floats in storage buffers (no storageBuffer16BitAccess); use --precision fp32");
+                     " cannot store 16-bit floats in storage buffers (no storageBuffer16BitAccess); use --precision "
+                     "fp32");
 }
 
 nlohmann::json expand_presets(const nlohmann::json& description) {

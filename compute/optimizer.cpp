@@ -45,7 +45,9 @@ class Sgd : public Optimizer {
            config_.nesterov ? 1u : 0u};
     if (config_.momentum == 0) {
       recorder.dispatch_elements(kernels.get("optimizer_sgd", constants(loss_scale)),
-                                 {vk::updates(parameter.buffer()), vk::updates(grad.buffer()), scale_arg(parameter, loss_scale)}, push,
+                                 {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
+                                  scale_arg(parameter, loss_scale)},
+                                 push,
                                  parameter.count(), kElementwiseGroup);
       return;
     }

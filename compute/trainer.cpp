@@ -104,7 +104,8 @@ struct TrainingLoop::State {
           tensors.push_back({input.name + suffix(slot, k), input.shape, input.dtype, vk::MemoryUsage::staging, "staging"});
     tensors.push_back({"metrics", {4}, DType::f32, vk::MemoryUsage::staging, "staging"});
     tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
-    if (options.fp16) tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
+    if (options.fp16)
+      tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
     return tensors;
   }
 

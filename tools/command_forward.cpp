@@ -79,7 +79,10 @@ void run_forward(const ForwardFlags& f) {
     std::copy_n(out.begin(), count * classes, logits.values.begin() + first * classes);
   }
   write_hdf5_arrays(f.output, {{"logits", logits}});
-  nlohmann::json summary = {{"images", n}, {"batch", batch}, {"device", context.info().name}, {"precision", f.precision},
+  nlohmann::json summary = {{"images", n},
+                            {"batch", batch},
+                            {"device", context.info().name},
+                            {"precision", f.precision},
                             {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds},
                             {"planned_device_bytes", planned},
                             {"peak_device_bytes", allocator.stats().peak_bytes}};

@@ -52,12 +52,14 @@ void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const
     recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_dot", *t.output_grad, {kElementwiseGroup}),
                                {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
                                Push{rows, width, 0}, rows_, kElementwiseGroup);
-    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_scores", *t.input_grads[0], {kElementwiseGroup}),
+    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_scores", *t.input_grads[0],
+                                          {kElementwiseGroup}),
                                {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
                                Push{rows, width, accumulates(t, 0)}, rows_, kElementwiseGroup);
   }
   if (t.input_grads[1]) {
-    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_features", *t.input_grads[1], {kElementwiseGroup}),
+    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_features", *t.input_grads[1],
+                                          {kElementwiseGroup}),
                                {vk::reads(weights), reads(dz), input_grad_arg(t, 1)},
                                Push{rows, width, accumulates(t, 1)}, rows_ * width_, kElementwiseGroup);
   }

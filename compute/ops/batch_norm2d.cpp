@@ -73,10 +73,12 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
   auto groups = static_cast<uint32_t>(channels_);
   std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
   if (input_grad)
-    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward", *t.output_grad, constants), {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)},
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward", *t.output_grad, constants),
+                      {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)},
                       push, groups);
   else
-    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_parameters", *t.output_grad, constants), {x, w, m, s, dy, dw, db, y}, push,
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_parameters", *t.output_grad, constants),
+                      {x, w, m, s, dy, dw, db, y}, push,
                       groups);
 }
 

@@ -92,9 +92,8 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
 
 std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles, bool relu, bool fold) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
-                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock,
-          relu ? 1 : 0, fold ? 1 : 0};
+  return {tiles.group,          tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
+          tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock, relu ? 1 : 0, fold ? 1 : 0};
 }
 
 namespace {
