@@ -6,7 +6,9 @@ tessera train on generated data), and tiles/second of CLAM's features (`tessera 
 --model resnet50 --layer layer3`, batch 8, over the 224x224 tiles of a synthetic slide: with
 every activation alive, batch 16 does not fit lavapipe's 2 GiB),
 beside the same figures from PyTorch on the same machine (bench_torch.py) when
-/usr/bin/python3 has torch, and the ratios tessera / PyTorch.
+/usr/bin/python3 has torch, and the ratios tessera / PyTorch. Each tessera figure also in mixed
+precision (`--precision fp16`, keys "<model> fp16"), against PyTorch in float32 (on a CPU
+PyTorch's autocast is bfloat16, not fp16: float32 is its figure to beat there).
 
 Run: /usr/bin/python3 bench/bench_compute.py --build build [--skip-resnet] [--device cpu|cuda]
 """
@@ -30,7 +32,7 @@ def last_json(text, key):
     raise RuntimeError(f"no JSON line with {key} in:\n{text[-2000:]}")
 
 
-def tessera_figures(tessera, model, batch, size, steps, work):
+def tessera_figures(tessera, model, batch, size, steps, work, precision):
     """images/s of tessera forward (device time after the first batch) and of training steps
     (the second epoch; the first warms up, as PyTorch's figures have untimed warm-up runs),
     with the training run's five longest kernels (TESSERA_PROFILE)."""
@@ -40,7 +42,7 @@ def tessera_figures(tessera, model, batch, size, steps, work):
         f["x"] = rng.standard_normal((batch * 3, 3, size, size), dtype=np.float32)
     classes = "1000" if model == "resnet18" else "2"
     run = subprocess.run([tessera, "forward", "--model", model, "--random-weights", "--classes", classes, "--input", images,
-                          "--output", os.path.join(work, "logits.h5"), "--batch", str(batch)],
+                          "--output", os.path.join(work, "logits.h5"), "--batch", str(batch), "--precision", precision],
                          capture_output=True, text=True, check=True)
     forward = last_json(run.stderr, "images_per_second")["steady_images_per_second"]
 
@@ -52,7 +54,7 @@ def tessera_figures(tessera, model, batch, size, steps, work):
         f["y"] = rng.integers(0, 2, batch * steps, dtype=np.uint8)
     run = subprocess.run([tessera, "train", "--data", patches, "--model", model, "--batch", str(batch),
                           "--epochs", "2", "--val-fraction", "0", "--optimizer", "sgd", "--momentum", "0.9",
-                          "--lr", "0.01"], capture_output=True, text=True, check=True,
+                          "--lr", "0.01", "--precision", precision], capture_output=True, text=True, check=True,
                          env=dict(os.environ, TESSERA_PROFILE="1"))
     epochs = [json.loads(line) for line in run.stderr.splitlines() if '"event":"epoch"' in line]
     profile = last_json(run.stderr, '"event":"profile"')
@@ -61,16 +63,17 @@ def tessera_figures(tessera, model, batch, size, steps, work):
             "train_first_epoch_images_per_second": epochs[0]["images_per_second"], "train_longest_kernels": longest}
 
 
-def resnet50_extraction(tessera, batch, work):
+def resnet50_extraction(tessera, batch, work, precision):
     """Tiles/s of `tessera extract --layer layer3` with resnet50 (features per second after the
     network is built: reading, decoding, the device and the HDF5 writes)."""
     slide, store = os.path.join(work, "slide.tiff"), os.path.join(work, "tiles.lmdb")
-    subprocess.run([tessera, "synth", slide, "--width", "3072", "--height", "3072", "--seed", "1"], check=True,
-                   capture_output=True)
-    subprocess.run([tessera, "tile", slide, "--out", store, "--size", "224"], check=True, capture_output=True)
-    run = subprocess.run([tessera, "extract", "--model", "resnet50", "--layer", "layer3", "--tiles", store, "--out",
-                          os.path.join(work, "features"), "--batch", str(batch)], capture_output=True, text=True,
-                         check=True)
+    if not os.path.exists(store):
+        subprocess.run([tessera, "synth", slide, "--width", "3072", "--height", "3072", "--seed", "1"], check=True,
+                       capture_output=True)
+        subprocess.run([tessera, "tile", slide, "--out", store, "--size", "224"], check=True, capture_output=True)
+    run = subprocess.run([tessera, "extract", "--model", "resnet50", "--random-weights", "--layer", "layer3",
+                          "--tiles", store, "--out", os.path.join(work, "features-" + precision), "--batch", str(batch),
+                          "--precision", precision], capture_output=True, text=True, check=True)
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     return {"batch": batch, "tiles": summary["tiles"], "tiles_per_second": summary["features_per_second"],
             "feature_width": summary["extraction"]["output_shape"][0]}
@@ -88,10 +91,11 @@ def main():
     result["tessera"]["gemm"] = json.loads(gemm.stdout)
     models = [("small-cnn", 64, 96, 3)] + ([] if args.skip_resnet else [("resnet18", 16, 224, 2)])
     with tempfile.TemporaryDirectory() as work:
-        for model, batch, size, steps in models:
-            result["tessera"][model] = tessera_figures(tessera, model, batch, size, steps, work)
-        if not args.skip_resnet:
-            result["tessera"]["resnet50_layer3_extract"] = resnet50_extraction(tessera, 8, work)
+        for precision, suffix in (("fp32", ""), ("fp16", " fp16")):
+            for model, batch, size, steps in models:
+                result["tessera"][model + suffix] = tessera_figures(tessera, model, batch, size, steps, work, precision)
+            if not args.skip_resnet:
+                result["tessera"]["resnet50_layer3_extract" + suffix] = resnet50_extraction(tessera, 8, work, precision)
     try:
         torch = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch.py"),
                                 "--device", args.device], capture_output=True, text=True, check=True)
@@ -109,16 +113,17 @@ def ratios(result):
     torch = result.get("pytorch", {})
     pairs = (("forward_images_per_second", "forward_images_per_s"),
              ("train_images_per_second", "train_step_images_per_s"))
-    for model in ("small-cnn", "resnet18"):
-        ours, theirs = result["tessera"].get(model), torch.get(model.replace("-", "_"))
-        if not ours or not isinstance(theirs, dict):
-            continue
-        for our_key, their_key in pairs:
-            if theirs.get(their_key):
-                out[f"{model} {our_key}"] = ours[our_key] / theirs[their_key]
-    ours, theirs = result["tessera"].get("resnet50_layer3_extract"), torch.get("resnet50_layer3_extract")
-    if ours and isinstance(theirs, dict) and theirs.get("tiles_per_s"):
-        out["resnet50_layer3_extract tiles_per_second"] = ours["tiles_per_second"] / theirs["tiles_per_s"]
+    for suffix in ("", " fp16"):
+        for model in ("small-cnn", "resnet18"):
+            ours, theirs = result["tessera"].get(model + suffix), torch.get(model.replace("-", "_"))
+            if not ours or not isinstance(theirs, dict):
+                continue
+            for our_key, their_key in pairs:
+                if theirs.get(their_key):
+                    out[f"{model}{suffix} {our_key}"] = ours[our_key] / theirs[their_key]
+        ours, theirs = result["tessera"].get("resnet50_layer3_extract" + suffix), torch.get("resnet50_layer3_extract")
+        if ours and isinstance(theirs, dict) and theirs.get("tiles_per_s"):
+            out[f"resnet50_layer3_extract{suffix} tiles_per_second"] = ours["tiles_per_second"] / theirs["tiles_per_s"]
     if torch.get("gemm_1024_gflops"):
         out["gemm_1024"] = result["tessera"]["gemm"]["gemm_1024_gflops"] / torch["gemm_1024_gflops"]
     return out

@@ -50,11 +50,11 @@ double gemm_gflops(vk::Context& context, uint32_t n, bool a_transposed = false, 
   a.upload(ones);
   b.upload(ones);
   auto view = [n](const Tensor& t, bool transposed) {
-    return transposed ? MatrixView{&t.buffer(), 1, n} : MatrixView{&t.buffer(), n, 1};
+    return transposed ? MatrixView{&t, 1, n} : MatrixView{&t, n, 1};
   };
   double seconds = seconds_per_run(context, [&](vk::Recorder& recorder) {
     record_gemm(recorder, context.kernels(), n, n, n, view(a, a_transposed), view(b, b_transposed),
-                {&c.buffer(), n, 1}, false);
+                {&c, n, 1}, false);
   });
   return 2.0 * n * n * n / seconds / 1e9;
 }

@@ -1,25 +1,52 @@
 # Compiles every shaders/*.comp to SPIR-V with glslc and embeds the words in the binary,
-# so that the tessera executable is self-contained.
+# so that the tessera executable is self-contained. A shader that stores activations through
+# the ACT / ACT4 types of shaders/common.glsl (in its own text or a file it includes) is
+# compiled twice: <name> with float activations and <name>_f16 with -DTESSERA_FP16.
 function(tessera_embed_shaders target)
   file(GLOB shader_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.comp)
   file(GLOB shader_includes CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.glsl)
+  # Which shaders have an fp16 variant is read from their text: edits re-run the configuration.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${shader_sources} ${shader_includes})
   set(spirv_dir ${CMAKE_CURRENT_BINARY_DIR}/spirv)
   file(MAKE_DIRECTORY ${spirv_dir})
   set(embedded)
   foreach(src IN LISTS shader_sources)
     get_filename_component(name ${src} NAME_WE)
-    set(spv ${spirv_dir}/${name}.spv)
-    set(cpp ${spirv_dir}/${name}.cpp)
-    add_custom_command(
-      OUTPUT ${cpp}
-      COMMAND ${GLSLC} --target-env=vulkan1.1 -O -Werror -I ${PROJECT_SOURCE_DIR}/shaders ${src} -o ${spv}
-      COMMAND ${CMAKE_COMMAND} -DSPV=${spv} -DCPP=${cpp} -DNAME=${name} -P ${PROJECT_SOURCE_DIR}/cmake/spirv_to_cpp.cmake
-      DEPENDS ${src} ${shader_includes} ${PROJECT_SOURCE_DIR}/cmake/spirv_to_cpp.cmake
-      COMMENT "glslc ${name}.comp"
-      VERBATIM)
-    list(APPEND embedded ${cpp})
-    string(APPEND declarations "extern const ShaderBinary shader_${name};\n")
-    string(APPEND entries "    {\"${name}\", &shader_${name}},\n")
+    file(READ ${src} text)
+    string(REGEX MATCHALL "#include \"[a-z0-9_]+\\.glsl\"" includes "${text}")
+    foreach(include IN LISTS includes)
+      string(REGEX REPLACE "#include \"(.*)\"" "\\1" included "${include}")
+      if(included STREQUAL "common.glsl")  # defines ACT; uses it nowhere
+        continue()
+      endif()
+      file(READ ${PROJECT_SOURCE_DIR}/shaders/${included} included_text)
+      string(APPEND text "${included_text}")
+    endforeach()
+    set(variants "${name}|")
+    if(text MATCHES "[^A-Za-z0-9_]ACT4?[^A-Za-z0-9_]")
+      list(APPEND variants "${name}_f16|-DTESSERA_FP16")
+    endif()
+    foreach(variant IN LISTS variants)
+      string(REPLACE "|" ";" parts "${variant}")
+      list(GET parts 0 variant_name)
+      list(LENGTH parts part_count)
+      set(defines)
+      if(part_count GREATER 1)
+        list(GET parts 1 defines)
+      endif()
+      set(spv ${spirv_dir}/${variant_name}.spv)
+      set(cpp ${spirv_dir}/${variant_name}.cpp)
+      add_custom_command(
+        OUTPUT ${cpp}
+        COMMAND ${GLSLC} --target-env=vulkan1.1 -O -Werror ${defines} -I ${PROJECT_SOURCE_DIR}/shaders ${src} -o ${spv}
+        COMMAND ${CMAKE_COMMAND} -DSPV=${spv} -DCPP=${cpp} -DNAME=${variant_name} -P ${PROJECT_SOURCE_DIR}/cmake/spirv_to_cpp.cmake
+        DEPENDS ${src} ${shader_includes} ${PROJECT_SOURCE_DIR}/cmake/spirv_to_cpp.cmake
+        COMMENT "glslc ${variant_name}"
+        VERBATIM)
+      list(APPEND embedded ${cpp})
+      string(APPEND declarations "extern const ShaderBinary shader_${variant_name};\n")
+      string(APPEND entries "    {\"${variant_name}\", &shader_${variant_name}},\n")
+    endforeach()
   endforeach()
   set(registry ${spirv_dir}/registry.cpp)
   file(CONFIGURE OUTPUT ${registry} CONTENT

@@ -117,6 +117,13 @@ uint32_t name_hash(const std::string& name) {
 
 }  // namespace
 
+void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command) {
+  if (!device.fp16_storage)
+    throw UsageError(command + " --precision fp16: " + device.name +
+                     " cannot store 16-bit floats in storage buffers (no storageBuffer16BitAccess); use --precision "
+                     "fp32");
+}
+
 nlohmann::json expand_presets(const nlohmann::json& description) {
   if (!description.is_object() || !description.contains("preset")) return description;
   auto& preset = description["preset"];
@@ -331,7 +338,8 @@ GraphLayout Network::layout() const {
   auto place_output = [&](size_t l) {
     const Layer& layer = layers_[l];
     output_buffer[l] =
-        place({layer.name, layer.output_shape, DType::f32, GraphLayout::Kind::output, l, 0}, "activations", reuse);
+        place({layer.name, layer.output_shape, layer.op->output_dtype(activations_), GraphLayout::Kind::output, l, 0},
+              "activations", reuse);
   };
   // Inference passes run the inference fusion: a layer that computes a later layer's output
   // writes it while its own inputs are live, so that output is placed with the writer, and
@@ -356,7 +364,8 @@ GraphLayout Network::layout() const {
       place_output(static_cast<size_t>(target));
     if (written(l)) place_output(l);
     if (with_gradients_ && needs_grad_[l])
-      place({layer.name + ".grad", layer.output_shape, DType::f32, GraphLayout::Kind::output_grad, l, 0},
+      place({layer.name + ".grad", layer.output_shape, layer.op->output_dtype(activations_),
+             GraphLayout::Kind::output_grad, l, 0},
             "activation gradients", false);
     if (!reuse) continue;
     // Saved tensors are scratch in inference; inputs whose last reader this was are done.
@@ -371,7 +380,7 @@ GraphLayout Network::layout() const {
   }
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].gradient && with_gradients_)
-      place({inputs_[i].name + ".grad", inputs_[i].shape, DType::f32, GraphLayout::Kind::input_grad, 0, i},
+      place({inputs_[i].name + ".grad", inputs_[i].shape, inputs_[i].dtype, GraphLayout::Kind::input_grad, 0, i},
             "activation gradients", false);
   return layout;
 }

@@ -22,6 +22,10 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
 // Expands {"preset": NAME, "classes": K, "width": W} to a graph; returns graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
 
+// Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
+// cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).
+void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command);
+
 // Per-category device bytes, computed from shapes alone (before anything is allocated).
 struct MemoryPlan {
   std::map<std::string, uint64_t> bytes;  // "parameters", "gradients", "activations", ...
@@ -93,6 +97,11 @@ class Network {
           const nlohmann::json& epilogue = nlohmann::json::array());
   // One op that reads every graph input (op checks); `op` must outlive the network.
   Network(std::shared_ptr<Op> op, std::vector<GraphInput> inputs, bool with_gradients);
+
+  // The type of activations and their gradients (outputs of layers whose op keeps the type,
+  // Op::output_dtype): f32, or f16 in mixed precision. Set before layout() and allocate().
+  void set_activation_dtype(DType dtype) { activations_ = dtype; }
+  DType activation_dtype() const { return activations_; }
 
   // The walk that both the plan and allocate() follow.
   GraphLayout layout() const;
@@ -166,6 +175,7 @@ class Network {
   nlohmann::json description_;
   std::vector<GraphInput> inputs_;
   bool with_gradients_;
+  DType activations_ = DType::f32;
   std::vector<Layer> layers_;
   std::map<std::string, int> index_of_;  // layer or graph input name -> index (graph inputs negative)
   std::vector<std::unique_ptr<Tensor>> input_grads_;

@@ -71,6 +71,9 @@ class Op {
   // The output shape for these inputs; remembers them for the passes. Throws ShapeError.
   virtual Shape infer(const std::vector<Shape>& inputs) = 0;
   virtual std::vector<TensorSpec> tensors() const { return {}; }
+  // The type of the output (and its gradient) where the graph's activations are `activations`:
+  // the same, except for outputs that are not activations (a loss, kept in float).
+  virtual DType output_dtype(DType activations) const { return activations; }
   virtual void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
   virtual void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
   // Floating-point operations of one forward pass, for benchmarks.
@@ -81,6 +84,14 @@ class Op {
 struct ShapeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// The kernel `name` in the variant for activations of `activation`'s type: "<name>_f16" where
+// they are fp16 (cmake/shaders.cmake compiles both from one source; the recorder checks that
+// every storage binding gets a buffer of its type).
+inline const vk::Kernel& kernel_for(vk::Kernels& kernels, const std::string& name, const Tensor& activation,
+                                    const std::vector<int32_t>& constants = {}) {
+  return kernels.get(activation.dtype() == DType::f16 ? name + "_f16" : name, constants);
+}
 
 // The standard workgroup size of elementwise kernels.
 constexpr uint32_t kElementwiseGroup = 256;

@@ -12,6 +12,16 @@ TensorSpec like(const TensorSpec& parameter, const char* name) {
 
 uint32_t count_of(const Tensor& parameter) { return static_cast<uint32_t>(parameter.count()); }
 
+// The optimizer kernels' constants: the workgroup, and whether they read a loss scale.
+std::vector<int32_t> constants(const Tensor* loss_scale) {
+  return {static_cast<int32_t>(kElementwiseGroup), loss_scale ? 1 : 0};
+}
+
+// The loss scale's binding; without one the kernels leave it unread, so the parameter stands in.
+vk::BufferArg scale_arg(const Tensor& parameter, const Tensor* loss_scale) {
+  return vk::reads(loss_scale ? loss_scale->buffer() : parameter.buffer());
+}
+
 // p -= lr * (g + wd * p), or with momentum: buf = momentum * buf + (g + wd * p) and
 // p -= lr * buf (nesterov: lr * (g + wd * p + momentum * buf)). A zero buffer makes the first
 // step buf = g, as PyTorch's.
@@ -25,7 +35,8 @@ class Sgd : public Optimizer {
   }
 
   void record_update(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& parameter, const Tensor& grad,
-                     const std::vector<const Tensor*>& state, const Tensor&) override {
+                     const std::vector<const Tensor*>& state, const Tensor&,
+                     const Tensor* loss_scale) override {
     struct Push {
       uint32_t count;
       float lr, momentum, weight_decay, grad_scale;
@@ -33,14 +44,16 @@ class Sgd : public Optimizer {
     } push{count_of(parameter), config_.lr, config_.momentum, config_.weight_decay, config_.grad_scale,
            config_.nesterov ? 1u : 0u};
     if (config_.momentum == 0) {
-      recorder.dispatch_elements(kernels.get("optimizer_sgd", {kElementwiseGroup}),
-                                 {vk::updates(parameter.buffer()), vk::updates(grad.buffer())}, push,
+      recorder.dispatch_elements(kernels.get("optimizer_sgd", constants(loss_scale)),
+                                 {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
+                                  scale_arg(parameter, loss_scale)},
+                                 push,
                                  parameter.count(), kElementwiseGroup);
       return;
     }
-    recorder.dispatch_elements(kernels.get("optimizer_sgd_momentum", {kElementwiseGroup}),
+    recorder.dispatch_elements(kernels.get("optimizer_sgd_momentum", constants(loss_scale)),
                                {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
-                                vk::updates(state.at(0)->buffer())},
+                                vk::updates(state.at(0)->buffer()), scale_arg(parameter, loss_scale)},
                                push, parameter.count(), kElementwiseGroup);
   }
 
@@ -59,17 +72,18 @@ class Adam : public Optimizer {
   }
 
   void record_update(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& parameter, const Tensor& grad,
-                     const std::vector<const Tensor*>& state, const Tensor& step) override {
+                     const std::vector<const Tensor*>& state, const Tensor& step,
+                     const Tensor* loss_scale) override {
     struct Push {
       uint32_t count;
       float lr, beta1, beta2, eps, weight_decay, grad_scale;
       uint32_t decoupled;
     } push{count_of(parameter), config_.lr,         config_.beta1, config_.beta2, config_.eps.value_or(1e-8f),
            config_.weight_decay, config_.grad_scale, decoupled_ ? 1u : 0u};
-    recorder.dispatch_elements(kernels.get("optimizer_adam", {kElementwiseGroup}),
+    recorder.dispatch_elements(kernels.get("optimizer_adam", constants(loss_scale)),
                                {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
                                 vk::updates(state.at(0)->buffer()), vk::updates(state.at(1)->buffer()),
-                                vk::reads(step.buffer())},
+                                vk::reads(step.buffer()), scale_arg(parameter, loss_scale)},
                                push, parameter.count(), kElementwiseGroup);
   }
 
@@ -86,14 +100,15 @@ class Adagrad : public Optimizer {
   std::vector<TensorSpec> state(const TensorSpec& parameter) const override { return {like(parameter, "sum")}; }
 
   void record_update(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& parameter, const Tensor& grad,
-                     const std::vector<const Tensor*>& state, const Tensor&) override {
+                     const std::vector<const Tensor*>& state, const Tensor&,
+                     const Tensor* loss_scale) override {
     struct Push {
       uint32_t count;
       float lr, eps, weight_decay, grad_scale;
     } push{count_of(parameter), config_.lr, config_.eps.value_or(1e-10f), config_.weight_decay, config_.grad_scale};
-    recorder.dispatch_elements(kernels.get("optimizer_adagrad", {kElementwiseGroup}),
+    recorder.dispatch_elements(kernels.get("optimizer_adagrad", constants(loss_scale)),
                                {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
-                                vk::updates(state.at(0)->buffer())},
+                                vk::updates(state.at(0)->buffer()), scale_arg(parameter, loss_scale)},
                                push, parameter.count(), kElementwiseGroup);
   }
 

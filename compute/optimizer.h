@@ -33,9 +33,12 @@ class Optimizer {
 
   // Records one update of `parameter` from grad * grad_scale, then zeroes `grad`. `state`
   // holds the tensors of state(), in order; `step` is the u32 [2] step count (read by Adam's
-  // bias correction as t = step[0] + 1).
+  // bias correction as t = step[0] + 1). With `loss_scale` (mixed precision, see
+  // loss_scale.h) the gradient is divided by the loss scale, and the update is skipped where
+  // the step found a non-finite gradient.
   virtual void record_update(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& parameter,
-                             const Tensor& grad, const std::vector<const Tensor*>& state, const Tensor& step) = 0;
+                             const Tensor& grad, const std::vector<const Tensor*>& state, const Tensor& step,
+                             const Tensor* loss_scale = nullptr) = 0;
 
   // Records step[0] += 1; the trainer records it once, after every parameter's update.
   static void record_step_advance(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& step);

@@ -39,7 +39,8 @@ nlohmann::json run_settings(const TrainOptions& options) {
           {"seed", options.seed},
           {"val_fraction", options.val_fraction},
           {"class_weights", options.class_weights},
-          {"augment", options.augment}};
+          {"augment", options.augment},
+          {"precision", options.fp16 ? "fp16" : "fp32"}};
   settings.update(options.job_settings);
   return settings;
 }

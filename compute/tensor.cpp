@@ -80,9 +80,40 @@ void Tensor::download(void* data, uint64_t size, uint64_t offset) const {
   std::memcpy(data, staging.mapped(), size);
 }
 
+void Tensor::upload(std::span<const float> values) const {
+  if (dtype_ != DType::f16) return upload(values.data(), values.size_bytes());
+  auto halves = to_half(values);
+  upload(halves.data(), halves.size() * sizeof(uint16_t));
+}
+
 std::vector<float> Tensor::download() const {
   std::vector<float> values(static_cast<size_t>(count()));
-  download(values.data(), values.size() * sizeof(float));
+  if (dtype_ != DType::f16) {
+    download(values.data(), values.size() * sizeof(float));
+    return values;
+  }
+  std::vector<uint16_t> halves(values.size());
+  download(halves.data(), halves.size() * sizeof(uint16_t));
+  return from_half(halves);
+}
+
+// _Float16 is the compiler's IEEE binary16 (GCC and Clang on x86-64 and AArch64).
+std::vector<uint16_t> to_half(std::span<const float> values) {
+  std::vector<uint16_t> halves(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto half = static_cast<_Float16>(values[i]);
+    std::memcpy(&halves[i], &half, sizeof half);
+  }
+  return halves;
+}
+
+std::vector<float> from_half(std::span<const uint16_t> halves) {
+  std::vector<float> values(halves.size());
+  for (size_t i = 0; i < halves.size(); ++i) {
+    _Float16 half;
+    std::memcpy(&half, &halves[i], sizeof half);
+    values[i] = static_cast<float>(half);
+  }
   return values;
 }
 

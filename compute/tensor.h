@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "compute/vk/memory.h"
+#include "compute/vk/recorder.h"
 
 namespace tessera {
 
@@ -42,7 +43,8 @@ class Tensor {
   // not host-visible). For set-up, checkpoints and tests, not for the training loop.
   void upload(const void* data, uint64_t bytes, uint64_t offset = 0) const;
   void download(void* data, uint64_t bytes, uint64_t offset = 0) const;
-  void upload(std::span<const float> values) const { upload(values.data(), values.size_bytes()); }
+  // Float values, converted to and from fp16 for an f16 tensor (rounded to nearest even).
+  void upload(std::span<const float> values) const;
   std::vector<float> download() const;
 
  private:
@@ -52,5 +54,14 @@ class Tensor {
   DType dtype_ = DType::f32;
   std::shared_ptr<vk::Buffer> buffer_;
 };
+
+// A tensor as a kernel argument: samplerBuffer bindings read it as texels of its own type.
+inline vk::BufferArg reads(const Tensor& t) { return vk::reads(t.buffer(), t.dtype() == DType::f16); }
+inline vk::BufferArg writes(const Tensor& t) { return vk::writes(t.buffer(), t.dtype() == DType::f16); }
+inline vk::BufferArg updates(const Tensor& t) { return vk::updates(t.buffer(), t.dtype() == DType::f16); }
+
+// Host conversions between float and IEEE half precision (round to nearest even).
+std::vector<uint16_t> to_half(std::span<const float> values);
+std::vector<float> from_half(std::span<const uint16_t> halves);
 
 }  // namespace tessera

@@ -16,6 +16,7 @@
 #include "common/progress.h"
 #include "common/units.h"
 #include "compute/data_parallel.h"
+#include "compute/loss_scale.h"
 #include "compute/release_wait.h"
 #include "compute/roc_auc.h"
 #include "compute/run_checks.h"
@@ -44,10 +45,19 @@ void inject_fault_before_training(vk::Context& context) {
     Tensor too_big(context, "TESSERA_FAULT=oom", {static_cast<int64_t>(context.allocator().stats().budget_bytes / 4 + 1)});
   } else if (kind.rfind("wait:", 0) == 0) {
     wait_for_release(kind.substr(5));
-  } else if (kind != "nan" && kind.rfind("sigkill:", 0) != 0) {
+  } else if (kind != "nan" && kind.rfind("sigkill:", 0) != 0 && kind.rfind("loss_scale:", 0) != 0) {
     throw UsageError("TESSERA_FAULT=" + kind +
-                     ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR, sigkill:EPOCH[:RANK])");
+                     ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR, sigkill:EPOCH[:RANK], "
+                     "loss_scale:VALUE)");
   }
+}
+
+// The loss scale a mixed-precision run starts from: GradScaler's 65536, or with
+// TESSERA_FAULT=loss_scale:VALUE one so large that the first steps' gradients overflow fp16.
+float initial_loss_scale() {
+  const char* fault = std::getenv("TESSERA_FAULT");
+  if (fault && std::strncmp(fault, "loss_scale:", 11) == 0) return std::strtof(fault + 11, nullptr);
+  return LossScaleState{}.scale;
 }
 
 // TESSERA_FAULT=sigkill:EPOCH[:RANK]: the process (only MPI rank RANK's, if given) kills itself
@@ -105,7 +115,9 @@ struct Replica {
         staged_inputs(part_inputs(job.staged, replicated, part.count)),
         network(job.graph, staged_inputs, true, job.prologue, loss_layers(job.graph)),
         logits(network.layer(job.graph["layers"].back()["name"].get<std::string>())),
-        optimizer(Optimizer::make(options.optimizer)) {}
+        optimizer(Optimizer::make(options.optimizer)) {
+    network.set_activation_dtype(options.fp16 ? DType::f16 : DType::f32);
+  }
 
   // Two slots of staged inputs (one filled while the other's step runs) of K micro-batches.
   std::vector<LoopTensor> loop_tensors() const {
@@ -115,10 +127,12 @@ struct Replica {
         for (auto& input : staged_inputs)
           tensors.push_back({input.name + suffix(slot, k), input.shape, input.dtype, vk::MemoryUsage::staging, "staging"});
         // Replicated: the weight of each sample's loss, so that the replicas' gradients sum to the batch's.
-        if (replicated) tensors.push_back({"loss_scale" + suffix(slot, k), {part.count}, DType::f32, vk::MemoryUsage::staging, "staging"});
+        if (replicated) tensors.push_back({"loss_weight" + suffix(slot, k), {part.count}, DType::f32, vk::MemoryUsage::staging, "staging"});
       }
     tensors.push_back({"metrics", {4}, DType::f32, vk::MemoryUsage::staging, "staging"});
     tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
+    if (options.fp16)
+      tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
     if (replicated) tensors.push_back({"gradients", {gradient_count()}, DType::f32, vk::MemoryUsage::staging, "gradient exchange"});
     return tensors;
   }
@@ -156,6 +170,7 @@ struct Replica {
   void allocate() {
     network.allocate(context);
     for (auto& t : loop_tensors()) extra[t.name] = std::make_unique<Tensor>(context, t.name, t.shape, t.dtype, t.usage);
+    if (options.fp16) loss_scale.emplace(*extra["loss_scale"]);
     for (auto& named : network.named_tensors()) {
       if (!named.grad) continue;
       auto& states = optimizer_states[named.name];
@@ -175,13 +190,14 @@ struct Replica {
       loss.tensors[0]->upload(options.class_weights);
     }
     // The loss is the sum of per-sample terms; each micro-batch adds 1/K of its gradient
-    // (replicated, loss_scale replaces this before every backward pass).
+    // (replicated, loss_weight replaces this before every backward pass).
     loss.output_grad->upload(
         std::vector<float>(static_cast<size_t>(part.count), 1.0f / static_cast<float>(options.accumulate)));
     for (auto& [name, states] : optimizer_states)
       for (auto& state : states) state->upload(std::vector<float>(static_cast<size_t>(state->count()), 0.0f));
     uint32_t step[2] = {0, 0};
     extra["step"]->upload(step, sizeof step);
+    if (loss_scale) loss_scale->upload({initial_loss_scale()});
     if (start) {
       load_tensors(start->params, checkpoint_tensors(), start_path, "params");
       if (!start->train.empty()) load_tensors(start->train, train_tensors(), start_path, "train");
@@ -202,14 +218,22 @@ struct Replica {
   void record_update(vk::Recorder& recorder) {
     auto& kernels = context.kernels();
     const Tensor& step = *extra["step"];
+    auto named_tensors = network.named_tensors();
+    if (loss_scale) {
+      recorder.set_scope("loss scale");
+      for (auto& named : named_tensors)
+        if (named.grad) loss_scale->record_check(recorder, kernels, *named.grad);
+    }
     recorder.set_scope("optimizer");
-    for (auto& named : network.named_tensors()) {
+    for (auto& named : named_tensors) {
       if (!named.grad) continue;
       std::vector<const Tensor*> states;
       for (auto& s : optimizer_states[named.name]) states.push_back(s.get());
-      optimizer->record_update(recorder, kernels, *named.tensor, *named.grad, states, step);
+      optimizer->record_update(recorder, kernels, *named.tensor, *named.grad, states, step,
+                               loss_scale ? extra["loss_scale"].get() : nullptr);
     }
     Optimizer::record_step_advance(recorder, kernels, step);
+    if (loss_scale) loss_scale->record_update(recorder, kernels);
   }
 
   // Elements of layer l's parameters.
@@ -284,13 +308,18 @@ struct Replica {
         network.record_forward(recorder, kernels, inputs, pass);
         record_metrics(recorder, slot, k);
         if (!replicated) {
+          if (loss_scale) {
+            recorder.set_scope("loss scale");
+            loss_scale->record_loss_gradient(recorder, kernels, *network.layer("loss").output_grad,
+                                             1.0f / static_cast<float>(options.accumulate));
+          }
           network.record_backward(recorder, kernels, inputs, pass);
           if (last) record_update(recorder);
           recorder.finish();
           continue;
         }
         const Tensor& dloss = *network.layer("loss").output_grad;
-        recorder.copy(extra["loss_scale" + suffix(slot, k)]->buffer(), 0, dloss.buffer(), 0, dloss.bytes());
+        recorder.copy(extra["loss_weight" + suffix(slot, k)]->buffer(), 0, dloss.buffer(), 0, dloss.bytes());
         if (!last) {
           network.record_backward(recorder, kernels, inputs, pass);
           recorder.finish();
@@ -333,8 +362,8 @@ struct Replica {
       uint32_t classes;
     } push{static_cast<uint32_t>(logits.output_shape[1])};
     recorder.set_scope("metrics");
-    recorder.dispatch(context.kernels().get("metrics_accumulate"),
-                      {vk::reads(logits.output->buffer()), vk::reads(extra["labels" + suffix(slot, k)]->buffer()),
+    recorder.dispatch(kernel_for(context.kernels(), "metrics_accumulate", *logits.output),
+                      {reads(*logits.output), vk::reads(extra["labels" + suffix(slot, k)]->buffer()),
                        vk::reads(extra["valid" + suffix(slot, k)]->buffer()), vk::updates(extra["metrics"]->buffer())},
                       push, 1);
     recorder.set_scope("");
@@ -391,6 +420,7 @@ struct Replica {
     std::map<std::string, Tensor*> tensors{{"step", extra["step"].get()}};
     for (auto& [name, states] : optimizer_states)
       for (auto& state : states) tensors["optimizer/" + state->name()] = state.get();
+    if (loss_scale) tensors["loss_scale"] = extra["loss_scale"].get();
     return tensors;
   }
 
@@ -404,6 +434,7 @@ struct Replica {
   Network::Layer& logits;
   std::unique_ptr<Optimizer> optimizer;
   std::map<std::string, std::unique_ptr<Tensor>> extra;
+  std::optional<LossScale> loss_scale;  // mixed precision
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states;
   std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs;
   std::array<std::unique_ptr<vk::Program>, 2> eval_programs;
@@ -424,6 +455,9 @@ struct TrainingLoop::State {
       if (input.name == "labels") batch = input.shape[0];
     if (batch == 0) throw std::logic_error("a training job stages no labels");
     bool replicated = replicas_total > 1;
+    if (replicated && options.fp16)
+      throw UsageError("--precision fp16 trains on one device for now; drop --devices, or run one process (" +
+                       std::to_string(replicas_total) + " replicas were asked for)");
     if (replicated && batch < replicas_total)
       throw UsageError("--devices: " + std::to_string(replicas_total) + " replicas (" + std::to_string(local) +
                        " devices x " + std::to_string(processes.size()) +
@@ -515,8 +549,8 @@ struct TrainingLoop::State {
       double part_weight = 0;
       for (int64_t n = part.first; n < part.first + part.count; ++n) part_weight += weight[static_cast<size_t>(n)];
       auto scale = static_cast<float>(part_weight / batch_weight / options.accumulate);
-      auto* loss_scale = static_cast<float*>(replica.extra.at("loss_scale" + suffix(slot, k))->buffer().mapped());
-      std::fill(loss_scale, loss_scale + part.count, scale);
+      auto* loss_weight = static_cast<float*>(replica.extra.at("loss_weight" + suffix(slot, k))->buffer().mapped());
+      std::fill(loss_weight, loss_weight + part.count, scale);
     }
   }
 
@@ -605,6 +639,11 @@ struct TrainingLoop::State {
               {"data_wait_fraction", run_seconds > 0 ? wait_seconds / run_seconds : 0.0},
               {"peak_device_bytes", peak_device_bytes()}};
       if (auto auc = val_scores.auc()) last["val_auc"] = *auc;
+      if (first().loss_scale) {
+        auto scaling = first().loss_scale->download();
+        last["loss_scale"] = scaling.scale;
+        last["skipped_steps"] = scaling.skipped_steps;
+      }
       auto params = download_tensors(first().checkpoint_tensors());
       if (replicated()) {
         last["replicas"] = replicas_in_job;

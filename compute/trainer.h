@@ -38,6 +38,9 @@ struct TrainOptions {
   // Settings of the job's own flags that a resumed run must share, by name (a slide-level
   // head's features, labels and head); saved beside run_settings' in the checkpoint.
   nlohmann::json job_settings = nlohmann::json::object();
+  // --precision fp16: activations and their gradients in fp16, dynamic loss scaling
+  // (loss_scale.h); parameters, gradients and optimizer state stay float.
+  bool fp16 = false;
 };
 
 // Where training reports: JSON records for progress and for the trial protocol.

@@ -5,7 +5,7 @@ layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer G { float g[]; };
 layout(std430, binding = 2) readonly buffer Count { uint count; };
-layout(std430, binding = 3) buffer DS { float ds[]; };
+layout(std430, binding = 3) buffer DS { ACT ds[]; };
 layout(push_constant) uniform Push { uint rows, width, accumulate; } p;
 void main() {
   uint n = global_index();
@@ -14,5 +14,5 @@ void main() {
   float expected = 0.0;
   for (uint m = 0; m < instances; ++m) expected += a[m] * g[m];
   float grad = n < instances ? a[n] * (g[n] - expected) : 0.0;
-  ds[n] = p.accumulate != 0u ? ds[n] + grad : grad;
+  ds[n] = ACT(p.accumulate != 0u ? float(ds[n]) + grad : grad);
 }

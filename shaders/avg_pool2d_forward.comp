@@ -2,8 +2,8 @@
 // y[plane, oy, ox] = sum over the window of x[plane] (padding as zeros) / kernel_size^2
 #include "common.glsl"
 #include "pool2d.glsl"
-layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) writeonly buffer Y { float y[]; };
+layout(std430, binding = 0) readonly buffer X { ACT x[]; };
+layout(std430, binding = 1) writeonly buffer Y { ACT y[]; };
 void main() {
   uint o = global_index();
   if (o >= p.count) return;
@@ -13,6 +13,6 @@ void main() {
   float sum = 0.0;
   for (int iy = max(y0, 0); iy < min(y0 + int(KERNEL_SIZE), int(IN_H)); ++iy)
     for (int ix = max(x0, 0); ix < min(x0 + int(KERNEL_SIZE), int(IN_W)); ++ix)
-      sum += x[plane_base + uint(iy) * IN_W + uint(ix)];
-  y[o] = sum / float(KERNEL_SIZE * KERNEL_SIZE);
+      sum += float(x[plane_base + uint(iy) * IN_W + uint(ix)]);
+  y[o] = ACT(sum / float(KERNEL_SIZE * KERNEL_SIZE));
 }

@@ -4,25 +4,26 @@
 //   training:   dx (+)= weight[c] * invstd[c] * (dy - (sum dy + xhat * sum dy * xhat) / M)
 //   evaluation: dx (+)= weight[c] * invstd[c] * dy  (the statistics are constants)
 // RELU (a ReLU fused into the forward): dy is first masked by the fused output, y > 0.
+#include "common.glsl"
 #include "batch_norm2d.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const bool RELU = false;
 #include "reduce.glsl"
-layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 0) readonly buffer X { ACT x[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) readonly buffer Mean { float saved_mean[]; };
 layout(std430, binding = 3) readonly buffer Invstd { float saved_invstd[]; };
-layout(std430, binding = 4) readonly buffer DY { float dy[]; };
+layout(std430, binding = 4) readonly buffer DY { ACT dy[]; };
 layout(std430, binding = 5) buffer DWeight { float dweight[]; };
 layout(std430, binding = 6) buffer DBias { float dbias[]; };
-layout(std430, binding = 7) readonly buffer Y { float y[]; };  // unread without RELU
+layout(std430, binding = 7) readonly buffer Y { ACT y[]; };  // unread without RELU
 #ifdef INPUT_GRAD
-layout(std430, binding = 8) buffer DX { float dx[]; };
+layout(std430, binding = 8) buffer DX { ACT dx[]; };
 #endif
 layout(push_constant) uniform Push {
   uint batch, channels, plane, training, accumulate;
 } p;
-float gradient(uint i) { return RELU ? (y[i] > 0.0 ? dy[i] : 0.0) : dy[i]; }
+float gradient(uint i) { return RELU ? (float(y[i]) > 0.0 ? float(dy[i]) : 0.0) : float(dy[i]); }
 void main() {
   uint c = gl_WorkGroupID.x, t = gl_LocalInvocationID.x, count = p.batch * p.plane;
   float mean = saved_mean[c], invstd = saved_invstd[c];
@@ -30,7 +31,7 @@ void main() {
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
     float g = gradient(i);
-    partial += vec2(g, g * (x[i] - mean) * invstd);
+    partial += vec2(g, g * (float(x[i]) - mean) * invstd);
   }
   vec2 sums = workgroup_sum(partial);
   if (t == 0u) {
@@ -42,9 +43,9 @@ void main() {
   vec2 per_element = p.training != 0u ? sums / float(count) : vec2(0.0);
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
-    float xhat = (x[i] - mean) * invstd;
+    float xhat = (float(x[i]) - mean) * invstd;
     float g = scale * (gradient(i) - per_element.x - xhat * per_element.y);
-    dx[i] = p.accumulate != 0u ? dx[i] + g : g;
+    dx[i] = ACT(p.accumulate != 0u ? float(dx[i]) + g : g);
   }
 #endif
 }

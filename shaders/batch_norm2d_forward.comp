@@ -8,14 +8,14 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const bool RELU = false;
 #include "reduce.glsl"
-layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 0) readonly buffer X { ACT x[]; };
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 layout(std430, binding = 3) buffer RunningMean { float running_mean[]; };
 layout(std430, binding = 4) buffer RunningVar { float running_var[]; };
 layout(std430, binding = 5) writeonly buffer Mean { float saved_mean[]; };
 layout(std430, binding = 6) writeonly buffer Invstd { float saved_invstd[]; };
-layout(std430, binding = 7) writeonly buffer Y { float y[]; };
+layout(std430, binding = 7) writeonly buffer Y { ACT y[]; };
 layout(push_constant) uniform Push {
   uint batch, channels, plane;
   float eps, momentum;
@@ -27,11 +27,11 @@ void main() {
   if (p.training != 0u) {
     // Two passes, mean then squared deviations: no cancellation for large means.
     float sum = 0.0;
-    for (uint j = t; j < count; j += gl_WorkGroupSize.x) sum += x[channel_element(c, j, p.channels, p.plane)];
+    for (uint j = t; j < count; j += gl_WorkGroupSize.x) sum += float(x[channel_element(c, j, p.channels, p.plane)]);
     mean = workgroup_sum(vec2(sum, 0.0)).x / float(count);
     float squares = 0.0;
     for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
-      float d = x[channel_element(c, j, p.channels, p.plane)] - mean;
+      float d = float(x[channel_element(c, j, p.channels, p.plane)]) - mean;
       squares += d * d;
     }
     float variance = workgroup_sum(vec2(squares, 0.0)).x / float(count);
@@ -52,7 +52,7 @@ void main() {
   float scale = weight[c] * invstd, shift = bias[c] - mean * scale;
   for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
     uint i = channel_element(c, j, p.channels, p.plane);
-    float value = x[i] * scale + shift;
-    y[i] = RELU ? relu(value) : value;
+    float value = float(x[i]) * scale + shift;
+    y[i] = ACT(RELU ? relu(value) : value);
   }
 }

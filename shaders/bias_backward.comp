@@ -3,8 +3,9 @@
 // (pixels = OH*OW) and of linear (pixels = 1). One workgroup per channel: a channel's sum
 // runs over N*OH*OW values, far too many for one invocation. The reduction order is fixed,
 // so the result is the same on every run.
+#include "common.glsl"
 layout(local_size_x = 64) in;
-layout(std430, binding = 0) readonly buffer DY { float dy[]; };
+layout(std430, binding = 0) readonly buffer DY { ACT dy[]; };
 layout(std430, binding = 1) buffer DBias { float dbias[]; };
 layout(push_constant) uniform Push { uint batch, channels, pixels; } p;
 shared float partial[64];
@@ -13,7 +14,7 @@ void main() {
   float sum = 0.0;
   for (uint n = 0u; n < p.batch; ++n) {
     uint row = (n * p.channels + o) * p.pixels;
-    for (uint i = t; i < p.pixels; i += 64u) sum += dy[row + i];
+    for (uint i = t; i < p.pixels; i += 64u) sum += float(dy[row + i]);
   }
   partial[t] = sum;
   barrier();

@@ -1,6 +1,22 @@
-// Shared by every kernel: the element index of a dispatch made with Recorder::dispatch_elements.
+// Shared by every kernel: the element index of a dispatch made with Recorder::dispatch_elements,
+// and the storage type of activations.
 #ifndef TESSERA_COMMON_GLSL
 #define TESSERA_COMMON_GLSL
+
+// Activations and their gradients are stored as ACT (ACT4: four of them): float, or in a
+// kernel's fp16 variant (cmake/shaders.cmake, -DTESSERA_FP16) float16_t. Only 16-bit storage
+// is enabled, not 16-bit arithmetic, so the compiler refuses any arithmetic on ACT values:
+// every load converts to float (float(x[i]), vec4(y[i])) and every store rounds once
+// (ACT(v)), as PyTorch's kernels compute in float (opmath) between half-precision loads and
+// stores; sums and products accumulate in float.
+#ifdef TESSERA_FP16
+#extension GL_EXT_shader_16bit_storage : require
+#define ACT float16_t
+#define ACT4 f16vec4
+#else
+#define ACT float
+#define ACT4 vec4
+#endif
 
 uint global_index() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;

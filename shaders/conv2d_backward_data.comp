@@ -2,10 +2,11 @@
 // dx[n,c,ih,iw] (+)= sum_{o,kh,kw} weight[o,c,kh,kw] dy[n,o,oh,ow] over the (oh,ow) whose
 // window covers (ih,iw): oh*s - p + kh = ih. An implicit GEMM: rows c, columns (n,ih,iw),
 // reduction (o,kh,kw).
+#include "common.glsl"
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer dy;
 layout(binding = 1) uniform samplerBuffer weight;
-layout(std430, binding = 2) buffer DX { float dx[]; };
+layout(std430, binding = 2) buffer DX { ACT dx[]; };
 
 #include "gemm_block.glsl"
 
@@ -59,7 +60,7 @@ void main() {
     uint c = m0 + i * gl_WorkGroupSize.x;
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + j, at = (n / pixels * p.C + c) * pixels + n % pixels;
-      if (c < p.C && n < columns) dx[at] = p.accumulate != 0u ? dx[at] + acc[i][j] : acc[i][j];
+      if (c < p.C && n < columns) dx[at] = ACT(p.accumulate != 0u ? float(dx[at]) + acc[i][j] : acc[i][j]);
     }
   }
 }

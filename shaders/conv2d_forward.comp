@@ -9,7 +9,7 @@
 layout(binding = 0) uniform samplerBuffer x;
 layout(binding = 1) uniform samplerBuffer weight_blocked;  // see WEIGHT_BLOCK
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
-layout(std430, binding = 3) writeonly buffer Y { float y[]; };
+layout(std430, binding = 3) writeonly buffer Y { ACT y[]; };
 // The folded batch norm's weight (gamma), bias (beta), running mean and variance; unread without FOLD.
 layout(std430, binding = 4) readonly buffer Gamma { float gamma[]; };
 layout(std430, binding = 5) readonly buffer Beta { float beta[]; };
@@ -74,7 +74,7 @@ void main() {
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + j;
       float value = acc[i][j] + shift;
-      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = RELU ? relu(value) : value;
+      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = ACT(RELU ? relu(value) : value);
     }
   }
 }

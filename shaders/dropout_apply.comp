@@ -4,8 +4,8 @@
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer Step { uint step[]; };
-layout(std430, binding = 1) readonly buffer In { float source[]; };
-layout(std430, binding = 2) buffer Out { float destination[]; };
+layout(std430, binding = 1) readonly buffer In { ACT source[]; };
+layout(std430, binding = 2) buffer Out { ACT destination[]; };
 layout(push_constant) uniform Push {
   uint count;
   uint first_index;  // sample_offset * elements per sample: the micro-batch's place in the batch
@@ -17,6 +17,6 @@ void main() {
   uint i = global_index();
   if (i >= p.count) return;
   bool keep = uniform_random(p.seed, step[0], p.first_index + i) >= p.probability;
-  float v = keep ? source[i] * p.scale : 0.0;
-  destination[i] = p.accumulate != 0u ? destination[i] + v : v;
+  float v = keep ? float(source[i]) * p.scale : 0.0;
+  destination[i] = ACT(p.accumulate != 0u ? float(destination[i]) + v : v);
 }

@@ -2,6 +2,7 @@
 // C(m,n) (+)= sum_k A(m,k) B(k,n) (+ bias[m]), each operand addressed through two strides so
 // that one kernel serves every transposition (dense forward, both backward passes, benchmarks).
 // RELU: c = relu(c) (a ReLU fused into a dense layer; not with accumulate).
+#include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TM = 4;
 layout(constant_id = 2) const int TN = 16;
@@ -13,14 +14,13 @@ layout(constant_id = 7) const bool RELU = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
 layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
-layout(std430, binding = 3) buffer C { float c[]; };
+layout(std430, binding = 3) buffer C { ACT c[]; };  // an activation, or in the fp32 variant also a parameter gradient
 layout(push_constant) uniform Push {
   uint M, N, K;
   uint a_m, a_k, b_k, b_n, c_m, c_n;
   uint accumulate;
 } p;
 
-#include "common.glsl"
 #include "gemm_block.glsl"
 
 uint b_columns[B_LOADS];
@@ -44,7 +44,7 @@ void main() {
       uint at = m * p.c_m + (n0 + j) * p.c_n;
       float value = acc[i][j] + shift;
       if (RELU) value = relu(value);
-      if (m < p.M && n0 + j < p.N) c[at] = p.accumulate != 0u ? c[at] + value : value;
+      if (m < p.M && n0 + j < p.N) c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
     }
   }
 }

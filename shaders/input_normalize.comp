@@ -4,7 +4,7 @@
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer RGB { uint rgb[]; };
-layout(std430, binding = 1) writeonly buffer X { float x[]; };
+layout(std430, binding = 1) writeonly buffer X { ACT x[]; };
 layout(push_constant) uniform Push {
   uint count;  // N*3*H*W
   uint height, width;
@@ -17,5 +17,5 @@ void main() {
   uint n = i / (3u * plane), c = (i / plane) % 3u, pixel = i % plane;
   uint byte_index = (n * plane + pixel) * 3u + c;
   float value = float((rgb[byte_index >> 2] >> (8u * (byte_index & 3u))) & 0xffu) / 255.0;
-  x[i] = (value - p.mean[c]) * p.inv_std[c];
+  x[i] = ACT((value - p.mean[c]) * p.inv_std[c]);
 }

@@ -2,15 +2,15 @@
 // z[d] = sum over n < count of h[n, d] / count
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
-layout(std430, binding = 0) readonly buffer H { float h[]; };
+layout(std430, binding = 0) readonly buffer H { ACT h[]; };
 layout(std430, binding = 1) readonly buffer Count { uint count; };
-layout(std430, binding = 2) writeonly buffer Z { float z[]; };
+layout(std430, binding = 2) writeonly buffer Z { ACT z[]; };
 layout(push_constant) uniform Push { uint rows, width, accumulate; } p;
 void main() {
   uint d = global_index();
   if (d >= p.width) return;
   uint instances = min(count, p.rows);
   float sum = 0.0;
-  for (uint n = 0; n < instances; ++n) sum += h[n * p.width + d];
-  z[d] = sum / float(instances);
+  for (uint n = 0; n < instances; ++n) sum += float(h[n * p.width + d]);
+  z[d] = ACT(sum / float(instances));
 }

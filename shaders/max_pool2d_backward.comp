@@ -4,19 +4,19 @@
 #include "common.glsl"
 #include "pool2d.glsl"
 layout(std430, binding = 0) readonly buffer Argmax { uint argmax[]; };
-layout(std430, binding = 1) readonly buffer DY { float dy[]; };
-layout(std430, binding = 2) buffer DX { float dx[]; };
+layout(std430, binding = 1) readonly buffer DY { ACT dy[]; };
+layout(std430, binding = 2) buffer DX { ACT dx[]; };
 
 void write_gradient(uint i, float g) {
-  if (p.accumulate != 0u) g += dx[i];
-  dx[i] = g;
+  if (p.accumulate != 0u) g += float(dx[i]);
+  dx[i] = ACT(g);
 }
 
 // Invocation o owns window o and every input in it.
 void scatter_window(uint o) {
   uint ox = o % OUT_W, oy = (o / OUT_W) % OUT_H, plane = o / (OUT_W * OUT_H);
   uint best = argmax[o], plane_base = plane * IN_H * IN_W;
-  float g = dy[o];
+  float g = float(dy[o]);
   for (uint ky = 0; ky < KERNEL_SIZE; ++ky)
     for (uint kx = 0; kx < KERNEL_SIZE; ++kx) {
       uint at = (oy * KERNEL_SIZE + ky) * IN_W + ox * KERNEL_SIZE + kx;
@@ -33,7 +33,7 @@ void gather_windows(uint i) {
   for (int oy = rows.x; oy <= rows.y; ++oy)
     for (int ox = cols.x; ox <= cols.y; ++ox) {
       uint o = out_base + uint(oy) * OUT_W + uint(ox);
-      if (argmax[o] == at) g += dy[o];
+      if (argmax[o] == at) g += float(dy[o]);
     }
   write_gradient(i, g);
 }

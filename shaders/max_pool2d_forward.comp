@@ -2,8 +2,8 @@
 // y[plane, oy, ox] = max over the window of x[plane]; argmax = iy * in_w + ix of the first maximum.
 #include "common.glsl"
 #include "pool2d.glsl"
-layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) writeonly buffer Y { float y[]; };
+layout(std430, binding = 0) readonly buffer X { ACT x[]; };
+layout(std430, binding = 1) writeonly buffer Y { ACT y[]; };
 layout(std430, binding = 2) writeonly buffer Argmax { uint argmax[]; };
 void main() {
   uint o = global_index();
@@ -16,13 +16,13 @@ void main() {
   for (int iy = max(y0, 0); iy < min(y0 + int(KERNEL_SIZE), int(IN_H)); ++iy)
     for (int ix = max(x0, 0); ix < min(x0 + int(KERNEL_SIZE), int(IN_W)); ++ix) {
       uint at = uint(iy) * IN_W + uint(ix);
-      float v = x[plane_base + at];
+      float v = float(x[plane_base + at]);
       // NaN wins, as in PyTorch, so that divergence shows.
       if (best_at == 0xffffffffu || v > best || isnan(v)) {
         best = v;
         best_at = at;
       }
     }
-  y[o] = best;
+  y[o] = ACT(best);
   argmax[o] = best_at;
 }

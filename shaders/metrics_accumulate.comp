@@ -2,8 +2,9 @@
 // Adds a batch's cross-entropy and correct predictions to running sums, on the device, so the
 // host reads them only when it reports: metrics[0] += sum of -log softmax(logits)[label],
 // metrics[1] += correct, metrics[2] += samples. Only the first valid[0] samples count.
+#include "common.glsl"
 layout(local_size_x = 64) in;
-layout(std430, binding = 0) readonly buffer Logits { float logits[]; };  // [N,C]
+layout(std430, binding = 0) readonly buffer Logits { ACT logits[]; };  // [N,C]
 layout(std430, binding = 1) readonly buffer Labels { uint labels[]; };   // [N]
 layout(std430, binding = 2) readonly buffer Valid { uint valid[]; };     // [1]
 layout(std430, binding = 3) buffer Metrics { float metrics[]; };         // [4]
@@ -15,13 +16,13 @@ void main() {
   float loss = 0.0, correct = 0.0;
   for (uint n = t; n < valid[0]; n += 64u) {
     uint row = n * p.classes;
-    float largest = logits[row];
+    float largest = float(logits[row]);
     uint best = 0u;
     for (uint c = 1u; c < p.classes; ++c)
-      if (logits[row + c] > largest) { largest = logits[row + c]; best = c; }
+      if (float(logits[row + c]) > largest) { largest = float(logits[row + c]); best = c; }
     float total = 0.0;
-    for (uint c = 0u; c < p.classes; ++c) total += exp(logits[row + c] - largest);
-    loss += log(total) + largest - logits[row + labels[n]];
+    for (uint c = 0u; c < p.classes; ++c) total += exp(float(logits[row + c]) - largest);
+    loss += log(total) + largest - float(logits[row + labels[n]]);
     correct += best == labels[n] ? 1.0 : 0.0;
   }
   loss_sum[t] = loss;

@@ -4,11 +4,14 @@
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps) with t = step[0] + 1; grad = 0.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const bool LOSS_SCALED = false;
 layout(std430, binding = 0) buffer Parameter { float parameter[]; };
 layout(std430, binding = 1) buffer Grad { float grad[]; };
 layout(std430, binding = 2) buffer ExpAvg { float exp_avg[]; };
 layout(std430, binding = 3) buffer ExpAvgSq { float exp_avg_sq[]; };
 layout(std430, binding = 4) readonly buffer Step { uint step[]; };
+// LOSS_SCALED (mixed precision): the loss scale's state (loss_scale_update.comp); unread otherwise.
+layout(std430, binding = 5) readonly buffer LossScale { float loss_scale[]; };
 layout(push_constant) uniform Push {
   uint count;
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
@@ -28,9 +31,17 @@ float power(float base, uint t) {
 void main() {
   uint i = global_index();
   if (i >= p.count) return;
-  uint t = step[0] + 1u;
+  // A step with a non-finite gradient anywhere is skipped (GradScaler); the gradient is still cleared.
+  if (LOSS_SCALED && loss_scale[3] != 0.0) {
+    grad[i] = 0.0;
+    return;
+  }
+  float grad_scale = LOSS_SCALED ? p.grad_scale / loss_scale[0] : p.grad_scale;
+  // Skipped steps advanced step[0] (dropout masks move on) but made no update (PyTorch's
+  // step count stays), so they do not count in the bias correction.
+  uint t = step[0] + 1u - (LOSS_SCALED ? uint(loss_scale[2]) : 0u);
   float w = parameter[i];
-  float g = grad[i] * p.grad_scale;
+  float g = grad[i] * grad_scale;
   if (p.decoupled != 0u)
     w *= 1.0 - p.lr * p.weight_decay;
   else

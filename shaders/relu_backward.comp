@@ -5,7 +5,8 @@
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer y;
 layout(binding = 1) uniform samplerBuffer dy;
-layout(std430, binding = 2) buffer DX { vec4 dx[]; };
+layout(std430, binding = 2) buffer DX { ACT4 dx[]; };
+layout(std430, binding = 2) buffer DXElements { ACT dx_element[]; };  // the same, for the last partial four
 layout(push_constant) uniform Push { uint count; uint accumulate; } p;
 void main() {
   uint i = global_index(), first = 4 * i;
@@ -18,9 +19,9 @@ void main() {
     g[j] = texelFetch(y, at).x > 0.0 ? gradient : 0.0;
   }
   if (first + 4 <= p.count) {
-    if (p.accumulate != 0u) g += dx[i];
-    dx[i] = g;
+    if (p.accumulate != 0u) g += vec4(dx[i]);
+    dx[i] = ACT4(g);
   } else {
-    for (uint j = 0; first + j < p.count; ++j) dx[i][j] = p.accumulate != 0u ? dx[i][j] + g[j] : g[j];
+    for (uint j = 0; first + j < p.count; ++j) dx_element[first + j] = ACT(p.accumulate != 0u ? float(dx_element[first + j]) + g[j] : g[j]);
   }
 }

@@ -3,7 +3,8 @@
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer x;
-layout(std430, binding = 1) writeonly buffer Y { vec4 y[]; };
+layout(std430, binding = 1) writeonly buffer Y { ACT4 y[]; };
+layout(std430, binding = 1) writeonly buffer YElements { ACT y_element[]; };  // the same, for the last partial four
 layout(push_constant) uniform Push { uint count; } p;
 void main() {
   uint i = global_index(), first = 4 * i;
@@ -14,8 +15,8 @@ void main() {
     v[j] = relu(value);
   }
   if (first + 4 <= p.count) {
-    y[i] = v;
+    y[i] = ACT4(v);
   } else {
-    for (uint j = 0; first + j < p.count; ++j) y[i][j] = v[j];
+    for (uint j = 0; first + j < p.count; ++j) y_element[first + j] = ACT(v[j]);
   }
 }

@@ -2,7 +2,7 @@
 #ifndef TESSERA_SOFTMAX_CROSS_ENTROPY_GLSL
 #define TESSERA_SOFTMAX_CROSS_ENTROPY_GLSL
 
-layout(std430, binding = 0) readonly buffer Logits { float logits[]; };
+layout(std430, binding = 0) readonly buffer Logits { ACT logits[]; };
 layout(std430, binding = 1) readonly buffer Labels { uint labels[]; };
 layout(std430, binding = 2) readonly buffer ClassWeight { float class_weight[]; };
 layout(push_constant) uniform Push { uint samples, classes, accumulate; } p;
@@ -25,10 +25,10 @@ float weight_total() {
 // log(sum_c exp(logits[n, c])), shifted by the row's maximum so that exp cannot overflow.
 float log_sum_exp(uint n) {
   uint row = n * p.classes;
-  float largest = logits[row];
-  for (uint c = 1; c < p.classes; ++c) largest = max(largest, logits[row + c]);
+  float largest = float(logits[row]);
+  for (uint c = 1; c < p.classes; ++c) largest = max(largest, float(logits[row + c]));
   float sum = 0.0;
-  for (uint c = 0; c < p.classes; ++c) sum += exp(logits[row + c] - largest);
+  for (uint c = 0; c < p.classes; ++c) sum += exp(float(logits[row + c]) - largest);
   return largest + log(sum);
 }
 

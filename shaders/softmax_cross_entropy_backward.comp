@@ -4,7 +4,7 @@
 layout(local_size_x_id = 0) in;
 #include "softmax_cross_entropy.glsl"
 layout(std430, binding = 3) readonly buffer DLoss { float dloss[]; };
-layout(std430, binding = 4) buffer DLogits { float dlogits[]; };
+layout(std430, binding = 4) buffer DLogits { ACT dlogits[]; };
 void main() {
   uint n = global_index();
   if (n >= p.samples) return;
@@ -12,7 +12,7 @@ void main() {
   float lse = log_sum_exp(n);
   uint row = n * p.classes;
   for (uint c = 0; c < p.classes; ++c) {
-    float g = scale * (exp(logits[row + c] - lse) - (c == labels[n] ? 1.0 : 0.0));
-    dlogits[row + c] = p.accumulate != 0u ? dlogits[row + c] + g : g;
+    float g = scale * (exp(float(logits[row + c]) - lse) - (c == labels[n] ? 1.0 : 0.0));
+    dlogits[row + c] = ACT(p.accumulate != 0u ? float(dlogits[row + c]) + g : g);
   }
 }

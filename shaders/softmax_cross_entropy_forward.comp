@@ -8,6 +8,6 @@ void main() {
   uint n = global_index();
   if (n >= p.samples) return;
   float w = sample_weight(n);
-  float target = labels[n] < p.classes ? logits[n * p.classes + labels[n]] : not_a_number();
+  float target = labels[n] < p.classes ? float(logits[n * p.classes + labels[n]]) : not_a_number();
   loss[n] = w * (log_sum_exp(n) - target) / weight_total();
 }

@@ -205,7 +205,8 @@ def test_flags_and_plans():
     data = ["train", "--data", os.path.join(work, "task.h5"), "--model", "small-cnn"]
     for args, words in (([*data, "--devices", "0,7"], ["--devices", "device 7"]),
                         ([*data, "--devices", "0,0", "--batch", 1], ["--devices", "2 replicas"]),
-                        ([*data, "--devices", "0,0", "--device", 0], ["--devices", "--device"])):
+                        ([*data, "--devices", "0,0", "--device", 0], ["--devices", "--device"]),
+                        ([*data, "--devices", "0,0", "--precision", "fp16"], ["--precision fp16", "--devices"])):
         result = run([TESSERA, *args], check=False)
         assert result.returncode == 2, (args, result.returncode, result.stderr)
         for word in words:

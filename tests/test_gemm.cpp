@@ -21,7 +21,7 @@ struct Case {
 
 // Element (r, c) of a rows x columns matrix stored row-major, or column-major if transposed.
 MatrixView view(const Tensor& t, uint32_t rows, uint32_t columns, bool transposed) {
-  return transposed ? MatrixView{&t.buffer(), 1, rows} : MatrixView{&t.buffer(), columns, 1};
+  return transposed ? MatrixView{&t, 1, rows} : MatrixView{&t, columns, 1};
 }
 
 // The choice itself: what each branch picks, and fewer rows per invocation for a small M.

@@ -15,7 +15,7 @@ namespace tessera::cli {
 namespace {
 
 struct ForwardFlags {
-  std::string model, input, output;
+  std::string model, input, output, precision = "fp32";
   int batch = 16, device = -1, classes = 2;
   bool random_weights = false;
 };
@@ -40,11 +40,16 @@ void run_forward(const ForwardFlags& f) {
   vk::ContextOptions options = vk::options_from_environment();
   options.device_index = f.device;
   vk::Context context(options);
-  Network network(description, {batch, 3, x.shape[2], x.shape[3]}, false);
+  // In fp16 the images are converted as they are uploaded and every activation is fp16.
+  const DType activations = f.precision == "fp16" ? DType::f16 : DType::f32;
+  if (activations == DType::f16) require_fp16_storage(context.info(), "forward");
+  const Shape input_shape{batch, 3, x.shape[2], x.shape[3]};
+  Network network(description, {{"input", input_shape, activations}}, false);
+  network.set_activation_dtype(activations);
   // The graph's buffers (activations handed on once read), the input and the step count.
   auto& allocator = context.allocator();
   uint64_t planned = network.plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(batch * per_image) * 4) +
+                     allocator.footprint(static_cast<uint64_t>(batch * per_image) * element_size(activations)) +
                      InferenceProgram::planned_bytes(allocator);
   network.allocate(context);
   network.initialise(0);
@@ -53,7 +58,7 @@ void run_forward(const ForwardFlags& f) {
     for (auto& named : network.named_tensors()) tensors[named.name] = named.tensor;
     load_tensors(checkpoint->params, tensors, f.model, "params");
   }
-  Tensor input(context, "input", {batch, 3, x.shape[2], x.shape[3]});
+  Tensor input(context, "input", input_shape, activations);
   InferenceProgram program(context, network, {{"input", &input}});
   const int64_t classes = network.output_shape()[1];
   HostArray logits{{n, classes}, std::vector<float>(static_cast<size_t>(n * classes))};
@@ -74,7 +79,10 @@ void run_forward(const ForwardFlags& f) {
     std::copy_n(out.begin(), count * classes, logits.values.begin() + first * classes);
   }
   write_hdf5_arrays(f.output, {{"logits", logits}});
-  nlohmann::json summary = {{"images", n}, {"batch", batch}, {"device", context.info().name},
+  nlohmann::json summary = {{"images", n},
+                            {"batch", batch},
+                            {"device", context.info().name},
+                            {"precision", f.precision},
                             {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds},
                             {"planned_device_bytes", planned},
                             {"peak_device_bytes", allocator.stats().peak_bytes}};
@@ -95,6 +103,8 @@ void add_forward_command(CLI::App& app) {
   command->add_option("--classes", flags->classes, "Classes of a preset (not of a checkpoint)")->capture_default_str();
   command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(CLI::PositiveNumber);
   command->add_option("--device", flags->device, "Vulkan device index");
+  command->add_option("--precision", flags->precision, "fp32, or fp16 activations (weights stay fp32)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16"}));
   command->callback([flags] { run_forward(*flags); });
 }
 

@@ -31,6 +31,7 @@ struct TrainFlags {
   std::string memory_limit;
   int report_fd = -1;
   std::string class_weights;
+  std::string precision = "fp32";
   // --resume of a checkpoint that already holds --epochs epochs: its last epoch's record.
   nlohmann::json finished;
 };
@@ -79,12 +80,16 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
+  command.add_option("--precision", f.precision,
+                     "fp32, or fp16: activations and their gradients in fp16 with dynamic loss scaling "
+                     "(weights, gradients and optimizer state stay fp32)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16"}));
   auto* device = command.add_option(
       "--device", f.device,
       "Vulkan device index (see tessera info); default: first discrete GPU, or under mpirun/srun the "
       "process's rank on its machine");
   command.add_option("--devices", f.devices,
-                     "Data-parallel over these devices, e.g. 0,1 (one replica each; an index may repeat): each "
+                     "Data-parallel over these devices, e.g. 0,1 (one replica each; a CPU device may repeat): each "
                      "micro-batch is split over them and their gradients summed, so a step equals one device's "
                      "step on the whole batch (batch norm uses each device's own samples). Under mpirun/srun "
                      "every process takes these devices")
@@ -147,7 +152,7 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
       {"lr", "--lr"},             {"momentum", "--momentum"}, {"weight_decay", "--weight-decay"},
       {"seed", "--seed"},         {"val_fraction", "--val-fraction"}, {"class_weights", "--class-weights"},
       {"augment", "--augment"},   {"features", "--features"}, {"labels", "--labels"},
-      {"head", "--head"},         {"attention_hidden", "--attention-hidden"}};
+      {"head", "--head"},         {"attention_hidden", "--attention-hidden"}, {"precision", "--precision"}};
   std::string differences;
   for (auto& [key, flag] : flags) {
     if (!saved.contains(key) || !settings.contains(key)) continue;
@@ -178,6 +183,7 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
     settings.at("head").get_to(f.mil.head);
     settings.at("attention_hidden").get_to(f.mil.attention_hidden);
   }
+  o.fp16 = settings.at("precision") == "fp16";
   int done = saved.value("epoch", 0);
   if (done < o.epochs) return;
   if (!saved.contains("metrics") || !saved["metrics"].is_object())
@@ -189,6 +195,10 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  f.options.fp16 = f.precision == "fp16";
+  if (f.options.fp16 && !f.mil.features.empty())
+    throw UsageError("--precision fp16 is for patch training, not --features (a head's activations are a few "
+                     "kilobytes: nothing to save)");
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
                                  {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}};
@@ -299,7 +309,10 @@ void add_train_command(CLI::App& app) {
     {
       auto contexts = open_devices(*flags, processes);
       std::vector<vk::Context*> devices;
-      for (auto& context : contexts) devices.push_back(context.get());
+      for (auto& context : contexts) {
+        if (flags->options.fp16) require_fp16_storage(context->info(), "train");
+        devices.push_back(context.get());
+      }
       run(devices, *flags, [report](const nlohmann::json& line) {
         if (!report) return;
         std::fprintf(report, "%s\n", line.dump().c_str());
@@ -324,6 +337,7 @@ int run_train_in_process(const std::vector<std::string>& args,
     if (!flags.devices.empty())
       throw UsageError("--devices: an in-process trial (--isolation none) shares one device; leave --isolation at its default");
     if (!shared) shared = std::make_unique<vk::Context>(context_options(flags, flags.device));
+    if (flags.options.fp16) require_fp16_storage(shared->info(), "train");
     if (!flags.memory_limit.empty())
       shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));
     run({shared.get()}, flags, [&](const nlohmann::json& line) { report(line.dump()); });

@@ -25,10 +25,10 @@ Shape Add::infer(const std::vector<Shape>& inputs) {
 }
 
 void Add::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("add_forward", {kElementwiseGroup, t.relu ? 1 : 0});
+  auto& kernel = kernel_for(kernels, "add_forward", *t.output, {kElementwiseGroup, t.relu ? 1 : 0});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
-                              vk::writes(t.output->buffer())},
+                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
+                              writes(*t.output)},
                              ForwardPush{static_cast<uint32_t>(count_)}, count_, kElementwiseGroup);
 }
 
@@ -43,8 +43,8 @@ void Add::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors
 void record_pass_through_grad(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,
                               int64_t count) {
   if (!t.input_grads[input]) return;
-  auto& kernel = kernels.get("add_backward", {kElementwiseGroup});
-  recorder.dispatch_elements(kernel, {vk::reads(t.output_grad->buffer()), input_grad_arg(t, input)},
+  auto& kernel = kernel_for(kernels, "add_backward", *t.output_grad, {kElementwiseGroup});
+  recorder.dispatch_elements(kernel, {reads(*t.output_grad), input_grad_arg(t, input)},
                              BackwardPush{static_cast<uint32_t>(count), accumulates(t, input)}, count,
                              kElementwiseGroup);
 }

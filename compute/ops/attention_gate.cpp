@@ -25,20 +25,20 @@ Shape AttentionGate::infer(const std::vector<Shape>& inputs) {
 }
 
 void AttentionGate::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("attention_gate_forward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "attention_gate_forward", *t.output, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
-                              vk::writes(t.output->buffer())},
+                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
+                              writes(*t.output)},
                              ForwardPush{static_cast<uint32_t>(count_)}, count_, kElementwiseGroup);
 }
 
 // Both input gradients in one dispatch; the head always trains both branches.
 void AttentionGate::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0] || !t.input_grads[1]) throw ShapeError("attention_gate needs the gradients of both inputs");
-  auto& kernel = kernels.get("attention_gate_backward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "attention_gate_backward", *t.output_grad, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
-                              vk::reads(t.output_grad->buffer()), input_grad_arg(t, 0), input_grad_arg(t, 1)},
+                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
+                              reads(*t.output_grad), input_grad_arg(t, 0), input_grad_arg(t, 1)},
                              BackwardPush{static_cast<uint32_t>(count_), accumulates(t, 0), accumulates(t, 1)},
                              count_, kElementwiseGroup);
 }

@@ -33,12 +33,12 @@ void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
   const vk::Buffer& weights = t.tensors[0]->buffer();
   // The softmax in one invocation: three passes over a bag of at most some thousands of scores
   // cost less than a workgroup reduction's set-up.
-  recorder.dispatch(kernels.get("attention_pool_softmax"),
-                    {vk::reads(t.inputs[0]->buffer()), vk::reads(count), vk::writes(weights)},
+  recorder.dispatch(kernel_for(kernels, "attention_pool_softmax", *t.inputs[0]),
+                    {reads(*t.inputs[0]), vk::reads(count), vk::writes(weights)},
                     Push{rows, width, 0}, 1);
-  recorder.dispatch_elements(kernels.get("attention_pool_forward", {kElementwiseGroup}),
-                             {vk::reads(weights), vk::reads(t.inputs[1]->buffer()), vk::reads(count),
-                              vk::writes(t.output->buffer())},
+  recorder.dispatch_elements(kernel_for(kernels, "attention_pool_forward", *t.output, {kElementwiseGroup}),
+                             {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count),
+                              writes(*t.output)},
                              Push{rows, width, 0}, width_, kElementwiseGroup);
 }
 
@@ -47,18 +47,20 @@ void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const
   const vk::Buffer& count = t.inputs[2]->buffer();
   const vk::Buffer& weights = t.tensors[0]->buffer();
   const vk::Buffer& instance_grad = t.tensors[1]->buffer();
-  const vk::Buffer& dz = t.output_grad->buffer();
+  const Tensor& dz = *t.output_grad;
   if (t.input_grads[0]) {
-    recorder.dispatch_elements(kernels.get("attention_pool_backward_dot", {kElementwiseGroup}),
-                               {vk::reads(dz), vk::reads(t.inputs[1]->buffer()), vk::writes(instance_grad)},
+    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_dot", *t.output_grad, {kElementwiseGroup}),
+                               {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
                                Push{rows, width, 0}, rows_, kElementwiseGroup);
-    recorder.dispatch_elements(kernels.get("attention_pool_backward_scores", {kElementwiseGroup}),
+    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_scores", *t.input_grads[0],
+                                          {kElementwiseGroup}),
                                {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
                                Push{rows, width, accumulates(t, 0)}, rows_, kElementwiseGroup);
   }
   if (t.input_grads[1]) {
-    recorder.dispatch_elements(kernels.get("attention_pool_backward_features", {kElementwiseGroup}),
-                               {vk::reads(weights), vk::reads(dz), input_grad_arg(t, 1)},
+    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_features", *t.input_grads[1],
+                                          {kElementwiseGroup}),
+                               {vk::reads(weights), reads(dz), input_grad_arg(t, 1)},
                                Push{rows, width, accumulates(t, 1)}, rows_ * width_, kElementwiseGroup);
   }
 }

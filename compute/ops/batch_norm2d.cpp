@@ -49,16 +49,16 @@ std::vector<TensorSpec> BatchNorm2d::tensors() const {
 
 void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   auto running = [&](size_t slot) {
-    const vk::Buffer& b = t.tensors[slot]->buffer();
-    return t.training ? vk::updates(b) : vk::reads(b);
+    const Tensor& b = *t.tensors[slot];
+    return t.training ? updates(b) : reads(b);
   };
   ForwardPush push{static_cast<uint32_t>(batch_), static_cast<uint32_t>(channels_), static_cast<uint32_t>(plane_),
                    eps_, momentum_, t.training ? 1u : 0u};
-  recorder.dispatch(kernels.get("batch_norm2d_forward", {kChannelGroup, t.relu ? 1 : 0}),
-                    {vk::reads(t.inputs[0]->buffer()), vk::reads(t.tensors[weight]->buffer()),
-                     vk::reads(t.tensors[bias]->buffer()), running(running_mean), running(running_var),
-                     vk::writes(t.tensors[mean]->buffer()), vk::writes(t.tensors[invstd]->buffer()),
-                     vk::writes(t.output->buffer())},
+  recorder.dispatch(kernel_for(kernels, "batch_norm2d_forward", *t.output, {kChannelGroup, t.relu ? 1 : 0}),
+                    {reads(*t.inputs[0]), reads(*t.tensors[weight]),
+                     reads(*t.tensors[bias]), running(running_mean), running(running_var),
+                     writes(*t.tensors[mean]), writes(*t.tensors[invstd]),
+                     writes(*t.output)},
                     push, static_cast<uint32_t>(channels_));
 }
 
@@ -66,17 +66,19 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
   bool input_grad = t.input_grads[0] != nullptr;
   BackwardPush push{static_cast<uint32_t>(batch_), static_cast<uint32_t>(channels_), static_cast<uint32_t>(plane_),
                     t.training ? 1u : 0u, input_grad ? accumulates(t, 0) : 0u};
-  auto x = vk::reads(t.inputs[0]->buffer()), w = vk::reads(t.tensors[weight]->buffer()),
-       m = vk::reads(t.tensors[mean]->buffer()), s = vk::reads(t.tensors[invstd]->buffer()),
-       dy = vk::reads(t.output_grad->buffer()), dw = vk::updates(t.grads[weight]->buffer()),
-       db = vk::updates(t.grads[bias]->buffer()), y = vk::reads(t.output->buffer());
+  auto x = reads(*t.inputs[0]), w = reads(*t.tensors[weight]),
+       m = reads(*t.tensors[mean]), s = reads(*t.tensors[invstd]),
+       dy = reads(*t.output_grad), dw = updates(*t.grads[weight]),
+       db = updates(*t.grads[bias]), y = reads(*t.output);
   auto groups = static_cast<uint32_t>(channels_);
   std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
   if (input_grad)
-    recorder.dispatch(kernels.get("batch_norm2d_backward", constants), {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)},
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward", *t.output_grad, constants),
+                      {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)},
                       push, groups);
   else
-    recorder.dispatch(kernels.get("batch_norm2d_backward_parameters", constants), {x, w, m, s, dy, dw, db, y}, push,
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_parameters", *t.output_grad, constants),
+                      {x, w, m, s, dy, dw, db, y}, push,
                       groups);
 }
 

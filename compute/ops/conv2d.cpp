@@ -90,12 +90,10 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
           u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps};
 }
 
-const vk::Kernel& Conv2d::kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles, bool relu,
-                                 bool fold) const {
+std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles, bool relu, bool fold) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return kernels.get(name, {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w),
-                            i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock,
-                            relu ? 1 : 0, fold ? 1 : 0});
+  return {tiles.group,          tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
+          tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock, relu ? 1 : 0, fold ? 1 : 0};
 }
 
 namespace {
@@ -129,9 +127,9 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
       {vk::reads(weight), vk::writes(blocked), vk::reads(folded(&FoldedBatchNorm::weight)),
        vk::reads(folded(&FoldedBatchNorm::running_var))},
       weight_push, weight_push.count, kElementwiseGroup);
-  recorder.dispatch(kernel(kernels, "conv2d_forward", tiles, t.relu, fold != nullptr),
-                    {vk::reads(t.inputs[0]->buffer()), vk::reads(blocked),
-                     vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), vk::writes(t.output->buffer()),
+  recorder.dispatch(kernel_for(kernels, "conv2d_forward", *t.output, constants(tiles, t.relu, fold != nullptr)),
+                    {reads(*t.inputs[0]), vk::reads(blocked),
+                     vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), writes(*t.output),
                      vk::reads(folded(&FoldedBatchNorm::weight)), vk::reads(folded(&FoldedBatchNorm::bias)),
                      vk::reads(folded(&FoldedBatchNorm::running_mean)),
                      vk::reads(folded(&FoldedBatchNorm::running_var))},
@@ -140,17 +138,17 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
 
 void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
-  const vk::Buffer& dy = t.output_grad->buffer();
+  const Tensor& dy = *t.output_grad;
   const vk::Buffer& weight = t.tensors[0]->buffer();
   if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
 
   if (t.input_grads[0]) {
     GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
-    const vk::Buffer& dx = t.input_grads[0]->buffer();
+    const Tensor& dx = *t.input_grads[0];
     auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.height * s.width, tiles.columns));
-    recorder.dispatch(kernel(kernels, "conv2d_backward_data", tiles),
-                      {vk::reads(dy), vk::reads(weight), accumulate ? vk::updates(dx) : vk::writes(dx)},
+    recorder.dispatch(kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles)),
+                      {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)},
                       push(accumulate), blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
   }
 
@@ -158,8 +156,8 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
-  recorder.dispatch(kernel(kernels, "conv2d_backward_weight", tiles),
-                    {vk::reads(dy), vk::reads(t.inputs[0]->buffer()),
+  recorder.dispatch(kernels.get("conv2d_backward_weight", constants(tiles)),
+                    {reads(dy), reads(*t.inputs[0]),
                      slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
                     push(slices_ == 1), blocks(s.out_channels, tiles.group * tiles.rows),
                     blocks(columns, tiles.columns), static_cast<uint32_t>(slices_));
@@ -174,7 +172,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
                                kElementwiseGroup);
   }
   if (has_bias_)
-    record_bias_backward(recorder, kernels, dy, t.grads[1]->buffer(), static_cast<uint32_t>(s.batch),
+    record_bias_backward(recorder, kernels, dy, *t.grads[1], static_cast<uint32_t>(s.batch),
                          static_cast<uint32_t>(s.out_channels), static_cast<uint32_t>(s.out_height * s.out_width));
 }
 

@@ -36,10 +36,9 @@ class Conv2d : public Op {
     float eps;
   };
   Push push(bool accumulate, float eps = 0) const;
-  // The pipeline of one of the conv2d shaders, specialised for these tiles, kernel size and
-  // stride, and for forward's epilogue.
-  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name, const GemmTiles& tiles, bool relu = false,
-                           bool fold = false) const;
+  // The specialization constants of the conv2d shaders: these tiles, kernel size and stride,
+  // and forward's epilogue.
+  std::vector<int32_t> constants(const GemmTiles& tiles, bool relu = false, bool fold = false) const;
 
   Conv2dShape shape_;
   bool has_bias_;

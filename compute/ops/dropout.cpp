@@ -33,16 +33,16 @@ Shape Dropout::infer(const std::vector<Shape>& inputs) {
 }
 
 void Dropout::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  record(recorder, kernels, t, t.inputs[0]->buffer(), vk::writes(t.output->buffer()), false);
+  record(recorder, kernels, t, *t.inputs[0], writes(*t.output), false);
 }
 
 void Dropout::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  record(recorder, kernels, t, t.output_grad->buffer(), input_grad_arg(t, 0), t.accumulate_input_grads[0]);
+  record(recorder, kernels, t, *t.output_grad, input_grad_arg(t, 0), t.accumulate_input_grads[0]);
 }
 
 // Both passes multiply by the same mask; in evaluation p = 0 keeps every element unscaled.
-void Dropout::record(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, const vk::Buffer& source,
+void Dropout::record(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, const Tensor& source,
                      vk::BufferArg destination, bool accumulate) {
   float p = t.training ? probability_ : 0.0f;
   Push push{static_cast<uint32_t>(count_),
@@ -51,8 +51,8 @@ void Dropout::record(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
             p,
             1.0f / (1.0f - p),
             accumulate ? 1u : 0u};
-  auto& kernel = kernels.get("dropout_apply", {kElementwiseGroup});
-  recorder.dispatch_elements(kernel, {vk::reads(t.step->buffer()), vk::reads(source), destination}, push, count_,
+  auto& kernel = kernel_for(kernels, "dropout_apply", source, {kElementwiseGroup});
+  recorder.dispatch_elements(kernel, {reads(*t.step), reads(source), destination}, push, count_,
                              kElementwiseGroup);
 }
 

@@ -19,7 +19,7 @@ class Dropout : public Op {
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
 
  private:
-  void record(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, const vk::Buffer& source,
+  void record(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, const Tensor& source,
               vk::BufferArg destination, bool accumulate);
 
   float probability_;

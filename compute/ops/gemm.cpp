@@ -37,7 +37,7 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
 }
 
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
-                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias, bool relu) {
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias, bool relu) {
   // The invocations of a workgroup take neighbouring rows of C, so they read A down a column.
   // Where A's rows are strided and B's columns contiguous, C^T = B^T A^T reads both along
   // contiguous memory: rows a power-of-two apart all fall in one cache set (a row-major 1024^3
@@ -53,7 +53,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
                     tiles.reduction_unroll == tiles.group;
-  auto& kernel = kernels.get("gemm", {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
+  auto& kernel = kernel_for(kernels, "gemm", *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
                                       tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
                                       share_rows ? 1 : 0, relu ? 1 : 0});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
@@ -61,14 +61,15 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);
   auto [groups_y, groups_z] = column_groups((N + tiles.columns - 1) / tiles.columns);
   recorder.dispatch(kernel,
-                    {vk::reads(*a.buffer), vk::reads(*b.buffer), vk::reads(bias ? *bias : *a.buffer),
-                     accumulate ? vk::updates(*c.buffer) : vk::writes(*c.buffer)},
+                    // Without a bias its binding is unread: any float buffer stands in.
+                    {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
+                     accumulate ? updates(*c.tensor) : writes(*c.tensor)},
                     push, (M + rows_per_group - 1) / rows_per_group, groups_y, groups_z);
 }
 
-void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const vk::Buffer& dy,
-                          const vk::Buffer& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
-  recorder.dispatch(kernels.get("bias_backward"), {vk::reads(dy), vk::updates(dbias)},
+void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
+                          const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
+  recorder.dispatch(kernel_for(kernels, "bias_backward", dy), {reads(dy), updates(dbias)},
                     BiasPush{batch, channels, pixels}, channels);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "compute/tensor.h"
 #include "compute/vk/kernels.h"
 #include "compute/vk/recorder.h"
 
@@ -29,18 +30,18 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks);
 
 // Element (row, col) of a strided matrix is at row * row_stride + col * col_stride.
 struct MatrixView {
-  const vk::Buffer* buffer;
+  const Tensor* tensor;
   uint32_t row_stride, col_stride;
 };
 
 // c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given); relu (not with
-// accumulate): c = max(c, 0), a fused ReLU.
+// accumulate): c = max(c, 0), a fused ReLU. Any operand may be fp16; sums are float.
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
-                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const vk::Buffer* bias = nullptr,
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias = nullptr,
                  bool relu = false);
 
 // dbias[o] += sum_{n,i} dy[n,o,i] for dy [batch, channels, pixels].
-void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const vk::Buffer& dy,
-                          const vk::Buffer& dbias, uint32_t batch, uint32_t channels, uint32_t pixels);
+void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
+                          const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels);
 
 }  // namespace tessera

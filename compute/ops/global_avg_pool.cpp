@@ -24,17 +24,17 @@ Shape GlobalAvgPool::infer(const std::vector<Shape>& inputs) {
 // One invocation per plane: N*C planes keep a device busy, and the planes are small (7x7 in
 // resnet18).
 void GlobalAvgPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("global_avg_pool_forward", {kElementwiseGroup});
-  recorder.dispatch_elements(kernel, {vk::reads(t.inputs[0]->buffer()), vk::writes(t.output->buffer())},
+  auto& kernel = kernel_for(kernels, "global_avg_pool_forward", *t.output, {kElementwiseGroup});
+  recorder.dispatch_elements(kernel, {reads(*t.inputs[0]), writes(*t.output)},
                              Push{static_cast<uint32_t>(planes_), static_cast<uint32_t>(plane_), 0}, planes_,
                              kElementwiseGroup);
 }
 
 void GlobalAvgPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernels.get("global_avg_pool_backward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "global_avg_pool_backward", *t.output_grad, {kElementwiseGroup});
   int64_t count = planes_ * plane_;
-  recorder.dispatch_elements(kernel, {vk::reads(t.output_grad->buffer()), input_grad_arg(t, 0)},
+  recorder.dispatch_elements(kernel, {reads(*t.output_grad), input_grad_arg(t, 0)},
                              Push{static_cast<uint32_t>(count), static_cast<uint32_t>(plane_), accumulates(t, 0)},
                              count, kElementwiseGroup);
 }

@@ -6,8 +6,8 @@
 namespace tessera {
 
 inline vk::BufferArg input_grad_arg(const OpTensors& t, size_t input) {
-  const vk::Buffer& grad = t.input_grads[input]->buffer();
-  return t.accumulate_input_grads[input] ? vk::updates(grad) : vk::writes(grad);
+  const Tensor& grad = *t.input_grads[input];
+  return t.accumulate_input_grads[input] ? updates(grad) : writes(grad);
 }
 
 inline uint32_t accumulates(const OpTensors& t, size_t input) { return t.accumulate_input_grads[input] ? 1u : 0u; }

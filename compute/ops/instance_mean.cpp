@@ -23,19 +23,19 @@ Shape InstanceMean::infer(const std::vector<Shape>& inputs) {
 
 // One invocation per feature: D is a few hundred at most, and each sums one column.
 void InstanceMean::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("instance_mean_forward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "instance_mean_forward", *t.output, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
-                              vk::writes(t.output->buffer())},
+                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
+                              writes(*t.output)},
                              Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, width_,
                              kElementwiseGroup);
 }
 
 void InstanceMean::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernels.get("instance_mean_backward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "instance_mean_backward", *t.output_grad, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.output_grad->buffer()), vk::reads(t.inputs[1]->buffer()),
+                             {reads(*t.output_grad), reads(*t.inputs[1]),
                               input_grad_arg(t, 0)},
                              Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), accumulates(t, 0)},
                              rows_ * width_, kElementwiseGroup);

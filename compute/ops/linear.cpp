@@ -34,24 +34,23 @@ void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   auto batch = static_cast<uint32_t>(batch_), in = static_cast<uint32_t>(in_features_),
        out = static_cast<uint32_t>(out_features_);
   // y^T [out, N] = weight [out, in] x^T [in, N]: rows are output features.
-  record_gemm(recorder, kernels, out, batch, in, {&t.tensors[0]->buffer(), in, 1}, {&t.inputs[0]->buffer(), 1, in},
-              {&t.output->buffer(), 1, out}, false, has_bias_ ? &t.tensors[1]->buffer() : nullptr, t.relu);
+  record_gemm(recorder, kernels, out, batch, in, {t.tensors[0], in, 1}, {t.inputs[0], 1, in}, {t.output, 1, out},
+              false, has_bias_ ? t.tensors[1] : nullptr, t.relu);
 }
 
 void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   auto batch = static_cast<uint32_t>(batch_), in = static_cast<uint32_t>(in_features_),
        out = static_cast<uint32_t>(out_features_);
-  const vk::Buffer& dy = t.output_grad->buffer();
+  const Tensor& dy = *t.output_grad;
   if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
   if (t.input_grads[0]) {
     // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
-    record_gemm(recorder, kernels, in, batch, out, {&t.tensors[0]->buffer(), 1, in}, {&dy, 1, out},
-                {&t.input_grads[0]->buffer(), 1, in}, t.accumulate_input_grads[0]);
+    record_gemm(recorder, kernels, in, batch, out, {t.tensors[0], 1, in}, {&dy, 1, out}, {t.input_grads[0], 1, in},
+                t.accumulate_input_grads[0]);
   }
   // dweight [out, in] += dy^T [out, N] x [N, in]
-  record_gemm(recorder, kernels, out, in, batch, {&dy, 1, out}, {&t.inputs[0]->buffer(), in, 1},
-              {&t.grads[0]->buffer(), in, 1}, true);
-  if (has_bias_) record_bias_backward(recorder, kernels, dy, t.grads[1]->buffer(), batch, out, 1);
+  record_gemm(recorder, kernels, out, in, batch, {&dy, 1, out}, {t.inputs[0], in, 1}, {t.grads[0], in, 1}, true);
+  if (has_bias_) record_bias_backward(recorder, kernels, dy, *t.grads[1], batch, out, 1);
 }
 
 }  // namespace tessera

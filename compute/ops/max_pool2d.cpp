@@ -9,11 +9,11 @@ std::unique_ptr<Op> make_max_pool2d(const LayerConfig& layer) { return std::make
 std::vector<TensorSpec> MaxPool2d::tensors() const { return {{"argmax", output_, TensorRole::saved, DType::u32}}; }
 
 void MaxPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& pool_kernel = kernel(kernels, "max_pool2d_forward");
+  auto& pool_kernel = kernel(kernels, "max_pool2d_forward", *t.output);
   int64_t count = element_count(output_);
   recorder.dispatch_elements(
       pool_kernel,
-      {vk::reads(t.inputs[0]->buffer()), vk::writes(t.output->buffer()), vk::writes(t.tensors[0]->buffer())},
+      {reads(*t.inputs[0]), writes(*t.output), writes(*t.tensors[0])},
       Push{static_cast<uint32_t>(count), 0}, count, kElementwiseGroup);
 }
 
@@ -22,10 +22,10 @@ void MaxPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
 // windows need no atomics and the sum has a fixed order.
 void MaxPool2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& pool_kernel = kernel(kernels, "max_pool2d_backward");
+  auto& pool_kernel = kernel(kernels, "max_pool2d_backward", *t.output_grad);
   int64_t count = backward_count();
   recorder.dispatch_elements(
-      pool_kernel, {vk::reads(t.tensors[0]->buffer()), vk::reads(t.output_grad->buffer()), input_grad_arg(t, 0)},
+      pool_kernel, {reads(*t.tensors[0]), reads(*t.output_grad), input_grad_arg(t, 0)},
       Push{static_cast<uint32_t>(count), t.accumulate_input_grads[0] ? 1u : 0u}, count, kElementwiseGroup);
 }
 

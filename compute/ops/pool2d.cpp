@@ -29,12 +29,11 @@ bool Pool2d::windows_tile_input() const {
 
 int64_t Pool2d::backward_count() const { return element_count(windows_tile_input() ? output_ : input_); }
 
-const vk::Kernel& Pool2d::kernel(vk::Kernels& kernels, const char* name) const {
-  return kernels.get(
-      name, {static_cast<int32_t>(kElementwiseGroup), static_cast<int32_t>(input_[2]), static_cast<int32_t>(input_[3]),
-             static_cast<int32_t>(output_[2]), static_cast<int32_t>(output_[3]), static_cast<int32_t>(kernel_size_),
-             static_cast<int32_t>(stride_), static_cast<int32_t>(padding_),
-             windows_tile_input() ? 1 : 0});
+const vk::Kernel& Pool2d::kernel(vk::Kernels& kernels, const char* name, const Tensor& activation) const {
+  auto i = [](int64_t v) { return static_cast<int32_t>(v); };
+  return kernel_for(kernels, name, activation,
+                    {i(kElementwiseGroup), i(input_[2]), i(input_[3]), i(output_[2]), i(output_[3]), i(kernel_size_),
+                     i(stride_), i(padding_), windows_tile_input() ? 1 : 0});
 }
 
 }  // namespace tessera

@@ -12,7 +12,7 @@ class Pool2d : public Op {
 
  protected:
   // Match the specialization and push constants of shaders/pool2d.glsl.
-  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name) const;
+  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name, const Tensor& activation) const;
   struct Push {
     uint32_t count, accumulate;
   };

@@ -22,8 +22,8 @@ Shape Relu::infer(const std::vector<Shape>& inputs) {
 }
 
 void Relu::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("relu_forward", {kElementwiseGroup});
-  recorder.dispatch_elements(kernel, {vk::reads(t.inputs[0]->buffer()), vk::writes(t.output->buffer())},
+  auto& kernel = kernel_for(kernels, "relu_forward", *t.output, {kElementwiseGroup});
+  recorder.dispatch_elements(kernel, {reads(*t.inputs[0]), writes(*t.output)},
                              ForwardPush{static_cast<uint32_t>(count_)}, (count_ + 3) / 4, kElementwiseGroup);
 }
 
@@ -34,8 +34,8 @@ void Relu::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensor
 void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,
                           int64_t count) {
   if (!t.input_grads[input]) return;
-  recorder.dispatch_elements(kernels.get("relu_backward", {kElementwiseGroup}),
-                             {vk::reads(t.output->buffer()), vk::reads(t.output_grad->buffer()), input_grad_arg(t, input)},
+  recorder.dispatch_elements(kernel_for(kernels, "relu_backward", *t.output_grad, {kElementwiseGroup}),
+                             {reads(*t.output), reads(*t.output_grad), input_grad_arg(t, input)},
                              BackwardPush{static_cast<uint32_t>(count), accumulates(t, input)}, (count + 3) / 4,
                              kElementwiseGroup);
 }
@@ -43,8 +43,8 @@ void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
 void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
                                    const Tensor& output_grad) {
   int64_t count = output.count();
-  recorder.dispatch_elements(kernels.get("relu_backward_in_place", {kElementwiseGroup}),
-                             {vk::reads(output.buffer()), vk::updates(output_grad.buffer())},
+  recorder.dispatch_elements(kernel_for(kernels, "relu_backward_in_place", output_grad, {kElementwiseGroup}),
+                             {reads(output), updates(output_grad)},
                              ForwardPush{static_cast<uint32_t>(count)}, (count + 3) / 4, kElementwiseGroup);
 }
 

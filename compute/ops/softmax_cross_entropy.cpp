@@ -31,20 +31,20 @@ std::vector<TensorSpec> SoftmaxCrossEntropy::tensors() const {
 // One invocation per sample: N is a batch and C a class count, both small, and each sample
 // needs its whole row for the log-sum-exp.
 void SoftmaxCrossEntropy::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernels.get("softmax_cross_entropy_forward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "softmax_cross_entropy_forward", *t.inputs[0], {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
-                              vk::reads(t.tensors[0]->buffer()), vk::writes(t.output->buffer())},
+                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
+                              reads(*t.tensors[0]), writes(*t.output)},
                              Push{static_cast<uint32_t>(samples_), static_cast<uint32_t>(classes_), 0}, samples_,
                              kElementwiseGroup);
 }
 
 void SoftmaxCrossEntropy::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernels.get("softmax_cross_entropy_backward", {kElementwiseGroup});
+  auto& kernel = kernel_for(kernels, "softmax_cross_entropy_backward", *t.inputs[0], {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
-                             {vk::reads(t.inputs[0]->buffer()), vk::reads(t.inputs[1]->buffer()),
-                              vk::reads(t.tensors[0]->buffer()), vk::reads(t.output_grad->buffer()),
+                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
+                              reads(*t.tensors[0]), reads(*t.output_grad),
                               input_grad_arg(t, 0)},
                              Push{static_cast<uint32_t>(samples_), static_cast<uint32_t>(classes_),
                                   accumulates(t, 0)},

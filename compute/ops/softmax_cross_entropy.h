@@ -12,6 +12,8 @@ class SoftmaxCrossEntropy : public Op {
   std::string type() const override { return "softmax_cross_entropy"; }
   // logits f32 [N,C], labels u32 [N] -> per-sample loss [N]
   Shape infer(const std::vector<Shape>& inputs) override;
+  // The per-sample loss stays float whatever the activations.
+  DType output_dtype(DType) const override { return DType::f32; }
   // "class_weight" [C], ones unless the run sets it
   std::vector<TensorSpec> tensors() const override;
   // l[n] = w[y[n]] * (logsumexp(logits[n]) - logits[n, y[n]]) / sum_m w[y[m]]

@@ -19,13 +19,19 @@ namespace {
 
 constexpr uint32_t kPushConstantBytes = 128;
 
-// The descriptor type of each binding a module declares (bindings 0..n-1): a uniform texel
-// buffer where the variable is a sampled buffer image (samplerBuffer), else a storage buffer.
-std::vector<VkDescriptorType> binding_types(const ShaderBinary& spirv) {
-  constexpr uint32_t kOpTypeImage = 25, kOpTypeSampledImage = 27, kOpTypePointer = 32, kOpVariable = 59,
+// Per binding a module declares (bindings 0..n-1): a uniform texel buffer where the variable is
+// a sampled buffer image (samplerBuffer), else a storage buffer; and whether that storage
+// buffer's array holds 16-bit floats (scalars or vectors).
+struct Bindings {
+  std::vector<VkDescriptorType> types;
+  std::vector<bool> half_storage;
+};
+Bindings bindings_of(const ShaderBinary& spirv) {
+  constexpr uint32_t kOpTypeFloat = 22, kOpTypeVector = 23, kOpTypeImage = 25, kOpTypeSampledImage = 27,
+                     kOpTypeRuntimeArray = 29, kOpTypeStruct = 30, kOpTypePointer = 32, kOpVariable = 59,
                      kOpDecorate = 71, kDecorationBinding = 33, kDimBuffer = 5;
-  std::map<uint32_t, uint32_t> binding_of, type_of, pointee_of, image_of;
-  std::set<uint32_t> buffer_images;
+  std::map<uint32_t, uint32_t> binding_of, type_of, pointee_of, image_of, element_of, first_member_of;
+  std::set<uint32_t> buffer_images, halves;
   for (size_t i = 5; i < spirv.word_count;) {
     const uint32_t* op = spirv.words + i;
     uint32_t word_count = op[0] >> 16, opcode = op[0] & 0xffff;
@@ -35,17 +41,25 @@ std::vector<VkDescriptorType> binding_types(const ShaderBinary& spirv) {
     if (opcode == kOpTypePointer) pointee_of[op[1]] = op[3];
     if (opcode == kOpTypeSampledImage) image_of[op[1]] = op[2];
     if (opcode == kOpTypeImage && op[3] == kDimBuffer) buffer_images.insert(op[1]);
+    if (opcode == kOpTypeFloat && op[2] == 16) halves.insert(op[1]);
+    if (opcode == kOpTypeVector && halves.count(op[2])) halves.insert(op[1]);
+    if (opcode == kOpTypeRuntimeArray) element_of[op[1]] = op[2];
+    if (opcode == kOpTypeStruct && word_count >= 3) first_member_of[op[1]] = op[2];
     i += word_count;
   }
   uint32_t count = 0;
   for (auto& [variable, binding] : binding_of) count = std::max(count, binding + 1);
-  std::vector<VkDescriptorType> types(count, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER);
+  Bindings bindings{std::vector<VkDescriptorType>(count, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER),
+                    std::vector<bool>(count, false)};
   for (auto& [variable, binding] : binding_of) {
     uint32_t type = pointee_of[type_of[variable]];
     if (image_of.count(type)) type = image_of[type];
-    if (buffer_images.count(type)) types[binding] = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    if (buffer_images.count(type)) bindings.types[binding] = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    auto member = first_member_of.find(type);
+    if (member != first_member_of.end() && element_of.count(member->second))
+      bindings.half_storage[binding] = halves.count(element_of[member->second]) > 0;
   }
-  return types;
+  return bindings;
 }
 
 std::string cache_file(const VkPhysicalDeviceProperties& properties) {
@@ -138,7 +152,9 @@ const Kernel& Kernels::get(const std::string& name, const std::vector<int32_t>& 
 
   auto kernel = std::make_unique<Kernel>();
   kernel->name = name;
-  kernel->binding_types = binding_types(*spirv);
+  Bindings declared = bindings_of(*spirv);
+  kernel->binding_types = std::move(declared.types);
+  kernel->half_storage = std::move(declared.half_storage);
   kernel->binding_count = static_cast<uint32_t>(kernel->binding_types.size());
   std::vector<VkDescriptorSetLayoutBinding> bindings(kernel->binding_count);
   for (uint32_t b = 0; b < kernel->binding_count; ++b)

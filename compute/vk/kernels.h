@@ -29,6 +29,9 @@ struct Kernel {
   uint32_t binding_count = 0;
   // Per binding: a storage buffer, or a uniform texel buffer (a samplerBuffer in GLSL).
   std::vector<VkDescriptorType> binding_types;
+  // Per binding: a storage buffer of 16-bit floats (an fp16 variant's activations), which the
+  // recorder binds only to buffers marked half, and every other storage buffer only to unmarked ones.
+  std::vector<bool> half_storage;
 };
 
 class Kernels {

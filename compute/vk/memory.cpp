@@ -30,6 +30,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     owner_ = std::exchange(other.owner_, nullptr);
     handle_ = std::exchange(other.handle_, VK_NULL_HANDLE);
     texel_view_ = std::exchange(other.texel_view_, VK_NULL_HANDLE);
+    half_texel_view_ = std::exchange(other.half_texel_view_, VK_NULL_HANDLE);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
     pool_ = other.pool_;
@@ -45,6 +46,7 @@ void Buffer::release() {
   owner_ = nullptr;
   handle_ = VK_NULL_HANDLE;
   texel_view_ = VK_NULL_HANDLE;
+  half_texel_view_ = VK_NULL_HANDLE;
 }
 
 Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
@@ -244,19 +246,25 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   stats_.live_bytes += reserved;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   stats_.allocations++;
-  uint64_t texels = bytes / 4;
-  if (texels > 0) {
-    VkBufferViewCreateInfo view{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
-    view.buffer = buffer.handle_;
-    view.format = VK_FORMAT_R32_SFLOAT;
-    view.range = texels * 4;
-    check(vkCreateBufferView(device, &view, nullptr, &buffer.texel_view_), "vkCreateBufferView");
-  }
+  // A tensor within the buffer has at most maxTexelBufferElements elements (Context's largest_buffer).
+  uint64_t max_texels = context_.properties().limits.maxTexelBufferElements;
+  auto view = [&](VkFormat format, uint64_t texel_bytes, VkBufferView& out) {
+    uint64_t texels = std::min(bytes / texel_bytes, max_texels);
+    if (texels == 0) return;
+    VkBufferViewCreateInfo view_info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+    view_info.buffer = buffer.handle_;
+    view_info.format = format;
+    view_info.range = texels * texel_bytes;
+    check(vkCreateBufferView(device, &view_info, nullptr, &out), "vkCreateBufferView");
+  };
+  view(VK_FORMAT_R32_SFLOAT, 4, buffer.texel_view_);
+  view(VK_FORMAT_R16_SFLOAT, 2, buffer.half_texel_view_);
   return buffer;
 }
 
 void Allocator::free(Buffer& buffer) {
   if (buffer.texel_view_) vkDestroyBufferView(context_.device(), buffer.texel_view_, nullptr);
+  if (buffer.half_texel_view_) vkDestroyBufferView(context_.device(), buffer.half_texel_view_, nullptr);
   vkDestroyBuffer(context_.device(), buffer.handle_, nullptr);
   Block& block = *pools_[buffer.pool_].blocks[buffer.block_];
   uint64_t start = buffer.offset_, size = buffer.reserved_;

@@ -1,5 +1,6 @@
 #include "compute/vk/recorder.h"
 
+#include <stdexcept>
 #include <vector>
 
 #include "common/error.h"
@@ -137,7 +138,7 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   views.reserve(buffers.size());
   for (auto& arg : buffers) {
     infos.push_back({arg.buffer->handle(), 0, VK_WHOLE_SIZE});
-    views.push_back(arg.buffer->texel_view());
+    views.push_back(arg.buffer->texel_view(arg.half));
   }
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (uint32_t i = 0; i < writes.size(); ++i) {
@@ -151,6 +152,10 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
                                                  " reads texels, but the buffer has no texel view");
       writes[i].pTexelBufferView = &views[i];
     } else {
+      if (kernel.half_storage[i] != buffers.begin()[i].half)
+        throw std::logic_error("kernel " + kernel.name + ": binding " + std::to_string(i) + " holds " +
+                               (kernel.half_storage[i] ? "fp16" : "fp32 or integer") + " values, the buffer " +
+                               (buffers.begin()[i].half ? "fp16" : "not fp16"));
       writes[i].pBufferInfo = &infos[i];
     }
   }

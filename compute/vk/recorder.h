@@ -17,13 +17,16 @@ class Context;
 
 enum class Access : uint8_t { read, write, read_write };
 
+// half: the buffer holds 16-bit floats; a samplerBuffer binding then reads it through its
+// R16_SFLOAT view, and only a kernel's fp16 variant may bind it as a storage buffer.
 struct BufferArg {
   const Buffer* buffer;
   Access access;
+  bool half = false;
 };
-inline BufferArg reads(const Buffer& b) { return {&b, Access::read}; }
-inline BufferArg writes(const Buffer& b) { return {&b, Access::write}; }
-inline BufferArg updates(const Buffer& b) { return {&b, Access::read_write}; }
+inline BufferArg reads(const Buffer& b, bool half = false) { return {&b, Access::read, half}; }
+inline BufferArg writes(const Buffer& b, bool half = false) { return {&b, Access::write, half}; }
+inline BufferArg updates(const Buffer& b, bool half = false) { return {&b, Access::read_write, half}; }
 
 // A command buffer that is recorded once and submitted any number of times.
 class Program {

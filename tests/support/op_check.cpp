@@ -31,13 +31,17 @@ void expect_near(const std::vector<float>& actual, const std::vector<float>& exp
 
 namespace {
 
-std::vector<DType> dtypes_of(std::vector<DType> dtypes, size_t inputs) {
+// Float inputs are activations: of the activations' type.
+std::vector<DType> dtypes_of(std::vector<DType> dtypes, size_t inputs, DType activations) {
   dtypes.resize(inputs, DType::f32);
+  for (auto& dtype : dtypes)
+    if (dtype == DType::f32) dtype = activations;
   return dtypes;
 }
 
 std::vector<bool> gradients_of(std::vector<bool> gradients, const std::vector<DType>& dtypes) {
-  for (size_t i = gradients.size(); i < dtypes.size(); ++i) gradients.push_back(dtypes[i] == DType::f32);
+  for (size_t i = gradients.size(); i < dtypes.size(); ++i)
+    gradients.push_back(dtypes[i] == DType::f32 || dtypes[i] == DType::f16);
   return gradients;
 }
 
@@ -52,20 +56,22 @@ std::vector<GraphInput> graph_inputs(const std::vector<Shape>& shapes, const std
 }  // namespace
 
 OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed,
-                 std::vector<DType> input_dtypes, std::vector<bool> input_gradients)
+                 std::vector<DType> input_dtypes, std::vector<bool> input_gradients, DType activations)
     : context_(context),
       input_shapes_(std::move(input_shapes)),
-      input_dtypes_(dtypes_of(std::move(input_dtypes), input_shapes_.size())),
+      input_dtypes_(dtypes_of(std::move(input_dtypes), input_shapes_.size(), activations)),
       input_gradients_(gradients_of(std::move(input_gradients), input_dtypes_)),
       seed_(seed),
       // The test owns the op: the graph borrows it.
       network_(std::shared_ptr<Op>(std::shared_ptr<Op>(), &op),
                graph_inputs(input_shapes_, input_dtypes_, input_gradients_), true) {
+  network_.set_activation_dtype(activations);
   network_.allocate(context);
   output_shape = network_.output_shape();
   specs = network_.layers()[0].specs;
   for (size_t i = 0; i < input_shapes_.size(); ++i) {
     inputs.push_back(random_values(static_cast<size_t>(element_count(input_shapes_[i])), seed + 100 + i));
+    if (input_dtypes_[i] == DType::f16) inputs.back() = from_half(to_half(inputs.back()));
     input_tensors_.push_back(std::make_unique<Tensor>(context, "input" + std::to_string(i), input_shapes_[i],
                                                       input_dtypes_[i]));
   }

@@ -20,9 +20,12 @@ class OpCheck {
   // Inputs and parameters start uniform in [-1, 1] (state tensors: zeros, except those
   // named "running_var": ones); u32 inputs (labels) hold whole numbers set by the test.
   // Gradients are computed and checked for f32 inputs unless `input_gradients` says otherwise.
-  // `op` must outlive the check.
+  // `op` must outlive the check. With `activations` f16 the op runs as in mixed precision:
+  // float inputs, the output and every activation gradient are fp16 (the host copies of the
+  // inputs are rounded to fp16 values, so a float reference sees what the device sees).
   OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed = 1,
-          std::vector<DType> input_dtypes = {}, std::vector<bool> input_gradients = {});
+          std::vector<DType> input_dtypes = {}, std::vector<bool> input_gradients = {},
+          DType activations = DType::f32);
 
   Shape output_shape;
   std::vector<std::vector<float>> inputs;   // host copies, uploaded before each run
