@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 
 #include "compute/ops/registry.h"
 #include "tests/support/op_check.h"
@@ -31,6 +32,9 @@ struct Case {
   // Whole-number inputs (labels, a bag's count) the case sets: input index -> values.
   std::map<size_t, std::vector<float>> set = {};
 };
+
+// What ctest and gtest print for a case: its layer, not the struct's bytes.
+void PrintTo(const Case& c, std::ostream* out) { *out << c.layer.dump(); }
 
 std::unique_ptr<Op> make(const Case& c) {
   nlohmann::json layer = c.layer;
