@@ -20,6 +20,21 @@ def run(binary, *args, check=True, **kwargs):
     return result
 
 
+def run_with_report(binary, args, check=True, env=None):
+    """Runs tessera; (exit code, stdout, stderr, report lines from --report-fd for train)."""
+    read_end, write_end = os.pipe()
+    command = [binary, *map(str, args)] + (["--report-fd", str(write_end)] if args[0] == "train" else [])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
+                               env=env, text=True)
+    os.close(write_end)
+    with os.fdopen(read_end) as report:
+        lines = [json.loads(line) for line in report if line.strip()]
+    out, err = process.communicate()
+    if check and process.returncode != 0:
+        raise AssertionError(f"{command} exited {process.returncode}:\n{err}")
+    return process.returncode, out, err, lines
+
+
 def summary(result):
     """The JSON summary a command prints as its last stdout line."""
     return json.loads(result.stdout.strip().splitlines()[-1])

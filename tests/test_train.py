@@ -18,6 +18,7 @@ import unittest
 
 import h5py
 import numpy as np
+from data_tools import run_with_report
 
 TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
     "TESSERA_BINARY", "build/tools/tessera")
@@ -26,17 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run(args, check=True, env=None):
     """Runs tessera; returns (exit code, stdout, stderr, report lines from --report-fd)."""
-    read_end, write_end = os.pipe()
-    command = [TESSERA] + args + ["--report-fd", str(write_end)] if args[0] == "train" else [TESSERA] + args
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
-                               env=env, text=True)
-    os.close(write_end)
-    with os.fdopen(read_end) as report:
-        lines = [json.loads(line) for line in report if line.strip()]
-    out, err = process.communicate()
-    if check and process.returncode != 0:
-        raise AssertionError(f"{command} exited {process.returncode}:\n{err}")
-    return process.returncode, out, err, lines
+    return run_with_report(TESSERA, args, check, env)
 
 
 def epochs(stderr):

@@ -16,6 +16,7 @@ import time
 import h5py
 import numpy as np
 import pytest
+from data_tools import run_with_report
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,19 +24,10 @@ VULKAN = dict(os.environ, TESSERA_VALIDATION="1")
 
 
 def run(args, check=True, env=None):
-    """Runs tessera; (exit code, stdout, stderr, report lines from --report-fd for train)."""
-    read_end, write_end = os.pipe()
-    command = [TESSERA, *map(str, args)] + (["--report-fd", str(write_end)] if args[0] == "train" else [])
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
-                               env=env or VULKAN, text=True)
-    os.close(write_end)
-    with os.fdopen(read_end) as report:
-        lines = [json.loads(line) for line in report if line.strip()]
-    out, err = process.communicate()
-    if check and process.returncode != 0:
-        raise AssertionError(f"{command} exited {process.returncode}:\n{err}")
-    assert "validation" not in err.lower() or process.returncode != 0, err
-    return process.returncode, out, err, lines
+    """Runs tessera; (exit code, stdout, stderr, report lines); no validation message on success."""
+    code, out, err, lines = run_with_report(TESSERA, args, check, env or VULKAN)
+    assert "validation" not in err.lower() or code != 0, err
+    return code, out, err, lines
 
 
 def epochs(stderr):
