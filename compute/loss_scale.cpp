@@ -15,13 +15,15 @@ LossScaleState LossScale::download() const {
 }
 
 void LossScale::record_loss_gradient(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dloss,
-                                     float weight) const {
+                                     std::optional<float> weight) const {
   struct Push {
     uint32_t count;
     float weight;
-  } push{static_cast<uint32_t>(dloss.count()), weight};
+    uint32_t per_sample;
+  } push{static_cast<uint32_t>(dloss.count()), weight.value_or(0.0f), weight ? 0u : 1u};
   recorder.dispatch_elements(kernels.get("loss_scale_gradient", {kElementwiseGroup}),
-                             {reads(state_), writes(dloss)}, push, dloss.count(), kElementwiseGroup);
+                             {reads(state_), weight ? writes(dloss) : updates(dloss)}, push, dloss.count(),
+                             kElementwiseGroup);
 }
 
 void LossScale::record_check(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& grad) const {

@@ -7,6 +7,7 @@
 // recorded once and replayed; the host reads the state only to report and checkpoint it.
 #pragma once
 #include <array>
+#include <optional>
 
 #include "compute/tensor.h"
 #include "compute/vk/kernels.h"
@@ -32,8 +33,10 @@ class LossScale {
   void upload(const LossScaleState& values) const;
   LossScaleState download() const;
 
-  // dloss = weight * scale for every sample: the gradient backward starts from.
-  void record_loss_gradient(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dloss, float weight) const;
+  // dloss = weight * scale for every sample: the gradient backward starts from. Without a
+  // weight, dloss *= scale: the per-sample weights a data-parallel replica was given.
+  void record_loss_gradient(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dloss,
+                            std::optional<float> weight) const;
   // found_inf |= any gradient value is not finite; once per parameter after backward.
   void record_check(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& grad) const;
   // After the optimizer: the scale's next value (see loss_scale_update.comp).

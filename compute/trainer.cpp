@@ -320,6 +320,10 @@ struct Replica {
         }
         const Tensor& dloss = *network.layer("loss").output_grad;
         recorder.copy(extra["loss_weight" + suffix(slot, k)]->buffer(), 0, dloss.buffer(), 0, dloss.bytes());
+        if (loss_scale) {
+          recorder.set_scope("loss scale");
+          loss_scale->record_loss_gradient(recorder, kernels, dloss, std::nullopt);
+        }
         if (!last) {
           network.record_backward(recorder, kernels, inputs, pass);
           recorder.finish();
@@ -455,9 +459,6 @@ struct TrainingLoop::State {
       if (input.name == "labels") batch = input.shape[0];
     if (batch == 0) throw std::logic_error("a training job stages no labels");
     bool replicated = replicas_total > 1;
-    if (replicated && options.fp16)
-      throw UsageError("--precision fp16 trains on one device for now; drop --devices, or run one process (" +
-                       std::to_string(replicas_total) + " replicas were asked for)");
     if (replicated && batch < replicas_total)
       throw UsageError("--devices: " + std::to_string(replicas_total) + " replicas (" + std::to_string(local) +
                        " devices x " + std::to_string(processes.size()) +
