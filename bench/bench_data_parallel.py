@@ -1,7 +1,8 @@
 """Data-parallel training benchmark of issue 14, in one run: prints one JSON object.
 
 A training step of the same global batch on one device, on two replicas in one process
-(`--devices D,D`) and on two MPI ranks (`mpirun -np 2`, loopback), each timed over the second
+(`--devices D,D`, also with `--sync-bn`, whose batch norms wait for every replica twice a step)
+and on two MPI ranks (`mpirun -np 2`, loopback), each timed over the second
 epoch (the first warms up), with the gradient all-reduce's throughput: the bytes of one
 replica's gradients summed per second of host time (over the process's replicas, and over MPI
 for the ranks), as the epoch records report it (for the ranks this includes waiting for the
@@ -70,6 +71,7 @@ def main():
                       args.batch)
         train += ["--epochs", "2"]
         devices = figures(second_epoch(train + ["--devices", args.devices]), args.batch)
+        synced = figures(second_epoch(train + ["--devices", args.devices, "--sync-bn"]), args.batch)
         ranks = figures(second_epoch(MPIRUN + ["-np", "2"] + train + ["--device", first_device]), args.batch)
         with h5py.File(checkpoint, "r") as f:
             parameters = sum(int(f["params"][name].size) for name in f["params"]
@@ -85,8 +87,10 @@ def main():
         "gradient_bytes": parameters * 4,
         "one_device": one,
         "devices": dict(devices, flag="--devices " + args.devices),
+        "devices_sync_bn": dict(synced, flag="--devices " + args.devices + " --sync-bn"),
         "mpi_ranks": dict(ranks, flag="mpirun -np 2 ... --device " + first_device),
         "speedup_devices": devices["images_per_second"] / one["images_per_second"],
+        "sync_bn_step_ratio": synced["step_seconds"] / devices["step_seconds"],
         "speedup_mpi_ranks": ranks["images_per_second"] / one["images_per_second"],
         "allreduce_alone_bytes_per_second": {k: v["bytes_per_second"] for k, v in alone.items()},
     }))

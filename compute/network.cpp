@@ -508,6 +508,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
   t.seed = pass.seed ^ name_hash(l.name);
   t.step = pass.step;
   t.sample_offset = pass.sample_offset;
+  t.sync = pass.training ? pass.sync : nullptr;
   return t;
 }
 

@@ -117,6 +117,7 @@ class Network {
     uint32_t seed = 0;
     const Tensor* step = nullptr;
     uint32_t sample_offset = 0;  // the micro-batch's first sample in the batch
+    ReplicaSync* sync = nullptr;  // training: batch norm statistics over every replica
   };
   // The one place that binds an op's tensors: layer `index`'s inputs, outputs, own tensors
   // and, for backward, the gradients.

@@ -44,6 +44,24 @@ struct FoldedBatchNorm {
   float eps;
 };
 
+// --sync-bn: batch norm over every replica of a data-parallel run. An op records the kernel that
+// writes its per-channel partial values into `values`, calls exchange(), and records the rest,
+// which reads `values` combined over every replica: the trainer ends the command buffer there
+// and combines them on the host before the next one runs. `values` is the op's saved tensor
+// named kExchanged, of which the trainer plans a host-visible copy.
+class ReplicaSync {
+ public:
+  static constexpr const char* kExchanged = "exchanged";
+  enum class Combine {
+    moments,  // [mean; M2] per channel of `count` elements -> [mean; biased variance] of all
+    sum,      // each value summed
+  };
+  virtual ~ReplicaSync() = default;
+  // Samples of the micro-batch over every replica.
+  virtual int64_t batch_total() const = 0;
+  virtual void exchange(vk::Recorder& recorder, const Tensor& values, Combine combine, int64_t count) = 0;
+};
+
 struct OpTensors {
   std::vector<const Tensor*> inputs;
   std::vector<const Tensor*> input_grads;  // nullptr where no gradient flows (the images)
@@ -56,6 +74,7 @@ struct OpTensors {
   uint32_t seed = 0;                       // dropout: the run's seed, mixed with the layer's name
   const Tensor* step = nullptr;            // u32 [2]: optimizer step count, bumped on device
   uint32_t sample_offset = 0;              // index of the micro-batch's first sample in the batch
+  ReplicaSync* sync = nullptr;             // training with --sync-bn over several replicas
   // Fusion (the graph decides; conv2d, linear, batch_norm2d and add honour it): `output` is then the
   // output of the ReLU (and batch norm) fused in. relu: forward applies max(y, 0), backward
   // first masks output_grad by output > 0. folded_batch_norm (conv2d, inference): the

@@ -103,8 +103,10 @@ std::vector<GraphInput> part_inputs(std::vector<GraphInput> staged, bool replica
 // One copy of the model on one device: its network, optimizer state, staged inputs (its part of
 // every micro-batch) and recorded programs. Alone, a step is one command buffer per micro-batch
 // with the optimizer in the last; replicated, the last also copies the gradients into host memory
-// (`gradients`), and the optimizer runs in a program of its own once they are summed.
-struct Replica {
+// (`gradients`), and the optimizer runs in a program of its own once they are summed. With
+// --sync-bn a micro-batch's commands break at every batch norm, where the host combines the
+// replicas' statistics (ReplicaSync).
+struct Replica final : ReplicaSync {
   Replica(vk::Context& device, const TrainOptions& run_options, const TrainingJob& job, int64_t job_batch,
           BatchPart batch_part, bool run_replicated)
       : context(device),
@@ -128,6 +130,13 @@ struct Replica {
           tensors.push_back({input.name + suffix(slot, k), input.shape, input.dtype, vk::MemoryUsage::staging, "staging"});
         // Replicated: the weight of each sample's loss, so that the replicas' gradients sum to the batch's.
         if (replicated) tensors.push_back({"loss_weight" + suffix(slot, k), {part.count}, DType::f32, vk::MemoryUsage::staging, "staging"});
+        // --sync-bn: the host's copy of what each batch norm exchanges.
+        if (synced())
+          for (auto& layer : network.layers())
+            for (auto& spec : layer.specs)
+              if (spec.name == kExchanged)
+                tensors.push_back({layer.name + "." + spec.name + suffix(slot, k), spec.shape, spec.dtype,
+                                   vk::MemoryUsage::staging, "gradient exchange"});
       }
     tensors.push_back({"metrics", {4}, DType::f32, vk::MemoryUsage::staging, "staging"});
     tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
@@ -135,6 +144,16 @@ struct Replica {
       tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
     if (replicated) tensors.push_back({"gradients", {gradient_count()}, DType::f32, vk::MemoryUsage::staging, "gradient exchange"});
     return tensors;
+  }
+
+  bool synced() const { return replicated && options.sync_batch_norm; }
+
+  // Layers that exchange values under --sync-bn (batch norms).
+  int synced_layers() const {
+    int count = 0;
+    for (auto& layer : network.layers())
+      for (auto& spec : layer.specs) count += spec.name == kExchanged ? 1 : 0;
+    return count;
   }
 
   // Elements of all parameter gradients together: the host copy that replicas sum.
@@ -258,7 +277,8 @@ struct Replica {
     size_t layers = network.layers().size();
     int with_parameters = 0;
     for (size_t l = 0; l < layers; ++l) with_parameters += parameter_count(l) > 0 ? 1 : 0;
-    int wanted = std::max(1, std::min(kSegments, with_parameters));
+    // --sync-bn already waits for every replica at each batch norm: one segment.
+    int wanted = synced() ? 1 : std::max(1, std::min(kSegments, with_parameters));
     auto target = static_cast<size_t>((gradient_count() + wanted - 1) / wanted);
     std::vector<Segment> planned;
     Segment current{0, layers, 0, 0};
@@ -300,10 +320,13 @@ struct Replica {
     for (int slot = 0; slot < 2; ++slot) {
       for (int k = 0; k < options.accumulate; ++k) {
         bool last = k == options.accumulate - 1;
-        train_programs[slot].push_back(std::make_unique<vk::Program>(context));
-        vk::Recorder recorder(context, *train_programs[slot].back());
+        recording = &train_programs[slot].emplace_back();
+        recording_suffix = suffix(slot, k);
+        recording->programs.push_back(std::make_unique<vk::Program>(context));
+        vk::Recorder recorder(context, *recording->programs.back());
         // Dropout draws by the sample's place in the whole batch, whichever replica computes it.
-        Network::Pass pass{true, options.seed, &step, static_cast<uint32_t>(k * batch + part.first)};
+        Network::Pass pass{true, options.seed, &step, static_cast<uint32_t>(k * batch + part.first),
+                           synced() ? this : nullptr};
         auto inputs = bound(slot, k);
         network.record_forward(recorder, kernels, inputs, pass);
         record_metrics(recorder, slot, k);
@@ -358,7 +381,20 @@ struct Replica {
 
   // The program that ends segment s of the last micro-batch's backward in `slot`.
   vk::Program& segment_program(int slot, size_t s) {
-    return s == 0 ? *train_programs[slot].back() : *backward_segments[slot][s - 1];
+    return s == 0 ? *train_programs[slot].back().programs.back() : *backward_segments[slot][s - 1];
+  }
+
+  int64_t batch_total() const override { return batch; }
+
+  // Ends the program being recorded with a copy of `values` for the host, and begins the next
+  // with the combined values copied back.
+  void exchange(vk::Recorder& recorder, const Tensor& values, Combine combine, int64_t count) override {
+    const Tensor& host = *extra.at(values.name() + recording_suffix);
+    recorder.copy(values.buffer(), 0, host.buffer(), 0, values.bytes());
+    recording->exchanges.push_back({&host, combine, count});
+    recording->programs.push_back(std::make_unique<vk::Program>(context));
+    recorder.continue_in(*recording->programs.back());
+    recorder.copy(host.buffer(), 0, values.buffer(), 0, values.bytes());
   }
 
   void record_metrics(vk::Recorder& recorder, int slot, int k) {
@@ -382,8 +418,9 @@ struct Replica {
   }
 
   void wait_all() {
-    for (auto& programs : train_programs)
-      for (auto& p : programs) p->wait();
+    for (auto& micro_batches : train_programs)
+      for (auto& micro_batch : micro_batches)
+        for (auto& p : micro_batch.programs) p->wait();
     for (auto& programs : backward_segments)
       for (auto& p : programs) p->wait();
     for (auto& p : eval_programs)
@@ -440,7 +477,19 @@ struct Replica {
   std::map<std::string, std::unique_ptr<Tensor>> extra;
   std::optional<LossScale> loss_scale;  // mixed precision
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states;
-  std::array<std::vector<std::unique_ptr<vk::Program>>, 2> train_programs;
+  // A micro-batch's commands: one program, or with --sync-bn one more after each exchange.
+  struct Exchange {
+    const Tensor* host;  // this replica's values, combined in place over every replica
+    Combine combine;
+    int64_t count;       // elements per channel on this replica
+  };
+  struct MicroBatch {
+    std::vector<std::unique_ptr<vk::Program>> programs;
+    std::vector<Exchange> exchanges;  // exchanges[i] between programs[i] and programs[i + 1]
+  };
+  std::array<std::vector<MicroBatch>, 2> train_programs;  // [slot][k]
+  MicroBatch* recording = nullptr;                        // while record() runs
+  std::string recording_suffix;
   std::array<std::unique_ptr<vk::Program>, 2> eval_programs;
   std::vector<Segment> segments;  // replicated: of the last micro-batch's backward
   std::array<std::vector<std::unique_ptr<vk::Program>>, 2> backward_segments;  // segments after the first
@@ -475,6 +524,11 @@ struct TrainingLoop::State {
           std::make_unique<Replica>(*devices[static_cast<size_t>(d)], options, job, batch, part, replicated));
     }
     replicas_in_job = replicas_total;
+    if (options.sync_batch_norm && !replicated)
+      throw UsageError("--sync-bn combines batch norm statistics over replicas, and this run has one: add --devices, "
+                       "or run under mpirun/srun");
+    if (options.sync_batch_norm && !first().synced_layers())
+      throw UsageError("--sync-bn: the model has no batch norm");
   }
 
   bool replicated() const { return replicas_in_job > 1; }
@@ -555,6 +609,61 @@ struct TrainingLoop::State {
     }
   }
 
+  // Submits micro-batch k of `slot` on every replica; with --sync-bn, part by part, combining
+  // the replicas' values at each exchange before the next part starts.
+  void run_micro_batch(int slot, size_t k) {
+    size_t parts = first().train_programs[slot][k].programs.size();
+    for (size_t p = 0; p < parts; ++p) {
+      for (auto& replica : replicas) replica->train_programs[slot][k].programs[p]->submit();
+      if (p + 1 < parts) combine(slot, k, p);
+    }
+    if (k + 1 == static_cast<size_t>(options.accumulate))
+      for (auto& replica : replicas)
+        for (auto& segment : replica->backward_segments[slot]) segment->submit();
+  }
+
+  // Exchange p of micro-batch k over every replica of the job, in double on the host: batch
+  // norm moments (mean, M2 of n elements) merged by Chan et al.'s rule into the mean and
+  // biased variance of all elements; sums added.
+  void combine(int slot, size_t k, size_t p) {
+    std::vector<float*> values;
+    std::vector<double> counts;
+    for (auto& replica : replicas) {
+      auto& micro_batch = replica->train_programs[slot][k];
+      micro_batch.programs[p]->wait();
+      values.push_back(static_cast<float*>(micro_batch.exchanges[p].host->buffer().mapped()));
+      counts.push_back(static_cast<double>(micro_batch.exchanges[p].count));
+    }
+    const auto& exchange = first().train_programs[slot][k].exchanges[p];
+    auto size = static_cast<size_t>(exchange.host->count());
+    std::vector<double> combined(size, 0.0);
+    if (exchange.combine == ReplicaSync::Combine::sum) {
+      for (float* v : values)
+        for (size_t i = 0; i < size; ++i) combined[i] += v[i];
+      processes.sum(combined);
+    } else {
+      size_t channels = size / 2;
+      std::vector<double> weighted(channels + 1, 0.0);  // sum of n * mean per channel, then of n
+      for (size_t r = 0; r < values.size(); ++r) {
+        for (size_t c = 0; c < channels; ++c) weighted[c] += counts[r] * values[r][c];
+        weighted[channels] += counts[r];
+      }
+      processes.sum(weighted);
+      double total = weighted[channels];
+      for (size_t c = 0; c < channels; ++c) combined[c] = weighted[c] / total;
+      std::vector<double> m2(channels, 0.0);
+      for (size_t r = 0; r < values.size(); ++r)
+        for (size_t c = 0; c < channels; ++c) {
+          double d = values[r][c] - combined[c];
+          m2[c] += values[r][channels + c] + counts[r] * d * d;
+        }
+      processes.sum(m2);
+      for (size_t c = 0; c < channels; ++c) combined[channels + c] = m2[c] / total;
+    }
+    for (float* v : values)
+      for (size_t i = 0; i < size; ++i) v[i] = static_cast<float>(combined[i]);
+  }
+
   // Replicated: sums the gradients of the step in `slot` segment by segment, as each finishes on
   // every replica (while the later segments run), then starts every replica's update.
   void exchange(int slot) {
@@ -602,16 +711,12 @@ struct TrainingLoop::State {
       for (size_t step = 0; step < steps; ++step) {
         int slot = static_cast<int>(step % 2);
         for (int k = 0; k < options.accumulate; ++k) {
-          for (auto& replica : replicas) replica->train_programs[slot][static_cast<size_t>(k)]->wait();
+          for (auto& replica : replicas) replica->train_programs[slot][static_cast<size_t>(k)].programs.back()->wait();
           auto before = Clock::now();
           if (!train_feed.next(feed_target(slot, k))) throw std::logic_error("the feed ended before its batches_per_epoch");
           wait_seconds += std::chrono::duration<double>(Clock::now() - before).count();
           distribute(slot, k, true);
-          for (auto& replica : replicas) {
-            replica->train_programs[slot][static_cast<size_t>(k)]->submit();
-            if (k == options.accumulate - 1)
-              for (auto& segment : replica->backward_segments[slot]) segment->submit();
-          }
+          run_micro_batch(slot, static_cast<size_t>(k));
         }
         if (replicated()) exchange(slot);
         ++done;

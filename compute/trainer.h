@@ -41,6 +41,9 @@ struct TrainOptions {
   // --precision fp16: activations and their gradients in fp16, dynamic loss scaling
   // (loss_scale.h); parameters, gradients and optimizer state stay float.
   bool fp16 = false;
+  // --sync-bn: batch norm statistics over every replica's samples (PyTorch's SyncBatchNorm)
+  // rather than each replica's own; no effect on one device.
+  bool sync_batch_norm = false;
 };
 
 // Where training reports: JSON records for progress and for the trial protocol.

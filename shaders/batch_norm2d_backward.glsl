@@ -1,8 +1,10 @@
 // The batch norm backward kernel; with INPUT_GRAD it also writes dx, without it (the input
-// is the network's own input) only the parameter gradients.
+// is the network's own input, or --sync-bn's first half) only the parameter gradients.
 //   dbias[c] += sum dy, dweight[c] += sum dy * xhat, with xhat = (x - mean[c]) * invstd[c]
 //   training:   dx (+)= weight[c] * invstd[c] * (dy - (sum dy + xhat * sum dy * xhat) / M)
 //   evaluation: dx (+)= weight[c] * invstd[c] * dy  (the statistics are constants)
+// SUMS_OUT (--sync-bn): the channel's two sums are written out too, for the trainer to add up
+// over every replica before batch_norm2d_backward_synced.comp writes dx.
 // RELU (a ReLU fused into the forward): dy is first masked by the fused output, y > 0.
 #include "common.glsl"
 #include "batch_norm2d.glsl"
@@ -20,10 +22,16 @@ layout(std430, binding = 7) readonly buffer Y { ACT y[]; };  // unread without R
 #ifdef INPUT_GRAD
 layout(std430, binding = 8) buffer DX { ACT dx[]; };
 #endif
+#ifdef SUMS_OUT
+layout(std430, binding = 8) writeonly buffer Sums { float sums_out[]; };
+#endif
 layout(push_constant) uniform Push {
-  uint batch, channels, plane, training, accumulate;
+  uint batch, channels, plane, training, accumulate, total;
 } p;
 float gradient(uint i) { return RELU ? (float(y[i]) > 0.0 ? float(dy[i]) : 0.0) : float(dy[i]); }
+#ifdef INPUT_GRAD
+#include "batch_norm2d_input_grad.glsl"
+#endif
 void main() {
   uint c = gl_WorkGroupID.x, t = gl_LocalInvocationID.x, count = p.batch * p.plane;
   float mean = saved_mean[c], invstd = saved_invstd[c];
@@ -37,15 +45,12 @@ void main() {
   if (t == 0u) {
     dbias[c] += sums.x;
     dweight[c] += sums.y;
+#ifdef SUMS_OUT
+    sums_out[c] = sums.x;
+    sums_out[p.channels + c] = sums.y;
+#endif
   }
 #ifdef INPUT_GRAD
-  float scale = weight[c] * invstd;
-  vec2 per_element = p.training != 0u ? sums / float(count) : vec2(0.0);
-  for (uint j = t; j < count; j += gl_WorkGroupSize.x) {
-    uint i = channel_element(c, j, p.channels, p.plane);
-    float xhat = (float(x[i]) - mean) * invstd;
-    float g = scale * (gradient(i) - per_element.x - xhat * per_element.y);
-    dx[i] = ACT(p.accumulate != 0u ? float(dx[i]) + g : g);
-  }
+  write_input_grad(c, t, count, p.training != 0u ? sums / float(count) : vec2(0.0));
 #endif
 }

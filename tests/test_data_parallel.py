@@ -7,6 +7,8 @@ device opened twice, and MPI ranks are processes on this machine over loopback T
 - Batch norm keeps per-device statistics (as PyTorch DDP): `--devices 0,0 --batch 32` equals one
   device with `--batch 16 --accumulate 2` (each micro-batch its own statistics, gradients summed
   with the same weights), on a model with batch norm and dropout: same training losses and weights.
+- `--sync-bn` (statistics over every replica's samples) equals one device on the same global batch
+  on that model, with SGD and Adam, an even and an uneven split (33 = 17 + 16), and two MPI ranks.
 - An uneven split (batch 33 over two devices, 17 + 16, and three) with a short last validation
   batch of one sample counts every sample exactly once (train_samples, val_samples) and equals one
   device, also with class weights (each replica's weighted mean scaled by its share of the
@@ -39,7 +41,8 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "s
 COMMON = ["--width", 4, "--epochs", 2, "--seed", 3, "--val-fraction", 0.3]
 
 BN_MODEL = {"name": "bn-dropout", "layers": [
-    {"name": "conv1", "type": "conv2d", "inputs": ["input"], "out_channels": 6, "kernel": 3, "padding": 1},
+    # No bias before a batch norm (as in ResNet): its gradient is zero but for rounding, which Adam scales up.
+    {"name": "conv1", "type": "conv2d", "inputs": ["input"], "out_channels": 6, "kernel": 3, "padding": 1, "bias": False},
     {"name": "bn1", "type": "batch_norm2d"},
     {"name": "relu1", "type": "relu"},
     {"name": "pool1", "type": "max_pool2d", "kernel_size": 2},
@@ -80,7 +83,7 @@ def train(work, name, *flags, mpi=0, env=None):
     return records, params(checkpoint)
 
 
-def assert_same_run(a, b, keys=("train_loss", "val_loss", "train_accuracy", "val_accuracy"), skip=()):
+def assert_same_run(a, b, keys=("train_loss", "val_loss", "train_accuracy", "val_accuracy"), skip=(), tolerance=1e-4):
     (records_a, params_a), (records_b, params_b) = a, b
     for ra, rb in zip(records_a, records_b):
         for key in keys:
@@ -93,7 +96,7 @@ def assert_same_run(a, b, keys=("train_loss", "val_loss", "train_accuracy", "val
         # Sums in another order differ in the last bits, which Adam scales up where a gradient is
         # near zero; a wrong weight of a replica's gradient moves weights by about the learning rate.
         scale = max(1e-3, float(np.abs(params_a[name]).max()))
-        assert np.abs(params_a[name] - params_b[name]).max() <= 1e-4 * scale, name
+        assert np.abs(params_a[name] - params_b[name]).max() <= tolerance * scale, name
 
 
 def make_task(work, count):
@@ -118,12 +121,17 @@ def test_devices_equal_one_device_sgd_and_adam():
     assert_same_run(train(work, "one_k2", *flags), train(work, "two_k2", *flags, "--devices", "0,0"))
 
 
-def test_batch_norm_per_device_statistics():
-    work = workdir("test_data_parallel_bn")
-    make_task(work, 150)
+def bn_model(work):
     model = os.path.join(work, "bn.json")
     with open(model, "w") as f:
         json.dump(BN_MODEL, f)
+    return model
+
+
+def test_batch_norm_per_device_statistics():
+    work = workdir("test_data_parallel_bn")
+    make_task(work, 150)
+    model = bn_model(work)
     flags = ["--model", model, "--optimizer", "adam", "--lr", 0.01]
     two = train(work, "two", *flags, "--batch", 32, "--devices", "0,0")
     halves = train(work, "halves", *flags, "--batch", 16, "--accumulate", 2)
@@ -131,6 +139,29 @@ def test_batch_norm_per_device_statistics():
     assert_same_run(two, halves, keys=("train_loss", "train_accuracy"), skip=("running_",))
     whole = train(work, "whole", *flags, "--batch", 32)
     assert abs(whole[0][1]["train_loss"] - two[0][1]["train_loss"]) > 1e-4, "per-device statistics differ from the batch's"
+
+
+def test_sync_bn_equals_one_device():
+    work = workdir("test_data_parallel_sync_bn")
+    make_task(work, 150)
+    model = bn_model(work)
+    sgd = ["--optimizer", "sgd", "--lr", 0.05, "--momentum", 0.9]
+    # Adam turns the different summation order of the statistics into weight differences of up to
+    # about 3e-4 of the weights' scale where a gradient is near zero; a wrong statistic or weight
+    # would move them by about the learning rate.
+    for optimizer, tolerance in ((sgd, 1e-4), (["--optimizer", "adam", "--lr", 0.01], 1e-3)):
+        flags = ["--model", model, "--batch", 32, *optimizer]
+        one = train(work, "one", *flags)
+        two = train(work, "two", *flags, "--devices", "0,0", "--sync-bn")
+        assert_same_run(one, two, tolerance=tolerance)
+        assert one[0][0]["train_loss"] != one[0][1]["train_loss"]
+    flags = ["--model", model, "--batch", 33, *sgd]
+    one = train(work, "one_33", *flags)
+    assert_same_run(one, train(work, "two_33", *flags, "--devices", "0,0", "--sync-bn"))
+    assert_same_run(one, train(work, "ranks_33", *flags, "--device", 0, "--sync-bn", mpi=2))
+    # Without --sync-bn the replicas' statistics differ from the batch's (test_batch_norm_per_device_statistics).
+    apart = train(work, "apart_33", *flags, "--devices", "0,0")
+    assert abs(apart[0][1]["train_loss"] - one[0][1]["train_loss"]) > 1e-4
 
 
 def test_fp16_devices_equal_one_device_with_skipped_steps():
@@ -223,7 +254,9 @@ def test_flags_and_plans():
     data = ["train", "--data", os.path.join(work, "task.h5"), "--model", "small-cnn"]
     for args, words in (([*data, "--devices", "0,7"], ["--devices", "device 7"]),
                         ([*data, "--devices", "0,0", "--batch", 1], ["--devices", "2 replicas"]),
-                        ([*data, "--devices", "0,0", "--device", 0], ["--devices", "--device"])):
+                        ([*data, "--devices", "0,0", "--device", 0], ["--devices", "--device"]),
+                        ([*data, "--sync-bn"], ["--sync-bn", "this run has one"]),
+                        ([*data, "--devices", "0,0", "--sync-bn"], ["--sync-bn", "no batch norm"])):
         result = run([TESSERA, *args], check=False)
         assert result.returncode == 2, (args, result.returncode, result.stderr)
         for word in words:

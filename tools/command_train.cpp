@@ -91,9 +91,13 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--devices", f.devices,
                      "Data-parallel over these devices, e.g. 0,1 (one replica each; a CPU device may repeat): each "
                      "micro-batch is split over them and their gradients summed, so a step equals one device's "
-                     "step on the whole batch (batch norm uses each device's own samples). Under mpirun/srun "
-                     "every process takes these devices")
+                     "step on the whole batch (batch norm uses each device's own samples, or with --sync-bn "
+                     "all of them). Under mpirun/srun every process takes these devices")
       ->delimiter(',')->excludes(device)->excludes(features);
+  command.add_flag("--sync-bn", o.sync_batch_norm,
+                   "Data-parallel: batch norm statistics over the samples of every device and process, as "
+                   "PyTorch's SyncBatchNorm (each batch norm then waits for all of them, twice a step)")
+      ->excludes(features);
   command.add_option("--device-memory-limit", f.memory_limit, "Device memory budget, e.g. 2GiB");
   command.add_option("--report-fd", f.report_fd, "Write trial protocol JSON lines to this file descriptor");
 }

@@ -8,15 +8,18 @@ namespace {
 // The workgroup that reduces one channel: a power of two (shaders/reduce.glsl).
 constexpr uint32_t kChannelGroup = 256;
 
-enum Slot : size_t { weight, bias, running_mean, running_var, mean, invstd };
+enum Slot : size_t { weight, bias, running_mean, running_var, mean, invstd, exchanged };
 
+struct MomentsPush {
+  uint32_t batch, channels, plane;
+};
 struct ForwardPush {
   uint32_t batch, channels, plane;
   float eps, momentum;
-  uint32_t training;
+  uint32_t training, total;
 };
 struct BackwardPush {
-  uint32_t batch, channels, plane, training, accumulate;
+  uint32_t batch, channels, plane, training, accumulate, total;
 };
 }  // namespace
 
@@ -44,7 +47,8 @@ std::vector<TensorSpec> BatchNorm2d::tensors() const {
           {"running_mean", c, TensorRole::state, DType::f32, {Init::zeros}},
           {"running_var", c, TensorRole::state, DType::f32, {Init::ones}},
           {"mean", c, TensorRole::saved},
-          {"invstd", c, TensorRole::saved}};
+          {"invstd", c, TensorRole::saved},
+          {ReplicaSync::kExchanged, {2, channels_}, TensorRole::saved}};
 }
 
 void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -52,34 +56,57 @@ void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
     const Tensor& b = *t.tensors[slot];
     return t.training ? updates(b) : reads(b);
   };
+  auto groups = static_cast<uint32_t>(channels_);
+  int64_t elements = batch_ * plane_;
   ForwardPush push{static_cast<uint32_t>(batch_), static_cast<uint32_t>(channels_), static_cast<uint32_t>(plane_),
-                   eps_, momentum_, t.training ? 1u : 0u};
-  recorder.dispatch(kernel_for(kernels, "batch_norm2d_forward", *t.output, {kChannelGroup, t.relu ? 1 : 0}),
-                    {reads(*t.inputs[0]), reads(*t.tensors[weight]),
-                     reads(*t.tensors[bias]), running(running_mean), running(running_var),
-                     writes(*t.tensors[mean]), writes(*t.tensors[invstd]),
-                     writes(*t.output)},
-                    push, static_cast<uint32_t>(channels_));
+                   eps_, momentum_, t.training ? 1u : 0u, static_cast<uint32_t>(elements)};
+  std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
+  const Tensor& statistics = *t.tensors[exchanged];
+  if (t.sync) {
+    MomentsPush moments{push.batch, push.channels, push.plane};
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_moments", *t.inputs[0], {kChannelGroup}),
+                      {reads(*t.inputs[0]), writes(statistics)}, moments, groups);
+    t.sync->exchange(recorder, statistics, ReplicaSync::Combine::moments, elements);
+    push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_forward_synced", *t.output, constants),
+                      {reads(*t.inputs[0]), reads(*t.tensors[weight]), reads(*t.tensors[bias]), running(running_mean),
+                       running(running_var), writes(*t.tensors[mean]), writes(*t.tensors[invstd]), writes(*t.output),
+                       reads(statistics)},
+                      push, groups);
+    return;
+  }
+  recorder.dispatch(kernel_for(kernels, "batch_norm2d_forward", *t.output, constants),
+                    {reads(*t.inputs[0]), reads(*t.tensors[weight]), reads(*t.tensors[bias]), running(running_mean),
+                     running(running_var), writes(*t.tensors[mean]), writes(*t.tensors[invstd]), writes(*t.output)},
+                    push, groups);
 }
 
 void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   bool input_grad = t.input_grads[0] != nullptr;
+  int64_t elements = batch_ * plane_;
   BackwardPush push{static_cast<uint32_t>(batch_), static_cast<uint32_t>(channels_), static_cast<uint32_t>(plane_),
-                    t.training ? 1u : 0u, input_grad ? accumulates(t, 0) : 0u};
+                    t.training ? 1u : 0u, input_grad ? accumulates(t, 0) : 0u, static_cast<uint32_t>(elements)};
   auto x = reads(*t.inputs[0]), w = reads(*t.tensors[weight]),
        m = reads(*t.tensors[mean]), s = reads(*t.tensors[invstd]),
        dy = reads(*t.output_grad), dw = updates(*t.grads[weight]),
        db = updates(*t.grads[bias]), y = reads(*t.output);
   auto groups = static_cast<uint32_t>(channels_);
   std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
-  if (input_grad)
+  if (input_grad && t.sync) {
+    const Tensor& sums = *t.tensors[exchanged];
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_sums", *t.output_grad, constants),
+                      {x, w, m, s, dy, dw, db, y, writes(sums)}, push, groups);
+    t.sync->exchange(recorder, sums, ReplicaSync::Combine::sum, elements);
+    push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
+    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_synced", *t.output_grad, constants),
+                      {x, w, m, s, dy, y, reads(sums), input_grad_arg(t, 0)}, push, groups);
+  } else if (input_grad) {
     recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward", *t.output_grad, constants),
-                      {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)},
-                      push, groups);
-  else
+                      {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)}, push, groups);
+  } else {
     recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_parameters", *t.output_grad, constants),
-                      {x, w, m, s, dy, dw, db, y}, push,
-                      groups);
+                      {x, w, m, s, dy, dw, db, y}, push, groups);
+  }
 }
 
 }  // namespace tessera

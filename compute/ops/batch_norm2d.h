@@ -12,10 +12,12 @@ class BatchNorm2d : public Op {
   std::string type() const override { return "batch_norm2d"; }
   Shape infer(const std::vector<Shape>& inputs) override;
   // weight [C] (ones), bias [C] (zeros); running_mean [C] (zeros), running_var [C] (ones);
-  // saved: mean [C] and invstd [C], the statistics that forward normalised with
+  // saved: mean [C] and invstd [C], the statistics that forward normalised with; exchanged
+  // [2,C], what replicas combine with --sync-bn (see ReplicaSync)
   std::vector<TensorSpec> tensors() const override;
   float eps() const { return eps_; }
-  // x [N,C,(H,W)] -> y, one workgroup per channel (then max(y, 0) with a fused ReLU)
+  // x [N,C,(H,W)] -> y, one workgroup per channel (then max(y, 0) with a fused ReLU); with a
+  // ReplicaSync, the statistics of every replica's batch together (PyTorch's SyncBatchNorm)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dy -> dx, dweight, dbias, one workgroup per channel
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;

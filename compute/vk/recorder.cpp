@@ -62,15 +62,21 @@ void Program::wait() {
     context_.profile().add(labels_[i], static_cast<double>(ticks[i + 1] - ticks[i]) * seconds_per_tick);
 }
 
-Recorder::Recorder(Context& context, Program& program)
-    : context_(context), program_(program), command_buffer_(program.handle()) {
+Recorder::Recorder(Context& context, Program& program) : context_(context) { begin(program); }
+
+void Recorder::begin(Program& program) {
+  program_ = &program;
+  command_buffer_ = program.handle();
+  written_.clear();
+  read_.clear();
+  finished_ = false;
   check(vkResetCommandBuffer(command_buffer_, 0), "vkResetCommandBuffer");
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   check(vkBeginCommandBuffer(command_buffer_, &begin), "vkBeginCommandBuffer");
-  program_.labels_.clear();
-  if (program_.timestamps_) {
-    vkCmdResetQueryPool(command_buffer_, program_.timestamps_, 0, Program::kTimestamps);
-    vkCmdWriteTimestamp(command_buffer_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, program_.timestamps_, 0);
+  program_->labels_.clear();
+  if (program_->timestamps_) {
+    vkCmdResetQueryPool(command_buffer_, program_->timestamps_, 0, Program::kTimestamps);
+    vkCmdWriteTimestamp(command_buffer_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, program_->timestamps_, 0);
   }
   // Order this submit after everything an earlier submit did to the same buffers, and
   // after the host's writes.
@@ -95,10 +101,10 @@ std::pair<uint32_t, uint32_t> Recorder::element_groups(uint64_t count, uint32_t 
 
 void Recorder::timestamp(const std::string& command) {
   // Past the pool's end the rest of the program goes untimed rather than failing.
-  if (!program_.timestamps_ || program_.labels_.size() + 1 >= Program::kTimestamps) return;
-  program_.labels_.push_back(scope_.empty() ? command : scope_ + " " + command);
-  vkCmdWriteTimestamp(command_buffer_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, program_.timestamps_,
-                      static_cast<uint32_t>(program_.labels_.size()));
+  if (!program_->timestamps_ || program_->labels_.size() + 1 >= Program::kTimestamps) return;
+  program_->labels_.push_back(scope_.empty() ? command : scope_ + " " + command);
+  vkCmdWriteTimestamp(command_buffer_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, program_->timestamps_,
+                      static_cast<uint32_t>(program_->labels_.size()));
 }
 
 void Recorder::barrier() {
@@ -193,6 +199,11 @@ void Recorder::finish() {
                        &barrier, 0, nullptr, 0, nullptr);
   check(vkEndCommandBuffer(command_buffer_), "vkEndCommandBuffer");
   finished_ = true;
+}
+
+void Recorder::continue_in(Program& next) {
+  finish();
+  begin(next);
 }
 
 }  // namespace tessera::vk

@@ -91,20 +91,24 @@ class Recorder {
   void fill(const Buffer& buffer, uint32_t value);
   // Ends recording: makes every write visible to the host and to later submits.
   void finish();
+  // Ends this program (as finish) and records what follows into `next`, which runs after the
+  // host has looked at this one's results (--sync-bn's exchanges).
+  void continue_in(Program& next);
   // Names the commands recorded from now on in profiles ("conv2": "conv2 conv2d_forward").
   void set_scope(std::string scope) { scope_ = std::move(scope); }
 
   static std::pair<uint32_t, uint32_t> element_groups(uint64_t count, uint32_t local_size);
 
  private:
+  void begin(Program& program);
   bool hazard(VkBuffer buffer, Access access) const;
   void track(VkBuffer buffer, Access access);
   void barrier();
   void timestamp(const std::string& command);
 
   Context& context_;
-  Program& program_;
-  VkCommandBuffer command_buffer_;
+  Program* program_ = nullptr;
+  VkCommandBuffer command_buffer_ = VK_NULL_HANDLE;
   std::string scope_;
   std::set<VkBuffer> written_, read_;
   bool finished_ = false;
