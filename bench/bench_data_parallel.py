@@ -1,7 +1,8 @@
 """Data-parallel training benchmark of issue 14, in one run: prints one JSON object.
 
 A training step of the same global batch on one device, on two replicas in one process
-(`--devices D,D`, also with `--sync-bn`, whose batch norms wait for every replica twice a step)
+(`--devices D,D`, and for a model with batch norm (resnet18) also with `--sync-bn`, whose batch
+norms wait for every replica twice a step)
 and on two MPI ranks (`mpirun -np 2`, loopback), each timed over the second
 epoch (the first warms up), with the gradient all-reduce's throughput: the bytes of one
 replica's gradients summed per second of host time (over the process's replicas, and over MPI
@@ -69,28 +70,32 @@ def main():
         checkpoint = os.path.join(work, "weights.h5")
         one = figures(second_epoch(train + ["--epochs", "2", "--device", first_device, "--checkpoint", checkpoint]),
                       args.batch)
-        train += ["--epochs", "2"]
-        devices = figures(second_epoch(train + ["--devices", args.devices]), args.batch)
-        synced = figures(second_epoch(train + ["--devices", args.devices, "--sync-bn"]), args.batch)
-        ranks = figures(second_epoch(MPIRUN + ["-np", "2"] + train + ["--device", first_device]), args.batch)
         with h5py.File(checkpoint, "r") as f:
             parameters = sum(int(f["params"][name].size) for name in f["params"]
                              if not name.endswith(("running_mean", "running_var")))
+            batch_norm = any(name.endswith("running_mean") for name in f["params"])
+        train += ["--epochs", "2"]
+        devices = figures(second_epoch(train + ["--devices", args.devices]), args.batch)
+        synced = figures(second_epoch(train + ["--devices", args.devices, "--sync-bn"]), args.batch) if batch_norm else None
+        ranks = figures(second_epoch(MPIRUN + ["-np", "2"] + train + ["--device", first_device]), args.batch)
     allreduce = [tessera.replace(os.path.join("tools", "tessera"), os.path.join("bench", "bench_allreduce")), "64"]
     alone = {"in_process_2_replicas": json.loads(subprocess.run(allreduce + ["2"], capture_output=True, text=True,
                                                                 check=True).stdout),
              "mpi_2_ranks": json.loads(subprocess.run(MPIRUN + ["-np", "2"] + allreduce + ["1"], capture_output=True,
                                                       text=True, check=True).stdout)}
+    sync_bn = {}
+    if synced:
+        sync_bn = {"devices_sync_bn": dict(synced, flag="--devices " + args.devices + " --sync-bn"),
+                   "sync_bn_step_ratio": synced["step_seconds"] / devices["step_seconds"]}
     print(json.dumps({
         "benchmark": "data_parallel_training",
         "model": args.model, "batch": args.batch, "size": args.size, "steps_per_epoch": args.steps,
         "gradient_bytes": parameters * 4,
         "one_device": one,
         "devices": dict(devices, flag="--devices " + args.devices),
-        "devices_sync_bn": dict(synced, flag="--devices " + args.devices + " --sync-bn"),
         "mpi_ranks": dict(ranks, flag="mpirun -np 2 ... --device " + first_device),
         "speedup_devices": devices["images_per_second"] / one["images_per_second"],
-        "sync_bn_step_ratio": synced["step_seconds"] / devices["step_seconds"],
+        **sync_bn,
         "speedup_mpi_ranks": ranks["images_per_second"] / one["images_per_second"],
         "allreduce_alone_bytes_per_second": {k: v["bytes_per_second"] for k, v in alone.items()},
     }))
