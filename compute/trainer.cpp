@@ -45,9 +45,10 @@ void inject_fault_before_training(vk::Context& context) {
     Tensor too_big(context, "TESSERA_FAULT=oom", {static_cast<int64_t>(context.allocator().stats().budget_bytes / 4 + 1)});
   } else if (kind.rfind("wait:", 0) == 0) {
     wait_for_release(kind.substr(5));
-  } else if (kind != "nan" && kind.rfind("sigkill:", 0) != 0 && kind.rfind("loss_scale:", 0) != 0) {
+  } else if (kind != "nan" && kind.rfind("nan:", 0) != 0 && kind.rfind("sigkill:", 0) != 0 &&
+             kind.rfind("loss_scale:", 0) != 0) {
     throw UsageError("TESSERA_FAULT=" + kind +
-                     ": not a fault (leak:BYTES, segfault, hang, oom, nan, wait:DIR, sigkill:EPOCH[:RANK], "
+                     ": not a fault (leak:BYTES, segfault, hang, oom, nan, nan:TENSOR, wait:DIR, sigkill:EPOCH[:RANK], "
                      "loss_scale:VALUE)");
   }
 }
@@ -69,9 +70,15 @@ void sigkill_fault(int epochs_done, int rank) {
   if (epoch == epochs_done && (only_rank < 0 || only_rank == rank)) std::raise(SIGKILL);
 }
 
-bool nan_fault() {
+// TESSERA_FAULT=nan fills the model's last parameter with NaN (the loss shows it at once);
+// nan:TENSOR fills that named tensor, e.g. a running variance that the training loss never reads.
+// Returns the tensor to fill, or nothing.
+std::optional<std::string> nan_fault() {
   const char* fault = std::getenv("TESSERA_FAULT");
-  return fault && std::strcmp(fault, "nan") == 0;
+  if (!fault) return std::nullopt;
+  if (std::strcmp(fault, "nan") == 0) return std::string();
+  if (std::strncmp(fault, "nan:", 4) == 0) return std::string(fault + 4);
+  return std::nullopt;
 }
 
 // Tensors the loop allocates beside the graph, named as in the plan.
@@ -411,10 +418,13 @@ struct Replica final : ReplicaSync {
 
   // NaN in the last parameter reaches the logits unchanged (a max or a ReLU earlier on
   // would turn it back into a number), so the loss is NaN from the first step.
-  void inject_nan() {
+  void inject_nan(const std::string& name) {
     auto named = network.named_tensors();
-    std::vector<float> values(static_cast<size_t>(named.back().tensor->count()), std::nanf(""));
-    named.back().tensor->upload(values);
+    auto target = name.empty() ? std::prev(named.end())
+                               : std::find_if(named.begin(), named.end(), [&](auto& n) { return n.name == name; });
+    if (target == named.end()) throw UsageError("TESSERA_FAULT=nan:" + name + ": the model has no such tensor");
+    std::vector<float> values(static_cast<size_t>(target->tensor->count()), std::nanf(""));
+    target->tensor->upload(values);
   }
 
   void wait_all() {
@@ -921,7 +931,7 @@ struct TrainingLoop::State {
     allocate();
     for (auto& replica : replicas) {
       replica->initialise(job.start, job.start_path);
-      if (nan_fault()) replica->inject_nan();
+      if (auto name = nan_fault()) replica->inject_nan(*name);
       replica->record();
     }
     train(train_feed, validation_feed, reporting);

@@ -130,6 +130,33 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(digest(checkpoint), before)
         self.assertFalse(os.path.exists(checkpoint + ".partial"))
 
+    def test_non_finite_state_the_loss_never_reads_is_divergence(self):
+        # A training-mode batch norm normalises by the batch's variance, so a NaN running variance
+        # leaves every training loss finite: only the check of the saved state can catch it.
+        model = os.path.join(self.dir, "bn.json")
+        with open(model, "w") as f:
+            json.dump({"name": "bn", "layers": [
+                {"name": "conv1", "type": "conv2d", "inputs": ["input"], "out_channels": 4, "kernel": 3,
+                 "padding": 1, "bias": False},
+                {"name": "bn1", "type": "batch_norm2d"},
+                {"name": "relu1", "type": "relu"},
+                {"name": "pool1", "type": "global_avg_pool"},
+                {"name": "flatten", "type": "flatten"},
+                {"name": "fc", "type": "linear", "out_features": 2}]}, f)
+        checkpoint = os.path.join(self.dir, "nan_running_var.h5")
+        run(self.base("--model", model, "--epochs", "1", "--checkpoint", checkpoint, "--val-fraction", "0"))
+        before = digest(checkpoint)
+        code, _, err, report = run(self.base("--model", model, "--epochs", "1", "--checkpoint", checkpoint,
+                                             "--val-fraction", "0"), check=False,
+                                   env=dict(os.environ, TESSERA_FAULT="nan:bn1.running_var"))
+        self.assertEqual(code, 4, err)
+        self.assertIn("bn1.running_var holds NaN", err)
+        train_losses = [line["metrics"]["train_loss"] for line in report if line["type"] == "intermediate"]
+        self.assertEqual(len(train_losses), 1, report)
+        self.assertTrue(np.isfinite(train_losses[0]), train_losses)
+        self.assertEqual([line for line in report if line["type"] == "final"], [])
+        self.assertEqual(digest(checkpoint), before)
+
     def test_labels_that_are_not_class_indices_are_bad_input(self):
         rng = np.random.default_rng(0)
         x = rng.integers(0, 255, (64, 16, 16, 3), dtype=np.uint8)
