@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "compute/checkpoint.h"
+#include "compute/tensor.h"
 
 namespace tessera {
 
@@ -19,7 +20,20 @@ struct Bag {
   std::string slide;
   uint32_t label = 0;
   int64_t instances = 0;
-  std::vector<float> features;  // [instances, width]
+  std::vector<float> features;      // [instances, width]
+  std::vector<uint16_t> halves;     // the same in fp16, in place of `features` for --precision fp16
+
+  // Rounds the features to fp16 once, at load; a value past fp16's range is refused, not made infinite.
+  void to_fp16(const std::string& path) {
+    for (float value : features)
+      if (std::abs(value) > 65504.0f)
+        throw BadInput(path + ": features hold " + std::to_string(value) +
+                       ", beyond fp16's range (65504): train this head with --precision fp32");
+    halves = to_half(features);
+    features = {};
+  }
+  const void* staged_bytes() const { return halves.empty() ? static_cast<const void*>(features.data()) : halves.data(); }
+  size_t staged_size() const { return halves.empty() ? features.size() * sizeof(float) : halves.size() * 2; }
 };
 
 std::string trim(const std::string& text) {
@@ -51,7 +65,8 @@ std::vector<std::pair<std::string, std::string>> read_labels(const std::string& 
 }
 
 // One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
-Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width) {
+// With `fp16` the bag holds its features rounded to fp16, as --precision fp16 stages them.
+Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16) {
   HostArray array = read_hdf5_array(path, "features");
   if (array.shape.size() != 2 || array.shape[0] < 1 || array.shape[1] < 1)
     throw BadInput(path + ": features must be [N,D] with N and D at least 1, got " + to_string(array.shape));
@@ -61,11 +76,13 @@ Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& wi
   for (float value : array.values)
     if (!std::isfinite(value)) throw BadInput(path + ": features hold a value that is not finite");
   width = array.shape[1];
-  return {slide, 0, array.shape[0], std::move(array.values)};
+  Bag bag{slide, 0, array.shape[0], std::move(array.values), {}};
+  if (fp16) bag.to_fp16(path);
+  return bag;
 }
 
-Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width) {
-  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width);
+Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width, bool fp16) {
+  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width, fp16);
 }
 
 // The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
@@ -112,7 +129,7 @@ class BagFeed : public Feed {
   bool next(const std::map<std::string, const Tensor*>& staged) override {
     if (next_ == order_.size()) return false;
     const Bag& bag = bags_[order_[next_++]];
-    std::memcpy(staged.at("features")->buffer().mapped(), bag.features.data(), bag.features.size() * sizeof(float));
+    std::memcpy(staged.at("features")->buffer().mapped(), bag.staged_bytes(), bag.staged_size());
     auto count = static_cast<uint32_t>(bag.instances), one = 1u;
     std::memcpy(staged.at("count")->buffer().mapped(), &count, 4);
     std::memcpy(staged.at("labels")->buffer().mapped(), &bag.label, 4);
@@ -148,7 +165,7 @@ class MilJob {
     TrainingJob job;
     job.model = description();
     job.graph = head_graph(mil_.head, mil_.attention_hidden, static_cast<int64_t>(classes_.size()));
-    job.staged = {{"features", {rows, width_}},
+    job.staged = {{"features", {rows, width_}, options_.fp16 ? DType::f16 : DType::f32},
                   {"count", {1}, DType::u32},
                   {"labels", {1}, DType::u32},
                   {"valid", {1}, DType::u32}};
@@ -175,7 +192,7 @@ class MilJob {
     classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
     if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
     for (auto& [slide, label] : rows) {
-      Bag bag = read_bag(mil_.features, slide, width_);
+      Bag bag = read_bag(mil_.features, slide, width_, options_.fp16);
       bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
       bags_.push_back(std::move(bag));
     }
@@ -247,7 +264,7 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   Checkpoint checkpoint = read_checkpoint(checkpoint_path);
   HeadDescription description = describe_head(checkpoint, checkpoint_path);
   int64_t width = 0;
-  Bag bag = read_bag_file(features_path, "", width);
+  Bag bag = read_bag_file(features_path, "", width, false);
   if (width != description.width)
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));

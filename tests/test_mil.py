@@ -1,7 +1,7 @@
 """tessera train --features: slide-level multiple-instance learning on synthetic CLAM-layout
 feature files (h5py). Tumour slides hold a few instances from a shifted distribution among
 normal ones; the mean and the gated attention head must classify held-out slides well above
-chance. --dry-run prints a memory plan that matches the measured peak, and a plan over
+chance, in fp16 within fp16's rounding of fp32. --dry-run prints a memory plan that matches the measured peak, and a plan over
 --device-memory-limit exits 3 before any work. A corrupt feature file exits 5 and names the
 file; --data and --features exclude each other."""
 import json
@@ -62,29 +62,47 @@ def main():
 
         results = {}
         for head, lr in (("attention", "0.002"), ("mean", "0.01")):
-            checkpoint = os.path.join(work, head + ".h5")
-            flags = ["train", "--features", features, "--labels", labels, "--head", head, "--optimizer", "adam"]
-            process = run(flags + ["--dry-run"])
-            assert process.returncode == 0, process.stderr
-            plan = json.loads(process.stdout.splitlines()[0])
-            assert plan["fits"] and plan["bytes"]["optimizer state"] > 0, plan
-            process = run(flags + ["--epochs", "15", "--lr", lr, "--seed", "1", "--val-fraction", "0.5",
-                                   "--checkpoint", checkpoint])
-            assert process.returncode == 0, process.stderr
-            history = epochs(process.stderr)
-            assert len(history) == 15, process.stderr
-            final = history[-1]
-            assert abs(final["peak_device_bytes"] - plan["total_bytes"]) <= 0.1 * plan["total_bytes"], (final, plan)
-            assert final["val_slides"] == SLIDES // 2 and final["train_slides"] == SLIDES // 2, final
-            results[head] = final["val_accuracy"]
-            print(f"{head}: held-out accuracy {final['val_accuracy']:.3f} on {final['val_slides']} slides "
-                  f"(train {final['train_accuracy']:.3f}, val loss {final['val_loss']:.3f})")
-            with h5py.File(checkpoint, "r") as f:
-                assert "classifier.weight" in f["params"] and f["params/classifier.weight"].shape == (2, WIDTH)
-                if head == "attention":
-                    assert f["params/attention_V.weight"].shape == (128, WIDTH)
-        assert results["attention"] >= 0.8, results
-        assert results["mean"] >= 0.65, results
+            for precision in ("fp32", "fp16"):
+                checkpoint = os.path.join(work, f"{head}-{precision}.h5")
+                flags = ["train", "--features", features, "--labels", labels, "--head", head, "--optimizer", "adam",
+                         "--precision", precision]
+                process = run(flags + ["--dry-run"])
+                assert process.returncode == 0, process.stderr
+                plan = json.loads(process.stdout.splitlines()[0])
+                assert plan["fits"] and plan["bytes"]["optimizer state"] > 0, plan
+                process = run(flags + ["--epochs", "15", "--lr", lr, "--seed", "1", "--val-fraction", "0.5",
+                                       "--checkpoint", checkpoint])
+                assert process.returncode == 0, process.stderr
+                history = epochs(process.stderr)
+                assert len(history) == 15, process.stderr
+                final = history[-1]
+                assert abs(final["peak_device_bytes"] - plan["total_bytes"]) <= 0.1 * plan["total_bytes"], (final, plan)
+                assert final["val_slides"] == SLIDES // 2 and final["train_slides"] == SLIDES // 2, final
+                results[head, precision] = final
+                print(f"{head} {precision}: held-out accuracy {final['val_accuracy']:.3f} on {final['val_slides']} "
+                      f"slides (train {final['train_accuracy']:.3f}, val loss {final['val_loss']:.4f}, "
+                      f"activations {plan['bytes']['activations']} B)")
+                with h5py.File(checkpoint, "r") as f:
+                    assert "classifier.weight" in f["params"] and f["params/classifier.weight"].shape == (2, WIDTH)
+                    assert f["params/classifier.weight"].dtype == np.float32
+                    if head == "attention":
+                        assert f["params/attention_V.weight"].shape == (128, WIDTH)
+            # fp16 bags and activations, fp32 weights and sums: the same run within fp16's rounding.
+            fp32, fp16 = results[head, "fp32"], results[head, "fp16"]
+            assert fp16["val_accuracy"] >= fp32["val_accuracy"] - 1.0 / (SLIDES // 2), (fp16, fp32)
+            assert abs(fp16["val_loss"] - fp32["val_loss"]) <= 0.02 * fp32["val_loss"], (fp16, fp32)
+            assert fp16["loss_scale"] == 65536 and fp16["skipped_steps"] == 0, fp16
+        assert results["attention", "fp32"]["val_accuracy"] >= 0.8, results
+        assert results["mean", "fp32"]["val_accuracy"] >= 0.65, results
+
+        # Features beyond fp16's range are named, exit 5, rather than trained on as infinities.
+        wide = os.path.join(work, "wide")
+        shutil.copytree(features, wide)
+        with h5py.File(os.path.join(wide, "slide07.h5"), "r+") as f:
+            f["features"][0, 0] = 1e5
+        process = run(["train", "--features", wide, "--labels", labels, "--epochs", "1", "--precision", "fp16"])
+        assert process.returncode == 5 and "slide07.h5" in process.stderr and "fp16" in process.stderr, process.stderr
+        assert run(["train", "--features", wide, "--labels", labels, "--epochs", "1"]).returncode == 0
 
         # A plan over the budget: exit 3 and the plan with --dry-run; exit 3 before any epoch without.
         flags = ["train", "--features", features, "--labels", labels, "--device-memory-limit", "64KiB"]

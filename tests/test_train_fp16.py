@@ -161,13 +161,3 @@ def test_plan_counts_fp16_activations_and_matches_the_peak(work):
     final = [line for line in report if line["type"] == "final"][0]
     planned = plans["fp16"]["total_bytes"]
     assert abs(final["peak_device_bytes"] - planned) <= 0.1 * planned, (final["peak_device_bytes"], planned)
-
-
-def test_fp16_is_refused_for_a_head_on_features(work):
-    directory, _ = work
-    labels = os.path.join(directory, "slides.csv")
-    with open(labels, "w") as f:
-        f.write("slide,label\n")
-    code, _, err, _ = run(["train", "--features", directory, "--labels", labels, "--precision", "fp16"], check=False)
-    assert code == 2, err
-    assert "--precision fp16" in err and "--features" in err, err

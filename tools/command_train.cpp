@@ -200,9 +200,6 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
   f.options.fp16 = f.precision == "fp16";
-  if (f.options.fp16 && !f.mil.features.empty())
-    throw UsageError("--precision fp16 is for patch training, not --features (a head's activations are a few "
-                     "kilobytes: nothing to save)");
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
                                  {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}};
