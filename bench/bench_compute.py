@@ -3,8 +3,8 @@
 GEMM GFLOPS at 1024^3 (bench_gemm), and images/second forward and for a training step for
 small-cnn at batch 64 on 3x96x96 and resnet18 at batch 16 on 3x224x224 (tessera forward and
 tessera train on generated data), and tiles/second of CLAM's features (`tessera extract
---model resnet50 --layer layer3`, batch 8, over the 224x224 tiles of a synthetic slide: with
-every activation alive, batch 16 does not fit lavapipe's 2 GiB),
+--model resnet50 --layer layer3`, batch 8 as in the figures from before activation reuse, when
+batch 16 did not fit lavapipe's 2 GiB; over the 224x224 tiles of a synthetic slide),
 beside the same figures from PyTorch on the same machine (bench_torch.py) when
 /usr/bin/python3 has torch, and the ratios tessera / PyTorch. Each tessera figure also in mixed
 precision (`--precision fp16`, keys "<model> fp16"), against PyTorch in float32 (on a CPU
