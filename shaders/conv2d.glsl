@@ -28,6 +28,8 @@ layout(push_constant) uniform Push {
   uint accumulate;   // add to the output instead of overwriting it
   uint has_bias;     // forward
   float eps;         // forward with FOLD: the batch norm's epsilon
+  uint phase_row;    // backward data: the input pixels whose (ih + pad) % STRIDE is this
+  uint phase_col;    // and whose (iw + pad) % STRIDE is this
 } p;
 
 #endif

@@ -87,7 +87,8 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
   const Conv2dShape& s = shape_;
   auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
   return {u(s.batch),      u(s.in_channels), u(s.height),         u(s.width),       u(s.out_channels), u(s.out_height),
-          u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps};
+          u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps,
+          0,              0};
 }
 
 std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles, bool relu, bool fold) const {
@@ -146,10 +147,24 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
     const Tensor& dx = *t.input_grads[0];
-    auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.height * s.width, tiles.columns));
-    recorder.dispatch(kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles)),
-                      {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)},
-                      push(accumulate), blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
+    auto& kernel = kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles));
+    // One dispatch per phase of the stride: the input pixels that only taps of that phase reach.
+    // The count of a phase's rows (or columns): of size positions, those with (i + pad) % stride == phase.
+    auto phase_count = [&](int64_t phase, int64_t size) {
+      int64_t first = (phase - s.padding % s.stride + s.stride) % s.stride;
+      return first < size ? (size - first + s.stride - 1) / s.stride : 0;
+    };
+    Push phase_push = push(accumulate);
+    for (int64_t row = 0; row < s.stride; ++row)
+      for (int64_t col = 0; col < s.stride; ++col) {
+        int64_t columns = s.batch * phase_count(row, s.height) * phase_count(col, s.width);
+        if (columns == 0) continue;
+        phase_push.phase_row = static_cast<uint32_t>(row);
+        phase_push.phase_col = static_cast<uint32_t>(col);
+        auto [groups_y, groups_z] = column_groups(blocks(columns, tiles.columns));
+        recorder.dispatch(kernel, {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)}, phase_push,
+                          blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
+      }
   }
 
   GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);

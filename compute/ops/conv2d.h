@@ -34,6 +34,7 @@ class Conv2d : public Op {
   struct Push {
     uint32_t batch, C, H, W, O, OH, OW, pad, k_per_slice, accumulate, has_bias;
     float eps;
+    uint32_t phase_row = 0, phase_col = 0;
   };
   Push push(bool accumulate, float eps = 0) const;
   // The specialization constants of the conv2d shaders: these tiles, kernel size and stride,
