@@ -239,7 +239,8 @@ def test_mpi_rank_killed_ends_the_job():
     assert "rank 1" in stderr and "signal 9" in stderr, stderr[-3000:]
     assert "vulkan validation" not in stderr.lower(), stderr[-3000:]
     assert len(epochs(stderr)) < 1000
-    assert after_kill < 30, after_kill  # the bound; about 1 s here
+    print(f"the job ended {after_kill:.1f} s after the kill")
+    assert after_kill < 30, after_kill  # the bound
 
 
 def test_mpi_kill_and_resume_equals_uninterrupted():
