@@ -416,8 +416,9 @@ struct Replica final : ReplicaSync {
     recorder.set_scope("");
   }
 
-  // NaN in the last parameter reaches the logits unchanged (a max or a ReLU earlier on
-  // would turn it back into a number), so the loss is NaN from the first step.
+  // NaN in the last parameter (`name` empty) reaches the logits unchanged (a max or a ReLU
+  // earlier on would turn it back into a number), so the loss is NaN from the first step;
+  // otherwise NaN in the named tensor.
   void inject_nan(const std::string& name) {
     auto named = network.named_tensors();
     auto target = name.empty() ? std::prev(named.end())

@@ -20,8 +20,8 @@ struct Bag {
   std::string slide;
   uint32_t label = 0;
   int64_t instances = 0;
-  std::vector<float> features;      // [instances, width]
-  std::vector<uint16_t> halves;     // the same in fp16, in place of `features` for --precision fp16
+  std::vector<float> features;   // [instances, width]
+  std::vector<uint16_t> halves;  // the same in fp16, in place of `features` for --precision fp16
 
   // Rounds the features to fp16 once, at load; a value past fp16's range is refused, not made infinite.
   void to_fp16(const std::string& path) {
@@ -32,8 +32,12 @@ struct Bag {
     halves = to_half(features);
     features = {};
   }
-  const void* staged_bytes() const { return halves.empty() ? static_cast<const void*>(features.data()) : halves.data(); }
-  size_t staged_size() const { return halves.empty() ? features.size() * sizeof(float) : halves.size() * 2; }
+  const void* staged_bytes() const {
+    return halves.empty() ? static_cast<const void*>(features.data()) : halves.data();
+  }
+  size_t staged_size() const {
+    return halves.empty() ? features.size() * sizeof(float) : halves.size() * sizeof(uint16_t);
+  }
 };
 
 std::string trim(const std::string& text) {

@@ -1,9 +1,10 @@
 """tessera train --features: slide-level multiple-instance learning on synthetic CLAM-layout
 feature files (h5py). Tumour slides hold a few instances from a shifted distribution among
 normal ones; the mean and the gated attention head must classify held-out slides well above
-chance, in fp16 within fp16's rounding of fp32. --dry-run prints a memory plan that matches the measured peak, and a plan over
---device-memory-limit exits 3 before any work. A corrupt feature file exits 5 and names the
-file; --data and --features exclude each other."""
+chance, and in fp16 do as well as in fp32 (within fp16's rounding). --dry-run prints a memory
+plan that matches the measured peak, and a plan over --device-memory-limit exits 3 before any
+work. A corrupt feature file, or in fp16 one beyond fp16's range, exits 5 and names the file;
+--data and --features exclude each other."""
 import json
 import os
 import shutil
