@@ -76,7 +76,8 @@ def main():
             batch_norm = any(name.endswith("running_mean") for name in f["params"])
         train += ["--epochs", "2"]
         devices = figures(second_epoch(train + ["--devices", args.devices]), args.batch)
-        synced = figures(second_epoch(train + ["--devices", args.devices, "--sync-bn"]), args.batch) if batch_norm else None
+        synced = (figures(second_epoch(train + ["--devices", args.devices, "--sync-bn"]), args.batch)
+                  if batch_norm else None)
         ranks = figures(second_epoch(MPIRUN + ["-np", "2"] + train + ["--device", first_device]), args.batch)
     allreduce = [tessera.replace(os.path.join("tools", "tessera"), os.path.join("bench", "bench_allreduce")), "64"]
     alone = {"in_process_2_replicas": json.loads(subprocess.run(allreduce + ["2"], capture_output=True, text=True,

@@ -3,7 +3,7 @@
 // window covers (ih,iw): oh*s - p + kh = ih. An implicit GEMM: rows c, columns (n,ih,iw),
 // reduction (o,kh,kw).
 //
-// With stride s, only the taps kh = (ih + p) mod s (mod s) reach a given ih: one dispatch per
+// With stride s, only the taps kh with kh = ih + p (mod s) reach a given ih: one dispatch per
 // phase (phase_row, phase_col) of the padded input position takes that phase's pixels and its
 // taps alone, so a stride-2 3x3 convolution runs 9/4 taps per pixel instead of 9 (and a 1x1
 // stride-2 one runs its one tap on a quarter of the pixels, the rest written zero).
@@ -70,7 +70,7 @@ void main() {
   uint pixels = phase_h * phase_w, columns = p.batch * pixels;
   uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
   uint n0 = block_first_column();
-  if (n0 >= columns) return;  // the whole workgroup: the grid covers the largest phase
+  if (n0 >= columns) return;  // the whole workgroup: column_groups may round the grid up
   for (int j = 0; j < B_LOADS; ++j) {
     uint n = min(loaded_column(n0, j), columns - 1), pixel = n % pixels;
     column_image[j] = n / pixels * p.O * p.OH * p.OW;

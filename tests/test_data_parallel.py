@@ -16,8 +16,9 @@ device opened twice, and MPI ranks are processes on this machine over loopback T
 - With --precision fp16 and a loss scale that overflows the first steps, `--devices 0,0` equals one
   device: the same skipped steps and scales (each replica checks the summed gradient).
 - `mpirun -np 2` equals `--devices 0,0` and one device (rank 0's checkpoint: the same weights).
-- A rank killed with SIGKILL ends the job with a non-zero exit within 30 s of the kill; a job killed after its first checkpoint and resumed under mpirun ends with the same
-  weights as an uninterrupted run.
+- A rank killed with SIGKILL ends the job with a non-zero exit within 30 s of the kill; a job
+  killed after its first checkpoint and resumed under mpirun ends with the same weights as an
+  uninterrupted run.
 - Processes of an MPI job that see different data exit 5 before any collective could hang.
 - Impossible flags exit 2 naming the flag; --dry-run prints one plan per device.
 Every run is under the Khronos validation layer and must print no validation message.
