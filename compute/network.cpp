@@ -10,6 +10,7 @@
 
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/registry.h"
+#include "compute/vit.h"
 
 namespace tessera {
 
@@ -111,6 +112,12 @@ nlohmann::json resnet(const std::string& name, int classes, bool bottleneck, con
   return {{"name", name}, {"layers", layers}};
 }
 
+std::string preset_list() {
+  std::string names = "small-cnn, resnet18, resnet50";
+  for (auto& name : vit_preset_names()) names += ", " + name;
+  return names;
+}
+
 uint32_t name_hash(const std::string& name) {
   return static_cast<uint32_t>(std::hash<std::string>{}(name) & 0xffffffffu);
 }
@@ -125,6 +132,7 @@ void require_fp16_storage(const vk::DeviceInfo& device, const std::string& comma
 }
 
 nlohmann::json expand_presets(const nlohmann::json& description) {
+  if (is_vit_description(description)) return vit_graph(description);
   if (!description.is_object() || !description.contains("preset")) return description;
   auto& preset = description["preset"];
   if (!preset.is_string()) throw ModelError("model: field 'preset' must be a string");
@@ -135,14 +143,16 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   if (preset == "small-cnn") return small_cnn(classes, width);
   if (preset == "resnet18") return resnet("resnet18", classes, false, {2, 2, 2, 2});
   if (preset == "resnet50") return resnet("resnet50", classes, true, {3, 4, 6, 3});
-  throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (small-cnn, resnet18, resnet50)");
+  throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (" + preset_list() + ")");
 }
 
 nlohmann::json load_model_description(const std::string& model, int classes, int width) {
   if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
+  // A ViT preset by name is the encoder: its features, no head.
+  if (is_vit_description({{"preset", model}})) return expand_presets({{"preset", model}});
   if (!std::filesystem::exists(model))
-    throw BadInput("--model " + model + ": neither a preset (small-cnn, resnet18, resnet50) nor an existing file");
+    throw BadInput("--model " + model + ": neither a preset (" + preset_list() + ") nor an existing file");
   std::ifstream in(model);
   nlohmann::json description;
   try {
@@ -150,7 +160,7 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
   } catch (const nlohmann::json::parse_error& e) {
     throw ModelError(model + ": not valid JSON: " + e.what());
   }
-  if (description.contains("preset")) {
+  if (description.contains("preset") && !is_vit_description(description)) {
     description["classes"] = description.value("classes", classes);
     description["width"] = description.value("width", width);
   }
@@ -243,6 +253,9 @@ void Network::finish() {
       needs = needs || (producer < 0 ? inputs_[static_cast<size_t>(-1 - producer)].gradient
                                      : needs_grad_[static_cast<size_t>(producer)]);
     needs_grad_[l] = needs;
+    if (needs && with_gradients_ && !layers_[l].op->has_backward())
+      throw ModelError("model: layer '" + layers_[l].name + "' (" + layers_[l].op->type() +
+                       ") runs in inference only (forward, extract): it cannot be trained");
   }
   // In backward order, the first consumer of a tensor writes its gradient, later ones add.
   std::map<int, bool> written;
@@ -351,7 +364,7 @@ GraphLayout Network::layout() const {
     std::vector<size_t> scratch;
     for (size_t s = 0; s < layer.specs.size(); ++s) {
       const TensorSpec& spec = layer.specs[s];
-      std::string full = layer.name + "." + spec.name;
+      std::string full = tensor_name(layer.name, spec);
       bool saved = spec.role == TensorRole::saved;
       if (saved && reuse && fused[l].skipped) continue;
       size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
@@ -420,12 +433,13 @@ void Network::initialise(uint32_t seed) {
     for (size_t s = 0; s < l.specs.size(); ++s) {
       const TensorSpec& spec = l.specs[s];
       if (spec.role == TensorRole::saved) continue;
-      std::string name = l.name + "." + spec.name;
+      std::string name = tensor_name(l.name, spec);
       std::vector<float> values(static_cast<size_t>(element_count(spec.shape)));
       std::mt19937 generator(seed ^ name_hash(name));
       switch (spec.init.kind) {
         case Init::zeros: std::fill(values.begin(), values.end(), 0.0f); break;
         case Init::ones: std::fill(values.begin(), values.end(), 1.0f); break;
+        case Init::constant: std::fill(values.begin(), values.end(), spec.init.scale); break;
         case Init::uniform: {
           std::uniform_real_distribution<float> distribution(-spec.init.scale, spec.init.scale);
           for (auto& v : values) v = distribution(generator);
@@ -459,7 +473,7 @@ std::vector<Network::Named> Network::named_tensors() {
     if (!l.from_model) continue;
     for (size_t s = 0; s < l.specs.size(); ++s) {
       if (l.specs[s].role == TensorRole::saved) continue;
-      named.push_back({l.name + "." + l.specs[s].name, l.tensors[s].get(), l.grads[s].get(), l.specs[s]});
+      named.push_back({tensor_name(l.name, l.specs[s]), l.tensors[s].get(), l.grads[s].get(), l.specs[s]});
     }
   }
   return named;

@@ -16,10 +16,12 @@ namespace tessera {
 
 class LayerConfig;
 
-// The model description for `--model`: a preset name (small-cnn, resnet18, resnet50) or a JSON file,
-// completed with the class count and width where the description leaves them open.
+// The model description for `--model`: a preset name (small-cnn, resnet18, resnet50; a ViT's,
+// compute/vit.h, without a head) or a JSON file, completed with the class count and width where
+// the description of a CNN preset leaves them open.
 nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
-// Expands {"preset": NAME, "classes": K, "width": W} to a graph; returns graphs unchanged.
+// Expands {"preset": NAME, "classes": K, "width": W} and ViT descriptions to a graph; returns
+// graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
 
 // Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device

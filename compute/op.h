@@ -2,6 +2,7 @@
 // a backward pass that record dispatches into a Recorder.
 #pragma once
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,8 @@ enum class TensorRole {
 // How a parameter or state tensor starts. PyTorch's defaults, so that a model trained here
 // starts from the same distribution as the same model in PyTorch.
 struct Init {
-  enum Kind { zeros, ones, uniform, normal } kind = zeros;
-  float scale = 0;  // uniform: the bound b of U(-b, b); normal: the standard deviation
+  enum Kind { zeros, ones, uniform, normal, constant } kind = zeros;
+  float scale = 0;  // uniform: the bound b of U(-b, b); normal: the standard deviation; constant: the value
 };
 
 struct TensorSpec {
@@ -32,7 +33,15 @@ struct TensorSpec {
   TensorRole role = TensorRole::parameter;
   DType dtype = DType::f32;
   Init init;
+  // Named without the layer's prefix: a parameter of the model itself rather than of a module
+  // (timm's cls_token, reg_token and pos_embed).
+  bool model_level = false;
 };
+
+// A tensor's full name: "<layer>.<spec>", or the spec's name alone where it is model-level.
+inline std::string tensor_name(const std::string& layer, const TensorSpec& spec) {
+  return spec.model_level ? spec.name : layer + "." + spec.name;
+}
 
 // What an op's passes read and write. Gradients of parameters are always accumulated (+=):
 // the optimizer zeroes them after each update, which is what makes --accumulate K add up
@@ -95,8 +104,19 @@ class Op {
   virtual DType output_dtype(DType activations) const { return activations; }
   virtual void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
   virtual void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
+  // False for ops that run in inference only (a ViT's): a graph that would train them is refused.
+  virtual bool has_backward() const { return true; }
   // Floating-point operations of one forward pass, for benchmarks.
   virtual double forward_flops() const { return 0; }
+};
+
+// An op that runs forward only (inference: feature extraction with foundation models).
+class InferenceOp : public Op {
+ public:
+  bool has_backward() const override { return false; }
+  void backward(vk::Recorder&, vk::Kernels&, const OpTensors&) override {
+    throw std::logic_error(type() + " has no backward pass");
+  }
 };
 
 // Shapes that do not fit an op (the graph adds the layer names).

@@ -1,5 +1,6 @@
 #include "compute/ops/linear.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "compute/ops/gemm.h"
@@ -13,11 +14,14 @@ std::unique_ptr<Op> make_linear(const LayerConfig& layer) {
 
 Shape Linear::infer(const std::vector<Shape>& inputs) {
   if (inputs.size() != 1) throw ShapeError("linear takes one input");
-  if (inputs[0].size() != 2)
-    throw ShapeError("linear takes [batch, features], got " + to_string(inputs[0]) + " (flatten first)");
-  batch_ = inputs[0][0];
-  in_features_ = inputs[0][1];
-  return {batch_, out_features_};
+  // As nn.Linear: over the last dimension, every leading one a batch (a ViT's [N, tokens, width]).
+  if (inputs[0].size() < 2)
+    throw ShapeError("linear takes [batch, ..., features], got " + to_string(inputs[0]));
+  in_features_ = inputs[0].back();
+  batch_ = element_count(inputs[0]) / std::max<int64_t>(in_features_, 1);
+  Shape output = inputs[0];
+  output.back() = out_features_;
+  return output;
 }
 
 std::vector<TensorSpec> Linear::tensors() const {

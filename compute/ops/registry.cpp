@@ -1,9 +1,12 @@
 #include "compute/ops/registry.h"
 
+#include <algorithm>
 #include <map>
 
+#include "compute/ops/activation.h"
 #include "compute/ops/add.h"
 #include "compute/ops/attention_gate.h"
+#include "compute/ops/attention.h"
 #include "compute/ops/attention_pool.h"
 #include "compute/ops/avg_pool2d.h"
 #include "compute/ops/batch_norm2d.h"
@@ -13,10 +16,13 @@
 #include "compute/ops/global_avg_pool.h"
 #include "compute/ops/input_normalize.h"
 #include "compute/ops/instance_mean.h"
+#include "compute/ops/layer_norm.h"
+#include "compute/ops/layer_scale.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/relu.h"
 #include "compute/ops/softmax_cross_entropy.h"
+#include "compute/ops/vit_tokens.h"
 
 namespace tessera {
 
@@ -72,6 +78,17 @@ bool LayerConfig::boolean(const char* field, std::optional<bool> fallback) const
   return value->get<bool>();
 }
 
+std::string LayerConfig::choice(const char* field, const std::string& fallback,
+                                const std::vector<std::string>& allowed) const {
+  const nlohmann::json* value = find(field);
+  if (!value) return fallback;
+  std::string names;
+  for (auto& name : allowed) names += (names.empty() ? "'" : ", '") + name + "'";
+  if (!value->is_string() || std::find(allowed.begin(), allowed.end(), value->get<std::string>()) == allowed.end())
+    fail(field, "must be one of " + names + ", got " + value->dump());
+  return value->get<std::string>();
+}
+
 std::unique_ptr<Op> make_op(const LayerConfig& layer) {
   using Factory = std::unique_ptr<Op> (*)(const LayerConfig&);
   static const std::map<std::string, Factory> factories = {
@@ -90,6 +107,15 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},
       {"input_normalize", make_input_normalize},
+      // Transformers (inference only)
+      {"layer_norm", make_layer_norm},
+      {"gelu", make_gelu},
+      {"silu", make_silu},
+      {"swiglu", make_swiglu},
+      {"attention", make_attention},
+      {"layer_scale", make_layer_scale},
+      {"vit_tokens", make_vit_tokens},
+      {"token_pool", make_token_pool},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {
@@ -98,12 +124,16 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
     layer.fail("type", "'" + layer.type() + "' is not an op (known: " + known + ")");
   }
   auto op = it->second(layer);
+  layer.refuse_unread();
+  return op;
+}
+
+void LayerConfig::refuse_unread() const {
   // A field no op reads ("dilation", "ceil_mode") would make the model differ silently from
   // the one it mirrors.
-  for (auto& [field, value] : layer.layer_.items())
-    if (field != "name" && field != "type" && field != "inputs" && !layer.read_.count(field))
-      layer.fail(field, "is not a field of " + layer.type() + " (tessera does not implement it)");
-  return op;
+  for (auto& [field, value] : layer_.items())
+    if (field != "name" && field != "type" && field != "inputs" && !read_.count(field))
+      fail(field, "is not a field of " + type_ + " (tessera does not implement it)");
 }
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -30,11 +31,14 @@ class LayerConfig {
   int64_t integer(const char* field, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 0) const;
   double number(const char* field, std::optional<double> fallback = std::nullopt) const;
   bool boolean(const char* field, std::optional<bool> fallback = std::nullopt) const;
+  // One of `allowed` (a string).
+  std::string choice(const char* field, const std::string& fallback, const std::vector<std::string>& allowed) const;
   [[noreturn]] void fail(const std::string& field, const std::string& problem) const;
+  // Throws naming the first field that no read asked for.
+  void refuse_unread() const;
 
  private:
   const nlohmann::json* find(const char* field) const;
-  friend std::unique_ptr<Op> make_op(const LayerConfig& layer);
   nlohmann::json layer_;
   mutable std::set<std::string> read_;  // fields the op asked for: any other is unknown
   std::string name_, type_;

@@ -64,7 +64,7 @@ OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, 
       seed_(seed),
       // The test owns the op: the graph borrows it.
       network_(std::shared_ptr<Op>(std::shared_ptr<Op>(), &op),
-               graph_inputs(input_shapes_, input_dtypes_, input_gradients_), true) {
+               graph_inputs(input_shapes_, input_dtypes_, input_gradients_), op.has_backward()) {
   network_.set_activation_dtype(activations);
   network_.allocate(context);
   output_shape = network_.output_shape();

@@ -20,7 +20,8 @@ class OpCheck {
   // Inputs and parameters start uniform in [-1, 1] (state tensors: zeros, except those
   // named "running_var": ones); u32 inputs (labels) hold whole numbers set by the test.
   // Gradients are computed and checked for f32 inputs unless `input_gradients` says otherwise.
-  // `op` must outlive the check. With `activations` f16 the op runs as in mixed precision:
+  // `op` must outlive the check; an inference-only op (Op::has_backward) runs as in inference,
+  // forward only. With `activations` f16 the op runs as in mixed precision:
   // float inputs, the output and every activation gradient are fp16 (the host copies of the
   // inputs are rounded to fp16 values, so a float reference sees what the device sees).
   OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed = 1,
@@ -70,6 +71,11 @@ class OpCheck {
 
 // Uniform values in [low, high) from a seeded generator.
 std::vector<float> random_values(size_t count, uint32_t seed, float low = -1, float high = 1);
+
+// The tolerance of expect_near for a forward pass against a float CPU reference on the same
+// (fp16-rounded) inputs: 1e-5 in fp32; in fp16, where each stored value is rounded once by up to
+// 2^-11 of itself, 4 x 2^-11.
+inline double forward_tolerance(DType activations) { return activations == DType::f16 ? 4.0 / 2048 : 1e-5; }
 
 // Expects two arrays to agree elementwise within tolerance * max(1, |expected|).
 void expect_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,

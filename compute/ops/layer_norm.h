@@ -1,0 +1,31 @@
+// Layer normalisation, PyTorch's nn.LayerNorm over the last dimension with an affine weight and
+// bias (a ViT's norm1, norm2 and final norm). Inference only.
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+class LayerNorm : public InferenceOp {
+ public:
+  explicit LayerNorm(float eps) : eps_(eps) {}
+  std::string type() const override { return "layer_norm"; }
+  // x [..., D] -> y [..., D]
+  Shape infer(const std::vector<Shape>& inputs) override;
+  // weight [D] (ones), bias [D] (zeros), as PyTorch
+  std::vector<TensorSpec> tensors() const override;
+  // y = (x - mean) / sqrt(var + eps) * weight + bias per row (biased variance), one workgroup a row
+  void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+
+ private:
+  float eps_;
+  int64_t rows_ = 0, width_ = 0;
+};
+
+std::unique_ptr<Op> make_layer_norm(const LayerConfig& layer);
+
+// The workgroup of a kernel that gives one workgroup to one row of `width` (layer_norm): on CPU
+// devices one subgroup, which sums without barriers; on GPUs 128 invocations, or fewer for a
+// short row.
+uint32_t row_group(const vk::TileTarget& target, int64_t width);
+
+}  // namespace tessera

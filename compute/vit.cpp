@@ -1,0 +1,151 @@
+#include "compute/vit.h"
+
+#include <regex>
+
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+// compute/vit_presets.json, embedded by compute/CMakeLists.txt.
+extern const char* const kVitPresetsJson;
+
+namespace {
+
+const nlohmann::json& presets() {
+  static const nlohmann::json parsed = nlohmann::json::parse(kVitPresetsJson);
+  return parsed;
+}
+
+nlohmann::json layer(const std::string& name, const std::string& type, nlohmann::json fields = nlohmann::json::object(),
+                     std::vector<std::string> inputs = {}) {
+  fields["name"] = name;
+  fields["type"] = type;
+  if (!inputs.empty()) fields["inputs"] = inputs;
+  return fields;
+}
+
+}  // namespace
+
+std::vector<std::string> vit_preset_names() {
+  std::vector<std::string> names;
+  for (auto& [name, settings] : presets().items()) names.push_back(name);
+  return names;
+}
+
+bool is_vit_description(const nlohmann::json& description) {
+  if (!description.is_object()) return false;
+  if (description.value("family", "") == "vit") return true;
+  auto preset = description.find("preset");
+  return preset != description.end() && preset->is_string() && presets().contains(preset->get<std::string>());
+}
+
+nlohmann::json vit_settings(const nlohmann::json& description) {
+  nlohmann::json settings = nlohmann::json::object();
+  if (auto preset = description.find("preset"); preset != description.end()) {
+    if (!preset->is_string() || !presets().contains(preset->get<std::string>()))
+      throw ModelError("model: preset " + preset->dump() + " is not a ViT preset");
+    settings = presets()[preset->get<std::string>()];
+  }
+  for (auto& [field, value] : description.items())
+    if (field != "preset" && field != "family") settings[field] = value;
+  return settings;
+}
+
+nlohmann::json vit_graph(const nlohmann::json& description) {
+  std::string name = description.value("preset", std::string("vit"));
+  nlohmann::json settings = vit_settings(description);
+  settings.erase("preprocessing");  // for the encoders' users, not the graph
+  settings.erase("source");
+  if (settings.contains("layer_scale") && settings["layer_scale"].is_null()) settings.erase("layer_scale");  // a preset's, removed
+  settings["name"] = name;
+  settings["type"] = "vit";
+  LayerConfig config(settings);
+
+  const int64_t image_size = config.integer("image_size", std::nullopt, 1), patch = config.integer("patch_size", std::nullopt, 1);
+  const int64_t width = config.integer("width", std::nullopt, 1), depth = config.integer("depth", std::nullopt, 1);
+  const int64_t heads = config.integer("heads", std::nullopt, 1);
+  const std::string mlp = config.choice("mlp", "gelu", {"gelu", "swiglu"});
+  const double mlp_ratio = config.number("mlp_ratio", 4.0);
+  const bool class_token = config.boolean("class_token", true);
+  const int64_t registers = config.integer("register_tokens", 0);
+  const bool layer_scale = config.json().contains("layer_scale");
+  const double layer_scale_init = config.number("layer_scale", 1e-5);
+  const std::string position = config.choice("position_embedding", "tokens", {"tokens", "patches", "none"});
+  const bool qkv_bias = config.boolean("qkv_bias", true);
+  const double eps = config.number("norm_eps", 1e-6);
+  const std::string final_norm = config.choice("final_norm", "tokens", {"tokens", "pooled", "none"});
+  const std::string output =
+      config.choice("output", "class_token", {"class_token", "class_token_and_patch_mean", "patch_mean"});
+  const int64_t classes = config.integer("classes", 0);
+  config.refuse_unread();
+
+  // timm's Block: hidden_features = int(dim * mlp_ratio); the packed SwiGLU's fc1 gives both halves.
+  const auto hidden = static_cast<int64_t>(static_cast<double>(width) * mlp_ratio);
+  if (image_size % patch != 0) config.fail("image_size", "must be a multiple of patch_size " + std::to_string(patch));
+  if (width % heads != 0) config.fail("heads", "must divide width " + std::to_string(width));
+  if (hidden < 1 || (mlp == "swiglu" && hidden % 2 != 0))
+    config.fail("mlp_ratio", "gives " + std::to_string(hidden) + " hidden features" +
+                                 (mlp == "swiglu" ? " (the packed SwiGLU needs an even number)" : ""));
+  if (output != "patch_mean" && !class_token) config.fail("output", "'" + output + "' needs class_token");
+  if (final_norm == "pooled" && output == "class_token_and_patch_mean")
+    config.fail("final_norm", "'pooled' normalises one token's width, not the joined output");
+
+  nlohmann::json layers = nlohmann::json::array();
+  layers.push_back(layer("patch_embed.proj", "conv2d",
+                         {{"out_channels", width}, {"kernel", patch}, {"stride", patch}, {"padding", 0}}, {"input"}));
+  layers.push_back(layer("tokens", "vit_tokens",
+                         {{"class_token", class_token}, {"register_tokens", registers}, {"position_embedding", position},
+                          {"grid_height", image_size / patch}, {"grid_width", image_size / patch}}));
+  std::string x = "tokens";
+  // A block's last layer is its output, so that "blocks.3" names it (Network::layer).
+  for (int64_t b = 0; b < depth; ++b) {
+    std::string prefix = "blocks." + std::to_string(b) + ".";
+    auto branch = [&](const std::string& norm, std::vector<nlohmann::json> body, const std::string& scale,
+                      const std::string& sum) {
+      layers.push_back(layer(prefix + norm, "layer_norm", {{"eps", eps}}, {x}));
+      for (auto& l : body) layers.push_back(l);
+      if (layer_scale) layers.push_back(layer(prefix + scale, "layer_scale", {{"init", layer_scale_init}}));
+      layers.push_back(layer(prefix + sum, "add", {}, {x, layers.back()["name"].get<std::string>()}));
+      x = prefix + sum;
+    };
+    branch("norm1",
+           {layer(prefix + "attn.qkv", "linear", {{"out_features", 3 * width}, {"bias", qkv_bias}}),
+            layer(prefix + "attn.attend", "attention", {{"heads", heads}}),
+            layer(prefix + "attn.proj", "linear", {{"out_features", width}})},
+           "ls1", "residual1");
+    branch("norm2",
+           {layer(prefix + "mlp.fc1", "linear", {{"out_features", hidden}}),
+            mlp == "gelu" ? layer(prefix + "mlp.act", "gelu") : layer(prefix + "mlp.gate", "swiglu"),
+            layer(prefix + "mlp.fc2", "linear", {{"out_features", width}})},
+           "ls2", "residual2");
+  }
+  if (final_norm == "tokens") layers.push_back(layer("norm", "layer_norm", {{"eps", eps}}));
+  int64_t prefix_tokens = (class_token ? 1 : 0) + registers;
+  layers.push_back(layer("pool", "token_pool", {{"output", output}, {"prefix_tokens", prefix_tokens}}));
+  if (final_norm == "pooled") layers.push_back(layer("fc_norm", "layer_norm", {{"eps", eps}}));
+  if (classes > 0) layers.push_back(layer("head", "linear", {{"out_features", classes}}));
+  return {{"name", name}, {"layers", layers}};
+}
+
+std::string timm_parameter_name(const std::string& name) {
+  static const std::vector<std::pair<std::regex, std::string>> renames = {
+      {std::regex(R"(^conv_proj\.)"), "patch_embed.proj."},
+      {std::regex(R"(^class_token$)"), "cls_token"},
+      {std::regex(R"(^encoder\.pos_embedding$)"), "pos_embed"},
+      {std::regex(R"(^encoder\.ln\.)"), "norm."},
+      {std::regex(R"(^heads\.head\.)"), "head."},
+      {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.ln_1\.)"), "blocks.$1.norm1."},
+      {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.ln_2\.)"), "blocks.$1.norm2."},
+      {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)$)"),
+       "blocks.$1.attn.qkv.$2"},
+      {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.)"), "blocks.$1.attn.proj."},
+      // torchvision 0.14 numbers its MLP's layers; older releases named them linear_1 and linear_2.
+      {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(0|linear_1)\.)"), "blocks.$1.mlp.fc1."},
+      {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(3|linear_2)\.)"), "blocks.$1.mlp.fc2."},
+  };
+  for (auto& [pattern, replacement] : renames)
+    if (std::regex_search(name, pattern)) return std::regex_replace(name, pattern, replacement);
+  return name;
+}
+
+}  // namespace tessera

@@ -1,0 +1,37 @@
+// The `vit` model family: vision transformers as timm's VisionTransformer builds them (the patch
+// encoders of computational pathology: UNI, UNI2-h, Virchow2, H-optimus-0, Prov-GigaPath) and
+// torchvision's vit_b_16, as graphs of tessera's layers whose parameters carry timm's names.
+//
+// A description is {"family": "vit", settings...} or {"preset": NAME, overrides...}; the presets
+// are compute/vit_presets.json (each cites its model card), which the Python tools read too.
+// Settings: image_size (the input the position embedding was learned for), patch_size, width,
+// depth, heads, mlp ("gelu" or timm's packed "swiglu") and mlp_ratio (hidden = int(width *
+// ratio), as timm), class_token, register_tokens, layer_scale (its initial value; absent: none),
+// position_embedding ("tokens": over every token, timm's default; "patches": no_embed_class;
+// "none"), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
+// output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean"), classes (a
+// linear head named "head"; 0: none, the features), and preprocessing and source (for the
+// encoders' users; not part of the graph).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera {
+
+// The names of the ViT presets.
+std::vector<std::string> vit_preset_names();
+// Whether `description` is a ViT: {"family": "vit"} or a ViT preset.
+bool is_vit_description(const nlohmann::json& description);
+// The settings of a ViT description, a preset's completed with its overrides.
+nlohmann::json vit_settings(const nlohmann::json& description);
+// The graph ({"name", "layers"}) of a ViT description; throws ModelError naming the field.
+nlohmann::json vit_graph(const nlohmann::json& description);
+
+// A parameter name of torchvision's VisionTransformer as timm names it ("encoder.layers.
+// encoder_layer_3.self_attention.in_proj_weight" -> "blocks.3.attn.qkv.weight"); other names
+// unchanged.
+std::string timm_parameter_name(const std::string& name);
+
+}  // namespace tessera

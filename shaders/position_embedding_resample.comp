@@ -1,0 +1,67 @@
+#version 450
+// timm's resample_abs_pos_embed: a learned position table [prefix + gh0*gw0, D] for an input
+// whose patch grid is gh x gw instead: the rows of prefix tokens copied, the grid resampled
+// as F.interpolate(mode='bicubic', antialias=True, align_corners=False) does, which is
+// separable with PIL's bicubic filter (a = -0.5), widened by the scale where it shrinks, its
+// taps cut at the edges and renormalised.
+#include "common.glsl"
+layout(local_size_x_id = 0) in;
+layout(binding = 0) uniform samplerBuffer table;
+layout(std430, binding = 1) writeonly buffer Resampled { float resampled[]; };
+layout(push_constant) uniform Push {
+  uint count;  // (prefix + gh * gw) * D
+  uint width, prefix;
+  uint old_height, old_width, new_height, new_width;
+} p;
+
+float cubic(float x) {
+  const float a = -0.5;
+  x = abs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+// The input taps [first, first + taps) of output index `o` and what the filter is evaluated at.
+struct Window {
+  int first, taps;
+  float center, inverse_scale;
+};
+Window window(uint o, uint input_size, uint output_size) {
+  float scale = float(input_size) / float(output_size);
+  float support = scale >= 1.0 ? 2.0 * scale : 2.0;
+  Window w;
+  w.center = scale * (float(o) + 0.5);
+  w.inverse_scale = scale >= 1.0 ? 1.0 / scale : 1.0;
+  w.first = max(int(w.center - support + 0.5), 0);  // int() truncates toward zero, as PyTorch's cast
+  w.taps = min(int(w.center + support + 0.5), int(input_size)) - w.first;
+  return w;
+}
+float weight(Window w, int tap) { return cubic((float(w.first + tap) - w.center + 0.5) * w.inverse_scale); }
+float total(Window w) {
+  float sum = 0.0;
+  for (int tap = 0; tap < w.taps; ++tap) sum += weight(w, tap);
+  return sum;
+}
+
+void main() {
+  uint i = global_index();
+  if (i >= p.count) return;
+  uint d = i % p.width, row = i / p.width;
+  if (row < p.prefix) {
+    resampled[i] = texelFetch(table, int(i)).x;
+    return;
+  }
+  uint cell = row - p.prefix, oy = cell / p.new_width, ox = cell % p.new_width;
+  Window wy = window(oy, p.old_height, p.new_height), wx = window(ox, p.old_width, p.new_width);
+  float sum = 0.0;
+  for (int ty = 0; ty < wy.taps; ++ty) {
+    float across = 0.0;
+    for (int tx = 0; tx < wx.taps; ++tx) {
+      uint source = p.prefix + uint(wy.first + ty) * p.old_width + uint(wx.first + tx);
+      across += weight(wx, tx) * texelFetch(table, int(source * p.width + d)).x;
+    }
+    sum += weight(wy, ty) * across;
+  }
+  resampled[i] = sum / (total(wy) * total(wx));
+}
