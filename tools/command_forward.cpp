@@ -7,6 +7,8 @@
 #include "common/error.h"
 #include "compute/checkpoint.h"
 #include "compute/network.h"
+#include "compute/safetensors.h"
+#include "compute/vit.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
@@ -15,7 +17,7 @@ namespace tessera::cli {
 namespace {
 
 struct ForwardFlags {
-  std::string model, input, output, precision = "fp32";
+  std::string model, encoder, input, output, precision = "fp32";
   int batch = 16, device = -1, classes = 2;
   bool random_weights = false;
 };
@@ -29,7 +31,14 @@ void run_forward(const ForwardFlags& f) {
   if (x.shape[0] == 0) throw BadInput(f.input + ": dataset x holds no images (shape " + to_string(x.shape) + ")");
   std::optional<Checkpoint> checkpoint;
   nlohmann::json description;
-  if (is_checkpoint_path(f.model)) {
+  const bool safetensors = is_safetensors_path(f.model);
+  if (safetensors != !f.encoder.empty())
+    throw UsageError(safetensors ? "--model " + f.model + " holds weights only: name their architecture with --encoder"
+                                 : "--encoder names the architecture of .safetensors weights; --model " + f.model +
+                                       " is not a .safetensors file");
+  if (safetensors) {
+    description = load_model_description(f.encoder, f.classes);
+  } else if (is_checkpoint_path(f.model)) {
     checkpoint = read_checkpoint(f.model);
     description = checkpoint->model;
   } else {
@@ -58,6 +67,7 @@ void run_forward(const ForwardFlags& f) {
     for (auto& named : network.named_tensors()) tensors[named.name] = named.tensor;
     load_tensors(checkpoint->params, tensors, f.model, "params");
   }
+  if (safetensors) load_safetensors(f.model, network, timm_parameter_name);
   Tensor input(context, "input", input_shape, activations);
   InferenceProgram program(context, network, {{"input", &input}});
   const int64_t classes = network.output_shape()[1];
@@ -95,7 +105,11 @@ void run_forward(const ForwardFlags& f) {
 void add_forward_command(CLI::App& app) {
   auto* command = app.add_subcommand("forward", "Logits of a model for float32 images [N,3,H,W] in an HDF5 file");
   auto flags = std::make_shared<ForwardFlags>();
-  command->add_option("--model", flags->model, "Checkpoint .h5 or preset")->required();
+  command->add_option("--model", flags->model, "Checkpoint .h5, preset, model JSON, or .safetensors weights (with --encoder)")
+      ->required();
+  command->add_option("--encoder", flags->encoder,
+                      "The architecture of .safetensors weights: a ViT preset (uni, uni2-h, virchow2, h-optimus-0, "
+                      "prov-gigapath, vit-b16) or a model JSON; timm's and torchvision's names are read");
   command->add_option("--input", flags->input, "HDF5 file with dataset x, float32 [N,3,H,W], normalised")->required();
   command->add_option("--output", flags->output, "HDF5 file to write dataset logits [N,K] to")->required();
   command->add_flag("--random-weights", flags->random_weights,

@@ -10,6 +10,12 @@ out (conv OIHW, linear [out,in], batch norm weight/bias/running_mean/running_var
 Every name and shape is checked against the preset; a missing, unexpected or misshapen
 tensor is an error (exit code 5) that names the tensor and the input file.
 
+Vision transformers (the `vit` family, compute/vit.h: the presets uni, uni2-h, virchow2,
+h-optimus-0, prov-gigapath and vit-b16, or a model JSON {"family": "vit", ...} given with
+--model) take timm's parameter names, and torchvision's vit_b_16 names, which are renamed to
+timm's. Their checkpoint's `model` is the preset reference (with the head's classes, 0 for an
+encoder) or the JSON.
+
 Examples:
   /usr/bin/python3 tools/torch_to_tessera.py --state-dict resnet18.pt --preset resnet18 --out r18.h5
   /usr/bin/python3 tools/torch_to_tessera.py --torchvision resnet18 --seed 1 --classes 10 \\
@@ -18,6 +24,9 @@ Examples:
   # saved with torch.save); `tessera extract --layer layer3` then gives CLAM's resnet50_trunc
   # features (1024 per tile):
   /usr/bin/python3 tools/torch_to_tessera.py --state-dict resnet50.pt --preset resnet50 --out r50.h5
+  # UNI (MahmoodLab/UNI's pytorch_model.bin, timm's names); torchvision's vit_b_16 state_dict:
+  /usr/bin/python3 tools/torch_to_tessera.py --state-dict pytorch_model.bin --preset uni --out uni.h5
+  /usr/bin/python3 tools/torch_to_tessera.py --state-dict vit_b_16.pth --preset vit-b16 --out vitb16.h5
 """
 import argparse
 import json
@@ -29,6 +38,7 @@ import numpy as np
 import torch
 
 from tessera_presets import PRESETS, build_preset, preset_reference
+from vit_reference import VIT_PRESETS, expected_vit_shapes, is_vit_description, timm_parameter_name
 
 EXIT_BAD_INPUT = 5
 SKIPPED_SUFFIX = "num_batches_tracked"
@@ -108,6 +118,35 @@ def validate(preset, classes, width, state_dict, source):
     return list(expected)
 
 
+def validate_vit(description, state_dict, source):
+    """The tensor names to write for a ViT description; raises ConversionError listing every
+    missing, unexpected, misshapen and non-floating tensor (names already timm's)."""
+    expected = expected_vit_shapes(description)
+    problems = [f"missing tensor '{k}' {list(s)}" for k, s in expected.items() if k not in state_dict]
+    problems += [f"unexpected tensor '{k}' {list(v.shape)}" for k, v in state_dict.items() if k not in expected]
+    problems += [f"tensor '{k}' has shape {list(v.shape)}, the model needs {list(expected[k])}"
+                 for k, v in state_dict.items() if k in expected and tuple(v.shape) != expected[k]]
+    problems += [f"tensor '{k}' has dtype {v.dtype}, expected floating point"
+                 for k, v in state_dict.items() if not v.is_floating_point()]
+    if problems:
+        raise ConversionError(f"{source} does not fit the ViT {json.dumps(description)}:\n  " + "\n  ".join(problems))
+    return list(expected)
+
+
+def convert_vit(description, state_dict, source, classes):
+    """A ViT's reference and names, its state_dict renamed to timm's names."""
+    renamed = {}
+    for name, value in state_dict.items():
+        timm_name = timm_parameter_name(name)
+        if timm_name in renamed:
+            raise ConversionError(f"{source}: two tensors are both '{timm_name}'")
+        renamed[timm_name] = value
+    if classes is None:
+        classes = int(renamed["head.weight"].shape[0]) if "head.weight" in renamed else 0
+    reference = dict(description, classes=classes)
+    return reference, renamed, validate_vit(reference, renamed, source)
+
+
 def write_checkpoint(path, reference, state_dict, names):
     """Write via <path>.partial and rename, so a reader never sees half a checkpoint."""
     partial = path + ".partial"
@@ -130,12 +169,25 @@ def parse_args(argv):
     source.add_argument("--torchvision", choices=("resnet18", "resnet50"),
                         help="build a seeded, randomly initialised torchvision model instead")
     parser.add_argument("--seed", type=int, default=0, help="seed for --torchvision (default 0)")
-    parser.add_argument("--preset", required=True, choices=PRESETS, help="tessera preset to check against")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--preset", choices=PRESETS + tuple(VIT_PRESETS), help="tessera preset to check against")
+    model.add_argument("--model", metavar="FILE.json", help="a ViT model JSON ({\"family\": \"vit\", ...}) to check against")
     parser.add_argument("--classes", type=int,
                         help="number of classes (default: from the last layer; 1000 with --torchvision)")
     parser.add_argument("--width", type=int, help="small-cnn width (default: from conv1.weight)")
     parser.add_argument("--out", required=True, help="checkpoint HDF5 to write")
     return parser.parse_args(argv)
+
+
+def read_vit_description(path):
+    try:
+        with open(path) as f:
+            description = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ConversionError(f"--model {path}: cannot read a model JSON: {error}")
+    if not isinstance(description, dict) or not is_vit_description(description):
+        raise ConversionError(f"--model {path}: not a ViT description (\"family\": \"vit\" or a ViT preset)")
+    return description
 
 
 def convert(args):
@@ -145,10 +197,14 @@ def convert(args):
     else:
         source = args.state_dict
         state_dict = load_state_dict(args.state_dict)
-    classes = args.classes or infer_classes(args.preset, state_dict, source)
-    width = args.width or (infer_width(state_dict, source) if args.preset == "small-cnn" else None)
-    names = validate(args.preset, classes, width, state_dict, source)
-    reference = preset_reference(args.preset, classes, width)
+    if args.model or args.preset in VIT_PRESETS:
+        description = {"preset": args.preset} if args.preset else read_vit_description(args.model)
+        reference, state_dict, names = convert_vit(description, state_dict, source, args.classes)
+    else:
+        classes = args.classes or infer_classes(args.preset, state_dict, source)
+        width = args.width or (infer_width(state_dict, source) if args.preset == "small-cnn" else None)
+        names = validate(args.preset, classes, width, state_dict, source)
+        reference = preset_reference(args.preset, classes, width)
     write_checkpoint(args.out, reference, state_dict, names)
     count = sum(state_dict[n].numel() for n in names)
     print(f"wrote {args.out}: model {json.dumps(reference)}, {len(names)} tensors, "

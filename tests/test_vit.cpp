@@ -1,0 +1,140 @@
+// The `vit` model family (compute/vit.h): each preset is the architecture its model card names
+// (parameter counts as timm's and torchvision's models have them, timm's names, the feature width),
+// descriptions are checked field by field, torchvision's names map to timm's, and a ViT refuses
+// to train. Outputs against PyTorch: tests/test_vit_timm.py and tests/test_vit_b16_torch.py.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "compute/network.h"
+#include "compute/ops/registry.h"
+#include "compute/vit.h"
+
+namespace tessera {
+namespace {
+
+struct Parameters {
+  int64_t count = 0;
+  std::set<std::string> names;
+};
+
+Parameters parameters(const Network& network) {
+  Parameters p;
+  for (auto& layer : network.layers())
+    for (auto& spec : layer.specs)
+      if (spec.role == TensorRole::parameter) {
+        p.count += element_count(spec.shape);
+        p.names.insert(tensor_name(layer.name, spec));
+      }
+  return p;
+}
+
+// Counts of timm's models as the model cards build them (num_classes=0), and torchvision's
+// vit_b_16 with its 1000-class head (torchvision documents 86,567,656).
+TEST(Vit, PresetsAreTheModelCardsArchitectures) {
+  struct Expected {
+    const char* preset;
+    int64_t parameters, features;
+  };
+  for (auto [preset, count, features] : {Expected{"uni", 303350784, 1024}, Expected{"uni2-h", 681394176, 1536},
+                                         Expected{"virchow2", 631239424, 2560},
+                                         Expected{"h-optimus-0", 1134774272, 1536},
+                                         Expected{"prov-gigapath", 1134953984, 1536},
+                                         Expected{"vit-b16", 85798656, 768}}) {
+    SCOPED_TRACE(preset);
+    Network network(load_model_description(preset, 2), Shape{2, 3, 224, 224}, false);
+    Parameters p = parameters(network);
+    EXPECT_EQ(p.count, count);
+    EXPECT_EQ(network.output_shape(), (Shape{2, features}));
+    for (const char* name : {"patch_embed.proj.weight", "cls_token", "pos_embed", "blocks.0.attn.qkv.weight",
+                             "blocks.0.mlp.fc1.weight", "norm.weight"})
+      EXPECT_TRUE(p.names.count(name)) << name;
+  }
+  Network head(nlohmann::json{{"preset", "vit-b16"}, {"classes", 1000}}, Shape{1, 3, 224, 224}, false);
+  EXPECT_EQ(parameters(head).count, 86567656);
+  EXPECT_EQ(head.output_shape(), (Shape{1, 1000}));
+}
+
+TEST(Vit, RegistersLayerScaleAndTheNoEmbedClassRule) {
+  Network network(load_model_description("uni2-h", 2), Shape{1, 3, 224, 224}, false);
+  Parameters p = parameters(network);
+  EXPECT_TRUE(p.names.count("reg_token"));
+  EXPECT_TRUE(p.names.count("blocks.23.ls2.gamma"));
+  for (auto& layer : network.layers())
+    for (auto& spec : layer.specs) {
+      if (spec.name == "reg_token") {
+        EXPECT_EQ(spec.shape, (Shape{1, 8, 1536}));
+      }
+      if (spec.name == "pos_embed") {
+        EXPECT_EQ(spec.shape, (Shape{1, 256, 1536}));  // patches only
+      }
+    }
+  // 16x16 patches, a class token and 8 registers; "blocks.3" names the block's output.
+  EXPECT_EQ(network.layer("tokens").output_shape, (Shape{1, 265, 1536}));
+  EXPECT_EQ(network.layer("blocks.3").name, "blocks.3.residual2");
+}
+
+TEST(Vit, AnotherInputSizeResamplesThePositionEmbedding) {
+  Network network(load_model_description("uni", 2), Shape{1, 3, 512, 512}, false);
+  EXPECT_EQ(network.layer("tokens").output_shape, (Shape{1, 1025, 1024}));
+  bool resampled = false;
+  for (auto& spec : network.layer("tokens").specs) resampled = resampled || spec.name == "resampled_pos_embed";
+  EXPECT_TRUE(resampled);
+}
+
+void expect_model_error(const nlohmann::json& description, const std::string& part) {
+  try {
+    Network(description, Shape{1, 3, 32, 32}, false);
+    ADD_FAILURE() << description.dump() << " was accepted";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(Vit, DescriptionsAreCheckedFieldByField) {
+  nlohmann::json small = {{"family", "vit"}, {"image_size", 32}, {"patch_size", 8}, {"width", 48},
+                          {"depth", 1},       {"heads", 3}};
+  EXPECT_NO_THROW(Network(small, Shape{1, 3, 32, 32}, false));
+  auto with = [&](const char* field, nlohmann::json value) {
+    nlohmann::json changed = small;
+    changed[field] = value;
+    return changed;
+  };
+  expect_model_error(with("heads", 5), "field 'heads' must divide width 48");
+  expect_model_error(with("image_size", 30), "field 'image_size' must be a multiple of patch_size 8");
+  expect_model_error(with("mlp", "relu"), "field 'mlp' must be one of 'gelu', 'swiglu'");
+  expect_model_error(with("depth", 0), "field 'depth' must be an integer of at least 1");
+  expect_model_error(with("dropout", 0.1), "field 'dropout' is not a field of vit");
+  nlohmann::json odd = with("mlp", "swiglu");
+  odd["mlp_ratio"] = 1.021;  // int(48 * 1.021) = 49 hidden features: not two halves
+  expect_model_error(odd, "the packed SwiGLU needs an even number");
+  expect_model_error(with("class_token", false), "field 'output' 'class_token' needs class_token");
+  expect_model_error({{"preset", "uni3"}}, "preset 'uni3' is not known");
+}
+
+TEST(Vit, ViTsRunInInferenceOnly) {
+  nlohmann::json small = {{"family", "vit"}, {"image_size", 16}, {"patch_size", 8}, {"width", 8},
+                          {"depth", 1},       {"heads", 2},        {"classes", 2}};
+  EXPECT_THROW(Network(small, Shape{1, 3, 16, 16}, true), ModelError);
+}
+
+TEST(Vit, TorchvisionNamesMapToTimms) {
+  const std::pair<const char*, const char*> names[] = {
+      {"conv_proj.weight", "patch_embed.proj.weight"},
+      {"class_token", "cls_token"},
+      {"encoder.pos_embedding", "pos_embed"},
+      {"encoder.layers.encoder_layer_11.ln_1.bias", "blocks.11.norm1.bias"},
+      {"encoder.layers.encoder_layer_0.self_attention.in_proj_weight", "blocks.0.attn.qkv.weight"},
+      {"encoder.layers.encoder_layer_0.self_attention.out_proj.bias", "blocks.0.attn.proj.bias"},
+      {"encoder.layers.encoder_layer_3.ln_2.weight", "blocks.3.norm2.weight"},
+      {"encoder.layers.encoder_layer_3.mlp.0.weight", "blocks.3.mlp.fc1.weight"},
+      {"encoder.layers.encoder_layer_3.mlp.linear_2.bias", "blocks.3.mlp.fc2.bias"},
+      {"encoder.ln.weight", "norm.weight"},
+      {"heads.head.bias", "head.bias"},
+      {"blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.weight"},  // timm's own, unchanged
+  };
+  for (auto [torchvision, timm] : names) EXPECT_EQ(timm_parameter_name(torchvision), timm);
+}
+
+}  // namespace
+}  // namespace tessera
