@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -30,15 +29,15 @@ std::string shape_text(const Shape& shape) { return to_string(shape); }
 
 }  // namespace
 
-bool is_safetensors_path(const std::string& path) {
-  return std::filesystem::path(path).extension() == ".safetensors";
-}
+bool is_safetensors_path(const std::string& path) { return std::filesystem::path(path).extension() == ".safetensors"; }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   std::error_code error;
   const uint64_t size = std::filesystem::file_size(path_, error);
   if (error) throw BadInput(path_ + ": cannot read (" + error.message() + ")");
-  auto fail = [&](const std::string& problem) { throw BadInput(path_ + ": not a valid .safetensors file: " + problem); };
+  auto fail = [&](const std::string& problem) {
+    throw BadInput(path_ + ": not a valid .safetensors file: " + problem);
+  };
   if (size < 8) fail("it holds " + std::to_string(size) + " bytes, fewer than the 8 of the header length");
   std::ifstream in(path_, std::ios::binary);
   unsigned char length_bytes[8];
@@ -79,8 +78,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     entry.begin = value["data_offsets"][0].get<uint64_t>();
     entry.end = value["data_offsets"][1].get<uint64_t>();
     if (entry.begin > entry.end || entry.end > data_bytes)
-      bad("lies at bytes [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + ") of data, but the file holds " +
-          std::to_string(data_bytes) + " bytes of data (truncated?)");
+      bad("lies at bytes [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
+          ") of data, but the file holds " + std::to_string(data_bytes) + " bytes of data (truncated?)");
     if (size_t item = dtype_size(entry.dtype); item != 0 && entry.end - entry.begin != count * item)
       bad("holds " + std::to_string(entry.end - entry.begin) + " bytes, but " + std::to_string(count) + " " +
           entry.dtype + " values of shape " + shape_text(entry.shape) + " take " + std::to_string(count * item));
@@ -97,7 +96,9 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
 
 std::vector<float> SafetensorsFile::read(const Entry& entry) const {
   const size_t item = dtype_size(entry.dtype);
-  if (item == 0) throw BadInput(path_ + ": tensor '" + entry.name + "' has dtype " + entry.dtype + " (tessera reads F32, F16, BF16)");
+  if (item == 0)
+    throw BadInput(path_ + ": tensor '" + entry.name + "' has dtype " + entry.dtype +
+                   " (tessera reads F32, F16, BF16)");
   std::vector<char> bytes(entry.end - entry.begin);
   std::ifstream in(path_, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(data_offset_ + entry.begin));
@@ -145,19 +146,22 @@ void load_safetensors(const std::string& path, Network& network,
     }
     const SafetensorsFile::Entry& entry = *it->second;
     if (entry.shape != named.spec.shape)
-      problems.push_back("tensor " + shown(entry, named.name) + " has shape " + to_string(entry.shape) + ", the model needs " +
-                         to_string(named.spec.shape));
+      problems.push_back("tensor " + shown(entry, named.name) + " has shape " + to_string(entry.shape) +
+                         ", the model needs " + to_string(named.spec.shape));
     else if (dtype_size(entry.dtype) == 0)
-      problems.push_back("tensor " + shown(entry, named.name) + " has dtype " + entry.dtype + " (tessera reads F32, F16, BF16)");
+      problems.push_back("tensor " + shown(entry, named.name) + " has dtype " + entry.dtype +
+                         " (tessera reads F32, F16, BF16)");
     else
       loads.emplace_back(named.tensor, &entry);
   }
   for (auto& [name, entry] : given)
-    if (!needed.count(name)) problems.push_back("unexpected tensor " + shown(*entry, name) + " " + to_string(entry->shape));
+    if (!needed.count(name))
+      problems.push_back("unexpected tensor " + shown(*entry, name) + " " + to_string(entry->shape));
   if (!problems.empty()) {
     std::string text;
     for (auto& problem : problems) text += "\n  " + problem;
-    throw BadInput(path + " does not fit the model " + network.description().value("name", std::string("")) + ":" + text);
+    throw BadInput(path + " does not fit the model " + network.description().value("name", std::string("")) + ":" +
+                   text);
   }
   for (auto& [tensor, entry] : loads) tensor->upload(file.read(*entry));
 }

@@ -56,12 +56,14 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   nlohmann::json settings = vit_settings(description);
   settings.erase("preprocessing");  // for the encoders' users, not the graph
   settings.erase("source");
-  if (settings.contains("layer_scale") && settings["layer_scale"].is_null()) settings.erase("layer_scale");  // a preset's, removed
+  if (settings.contains("layer_scale") && settings["layer_scale"].is_null())
+    settings.erase("layer_scale");  // a preset's, removed
   settings["name"] = name;
   settings["type"] = "vit";
   LayerConfig config(settings);
 
-  const int64_t image_size = config.integer("image_size", std::nullopt, 1), patch = config.integer("patch_size", std::nullopt, 1);
+  const int64_t image_size = config.integer("image_size", std::nullopt, 1),
+                patch = config.integer("patch_size", std::nullopt, 1);
   const int64_t width = config.integer("width", std::nullopt, 1), depth = config.integer("depth", std::nullopt, 1);
   const int64_t heads = config.integer("heads", std::nullopt, 1);
   const std::string mlp = config.choice("mlp", "gelu", {"gelu", "swiglu"});
@@ -94,8 +96,11 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   layers.push_back(layer("patch_embed.proj", "conv2d",
                          {{"out_channels", width}, {"kernel", patch}, {"stride", patch}, {"padding", 0}}, {"input"}));
   layers.push_back(layer("tokens", "vit_tokens",
-                         {{"class_token", class_token}, {"register_tokens", registers}, {"position_embedding", position},
-                          {"grid_height", image_size / patch}, {"grid_width", image_size / patch}}));
+                         {{"class_token", class_token},
+                          {"register_tokens", registers},
+                          {"position_embedding", position},
+                          {"grid_height", image_size / patch},
+                          {"grid_width", image_size / patch}}));
   std::string x = "tokens";
   // A block's last layer is its output, so that "blocks.3" names it (Network::layer).
   for (int64_t b = 0; b < depth; ++b) {

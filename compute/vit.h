@@ -13,10 +13,9 @@
 // linear head named "head"; 0: none, the features), and preprocessing and source (for the
 // encoders' users; not part of the graph).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace tessera {
 

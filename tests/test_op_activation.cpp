@@ -37,7 +37,8 @@ TEST(Activation, GeluIsWithinFloatOfErf) {
   Activation activation(Activation::Function::gelu);
   const int count = 20001;
   test::OpCheck check(test::context(), activation, {{count}});
-  for (int i = 0; i < count; ++i) check.inputs[0][static_cast<size_t>(i)] = -10.0f + 20.0f * static_cast<float>(i) / (count - 1);
+  for (int i = 0; i < count; ++i)
+    check.inputs[0][static_cast<size_t>(i)] = -10.0f + 20.0f * static_cast<float>(i) / (count - 1);
   auto y = check.forward();
   double worst = 0;
   for (int i = 0; i < count; ++i) {
@@ -91,13 +92,16 @@ TEST(SwiGlu, PackedMlpMatchesCpu) {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t o = 0; o < hidden; ++o) {
         double sum = b1[static_cast<size_t>(o)];
-        for (int64_t i = 0; i < width; ++i) sum += static_cast<double>(w1[static_cast<size_t>(o * width + i)]) * x[static_cast<size_t>(r * width + i)];
+        for (int64_t i = 0; i < width; ++i)
+          sum += static_cast<double>(w1[static_cast<size_t>(o * width + i)]) * x[static_cast<size_t>(r * width + i)];
         h[static_cast<size_t>(o)] = sum;
       }
-      for (int64_t j = 0; j < hidden / 2; ++j) g[static_cast<size_t>(j)] = silu(h[static_cast<size_t>(j)]) * h[static_cast<size_t>(hidden / 2 + j)];
+      for (int64_t j = 0; j < hidden / 2; ++j)
+        g[static_cast<size_t>(j)] = silu(h[static_cast<size_t>(j)]) * h[static_cast<size_t>(hidden / 2 + j)];
       for (int64_t o = 0; o < width; ++o) {
         double sum = b2[static_cast<size_t>(o)];
-        for (int64_t j = 0; j < hidden / 2; ++j) sum += static_cast<double>(w2[static_cast<size_t>(o * hidden / 2 + j)]) * g[static_cast<size_t>(j)];
+        for (int64_t j = 0; j < hidden / 2; ++j)
+          sum += static_cast<double>(w2[static_cast<size_t>(o * hidden / 2 + j)]) * g[static_cast<size_t>(j)];
         expected[static_cast<size_t>(r * width + o)] = static_cast<float>(sum);
       }
     }

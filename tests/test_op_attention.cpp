@@ -30,7 +30,8 @@ std::vector<float> attention_reference(const std::vector<float>& qkv, const Case
         double largest = -INFINITY;
         for (int64_t j = 0; j < c.tokens; ++j) {
           double dot = 0;
-          for (int64_t d = 0; d < c.head_dim; ++d) dot += static_cast<double>(base[i * row + d]) * base[j * row + width + d];
+          for (int64_t d = 0; d < c.head_dim; ++d)
+            dot += static_cast<double>(base[i * row + d]) * base[j * row + width + d];
           scores[static_cast<size_t>(j)] = dot * scale;
           largest = std::max(largest, dot * scale);
         }
@@ -86,8 +87,8 @@ TEST(Attention, RescalesWhenALaterTileHoldsTheMaximum) {
   test::OpCheck check(test::context(), attention, {{c.batch, c.tokens, 24}}, 12);
   auto& qkv = check.inputs[0];
   for (int64_t d = 0; d < 8; ++d) {
-    for (int64_t t = 0; t < c.tokens; ++t) qkv[static_cast<size_t>(t * 24 + d)] = 3.0f;         // queries
-    qkv[static_cast<size_t>(97 * 24 + 8 + d)] = 40.0f;                                          // key 97
+    for (int64_t t = 0; t < c.tokens; ++t) qkv[static_cast<size_t>(t * 24 + d)] = 3.0f;  // queries
+    qkv[static_cast<size_t>(97 * 24 + 8 + d)] = 40.0f;                                   // key 97
   }
   test::expect_near(check.forward(), attention_reference(qkv, c), 1e-5, "attention");
 }

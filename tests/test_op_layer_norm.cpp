@@ -59,13 +59,15 @@ TEST(LayerNorm, ReadsEpsAndRefusesTraining) {
 }
 
 TEST(LayerScale, ForwardMatchesCpu) {
-  for (DType activations : {DType::f32, DType::f16}) {
-    LayerScale scale(1e-5f);
-    test::OpCheck check(test::context(), scale, {{2, 261, 37}}, 4, {}, {}, activations);
-    std::vector<float> expected(check.inputs[0].size());
-    for (size_t i = 0; i < expected.size(); ++i) expected[i] = check.inputs[0][i] * check.tensors[0][i % 37];
-    test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "layer_scale");
-  }
+  for (DType activations : {DType::f32, DType::f16})
+    for (Shape shape : {Shape{2, 261, 37}, Shape{1, 1025, 5}}) {
+      LayerScale scale(1e-5f);
+      test::OpCheck check(test::context(), scale, {shape}, 4, {}, {}, activations);
+      const auto width = static_cast<size_t>(shape.back());
+      std::vector<float> expected(check.inputs[0].size());
+      for (size_t i = 0; i < expected.size(); ++i) expected[i] = check.inputs[0][i] * check.tensors[0][i % width];
+      test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "layer_scale");
+    }
 }
 
 TEST(LayerScale, StartsAtItsInitialValue) {

@@ -77,6 +77,8 @@ TEST(Linear, InitialisesLikePyTorchAndReadsItsFields) {
   EXPECT_FLOAT_EQ(specs[1].init.scale, 0.25f);
   EXPECT_DOUBLE_EQ(linear->forward_flops(), 2.0 * 2 * 10 * 16);
   EXPECT_THROW(linear->infer({{2, 3, 4, 4}}), ShapeError);
+  EXPECT_EQ(linear->infer({{2, 5, 16}}), (Shape{2, 5, 10}));  // a ViT's tokens
+  EXPECT_DOUBLE_EQ(linear->forward_flops(), 2.0 * 2 * 5 * 10 * 16);
   EXPECT_THROW(make_op(LayerConfig({{"name", "fc"}, {"type", "linear"}, {"out_features", 0}})), ModelError);
 }
 

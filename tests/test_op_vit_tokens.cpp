@@ -41,8 +41,8 @@ std::vector<std::vector<std::pair<int64_t, double>>> antialiased_bicubic(int64_t
 }
 
 // timm's resample_abs_pos_embed on a table [rows, D] whose first `covered` rows are prefix tokens.
-std::vector<double> resample(const std::vector<float>& table, int64_t covered, int64_t width, std::array<int64_t, 2> from,
-                             std::array<int64_t, 2> to) {
+std::vector<double> resample(const std::vector<float>& table, int64_t covered, int64_t width,
+                             std::array<int64_t, 2> from, std::array<int64_t, 2> to) {
   if (from == to) return {table.begin(), table.end()};
   auto rows = antialiased_bicubic(from[0], to[0]), columns = antialiased_bicubic(from[1], to[1]);
   std::vector<double> out(static_cast<size_t>((covered + to[0] * to[1]) * width));
@@ -91,7 +91,8 @@ void expect_tokens_match(const Case& c, DType activations) {
                        : t < prefix            ? (*reg)[static_cast<size_t>((t - (c.class_token ? 1 : 0)) * width + d)]
                                                : x[static_cast<size_t>((n * width + d) * patches + t - prefix)];
         if (c.position == Position::tokens) value += position[static_cast<size_t>(t * width + d)];
-        if (c.position == Position::patches && t >= prefix) value += position[static_cast<size_t>((t - prefix) * width + d)];
+        if (c.position == Position::patches && t >= prefix)
+          value += position[static_cast<size_t>((t - prefix) * width + d)];
         expected[static_cast<size_t>((n * tokens + t) * width + d)] = static_cast<float>(value);
       }
   test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "tokens");
@@ -114,8 +115,8 @@ TEST(VitTokens, ForwardMatchesCpu) {
 TEST(VitTokens, ResamplesThePositionEmbeddingAsTimm) {
   for (DType activations : {DType::f32, DType::f16})
     for (const Case& c : {
-             Case{true, 0, Position::tokens, {14, 14}, {32, 32}},   // 224 -> 512 px at 16: 1025 tokens
-             Case{true, 8, Position::patches, {16, 16}, {9, 12}},   // shrunk, and not square
+             Case{true, 0, Position::tokens, {14, 14}, {32, 32}},  // 224 -> 512 px at 16: 1025 tokens
+             Case{true, 8, Position::patches, {16, 16}, {9, 12}},  // shrunk, and not square
              Case{true, 4, Position::tokens, {4, 4}, {5, 3}},
          }) {
       SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
@@ -133,27 +134,28 @@ TEST(VitTokens, ParametersAreTheModelsOwn) {
 }
 
 TEST(TokenPool, ForwardMatchesCpu) {
-  const int64_t batch = 3, tokens = 261, width = 19, prefix = 5;
-  for (DType activations : {DType::f32, DType::f16})
-    for (auto mode : {TokenPool::Mode::class_token, TokenPool::Mode::class_token_and_patch_mean,
-                      TokenPool::Mode::patch_mean}) {
-      TokenPool pool(mode, prefix);
-      test::OpCheck check(test::context(), pool, {{batch, tokens, width}}, 31, {}, {}, activations);
-      const auto& x = check.inputs[0];
-      std::vector<float> expected;
-      for (int64_t n = 0; n < batch; ++n) {
-        const float* first = x.data() + n * tokens * width;
-        if (mode != TokenPool::Mode::patch_mean) expected.insert(expected.end(), first, first + width);
-        if (mode == TokenPool::Mode::class_token) continue;
-        for (int64_t d = 0; d < width; ++d) {
-          double sum = 0;
-          for (int64_t t = prefix; t < tokens; ++t) sum += first[t * width + d];
-          expected.push_back(static_cast<float>(sum / static_cast<double>(tokens - prefix)));
+  const int64_t batch = 3, width = 19, prefix = 5;
+  for (int64_t tokens : {261, 1025})
+    for (DType activations : {DType::f32, DType::f16})
+      for (auto mode :
+           {TokenPool::Mode::class_token, TokenPool::Mode::class_token_and_patch_mean, TokenPool::Mode::patch_mean}) {
+        TokenPool pool(mode, prefix);
+        test::OpCheck check(test::context(), pool, {{batch, tokens, width}}, 31, {}, {}, activations);
+        const auto& x = check.inputs[0];
+        std::vector<float> expected;
+        for (int64_t n = 0; n < batch; ++n) {
+          const float* first = x.data() + n * tokens * width;
+          if (mode != TokenPool::Mode::patch_mean) expected.insert(expected.end(), first, first + width);
+          if (mode == TokenPool::Mode::class_token) continue;
+          for (int64_t d = 0; d < width; ++d) {
+            double sum = 0;
+            for (int64_t t = prefix; t < tokens; ++t) sum += first[t * width + d];
+            expected.push_back(static_cast<float>(sum / static_cast<double>(tokens - prefix)));
+          }
         }
+        ASSERT_EQ(check.output_shape.back(), mode == TokenPool::Mode::class_token_and_patch_mean ? 2 * width : width);
+        test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "token_pool");
       }
-      ASSERT_EQ(check.output_shape.back(), mode == TokenPool::Mode::class_token_and_patch_mean ? 2 * width : width);
-      test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "token_pool");
-    }
 }
 
 }  // namespace

@@ -36,11 +36,10 @@ TEST(Vit, PresetsAreTheModelCardsArchitectures) {
     const char* preset;
     int64_t parameters, features;
   };
-  for (auto [preset, count, features] : {Expected{"uni", 303350784, 1024}, Expected{"uni2-h", 681394176, 1536},
-                                         Expected{"virchow2", 631239424, 2560},
-                                         Expected{"h-optimus-0", 1134774272, 1536},
-                                         Expected{"prov-gigapath", 1134953984, 1536},
-                                         Expected{"vit-b16", 85798656, 768}}) {
+  for (auto [preset, count, features] :
+       {Expected{"uni", 303350784, 1024}, Expected{"uni2-h", 681394176, 1536}, Expected{"virchow2", 631239424, 2560},
+        Expected{"h-optimus-0", 1134774272, 1536}, Expected{"prov-gigapath", 1134953984, 1536},
+        Expected{"vit-b16", 85798656, 768}}) {
     SCOPED_TRACE(preset);
     Network network(load_model_description(preset, 2), Shape{2, 3, 224, 224}, false);
     Parameters p = parameters(network);
@@ -92,8 +91,8 @@ void expect_model_error(const nlohmann::json& description, const std::string& pa
 }
 
 TEST(Vit, DescriptionsAreCheckedFieldByField) {
-  nlohmann::json small = {{"family", "vit"}, {"image_size", 32}, {"patch_size", 8}, {"width", 48},
-                          {"depth", 1},       {"heads", 3}};
+  nlohmann::json small = {{"family", "vit"}, {"image_size", 32}, {"patch_size", 8},
+                          {"width", 48},     {"depth", 1},       {"heads", 3}};
   EXPECT_NO_THROW(Network(small, Shape{1, 3, 32, 32}, false));
   auto with = [&](const char* field, nlohmann::json value) {
     nlohmann::json changed = small;
@@ -114,7 +113,7 @@ TEST(Vit, DescriptionsAreCheckedFieldByField) {
 
 TEST(Vit, ViTsRunInInferenceOnly) {
   nlohmann::json small = {{"family", "vit"}, {"image_size", 16}, {"patch_size", 8}, {"width", 8},
-                          {"depth", 1},       {"heads", 2},        {"classes", 2}};
+                          {"depth", 1},      {"heads", 2},       {"classes", 2}};
   EXPECT_THROW(Network(small, Shape{1, 3, 16, 16}, true), ModelError);
 }
 

@@ -204,12 +204,14 @@ class SmallVitsMatchTimm(unittest.TestCase):
         output = self.path("refused.h5")
         result = run("forward", "--model", self.path("broken.safetensors"), "--encoder", encoder, "--input", inputs,
                      "--output", output)
-        self.expect_refused(result, EXIT_BAD_INPUT, "missing tensor 'blocks.1.ls2.gamma'", "'pos_embed' has shape [1,17,48]",
-                            "'blocks.0.attn.qkv.weight' has shape [144,47]", "unexpected tensor 'head.weight'")
+        self.expect_refused(result, EXIT_BAD_INPUT, "missing tensor 'blocks.1.ls2.gamma'",
+                            "'pos_embed' has shape [1,17,48]", "'blocks.0.attn.qkv.weight' has shape [144,47]",
+                            "unexpected tensor 'head.weight'")
         self.assertFalse(os.path.exists(output))
         torch.save(broken, self.path("broken.pt"))
-        converted = subprocess.run([sys.executable, CONVERTER, "--state-dict", self.path("broken.pt"), "--model", encoder,
-                                    "--classes", "0", "--out", self.path("broken.h5")], capture_output=True, text=True)
+        converted = subprocess.run([sys.executable, CONVERTER, "--state-dict", self.path("broken.pt"), "--model",
+                                    encoder, "--classes", "0", "--out", self.path("broken.h5")],
+                                   capture_output=True, text=True)
         self.expect_refused(converted, EXIT_BAD_INPUT, "missing tensor 'blocks.1.ls2.gamma'", "'pos_embed' has shape",
                             "'blocks.0.attn.qkv.weight' has shape", "unexpected tensor 'head.weight'")
         self.assertFalse(os.path.exists(self.path("broken.h5")))

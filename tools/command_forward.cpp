@@ -105,7 +105,7 @@ void run_forward(const ForwardFlags& f) {
 void add_forward_command(CLI::App& app) {
   auto* command = app.add_subcommand("forward", "Logits of a model for float32 images [N,3,H,W] in an HDF5 file");
   auto flags = std::make_shared<ForwardFlags>();
-  command->add_option("--model", flags->model, "Checkpoint .h5, preset, model JSON, or .safetensors weights (with --encoder)")
+  command->add_option("--model", flags->model, "Checkpoint .h5, preset, model JSON, or .safetensors (with --encoder)")
       ->required();
   command->add_option("--encoder", flags->encoder,
                       "The architecture of .safetensors weights: a ViT preset (uni, uni2-h, virchow2, h-optimus-0, "

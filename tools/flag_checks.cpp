@@ -85,8 +85,9 @@ void refuse_output_over_inputs(const std::string& output_flag, const std::string
 
 void refuse_untrained_model(const std::string& model, bool random_weights) {
   if (random_weights || is_checkpoint_path(model) || is_safetensors_path(model)) return;
-  throw UsageError("--model " + model + " has random weights (a preset or a model description, not a checkpoint .h5 "
-                   "or .safetensors weights): give trained weights, or --random-weights to run it untrained on purpose");
+  throw UsageError("--model " + model +
+                   " has random weights (a preset or a model description, not a checkpoint .h5 or .safetensors "
+                   "weights): give trained weights, or --random-weights to run it untrained on purpose");
 }
 
 }  // namespace tessera::cli

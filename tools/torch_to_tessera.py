@@ -171,7 +171,8 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0, help="seed for --torchvision (default 0)")
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--preset", choices=PRESETS + tuple(VIT_PRESETS), help="tessera preset to check against")
-    model.add_argument("--model", metavar="FILE.json", help="a ViT model JSON ({\"family\": \"vit\", ...}) to check against")
+    model.add_argument("--model", metavar="FILE.json",
+                       help="a ViT model JSON ({\"family\": \"vit\", ...}) to check against")
     parser.add_argument("--classes", type=int,
                         help="number of classes (default: from the last layer; 1000 with --torchvision)")
     parser.add_argument("--width", type=int, help="small-cnn width (default: from conv1.weight)")

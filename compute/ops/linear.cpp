@@ -14,9 +14,11 @@ std::unique_ptr<Op> make_linear(const LayerConfig& layer) {
 
 Shape Linear::infer(const std::vector<Shape>& inputs) {
   if (inputs.size() != 1) throw ShapeError("linear takes one input");
-  // As nn.Linear: over the last dimension, every leading one a batch (a ViT's [N, tokens, width]).
-  if (inputs[0].size() < 2)
-    throw ShapeError("linear takes [batch, ..., features], got " + to_string(inputs[0]));
+  // As nn.Linear, over the last dimension: [batch, features], or a ViT's [batch, tokens, features].
+  // A feature map [N,C,H,W] is refused: a forgotten flatten would otherwise run over its width.
+  if (inputs[0].size() != 2 && inputs[0].size() != 3)
+    throw ShapeError("linear takes [batch, features] or [batch, tokens, features], got " + to_string(inputs[0]) +
+                     " (flatten first)");
   in_features_ = inputs[0].back();
   batch_ = element_count(inputs[0]) / std::max<int64_t>(in_features_, 1);
   Shape output = inputs[0];

@@ -8,7 +8,7 @@ class Linear : public Op {
  public:
   Linear(int64_t out_features, bool bias) : out_features_(out_features), has_bias_(bias) {}
   std::string type() const override { return "linear"; }
-  // x [N, in] -> y [N, out]; x [N, T, in] -> y [N, T, out] (every dimension before the last a batch)
+  // x [N, in] -> y [N, out]; x [N, T, in] -> y [N, T, out] (tokens: rows of the batch)
   Shape infer(const std::vector<Shape>& inputs) override;
   // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
   std::vector<TensorSpec> tensors() const override;

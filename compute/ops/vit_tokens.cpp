@@ -18,7 +18,7 @@ constexpr const char* kResampled = "resampled_pos_embed";
 
 std::unique_ptr<Op> make_vit_tokens(const LayerConfig& layer) {
   std::string position = layer.choice("position_embedding", "tokens", {"tokens", "patches", "none"});
-  auto rule = position == "tokens" ? VitTokens::Position::tokens
+  auto rule = position == "tokens"    ? VitTokens::Position::tokens
               : position == "patches" ? VitTokens::Position::patches
                                       : VitTokens::Position::none;
   std::array<int64_t, 2> grid{layer.integer("grid_height", 0), layer.integer("grid_width", 0)};
@@ -66,29 +66,28 @@ void VitTokens::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
   if (resamples()) {
     const Tensor& resampled = *t.tensors[next];
     uint32_t covered = position_ == Position::tokens ? static_cast<uint32_t>(prefix()) : 0u;
-    recorder.dispatch_elements(kernels.get("position_embedding_resample", {kElementwiseGroup}),
-                               {reads(*position), writes(resampled)},
-                               ResamplePush{static_cast<uint32_t>(resampled.count()), static_cast<uint32_t>(width_),
-                                            covered, static_cast<uint32_t>(grid_[0]), static_cast<uint32_t>(grid_[1]),
-                                            static_cast<uint32_t>(input_grid_[0]),
-                                            static_cast<uint32_t>(input_grid_[1])},
-                               static_cast<uint64_t>(resampled.count()), kElementwiseGroup);
+    recorder.dispatch_elements(
+        kernels.get("position_embedding_resample", {kElementwiseGroup}), {reads(*position), writes(resampled)},
+        ResamplePush{static_cast<uint32_t>(resampled.count()), static_cast<uint32_t>(width_), covered,
+                     static_cast<uint32_t>(grid_[0]), static_cast<uint32_t>(grid_[1]),
+                     static_cast<uint32_t>(input_grid_[0]), static_cast<uint32_t>(input_grid_[1])},
+        static_cast<uint64_t>(resampled.count()), kElementwiseGroup);
     position = &resampled;
   }
   int64_t count = element_count({batch_, prefix() + input_grid_[0] * input_grid_[1], width_});
-  auto& kernel = kernel_for(kernels, "vit_tokens_forward", *t.output, {kElementwiseGroup, static_cast<int32_t>(position_)});
-  recorder.dispatch_elements(kernel,
-                             {reads(*t.inputs[0]), reads(*class_token), reads(*registers), reads(*position),
-                              writes(*t.output)},
-                             TokensPush{static_cast<uint32_t>(count), static_cast<uint32_t>(width_),
-                                        static_cast<uint32_t>(input_grid_[0] * input_grid_[1]),
-                                        class_token_ ? 1u : 0u, static_cast<uint32_t>(prefix())},
-                             static_cast<uint64_t>(count), kElementwiseGroup);
+  auto& kernel =
+      kernel_for(kernels, "vit_tokens_forward", *t.output, {kElementwiseGroup, static_cast<int32_t>(position_)});
+  recorder.dispatch_elements(
+      kernel, {reads(*t.inputs[0]), reads(*class_token), reads(*registers), reads(*position), writes(*t.output)},
+      TokensPush{static_cast<uint32_t>(count), static_cast<uint32_t>(width_),
+                 static_cast<uint32_t>(input_grid_[0] * input_grid_[1]), class_token_ ? 1u : 0u,
+                 static_cast<uint32_t>(prefix())},
+      static_cast<uint64_t>(count), kElementwiseGroup);
 }
 
 std::unique_ptr<Op> make_token_pool(const LayerConfig& layer) {
   std::string mode = layer.choice("output", "class_token", {"class_token", "class_token_and_patch_mean", "patch_mean"});
-  auto rule = mode == "class_token" ? TokenPool::Mode::class_token
+  auto rule = mode == "class_token"  ? TokenPool::Mode::class_token
               : mode == "patch_mean" ? TokenPool::Mode::patch_mean
                                      : TokenPool::Mode::class_token_and_patch_mean;
   return std::make_unique<TokenPool>(rule, layer.integer("prefix_tokens", 1));
