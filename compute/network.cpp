@@ -28,28 +28,20 @@ uint64_t MemoryPlan::total() const {
 
 namespace {
 
-nlohmann::json layer(const std::string& name, const std::string& type, nlohmann::json fields = nlohmann::json::object(),
-                     std::vector<std::string> inputs = {}) {
-  fields["name"] = name;
-  fields["type"] = type;
-  if (!inputs.empty()) fields["inputs"] = inputs;
-  return fields;
-}
-
 // conv, pool, conv, pool, dense, dropout, dense; channels w, 2w and 4w.
 nlohmann::json small_cnn(int classes, int width) {
   nlohmann::json layers = nlohmann::json::array();
-  layers.push_back(layer("conv1", "conv2d", {{"out_channels", width}, {"kernel", 3}, {"padding", 1}}));
-  layers.push_back(layer("relu1", "relu"));
-  layers.push_back(layer("pool1", "max_pool2d", {{"kernel_size", 2}}));
-  layers.push_back(layer("conv2", "conv2d", {{"out_channels", 2 * width}, {"kernel", 3}, {"padding", 1}}));
-  layers.push_back(layer("relu2", "relu"));
-  layers.push_back(layer("pool2", "max_pool2d", {{"kernel_size", 2}}));
-  layers.push_back(layer("flatten", "flatten"));
-  layers.push_back(layer("fc1", "linear", {{"out_features", 4 * width}}));
-  layers.push_back(layer("relu3", "relu"));
-  layers.push_back(layer("dropout", "dropout", {{"p", 0.5}}));
-  layers.push_back(layer("fc2", "linear", {{"out_features", classes}}));
+  layers.push_back(layer_description("conv1", "conv2d", {{"out_channels", width}, {"kernel", 3}, {"padding", 1}}));
+  layers.push_back(layer_description("relu1", "relu"));
+  layers.push_back(layer_description("pool1", "max_pool2d", {{"kernel_size", 2}}));
+  layers.push_back(layer_description("conv2", "conv2d", {{"out_channels", 2 * width}, {"kernel", 3}, {"padding", 1}}));
+  layers.push_back(layer_description("relu2", "relu"));
+  layers.push_back(layer_description("pool2", "max_pool2d", {{"kernel_size", 2}}));
+  layers.push_back(layer_description("flatten", "flatten"));
+  layers.push_back(layer_description("fc1", "linear", {{"out_features", 4 * width}}));
+  layers.push_back(layer_description("relu3", "relu"));
+  layers.push_back(layer_description("dropout", "dropout", {{"p", 0.5}}));
+  layers.push_back(layer_description("fc2", "linear", {{"out_features", classes}}));
   return {{"name", "small-cnn"}, {"layers", layers}};
 }
 
@@ -60,14 +52,15 @@ nlohmann::json small_cnn(int classes, int width) {
 nlohmann::json resnet(const std::string& name, int classes, bool bottleneck, const std::vector<int>& blocks) {
   nlohmann::json layers = nlohmann::json::array();
   auto conv = [](const std::string& conv_name, int out, int kernel, int stride, int padding, std::string input) {
-    return layer(conv_name, "conv2d",
-                 {{"out_channels", out}, {"kernel", kernel}, {"stride", stride}, {"padding", padding}, {"bias", false}},
-                 {std::move(input)});
+    return layer_description(
+        conv_name, "conv2d",
+        {{"out_channels", out}, {"kernel", kernel}, {"stride", stride}, {"padding", padding}, {"bias", false}},
+        {std::move(input)});
   };
   layers.push_back(conv("conv1", 64, 7, 2, 3, "input"));
-  layers.push_back(layer("bn1", "batch_norm2d"));
-  layers.push_back(layer("relu", "relu"));
-  layers.push_back(layer("maxpool", "max_pool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}));
+  layers.push_back(layer_description("bn1", "batch_norm2d"));
+  layers.push_back(layer_description("relu", "relu"));
+  layers.push_back(layer_description("maxpool", "max_pool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}));
   std::string previous = "maxpool";
   int channels = 64;
   const int expansion = bottleneck ? 4 : 1;
@@ -88,27 +81,27 @@ nlohmann::json resnet(const std::string& name, int classes, bool bottleneck, con
         bool last = c + 1 == convs.size();
         auto [kernel, conv_stride] = convs[c];
         layers.push_back(conv(prefix + "conv" + index, last ? out : width, kernel, conv_stride, kernel / 2, branch));
-        layers.push_back(layer(prefix + "bn" + index, "batch_norm2d"));
+        layers.push_back(layer_description(prefix + "bn" + index, "batch_norm2d"));
         branch = prefix + "bn" + index;
         if (!last) {
-          layers.push_back(layer(prefix + "relu" + index, "relu"));
+          layers.push_back(layer_description(prefix + "relu" + index, "relu"));
           branch = prefix + "relu" + index;
         }
       }
       std::string identity = previous;
       if (stride != 1 || channels != out) {
         layers.push_back(conv(prefix + "downsample.0", out, 1, stride, 0, previous));
-        layers.push_back(layer(prefix + "downsample.1", "batch_norm2d"));
+        layers.push_back(layer_description(prefix + "downsample.1", "batch_norm2d"));
         identity = prefix + "downsample.1";
       }
-      layers.push_back(layer(prefix + "add", "add", {}, {branch, identity}));
+      layers.push_back(layer_description(prefix + "add", "add", {}, {branch, identity}));
       previous = prefix + "relu" + std::to_string(convs.size());
-      layers.push_back(layer(previous, "relu"));
+      layers.push_back(layer_description(previous, "relu"));
       channels = out;
     }
   }
-  layers.push_back(layer("avgpool", "global_avg_pool"));
-  layers.push_back(layer("fc", "linear", {{"out_features", classes}}));
+  layers.push_back(layer_description("avgpool", "global_avg_pool"));
+  layers.push_back(layer_description("fc", "linear", {{"out_features", classes}}));
   return {{"name", name}, {"layers", layers}};
 }
 

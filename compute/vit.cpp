@@ -16,14 +16,6 @@ const nlohmann::json& presets() {
   return parsed;
 }
 
-nlohmann::json layer(const std::string& name, const std::string& type, nlohmann::json fields = nlohmann::json::object(),
-                     std::vector<std::string> inputs = {}) {
-  fields["name"] = name;
-  fields["type"] = type;
-  if (!inputs.empty()) fields["inputs"] = inputs;
-  return fields;
-}
-
 }  // namespace
 
 std::vector<std::string> vit_preset_names() {
@@ -93,42 +85,44 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
     config.fail("final_norm", "'pooled' normalises one token's width, not the joined output");
 
   nlohmann::json layers = nlohmann::json::array();
-  layers.push_back(layer("patch_embed.proj", "conv2d",
-                         {{"out_channels", width}, {"kernel", patch}, {"stride", patch}, {"padding", 0}}, {"input"}));
-  layers.push_back(layer("tokens", "vit_tokens",
-                         {{"class_token", class_token},
-                          {"register_tokens", registers},
-                          {"position_embedding", position},
-                          {"grid_height", image_size / patch},
-                          {"grid_width", image_size / patch}}));
+  layers.push_back(layer_description("patch_embed.proj", "conv2d",
+                                     {{"out_channels", width}, {"kernel", patch}, {"stride", patch}, {"padding", 0}},
+                                     {"input"}));
+  layers.push_back(layer_description("tokens", "vit_tokens",
+                                     {{"class_token", class_token},
+                                      {"register_tokens", registers},
+                                      {"position_embedding", position},
+                                      {"grid_height", image_size / patch},
+                                      {"grid_width", image_size / patch}}));
   std::string x = "tokens";
   // A block's last layer is its output, so that "blocks.3" names it (Network::layer).
   for (int64_t b = 0; b < depth; ++b) {
     std::string prefix = "blocks." + std::to_string(b) + ".";
     auto branch = [&](const std::string& norm, std::vector<nlohmann::json> body, const std::string& scale,
                       const std::string& sum) {
-      layers.push_back(layer(prefix + norm, "layer_norm", {{"eps", eps}}, {x}));
+      layers.push_back(layer_description(prefix + norm, "layer_norm", {{"eps", eps}}, {x}));
       for (auto& l : body) layers.push_back(l);
-      if (layer_scale) layers.push_back(layer(prefix + scale, "layer_scale", {{"init", layer_scale_init}}));
-      layers.push_back(layer(prefix + sum, "add", {}, {x, layers.back()["name"].get<std::string>()}));
+      if (layer_scale) layers.push_back(layer_description(prefix + scale, "layer_scale", {{"init", layer_scale_init}}));
+      layers.push_back(layer_description(prefix + sum, "add", {}, {x, layers.back()["name"].get<std::string>()}));
       x = prefix + sum;
     };
     branch("norm1",
-           {layer(prefix + "attn.qkv", "linear", {{"out_features", 3 * width}, {"bias", qkv_bias}}),
-            layer(prefix + "attn.attend", "attention", {{"heads", heads}}),
-            layer(prefix + "attn.proj", "linear", {{"out_features", width}})},
+           {layer_description(prefix + "attn.qkv", "linear", {{"out_features", 3 * width}, {"bias", qkv_bias}}),
+            layer_description(prefix + "attn.attend", "attention", {{"heads", heads}}),
+            layer_description(prefix + "attn.proj", "linear", {{"out_features", width}})},
            "ls1", "residual1");
     branch("norm2",
-           {layer(prefix + "mlp.fc1", "linear", {{"out_features", hidden}}),
-            mlp == "gelu" ? layer(prefix + "mlp.act", "gelu") : layer(prefix + "mlp.gate", "swiglu"),
-            layer(prefix + "mlp.fc2", "linear", {{"out_features", width}})},
+           {layer_description(prefix + "mlp.fc1", "linear", {{"out_features", hidden}}),
+            mlp == "gelu" ? layer_description(prefix + "mlp.act", "gelu")
+                          : layer_description(prefix + "mlp.gate", "swiglu"),
+            layer_description(prefix + "mlp.fc2", "linear", {{"out_features", width}})},
            "ls2", "residual2");
   }
-  if (final_norm == "tokens") layers.push_back(layer("norm", "layer_norm", {{"eps", eps}}));
+  if (final_norm == "tokens") layers.push_back(layer_description("norm", "layer_norm", {{"eps", eps}}));
   int64_t prefix_tokens = (class_token ? 1 : 0) + registers;
-  layers.push_back(layer("pool", "token_pool", {{"output", output}, {"prefix_tokens", prefix_tokens}}));
-  if (final_norm == "pooled") layers.push_back(layer("fc_norm", "layer_norm", {{"eps", eps}}));
-  if (classes > 0) layers.push_back(layer("head", "linear", {{"out_features", classes}}));
+  layers.push_back(layer_description("pool", "token_pool", {{"output", output}, {"prefix_tokens", prefix_tokens}}));
+  if (final_norm == "pooled") layers.push_back(layer_description("fc_norm", "layer_norm", {{"eps", eps}}));
+  if (classes > 0) layers.push_back(layer_description("head", "linear", {{"out_features", classes}}));
   return {{"name", name}, {"layers", layers}};
 }
 

@@ -128,6 +128,14 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
   return op;
 }
 
+nlohmann::json layer_description(const std::string& name, const std::string& type, nlohmann::json fields,
+                                 std::vector<std::string> inputs) {
+  fields["name"] = name;
+  fields["type"] = type;
+  if (!inputs.empty()) fields["inputs"] = inputs;
+  return fields;
+}
+
 void LayerConfig::refuse_unread() const {
   // A field no op reads ("dilation", "ceil_mode") would make the model differ silently from
   // the one it mirrors.

@@ -46,4 +46,10 @@ class LayerConfig {
 
 std::unique_ptr<Op> make_op(const LayerConfig& layer);
 
+// A layer of a model description, as the presets write them: {"name", "type", fields...,
+// "inputs"} (inputs left out: the layer before).
+nlohmann::json layer_description(const std::string& name, const std::string& type,
+                                 nlohmann::json fields = nlohmann::json::object(),
+                                 std::vector<std::string> inputs = {});
+
 }  // namespace tessera
