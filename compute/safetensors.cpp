@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"

@@ -44,7 +44,10 @@ nlohmann::json vit_settings(const nlohmann::json& description) {
 }
 
 nlohmann::json vit_graph(const nlohmann::json& description) {
-  std::string name = description.value("preset", std::string("vit"));
+  // The graph's name: the description's, else the preset's.
+  std::string name = "vit";
+  for (const char* field : {"preset", "name"})
+    if (auto it = description.find(field); it != description.end() && it->is_string()) name = it->get<std::string>();
   nlohmann::json settings = vit_settings(description);
   settings.erase("preprocessing");  // for the encoders' users, not the graph
   settings.erase("source");

@@ -10,12 +10,13 @@
 // position_embedding ("tokens": over every token, timm's default; "patches": no_embed_class;
 // "none"), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
 // output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean"), classes (a
-// linear head named "head"; 0: none, the features), and preprocessing and source (for the
+// linear head named "head"; 0: none, the features), name, and preprocessing and source (for the
 // encoders' users; not part of the graph).
 #pragma once
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace tessera {
 
