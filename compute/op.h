@@ -17,7 +17,13 @@ enum class TensorRole {
   parameter,  // trained; has a gradient; saved in checkpoints (conv.weight)
   state,      // not trained but saved in checkpoints (bn.running_mean)
   saved,      // written by forward, read by backward, not saved (bn batch mean, pool argmax)
+  // Derived from the parameters alone (conv2d's blocked weight): an inference network computes
+  // it once, when its weights are loaded (Op::prepare); training recomputes it in every forward.
+  prepared,
 };
+
+// Parameters and state: what checkpoints hold and initialisation fills.
+inline bool in_checkpoint(TensorRole role) { return role == TensorRole::parameter || role == TensorRole::state; }
 
 // How a parameter or state tensor starts. PyTorch's defaults, so that a model trained here
 // starts from the same distribution as the same model in PyTorch.
@@ -81,6 +87,8 @@ struct OpTensors {
   // convolution applies the batch norm in its weights and epilogue.
   bool relu = false;
   const FoldedBatchNorm* folded_batch_norm = nullptr;
+  // Inference after Op::prepare: the prepared tensors hold what it wrote; forward reads them.
+  bool prepared = false;
 };
 
 class Op {
@@ -95,6 +103,14 @@ class Op {
   virtual DType output_dtype(DType activations) const { return activations; }
   virtual void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
   virtual void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
+  // Writes the prepared tensors (TensorRole::prepared) from the parameters, with forward's
+  // bindings: an inference network records it once, after its weights are loaded, and its
+  // forward passes then skip that work (OpTensors::prepared).
+  virtual void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+    (void)recorder;
+    (void)kernels;
+    (void)t;
+  }
   // Floating-point operations of one forward pass, for benchmarks.
   virtual double forward_flops() const { return 0; }
 };

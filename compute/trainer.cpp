@@ -188,7 +188,7 @@ struct Replica final : ReplicaSync {
     uint64_t largest = 0;
     for (auto& layer : network.layers())
       for (auto& spec : layer.specs)
-        if (spec.role != TensorRole::saved) largest = std::max(largest, bytes(spec.shape, spec.dtype));
+        if (in_checkpoint(spec.role)) largest = std::max(largest, bytes(spec.shape, spec.dtype));
     if (allocator.transfer_footprint(largest)) plan.add(allocator, "staging", largest, vk::MemoryUsage::staging);
     return plan;
   }
@@ -965,19 +965,6 @@ std::vector<MemoryPlan> TrainingLoop::plans() const { return state_->plans(); }
 
 void TrainingLoop::run(Feed& train, Feed& validation, const TrainReporting& reporting) {
   state_->run(train, validation, reporting);
-}
-
-void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice) {
-  const vk::Allocator& allocator = context.allocator();
-  uint64_t budget = allocator.stats().budget_bytes;
-  uint64_t in_use = allocator.stats().live_bytes;
-  // The blocks the allocator will hold bound the run, not only the buffers' bytes.
-  if (uint64_t device_bytes = plan.device_bytes(allocator); device_bytes > budget)
-    throw OutOfDeviceMemory("the run needs " + format_bytes(plan.total()) + " of device memory, " +
-                            format_bytes(device_bytes) + " in the allocator's blocks" +
-                            (in_use ? " with " + format_bytes(in_use) + " already in use" : std::string()) +
-                            (context.info().name.empty() ? std::string() : " on " + context.info().name) +
-                            "; the budget is " + format_bytes(budget) + " (" + advice + ")");
 }
 
 }  // namespace tessera

@@ -110,8 +110,4 @@ class TrainingLoop {
   std::unique_ptr<State> state_;
 };
 
-// Throws OutOfDeviceMemory, with `advice` on what to change, when the plan and what is already
-// allocated are over the budget.
-void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice);
-
 }  // namespace tessera

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "compute/checkpoint.h"
+#include "compute/inference.h"
 #include "compute/tensor.h"
 
 namespace tessera {
@@ -279,14 +280,13 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
     auto& layers = graph["layers"];
     while (layers.back()["name"] != "attention_w") layers.erase(layers.size() - 1);
   }
-  Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
-  head.allocate(context);
-  std::map<std::string, Tensor*> tensors;
-  for (auto& named : head.named_tensors()) tensors[named.name] = named.tensor;
-  load_tensors(checkpoint.params, tensors, checkpoint_path, "params");
-  Tensor features(context, "features", {bag.instances, width});
-  features.upload(bag.features);
-  InferenceProgram(context, head, {{"features", &features}}).run();
+  InferenceOptions setup;
+  setup.inputs = {{"features", {bag.instances, width}}};
+  setup.input_memory = vk::MemoryUsage::device;
+  setup.advice = "the slide's tile count and the head's width set it";
+  Inference head(context, {std::move(graph), std::move(checkpoint), checkpoint_path}, setup);
+  head.input("features").upload(bag.features);
+  head.run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
   if (mean) {
