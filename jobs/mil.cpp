@@ -181,6 +181,7 @@ class MilJob {
         throw BadInput(options_.checkpoint + ": holds a head " + job.start->model.dump() + ", not " +
                        job.model.dump());
     }
+    job.settings = run_settings(options_);
     job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()}};
     job.advice = "lower --attention-hidden, or raise --device-memory-limit";
     return job;
@@ -321,14 +322,14 @@ nlohmann::json mil_settings(const MilOptions& mil) {
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
-  return TrainingLoop(context, job.options(), job.job()).plan();
+  return TrainingLoop(context, loop_settings(job.options()), job.job()).plan();
 }
 
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
                const TrainReporting& reporting) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
-  TrainingLoop loop(context, job.options(), job.job());
+  TrainingLoop loop(context, loop_settings(job.options()), job.job());
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
   loop.run(train_feed, val_feed, reporting);
 }
