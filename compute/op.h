@@ -120,12 +120,13 @@ struct ShapeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The kernel `name` in the variant for activations of `activation`'s type: "<name>_f16" where
-// they are fp16 (cmake/shaders.cmake compiles both from one source; the recorder checks that
-// every storage binding gets a buffer of its type).
-inline const vk::Kernel& kernel_for(vk::Kernels& kernels, const std::string& name, const Tensor& activation,
-                                    const std::vector<int32_t>& constants = {}) {
-  return kernels.get(activation.dtype() == DType::f16 ? name + "_f16" : name, constants);
+// The pipeline of `kernel` in its variant for activations of `activation`'s type (fp16 or float;
+// cmake/shaders.cmake compiles both from one source, and the recorder checks that every storage
+// binding gets a buffer of its type), for push constants of type Push.
+template <class Push = vk::NoPush>
+vk::Pipeline<Push> kernel_for(vk::Kernels& kernels, const vk::ActivationKernel& kernel, const Tensor& activation,
+                              const std::vector<int32_t>& constants = {}) {
+  return kernels.get<Push>(activation.dtype() == DType::f16 ? kernel.f16 : kernel.f32, constants);
 }
 
 // The standard workgroup size of elementwise kernels.

@@ -91,10 +91,16 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
           0,              0};
 }
 
-std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles, bool relu, bool fold) const {
+std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return {tiles.group,          tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
-          tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock, relu ? 1 : 0, fold ? 1 : 0};
+  return {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
+          tiles.share_columns ? 1 : 0, tiles.reduction_unroll};
+}
+
+std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, bool relu, bool fold) const {
+  std::vector<int32_t> all = constants(tiles);
+  all.insert(all.end(), {kWeightBlock, relu ? 1 : 0, fold ? 1 : 0});
+  return all;
 }
 
 namespace {
@@ -118,7 +124,7 @@ void Conv2d::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   WeightPush push{static_cast<uint32_t>(s.out_channels), static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
                   static_cast<uint32_t>(blocked.count()), fold ? fold->eps : 0.0f};
   recorder.dispatch_elements(
-      kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup), kWeightBlock, fold ? 1 : 0}),
+      kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {static_cast<int32_t>(kElementwiseGroup), kWeightBlock, fold ? 1 : 0}),
       {vk::reads(t.tensors[0]->buffer()), vk::writes(blocked.buffer()), vk::reads(folded(t, &FoldedBatchNorm::weight)),
        vk::reads(folded(t, &FoldedBatchNorm::running_var))},
       push, push.count, kElementwiseGroup);
@@ -134,7 +140,8 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   const vk::Buffer& weight = t.tensors[0]->buffer();
   const vk::Buffer& blocked = t.tensors[has_bias_ ? 2 : 1]->buffer();
   const FoldedBatchNorm* fold = t.folded_batch_norm;
-  recorder.dispatch(kernel_for(kernels, "conv2d_forward", *t.output, constants(tiles, t.relu, fold != nullptr)),
+  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::conv2d_forward, *t.output,
+                                     forward_constants(tiles, t.relu, fold != nullptr)),
                     {reads(*t.inputs[0]), vk::reads(blocked), vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight),
                      writes(*t.output), vk::reads(folded(t, &FoldedBatchNorm::weight)),
                      vk::reads(folded(t, &FoldedBatchNorm::bias)), vk::reads(folded(t, &FoldedBatchNorm::running_mean)),
@@ -153,7 +160,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
     const Tensor& dx = *t.input_grads[0];
-    auto& kernel = kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles));
+    auto kernel = kernel_for<Push>(kernels, vk::kernel::conv2d_backward_data, dx, constants(tiles));
     // One dispatch per phase of the stride: the input pixels that only taps of that phase reach.
     // The count of a phase's rows (or columns): of size positions, those with (i + pad) % stride == phase.
     auto phase_count = [&](int64_t phase, int64_t size) {
@@ -177,7 +184,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
-  recorder.dispatch(kernels.get("conv2d_backward_weight", constants(tiles)),
+  recorder.dispatch(kernels.get<Push>(vk::kernel::conv2d_backward_weight, constants(tiles)),
                     {reads(dy), reads(*t.inputs[0]),
                      slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
                     push(slices_ == 1), blocks(s.out_channels, tiles.group * tiles.rows),
@@ -186,7 +193,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     struct ReducePush {
       uint32_t count, slices;
     };
-    auto& reduce = kernels.get("conv2d_backward_weight_reduce", {static_cast<int32_t>(kElementwiseGroup)});
+    auto reduce = kernels.get<ReducePush>(vk::kernel::conv2d_backward_weight_reduce, {static_cast<int32_t>(kElementwiseGroup)});
     int64_t count = s.out_channels * columns;
     recorder.dispatch_elements(reduce, {vk::reads(partial), vk::updates(dweight)},
                                ReducePush{static_cast<uint32_t>(count), static_cast<uint32_t>(slices_)}, count,

@@ -39,9 +39,10 @@ class Conv2d : public Op {
     uint32_t phase_row = 0, phase_col = 0;
   };
   Push push(bool accumulate, float eps = 0) const;
-  // The specialization constants of the conv2d shaders: these tiles, kernel size and stride,
-  // and forward's epilogue.
-  std::vector<int32_t> constants(const GemmTiles& tiles, bool relu = false, bool fold = false) const;
+  // The specialization constants of the conv2d shaders: these tiles, kernel size and stride;
+  // forward's also its weight's block and its epilogue.
+  std::vector<int32_t> constants(const GemmTiles& tiles) const;
+  std::vector<int32_t> forward_constants(const GemmTiles& tiles, bool relu, bool fold) const;
   // A folded batch norm's tensor, or the weight in its place (bound, never read).
   const vk::Buffer& folded(const OpTensors& t, const Tensor* FoldedBatchNorm::*member) const;
 
