@@ -14,18 +14,6 @@
 
 namespace tessera {
 
-void MemoryPlan::add(const vk::Allocator& allocator, const std::string& category, uint64_t size,
-                     vk::MemoryUsage usage) {
-  bytes[category] += allocator.footprint(size);
-  buffers.push_back({size, usage});
-}
-
-uint64_t MemoryPlan::total() const {
-  uint64_t sum = 0;
-  for (auto& [category, size] : bytes) sum += size;
-  return sum;
-}
-
 namespace {
 
 // conv, pool, conv, pool, dense, dropout, dense; channels w, 2w and 4w.
@@ -358,10 +346,13 @@ GraphLayout Network::layout() const {
     for (size_t s = 0; s < layer.specs.size(); ++s) {
       const TensorSpec& spec = layer.specs[s];
       std::string full = tensor_name(layer.name, spec);
-      bool saved = spec.role == TensorRole::saved;
-      if (saved && reuse && fused[l].skipped) continue;
-      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
-                            saved ? "activations" : "parameters", saved && reuse);
+      bool saved = spec.role == TensorRole::saved, prepared = spec.role == TensorRole::prepared;
+      if ((saved || prepared) && reuse && fused[l].skipped) continue;
+      // Inference keeps what prepare() wrote for every pass; training rewrites it each forward.
+      std::string category = in_checkpoint(spec.role) ? "parameters"
+                             : prepared && reuse      ? "prepared weights"
+                                                      : "activations";
+      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s}, category, saved && reuse);
       if (saved && reuse) scratch.push_back(buffer);
       if (spec.role == TensorRole::parameter && with_gradients_)
         place({full + ".grad", spec.shape, DType::f32, GraphLayout::Kind::grad, l, s}, "gradients", false);
@@ -425,7 +416,7 @@ void Network::initialise(uint32_t seed) {
   for (auto& l : layers_)
     for (size_t s = 0; s < l.specs.size(); ++s) {
       const TensorSpec& spec = l.specs[s];
-      if (spec.role == TensorRole::saved) continue;
+      if (!in_checkpoint(spec.role)) continue;
       std::string name = tensor_name(l.name, spec);
       std::vector<float> values(static_cast<size_t>(element_count(spec.shape)));
       std::mt19937 generator(seed ^ name_hash(name));
@@ -449,6 +440,22 @@ void Network::initialise(uint32_t seed) {
     }
 }
 
+void Network::prepare(vk::Context& context) {
+  if (with_gradients_) throw std::logic_error("only an inference network keeps prepared weights");
+  vk::Program program(context);
+  vk::Recorder recorder(context, program);
+  Bound none;  // prepare() reads parameters only: the graph inputs stay unbound (nullptr)
+  for (auto& input : inputs_) none[input.name] = nullptr;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (fusion_[false][l].skipped) continue;
+    recorder.set_scope(layers_[l].name + " prepare");
+    layers_[l].op->prepare(recorder, context.kernels(), bindings(l, none, Pass{}, false));
+  }
+  recorder.finish();
+  program.run();
+  prepared_ = true;
+}
+
 Network::Layer& Network::layer(const std::string& name) {
   for (auto& l : layers_)
     if (l.name == name) return l;
@@ -465,7 +472,7 @@ std::vector<Network::Named> Network::named_tensors() {
   for (auto& l : layers_) {
     if (!l.from_model) continue;
     for (size_t s = 0; s < l.specs.size(); ++s) {
-      if (l.specs[s].role == TensorRole::saved) continue;
+      if (!in_checkpoint(l.specs[s].role)) continue;
       named.push_back({tensor_name(l.name, l.specs[s]), l.tensors[s].get(), l.grads[s].get(), l.specs[s]});
     }
   }
@@ -482,8 +489,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
     if (producer < 0) {
       auto input = static_cast<size_t>(-1 - producer);
       auto bound = inputs.find(inputs_[input].name);
-      if (bound == inputs.end() || !bound->second)
-        throw std::logic_error("graph input " + inputs_[input].name + " is not bound");
+      if (bound == inputs.end()) throw std::logic_error("graph input " + inputs_[input].name + " is not bound");
       value = bound->second;
       if (input < input_grads_.size()) grad = input_grads_[input].get();
     } else {
@@ -512,6 +518,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
     t.grads.push_back(l.grads[s].get());
   }
   t.training = pass.training;
+  t.prepared = prepared_ && !pass.training;
   t.seed = pass.seed ^ name_hash(l.name);
   t.step = pass.step;
   t.sample_offset = pass.sample_offset;

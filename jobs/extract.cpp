@@ -17,10 +17,9 @@
 
 #include "common/error.h"
 #include "common/progress.h"
-#include "compute/checkpoint.h"
 #include "compute/feature_file.h"
 #include "compute/hdf5.h"
-#include "compute/network.h"
+#include "compute/inference.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
 
@@ -106,16 +105,6 @@ struct Message {
 // reading.
 struct ReaderStopped {};
 
-nlohmann::json truncated_after(nlohmann::json description, const std::string &layer) {
-  auto &layers = description["layers"];
-  for (size_t i = 0; i < layers.size(); ++i)
-    if (layers[i]["name"] == layer) {
-      layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1, layers.end());
-      break;
-    }
-  return description;
-}
-
 std::string slide_name(const nlohmann::json &entry) {
   return fs::path(entry.value("name", entry.value("path", ""))).stem().string();
 }
@@ -126,51 +115,28 @@ struct SlideWork {
   nlohmann::json entry;
 };
 
-// One device's model: the network up to the layer, the staged images and the program that runs it.
+// One device's model: the network up to the layer over the staged images.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, int tile_size, int device)
-      : options_(options), tile_size_(tile_size), context_(context_options(device)) {
-    nlohmann::json description;
-    std::optional<Checkpoint> checkpoint;
-    if (is_checkpoint_path(options.model)) {
-      checkpoint = read_checkpoint(options.model);
-      description = expand_presets(checkpoint->model);
-    } else {
-      description = load_model_description(options.model, 2);
-    }
+  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int device)
+      : options_(options), tile_size_(tile_size), context_(context_options(options, device)) {
     // uint8 RGB as read from the store becomes the layer the model reads as "input".
-    std::vector<GraphInput> inputs{{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
-    nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
-    // The whole graph resolves the name (a module's output is its last
-    // sublayer's); only the layers up to it run.
-    std::string layer = Network(description, inputs, false, prologue).layer(options.layer).name;
-    network_ = std::make_unique<Network>(truncated_after(description, layer), inputs, false, prologue);
-    // The graph's buffers (in inference an activation's is handed on once read), the staged
-    // images and the step count.
-    auto &allocator = context_.allocator();
-    planned_bytes_ = network_->plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(element_count(inputs[0].shape))) +
-                     InferenceProgram::planned_bytes(allocator);
-    network_->allocate(context_);
-    network_->initialise(0);
-    if (checkpoint) {
-      std::map<std::string, Tensor *> tensors;
-      for (auto &named : network_->named_tensors()) tensors[named.name] = named.tensor;
-      load_tensors(checkpoint->params, tensors, options.model, "params");
-    }
-    const Shape &out = network_->output_shape();
+    InferenceOptions inference;
+    inference.inputs = {{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
+    inference.prologue =
+        nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+    inference.layer = options.layer;
+    inference.advice = "lower --batch, or raise --device-memory-limit";
+    model_ = std::make_unique<Inference>(context_, model, inference);
+    const Shape &out = model_->output_shape();
     width_ = out[1];
     spatial_ = element_count(out) / (out[0] * out[1]);
     extraction_ = {{"model", options.model},
-                   {"layer", layer},
+                   {"layer", model_->layer()},
                    {"output_shape", Shape(out.begin() + 1, out.end())},
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
-
-    images_ = std::make_unique<Tensor>(context_, "images", inputs[0].shape, DType::u8, vk::MemoryUsage::staging);
-    program_ = std::make_unique<InferenceProgram>(context_, *network_, Network::Bound{{"images", images_.get()}});
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
@@ -194,9 +160,9 @@ class Extractor {
   // Runs a batch of tiles through the network; rows are the pooled features.
   FeatureBatch run(TileBatch &&tiles) {
     auto start = Clock::now();
-    std::memcpy(images_->buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
-    program_->run();
-    network_->output().download(output_.data(), output_.size() * sizeof(float));
+    std::memcpy(model_->input("images").buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
+    model_->run();
+    model_->output().download(output_.data(), output_.size() * sizeof(float));
     FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
                        tiles.count};
     for (int64_t row = 0; row < tiles.count * width_; ++row) {
@@ -213,28 +179,26 @@ class Extractor {
     return {{"index", context_.info().index},
             {"name", context_.info().name},
             {"device_seconds", device_seconds_},
-            {"planned_device_bytes", planned_bytes_},
+            {"planned_device_bytes", model_->plan().total()},
             {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
   }
 
  private:
-  static vk::ContextOptions context_options(int device) {
+  static vk::ContextOptions context_options(const ExtractOptions &options, int device) {
     vk::ContextOptions context = vk::options_from_environment();
     context.device_index = device;
+    context.memory_budget = options.memory_budget;
     return context;
   }
 
   const ExtractOptions &options_;
   int tile_size_;
   vk::Context context_;
-  std::unique_ptr<Network> network_;
-  std::unique_ptr<Tensor> images_;
-  std::unique_ptr<InferenceProgram> program_;
+  std::unique_ptr<Inference> model_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;
   nlohmann::json extraction_;
   double device_seconds_ = 0;
-  uint64_t planned_bytes_ = 0;
 };
 
 // What the devices share: the next slide nobody has taken, the progress, each slide's summary
@@ -497,9 +461,18 @@ void extract_features(const ExtractOptions &options) {
   // Checked before any work: --slides tiles first.
   std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
   if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
-  std::error_code error;
-  fs::create_directories(options.out, error);
-  if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
+  const ResolvedModel model = resolve_model(options.model, 2);
+  // A model per device, each planned and checked against its device's budget before any work.
+  std::vector<std::unique_ptr<Extractor>> extractors;
+  auto build_extractors = [&](int tile_size) {
+    extractors.clear();
+    for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, device));
+  };
+  auto create_out = [&] {
+    std::error_code error;
+    fs::create_directories(options.out, error);
+    if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
+  };
   nlohmann::json summary = nlohmann::json::object();
   std::vector<std::string> store_paths;
   data::Shard shard = options.shard;
@@ -511,6 +484,8 @@ void extract_features(const ExtractOptions &options) {
     store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
+    if (!jobs.empty()) build_extractors(options.tiler.size);
+    create_out();
     summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
     shard = {};  // that store holds this shard's slides only
   } else {
@@ -537,6 +512,7 @@ void extract_features(const ExtractOptions &options) {
     selected.push_back(all[i]);
   }
   summary["shard"] = {{"index", options.shard.index}, {"count", options.shard.count}, {"slides", selected.size()}};
+  create_out();
   if (selected.empty()) {  // more tasks than slides: this one has nothing to do
     summary.update({{"slides", nlohmann::json::array()}, {"tiles", 0}});
     std::printf("%s\n", summary.dump().c_str());
@@ -551,8 +527,7 @@ void extract_features(const ExtractOptions &options) {
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
   }
 
-  std::vector<std::unique_ptr<Extractor>> extractors;
-  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, device));
+  if (extractors.empty() || extractors.front()->tile_size() != tile_size) build_extractors(tile_size);
   for (const SlideWork &work : selected)
     if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
       check_same_extraction(done.string(), extractors.front()->extraction());

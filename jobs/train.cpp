@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "compute/run_checks.h"
 #include "data/loader.h"
 
 namespace tessera {
@@ -86,6 +85,7 @@ Setup prepare(const TrainOptions& options) {
   job.staged = {{"images", {n, setup.source->height(), setup.source->width(), 3}, DType::u8},
                 {"labels", {n}, DType::u32},
                 {"valid", {1}, DType::u32}};
+  job.settings = run_settings(options);
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
   return setup;
 }
@@ -118,7 +118,7 @@ class PatchFeed : public Feed {
 
 std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options) {
   Setup setup = prepare(options);
-  TrainingLoop loop(devices, options, std::move(setup.job));
+  TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   return loop.plans();
 }
@@ -126,7 +126,7 @@ std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, 
 void train(const std::vector<vk::Context*>& devices, const TrainOptions& options, const TrainReporting& reporting) {
   Setup setup = prepare(options);
   // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
-  TrainingLoop loop(devices, options, std::move(setup.job));
+  TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};

@@ -22,8 +22,8 @@ Shape Activation::infer(const std::vector<Shape>& inputs) {
 }
 
 void Activation::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel =
-      kernel_for(kernels, "activation_forward", *t.output, {kElementwiseGroup, function_ == Function::gelu ? 0 : 1});
+  auto kernel =
+      kernel_for<CountPush>(kernels, vk::kernel::activation_forward, *t.output, {kElementwiseGroup, function_ == Function::gelu ? 0 : 1});
   recorder.dispatch_elements(kernel, {reads(*t.inputs[0]), writes(*t.output)}, CountPush{static_cast<uint32_t>(count_)},
                              (count_ + 3) / 4, kElementwiseGroup);
 }
@@ -41,7 +41,7 @@ Shape SwiGlu::infer(const std::vector<Shape>& inputs) {
 
 void SwiGlu::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   recorder.dispatch_elements(
-      kernel_for(kernels, "swiglu_forward", *t.output, {kElementwiseGroup}), {reads(*t.inputs[0]), writes(*t.output)},
+      kernel_for<SwiGluPush>(kernels, vk::kernel::swiglu_forward, *t.output, {kElementwiseGroup}), {reads(*t.inputs[0]), writes(*t.output)},
       SwiGluPush{static_cast<uint32_t>(count_), static_cast<uint32_t>(hidden_)}, count_, kElementwiseGroup);
 }
 

@@ -44,8 +44,8 @@ double Attention::forward_flops() const {
 void Attention::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   // Queries are the rows of the score block, keys its columns, the head its reduction.
   GemmTiles tiles = gemm_tiles(kernels.tile_target(), tokens_);
-  auto& kernel = kernel_for(
-      kernels, "attention_forward", *t.output,
+  auto kernel = kernel_for<Push>(
+      kernels, vk::kernel::attention_forward, *t.output,
       {tiles.group, tiles.rows, tiles.columns, tiles.share_columns ? 1 : 0,
        std::min<int32_t>(tiles.reduction_unroll, static_cast<int32_t>(head_dim_)), static_cast<int32_t>(head_dim_)});
   auto queries_per_group = static_cast<int64_t>(tiles.group) * tiles.rows;

@@ -29,7 +29,7 @@ void InputNormalize::forward(vk::Recorder& recorder, vk::Kernels& kernels, const
                      0,
                      {kMean[0], kMean[1], kMean[2], 0},
                      {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
-  recorder.dispatch_elements(kernel_for(kernels, "input_normalize", input, {kElementwiseGroup}),
+  recorder.dispatch_elements(kernel_for<NormalizePush>(kernels, vk::kernel::input_normalize, input, {kElementwiseGroup}),
                              {reads(*t.inputs[0]), writes(input)}, push,
                              static_cast<uint64_t>(input.count()), kElementwiseGroup);
 }

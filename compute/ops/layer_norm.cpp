@@ -41,8 +41,8 @@ void LayerNorm::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
   const vk::TileTarget& target = kernels.tile_target();
   uint32_t group = row_group(target, width_);
   bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
-  auto& kernel =
-      kernel_for(kernels, "layer_norm_forward", *t.output, {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
+  auto kernel =
+      kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, *t.output, {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
   // One workgroup per row: `group` elements per row, spread over x and y.
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.tensors[0]), reads(*t.tensors[1]), writes(*t.output)},

@@ -25,7 +25,7 @@ std::vector<TensorSpec> LayerScale::tensors() const {
 }
 
 void LayerScale::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  recorder.dispatch_elements(kernel_for(kernels, "layer_scale_forward", *t.output, {kElementwiseGroup}),
+  recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::layer_scale_forward, *t.output, {kElementwiseGroup}),
                              {reads(*t.inputs[0]), reads(*t.tensors[0]), writes(*t.output)},
                              Push{static_cast<uint32_t>(count_), static_cast<uint32_t>(width_)}, count_,
                              kElementwiseGroup);

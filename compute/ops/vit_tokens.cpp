@@ -67,7 +67,7 @@ void VitTokens::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
     const Tensor& resampled = *t.tensors[next];
     uint32_t covered = position_ == Position::tokens ? static_cast<uint32_t>(prefix()) : 0u;
     recorder.dispatch_elements(
-        kernels.get("position_embedding_resample", {kElementwiseGroup}), {reads(*position), writes(resampled)},
+        kernels.get<ResamplePush>(vk::kernel::position_embedding_resample, {kElementwiseGroup}), {reads(*position), writes(resampled)},
         ResamplePush{static_cast<uint32_t>(resampled.count()), static_cast<uint32_t>(width_), covered,
                      static_cast<uint32_t>(grid_[0]), static_cast<uint32_t>(grid_[1]),
                      static_cast<uint32_t>(input_grid_[0]), static_cast<uint32_t>(input_grid_[1])},
@@ -75,8 +75,8 @@ void VitTokens::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
     position = &resampled;
   }
   int64_t count = element_count({batch_, prefix() + input_grid_[0] * input_grid_[1], width_});
-  auto& kernel =
-      kernel_for(kernels, "vit_tokens_forward", *t.output, {kElementwiseGroup, static_cast<int32_t>(position_)});
+  auto kernel =
+      kernel_for<TokensPush>(kernels, vk::kernel::vit_tokens_forward, *t.output, {kElementwiseGroup, static_cast<int32_t>(position_)});
   recorder.dispatch_elements(
       kernel, {reads(*t.inputs[0]), reads(*class_token), reads(*registers), reads(*position), writes(*t.output)},
       TokensPush{static_cast<uint32_t>(count), static_cast<uint32_t>(width_),
@@ -107,7 +107,7 @@ Shape TokenPool::infer(const std::vector<Shape>& inputs) {
 
 void TokenPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   int64_t count = t.output->count();
-  auto& kernel = kernel_for(kernels, "token_pool_forward", *t.output, {kElementwiseGroup, static_cast<int32_t>(mode_)});
+  auto kernel = kernel_for<PoolPush>(kernels, vk::kernel::token_pool_forward, *t.output, {kElementwiseGroup, static_cast<int32_t>(mode_)});
   recorder.dispatch_elements(kernel, {reads(*t.inputs[0]), writes(*t.output)},
                              PoolPush{static_cast<uint32_t>(count), static_cast<uint32_t>(width_),
                                       static_cast<uint32_t>(tokens_), static_cast<uint32_t>(prefix_)},
