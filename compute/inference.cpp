@@ -106,10 +106,19 @@ BatchLimit batch_within(const ResolvedModel& model, const InferenceOptions& opti
     InferenceOptions sized = at_batch(options, b);
     std::string layer;
     GraphLayout layout = build_network(model, sized, layer)->layout();
-    std::pair<uint64_t, std::string> largest{0, ""};
-    for (auto& buffer : layout.buffers) largest = std::max(largest, std::pair{buffer.bytes, buffer.name});
-    for (auto& input : sized.inputs) largest = std::max(largest, std::pair{bytes_of(input.shape, input.dtype), input.name});
-    return largest;
+    // Its bytes, named by the largest tensor in it (a shared buffer's name says nothing).
+    uint64_t bytes = 0;
+    for (auto& buffer : layout.buffers) bytes = std::max(bytes, buffer.bytes);
+    std::pair<uint64_t, std::string> tensor{0, ""};
+    for (auto& placed : layout.tensors)
+      if (bytes_of(placed.shape, placed.dtype) > tensor.first)
+        tensor = {bytes_of(placed.shape, placed.dtype),
+                  placed.name + (placed.kind == GraphLayout::Kind::output ? "'s output" : "")};
+    for (auto& input : sized.inputs) {
+      bytes = std::max(bytes, bytes_of(input.shape, input.dtype));
+      if (bytes_of(input.shape, input.dtype) > tensor.first) tensor = {bytes_of(input.shape, input.dtype), input.name};
+    }
+    return std::pair{bytes, tensor.second};
   };
   auto [bytes, name] = largest_at(batch);
   BatchLimit limit{batch, name, bytes};

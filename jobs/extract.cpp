@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -15,13 +13,17 @@
 #include <optional>
 #include <thread>
 
+#include "common/channel.h"
 #include "common/error.h"
 #include "common/progress.h"
 #include "compute/feature_file.h"
 #include "compute/hdf5.h"
 #include "compute/inference.h"
 #include "compute/vk/context.h"
+#include "data/resize.h"
 #include "data/tile_store.h"
+#include "jobs/encoder_input.h"
+#include "jobs/extract_plan.h"
 
 namespace tessera {
 
@@ -31,51 +33,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False once the channel has ended (the reader is gone): the writer stops.
-  bool push(T &&item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    changed_.notify_all();
-    return true;
-  }
-  // False at the end.
-  bool pop(T &item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (items_.empty()) return false;
-    item = std::move(items_.front());
-    items_.pop_front();
-    changed_.notify_all();
-    return true;
-  }
-  void close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    changed_.notify_all();
-  }
-  void stop() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    items_.clear();
-    changed_.notify_all();
-  }
-
- private:
-  size_t capacity_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<T> items_;
-  bool closed_ = false;
-};
 
 struct TileBatch {
   std::vector<uint8_t> rgb;     // batch x size x size x 3
@@ -118,35 +75,41 @@ struct SlideWork {
 // One device's model: the network up to the layer over the staged images.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int device)
-      : options_(options), tile_size_(tile_size), context_(context_options(options, device)) {
-    // uint8 RGB as read from the store becomes the layer the model reads as "input".
-    InferenceOptions inference;
-    inference.inputs = {{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
-    inference.prologue =
-        nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
-    inference.layer = options.layer;
-    inference.advice = "lower --batch, or raise --device-memory-limit";
+  // An encoder reads tiles resized to its input size, normalised its way, in fp16 where the
+  // features are fp16; a CNN reads the store's tiles as they are, up to `options.layer`.
+  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int device,
+            const EncoderInput *encoder)
+      : options_(options), tile_size_(encoder ? encoder->image_size : tile_size),
+        context_(extraction_context(options, device)) {
+    InferenceOptions inference = extraction_inference(options, tile_size_, encoder);
+    if (inference.activations == DType::f16) require_fp16_storage(context_.info(), "extract --precision fp16");
+    batch_ = capped_batch(model, inference, context_.info(), options.batch, capped_);
+    inference.inputs[0].shape[0] = batch_;
     model_ = std::make_unique<Inference>(context_, model, inference);
     const Shape &out = model_->output_shape();
     width_ = out[1];
     spatial_ = element_count(out) / (out[0] * out[1]);
-    extraction_ = {{"model", options.model},
+    extraction_ = {{"model", encoder && options.model.empty() ? "random weights" : options.model},
                    {"layer", model_->layer()},
                    {"output_shape", Shape(out.begin() + 1, out.end())},
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
-                   {"tile_size", tile_size}};
+                   {"tile_size", tile_size_}};
+    if (encoder) extraction_.update(encoder->describe());
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
   const nlohmann::json &extraction() const { return extraction_; }
+  // The model's input size (the store's tiles are resized to it for an encoder).
   int tile_size() const { return tile_size_; }
+  int64_t batch() const { return batch_; }
+  // Why the batch is smaller than --batch (null: it is not).
+  const nlohmann::json &capped() const { return capped_; }
 
   // The feature file of a slide (its tile store entry) as this model writes it.
   FeatureFileLayout layout(const nlohmann::json &entry) const {
     return {slide_name(entry),
-            tile_size_,
+            entry.value("tile_size", tile_size_),
             entry.value("level", int64_t{0}),
             entry.value("downsample", 1.0),
             entry.value("level_width", int64_t{0}),
@@ -162,7 +125,10 @@ class Extractor {
     auto start = Clock::now();
     std::memcpy(model_->input("images").buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
     model_->run();
-    model_->output().download(output_.data(), output_.size() * sizeof(float));
+    if (model_->output().dtype() == DType::f16)
+      output_ = model_->output().download();
+    else
+      model_->output().download(output_.data(), output_.size() * sizeof(float));
     FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
                        tiles.count};
     for (int64_t row = 0; row < tiles.count * width_; ++row) {
@@ -179,21 +145,18 @@ class Extractor {
     return {{"index", context_.info().index},
             {"name", context_.info().name},
             {"device_seconds", device_seconds_},
+            {"batch", batch_},
+            {"batch_capped", capped_},
             {"planned_device_bytes", model_->plan().total()},
             {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
   }
 
  private:
-  static vk::ContextOptions context_options(const ExtractOptions &options, int device) {
-    vk::ContextOptions context = vk::options_from_environment();
-    context.device_index = device;
-    context.memory_budget = options.memory_budget;
-    return context;
-  }
-
   const ExtractOptions &options_;
   int tile_size_;
   vk::Context context_;
+  int64_t batch_ = 0;
+  nlohmann::json capped_;
   std::unique_ptr<Inference> model_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;
@@ -217,6 +180,12 @@ class SharedRun {
   // slides; later, the next slide nobody has taken. Nothing when all are taken or the run has failed.
   std::optional<size_t> take_first(size_t device) { return checked(device); }
   std::optional<size_t> take() { return checked(next_++); }
+
+  // A line of its own (a warning).
+  void event(const nlohmann::json &record) {
+    std::lock_guard lock(mutex_);
+    progress_.event(record);
+  }
 
   void advance(uint64_t tiles, const std::string &slide) {
     std::lock_guard lock(mutex_);
@@ -330,7 +299,8 @@ class DevicePipeline {
     tiles_.close();
   }
 
-  // Walks the slide's tiles in key order, decoding each batch on the worker threads.
+  // Walks the slide's tiles in key order, decoding each batch on the worker threads (and resizing
+  // them to the model's input, for an encoder).
   void read_tiles(const SlideWork &work, size_t slide, uint64_t skip) {
     struct Encoded {
       data::TileHeader header;
@@ -338,12 +308,13 @@ class DevicePipeline {
       std::string where;
     };
     std::vector<Encoded> pending;
-    const int tile_size = extractor_.tile_size();
-    const size_t tile_bytes = static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * 3;
+    const int tile_size = work.entry.value("tile_size", 0), input_size = extractor_.tile_size();
+    const size_t tile_bytes = static_cast<size_t>(input_size) * static_cast<size_t>(input_size) * 3;
+    const auto batch_size = static_cast<size_t>(extractor_.batch());
     auto emit = [&] {
       Message message{Message::Kind::batch, slide};
       TileBatch &batch = message.tiles;
-      batch = {std::vector<uint8_t>(tile_bytes * static_cast<size_t>(options_.batch)), {},
+      batch = {std::vector<uint8_t>(tile_bytes * batch_size), {},
                static_cast<int64_t>(pending.size())};
       std::exception_ptr failure;
       std::mutex failure_mutex;
@@ -351,6 +322,7 @@ class DevicePipeline {
         std::vector<std::jthread> workers;
         for (int w = 0; w < options_.workers; ++w)
           workers.emplace_back([&, w] {
+            std::vector<uint8_t> decoded(tile_size == input_size ? 0 : size_t{3} * tile_size * tile_size);
             for (size_t i = static_cast<size_t>(w); i < pending.size(); i += static_cast<size_t>(options_.workers)) {
               try {
                 const Encoded &tile = pending[i];
@@ -358,8 +330,11 @@ class DevicePipeline {
                   throw BadInput(tile.where + ": tile is " + std::to_string(tile.header.width) + "x" +
                                  std::to_string(tile.header.height) + ", the slide's tile size is " +
                                  std::to_string(tile_size));
+                uint8_t *rgb = batch.rgb.data() + i * tile_bytes;
                 data::decode_tile_pixels({tile.header, tile.pixels.data(), tile.pixels.size()},
-                                         batch.rgb.data() + i * tile_bytes, tile.where);
+                                         decoded.empty() ? rgb : decoded.data(), tile.where);
+                if (!decoded.empty())
+                  data::resize_rgb_box(decoded.data(), tile_size, tile_size, rgb, input_size, input_size);
               } catch (...) {
                 std::lock_guard lock(failure_mutex);
                 if (!failure) failure = std::current_exception();
@@ -376,7 +351,7 @@ class DevicePipeline {
       pending.push_back({value.header,
                          {value.pixels, value.pixels + value.pixel_bytes},
                          work.store->path() + " tile " + data::describe(key)});
-      if (pending.size() == static_cast<size_t>(options_.batch)) emit();
+      if (pending.size() == batch_size) emit();
     });
     if (!pending.empty()) emit();
   }
@@ -455,18 +430,24 @@ void extract_features(const ExtractOptions &options) {
   // A feature file that the disk refused to flush cannot be closed; HDF5's exit handler would then
   // crash closing it again. Its flushed rows are known (FeatureFileWriter::rows), so skip that handler.
   H5dont_atexit();
-  if (options.slides.empty() == options.tiles.empty()) throw UsageError("give either --slides or --tiles");
+  if (options.slides.empty() == options.tiles.empty() && !options.dry_run)
+    throw UsageError("give either --slides or --tiles");
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
   if (options.workers < 1) throw UsageError("--workers must be at least 1");
   // Checked before any work: --slides tiles first.
   std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
   if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
-  const ResolvedModel model = resolve_model(options.model, 2);
+  const ResolvedModel model = resolve_model(options.model, 2, options.encoder);
+  std::optional<EncoderInput> encoder;
+  if (!options.encoder.empty()) encoder = encoder_input(options.encoder);
+  if (options.dry_run) return print_extraction_plans(options, model, encoder ? &*encoder : nullptr, devices);
   // A model per device, each planned and checked against its device's budget before any work.
   std::vector<std::unique_ptr<Extractor>> extractors;
   auto build_extractors = [&](int tile_size) {
     extractors.clear();
-    for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, device));
+    for (int device : devices)
+      extractors.push_back(
+          std::make_unique<Extractor>(options, model, tile_size, device, encoder ? &*encoder : nullptr));
   };
   auto create_out = [&] {
     std::error_code error;
@@ -486,7 +467,13 @@ void extract_features(const ExtractOptions &options) {
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
     if (!jobs.empty()) build_extractors(options.tiler.size);
     create_out();
-    summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
+    if (encoder) {  // each slide at the level and tile size that give the encoder's magnification
+      summary["tiling"] = nlohmann::json::array();
+      for (const TilingGroup &group : encoder_tiling(jobs, options.tiler, options.mpp, *encoder))
+        summary["tiling"].push_back(data::tile_slides(group.jobs, store_paths[0], group.options));
+    } else {
+      summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
+    }
     shard = {};  // that store holds this shard's slides only
   } else {
     store_paths = data::find_tile_stores(options.tiles, "--tiles");
@@ -522,18 +509,23 @@ void extract_features(const ExtractOptions &options) {
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
-    if (work.entry.value("tile_size", 0) != tile_size)
+    if (encoder) {  // tiles of any size, resized to the encoder's input
+      check_tiles_fit_encoder(work.store->path(), work.entry, options.mpp, *encoder);
+    } else if (work.entry.value("tile_size", 0) != tile_size) {
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
+    }
   }
 
-  if (extractors.empty() || extractors.front()->tile_size() != tile_size) build_extractors(tile_size);
+  if (extractors.empty() || (!encoder && extractors.front()->tile_size() != tile_size)) build_extractors(tile_size);
   for (const SlideWork &work : selected)
     if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
       check_same_extraction(done.string(), extractors.front()->extraction());
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
   SharedRun run(selected, total, extractors.size());
+  for (auto &extractor : extractors)
+    if (!extractor->capped().is_null()) run.event(extractor->capped());
   std::vector<std::unique_ptr<DevicePipeline>> pipelines;
   for (size_t k = 0; k < extractors.size(); ++k)
     pipelines.push_back(std::make_unique<DevicePipeline>(k, *extractors[k], run, options));

@@ -11,7 +11,10 @@
 namespace tessera {
 
 struct ExtractOptions {
-  std::string model;                // checkpoint .h5 or preset
+  std::string model;                // checkpoint .h5 or preset; with `encoder`, its weights (empty: random)
+  std::string encoder;              // a ViT preset or model JSON (jobs/encoder_input.h)
+  double mpp = 0;                   // microns per level-0 pixel of slides that do not give theirs
+  bool dry_run = false;             // print the plan and check it against the budget; nothing else
   std::string layer;                // a layer or module name ("layer4")
   std::vector<std::string> slides;  // tiled into <out>/tiles.lmdb first
   std::vector<std::string> tiles;   // or existing tile stores (or directories of them)

@@ -2,6 +2,7 @@
 // imported model.
 #include <memory>
 
+#include "common/error.h"
 #include "common/units.h"
 #include "jobs/extract.h"
 #include "tools/commands.h"
@@ -17,11 +18,22 @@ void add_extract_command(CLI::App &app) {
   auto compression = std::make_shared<std::string>("none");
   auto random_weights = std::make_shared<bool>(false);
   auto memory_limit = std::make_shared<std::string>();
-  command->add_option("--model", options->model, "Checkpoint .h5 or preset")->required();
+  command->add_option("--model", options->model,
+                      "Checkpoint .h5 or preset; with --encoder, its weights (.safetensors or a converted checkpoint)");
+  command->add_option("--encoder", options->encoder,
+                      "A patch encoder (uni, uni2-h, virchow2, h-optimus-0, prov-gigapath, vit-b16, or a ViT model "
+                      "JSON): its features, from tiles read at the magnification it was trained at");
   command->add_flag("--random-weights", *random_weights,
-                    "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
-  command->add_option("--layer", options->layer, "Layer or module name (resnets: conv1, layer1 ... layer4; resnet50 layer3: CLAM's resnet50_trunc)")
-      ->required();
+                    "Run a preset, model JSON or encoder with random weights (benchmarks); otherwise refused");
+  auto *layer = command->add_option(
+      "--layer", options->layer,
+      "Layer or module name (resnets: conv1, layer1 ... layer4; resnet50 layer3: CLAM's resnet50_trunc)");
+  command->add_option("--mpp", options->mpp,
+                      "Microns per level-0 pixel of slides whose files do not give it (an encoder needs it)")
+      ->check(finite_in(0.01, 100));
+  command->add_flag("--dry-run", options->dry_run,
+                    "Print the memory plan of each device (and the batch it runs) and check it against the budget; "
+                    "nothing is tiled, written or allocated");
   auto *slides = command->add_option("--slides", options->slides, "Slides, tiled into OUT/tiles.lmdb first");
   auto *tiles = command->add_option("--tiles", options->tiles,
                                     "Tile stores (tessera tile), several or a directory of them");
@@ -45,8 +57,22 @@ void add_extract_command(CLI::App &app) {
                       "Device memory budget of each device, e.g. 2GiB; a plan over it is exit 3 before any work");
   add_tiling_flags(*command, options->tiler);  // for --slides
   add_shard_flag(*command, options->shard);
-  command->callback([options, precision, compression, random_weights, memory_limit] {
-    refuse_untrained_model(options->model, *random_weights);
+  command->callback([command, layer, options, precision, compression, random_weights, memory_limit] {
+    if (options->encoder.empty()) {
+      if (layer->count() == 0) throw UsageError("--layer is required (or --encoder)");
+      if (options->model.empty()) throw UsageError("--model is required (or --encoder)");
+      refuse_untrained_model(options->model, *random_weights);
+    } else {
+      for (const char *flag : {"--layer", "--size", "--level"})
+        if (command->count(flag))
+          throw UsageError(std::string(flag) + " is not for --encoder: its features come from tiles of its input "
+                           "size at the magnification it was trained at");
+      if (options->model.empty() == !*random_weights)
+        throw UsageError(options->model.empty()
+                             ? "--encoder " + options->encoder + " needs its weights: --model FILE (.safetensors or a "
+                                                                 "converted checkpoint), or --random-weights"
+                             : "--random-weights and --model " + options->model + ": give one");
+    }
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";

@@ -1,10 +1,10 @@
 #include "compute/ops/input_normalize.h"
 
+#include <algorithm>
+
 namespace tessera {
 
 namespace {
-constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};
-constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
 
 struct NormalizePush {
   uint32_t count, height, width, pad;
@@ -12,7 +12,12 @@ struct NormalizePush {
 };
 }  // namespace
 
-std::unique_ptr<Op> make_input_normalize(const LayerConfig&) { return std::make_unique<InputNormalize>(); }
+std::unique_ptr<Op> make_input_normalize(const LayerConfig& layer) {
+  std::vector<double> std = layer.numbers("std", {0.229, 0.224, 0.225});
+  if (std::any_of(std.begin(), std.end(), [](double s) { return !(s > 0); }))
+    layer.fail("std", "must be positive, got " + nlohmann::json(std).dump());
+  return std::make_unique<InputNormalize>(layer.numbers("mean", {0.485, 0.456, 0.406}), std::move(std));
+}
 
 Shape InputNormalize::infer(const std::vector<Shape>& inputs) {
   if (inputs.size() != 1 || inputs[0].size() != 4 || inputs[0][3] != 3)
@@ -27,8 +32,8 @@ void InputNormalize::forward(vk::Recorder& recorder, vk::Kernels& kernels, const
                      static_cast<uint32_t>(input.shape()[2]),
                      static_cast<uint32_t>(input.shape()[3]),
                      0,
-                     {kMean[0], kMean[1], kMean[2], 0},
-                     {1 / kStd[0], 1 / kStd[1], 1 / kStd[2], 0}};
+                     {static_cast<float>(mean_[0]), static_cast<float>(mean_[1]), static_cast<float>(mean_[2]), 0},
+                     {1 / static_cast<float>(std_[0]), 1 / static_cast<float>(std_[1]), 1 / static_cast<float>(std_[2]), 0}};
   recorder.dispatch_elements(kernel_for<NormalizePush>(kernels, vk::kernel::input_normalize, input, {kElementwiseGroup}),
                              {reads(*t.inputs[0]), writes(input)}, push,
                              static_cast<uint64_t>(input.count()), kElementwiseGroup);

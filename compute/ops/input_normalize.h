@@ -7,14 +7,18 @@ namespace tessera {
 
 class InputNormalize : public Op {
  public:
+  InputNormalize(std::vector<double> mean, std::vector<double> std) : mean_(std::move(mean)), std_(std::move(std)) {}
   std::string type() const override { return "input_normalize"; }
   // images u8 [N,H,W,3] -> [N,3,H,W]
   Shape infer(const std::vector<Shape>& inputs) override;
-  // (rgb/255 - mean) / std with ImageNet's mean and std, the normalisation torchvision's
-  // pretrained models expect.
+  // (rgb/255 - mean) / std per channel: "mean" and "std" of the layer, else ImageNet's (what
+  // torchvision's pretrained models and most patch encoders expect).
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // The images take no gradient.
   void backward(vk::Recorder&, vk::Kernels&, const OpTensors&) override {}
+
+ private:
+  std::vector<double> mean_, std_;
 };
 
 std::unique_ptr<Op> make_input_normalize(const LayerConfig& layer);

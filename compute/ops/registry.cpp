@@ -68,6 +68,15 @@ double LayerConfig::number(const char* field, std::optional<double> fallback) co
   return value->get<double>();
 }
 
+std::vector<double> LayerConfig::numbers(const char* field, std::vector<double> fallback) const {
+  const nlohmann::json* value = find(field);
+  if (!value) return fallback;
+  if (!value->is_array() || value->size() != fallback.size() ||
+      !std::all_of(value->begin(), value->end(), [](const nlohmann::json& v) { return v.is_number(); }))
+    fail(field, "must be an array of " + std::to_string(fallback.size()) + " numbers, got " + value->dump());
+  return value->get<std::vector<double>>();
+}
+
 bool LayerConfig::boolean(const char* field, std::optional<bool> fallback) const {
   const nlohmann::json* value = find(field);
   if (!value) {

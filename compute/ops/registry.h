@@ -30,6 +30,8 @@ class LayerConfig {
 
   int64_t integer(const char* field, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 0) const;
   double number(const char* field, std::optional<double> fallback = std::nullopt) const;
+  // An array of as many numbers as `fallback` holds.
+  std::vector<double> numbers(const char* field, std::vector<double> fallback) const;
   bool boolean(const char* field, std::optional<bool> fallback = std::nullopt) const;
   // One of `allowed` (a string).
   std::string choice(const char* field, const std::string& fallback, const std::vector<std::string>& allowed) const;

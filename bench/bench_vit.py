@@ -1,0 +1,109 @@
+"""Patch-encoder extraction benchmark of issue 26: prints one JSON object.
+
+`tessera extract --encoder` over the tiles of one slide (real pixels: CMU-1-Small-Region.svs's
+level 0 at 0.499 um/px, written as a one-level TIFF, so that every tile is read at level 0 and
+none is resized) with random weights, for torchvision's vit_b_16 (`vit-b16`) and a ViT-L/16 of
+UNI's shape (`uni`), fp32 and fp16 (fp16 activations, features stored fp16), against PyTorch on
+the same machine in the same run: torchvision's vit_b_16 and the plain-PyTorch timm reference
+(tools/vit_reference.py) of UNI, eval mode, no gradients, on the same number of tiles in batches of
+the same size, float32 and bfloat16 (PyTorch 1.13 has no float16 matrix products on the CPU).
+Tessera's rate counts from the first tile on (after the network is built and its weights are
+loaded); PyTorch's from its first batch on (after its model is built), both over the same tiles.
+
+Run: /usr/bin/python3 bench/bench_vit.py --build build [--encoders vit-b16 uni] [--tiles 8]
+     [--batch 4] [--precisions fp32 fp16] [--work DIR] [--keep]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import openslide
+import tifffile
+import torch
+import torchvision
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from vit_reference import VisionTransformer  # noqa: E402
+
+CMU = os.path.join(os.path.dirname(REPO), "shared", "testdata", "slides", "CMU-1-Small-Region.svs")
+
+
+def torch_model(encoder):
+    if encoder == "vit-b16":
+        return torchvision.models.vit_b_16().eval()
+    return VisionTransformer({"preset": encoder}).eval()
+
+
+def torch_rate(encoder, tiles, batch, dtype):
+    torch.manual_seed(0)
+    model = torch_model(encoder).to(dtype)
+    images = torch.randn((tiles, 3, 224, 224)).to(dtype)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for first in range(0, tiles, batch):
+            model(images[first:first + batch])
+    return tiles / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build", required=True, help="build directory holding tools/tessera")
+    parser.add_argument("--encoders", nargs="+", default=["vit-b16", "uni"])
+    parser.add_argument("--tiles", type=int, default=8, help="tiles per run")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "fp16"], choices=("fp32", "fp16"))
+    parser.add_argument("--work", help="working directory (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    args = parser.parse_args()
+    tessera = os.path.join(args.build, "tools", "tessera")
+    work = args.work or tempfile.mkdtemp(prefix="bench_vit_")
+    os.makedirs(work, exist_ok=True)
+    torch.set_num_threads(os.cpu_count())
+    try:
+        slide = os.path.join(work, "tiles.tif")
+        with openslide.OpenSlide(CMU) as source:
+            pixels = np.asarray(source.read_region((0, 0), 0, (224 * args.tiles, 224)).convert("RGB"))
+        tifffile.imwrite(slide, pixels, tile=(256, 256), photometric="rgb", resolution=(1e4 / 0.499, 1e4 / 0.499),
+                         resolutionunit="CENTIMETER")
+        runs = []
+        for encoder in args.encoders:
+            for precision in args.precisions:
+                out = os.path.join(work, f"{encoder}-{precision}")
+                result = subprocess.run([tessera, "extract", "--encoder", encoder, "--random-weights", "--slides",
+                                         slide, "--min-tissue", "0", "--out", out, "--batch", str(args.batch),
+                                         "--precision", precision], capture_output=True, text=True)
+                if result.returncode != 0:
+                    sys.exit(f"tessera extract --encoder {encoder} exited {result.returncode}:\n{result.stderr[-4000:]}")
+                summary = json.loads(result.stdout.strip().splitlines()[-1])
+                dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+                reference = torch_rate(encoder, summary["tiles"], summary["devices"][0]["batch"], dtype)
+                runs.append({
+                    "encoder": encoder,
+                    "precision": precision,
+                    "tiles": summary["tiles"],
+                    "batch": summary["devices"][0]["batch"],
+                    "device": summary["device"],
+                    "tessera_tiles_per_second": summary["features_per_second"],
+                    "tessera_device_seconds": summary["device_seconds"],
+                    "planned_device_bytes": summary["planned_device_bytes"],
+                    "peak_device_bytes": summary["peak_device_bytes"],
+                    "torch_dtype": str(dtype).replace("torch.", ""),
+                    "torch_tiles_per_second": reference,
+                    "ratio_to_torch": summary["features_per_second"] / reference,
+                })
+        print(json.dumps({"benchmark": "extract --encoder, 224x224 tiles, random weights",
+                          "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": runs}))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

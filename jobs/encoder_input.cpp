@@ -1,0 +1,142 @@
+#include "jobs/encoder_input.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/error.h"
+#include "compute/ops/registry.h"
+#include "compute/vit.h"
+#include "data/slide.h"
+
+namespace tessera {
+
+namespace {
+
+// TRIDENT's tolerance on a level's downsample (get_best_level_and_custom_downsample).
+constexpr double kLevelTolerance = 0.1;
+
+std::string microns(double mpp) {
+  std::ostringstream text;
+  text << mpp << " um/px";
+  return text.str();
+}
+
+nlohmann::json read_description(const std::string& encoder) {
+  if (is_vit_description({{"preset", encoder}})) return {{"preset", encoder}};
+  std::ifstream in(encoder);
+  if (!in) throw BadInput("--encoder " + encoder + ": neither a ViT preset nor a readable model JSON");
+  nlohmann::json description = nlohmann::json::parse(in, nullptr, false);
+  if (description.is_discarded()) throw ModelError("--encoder " + encoder + ": not valid JSON");
+  return description;
+}
+
+}  // namespace
+
+EncoderInput encoder_input(const std::string& encoder) {
+  nlohmann::json description = read_description(encoder);
+  if (!is_vit_description(description))
+    throw ModelError("--encoder " + encoder + ": not a ViT (a preset: uni, uni2-h, virchow2, h-optimus-0, "
+                     "prov-gigapath, vit-b16; or a model JSON with \"family\": \"vit\")");
+  nlohmann::json settings = vit_settings(description);
+  nlohmann::json preprocessing = settings.value("preprocessing", nlohmann::json::object());
+  preprocessing.update({{"name", "--encoder " + encoder + " preprocessing"}, {"type", "preprocessing"}});
+  LayerConfig fields(preprocessing);
+  EncoderInput input;
+  input.name = encoder;
+  // vit_graph has checked the description's own fields (resolve_model builds it first).
+  input.image_size = settings.value("image_size", 224);
+  std::vector<double> mean = fields.numbers("mean", {0.485, 0.456, 0.406});
+  std::vector<double> std = fields.numbers("std", {0.229, 0.224, 0.225});
+  std::copy(mean.begin(), mean.end(), input.mean.begin());
+  std::copy(std.begin(), std.end(), input.std.begin());
+  input.microns_per_pixel = fields.number("microns_per_pixel", 0.5);
+  if (!(input.microns_per_pixel > 0)) fields.fail("microns_per_pixel", "must be positive");
+  fields.refuse_unread();
+  return input;
+}
+
+nlohmann::json EncoderInput::prologue() const {
+  return nlohmann::json::array(
+      {{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}, {"mean", mean}, {"std", std}}});
+}
+
+nlohmann::json EncoderInput::describe() const {
+  return {{"encoder", name},
+          {"image_size", image_size},
+          {"microns_per_pixel", microns_per_pixel},
+          {"mean", mean},
+          {"std", std},
+          {"resize", "box"}};
+}
+
+double slide_microns_per_pixel(const std::string& slide, double mpp_x, double mpp_y, double flag) {
+  if (mpp_x > 0 && mpp_y > 0) return (mpp_x + mpp_y) / 2;
+  if (mpp_x > 0 || mpp_y > 0) return std::max(mpp_x, mpp_y);
+  if (flag > 0) return flag;
+  throw UsageError(slide + ": the file does not give its microns per pixel, which an encoder needs to read tiles at "
+                   "its magnification: give it with --mpp (e.g. --mpp 0.25 for a 40x scan)");
+}
+
+TileSource tile_source(const std::string& slide, const std::vector<double>& downsamples, double slide_mpp,
+                       const EncoderInput& encoder) {
+  // Level-0 pixels per encoder pixel.
+  const double wanted = encoder.microns_per_pixel / slide_mpp;
+  if (wanted < 1 - kLevelTolerance)
+    throw BadInput(slide + ": level 0 is at " + microns(slide_mpp) + ", coarser than the " +
+                   microns(encoder.microns_per_pixel) + " encoder " + encoder.name +
+                   " was trained at; tessera does not enlarge tiles");
+  size_t chosen = 0;
+  for (size_t level = 0; level < downsamples.size(); ++level)
+    if (std::abs(downsamples[level] - wanted) <= kLevelTolerance) {
+      chosen = level;
+      break;
+    } else if (downsamples[level] <= wanted && downsamples[level] > downsamples[chosen]) {
+      chosen = level;
+    }
+  TileSource source;
+  source.level = static_cast<int>(chosen);
+  source.read_size = static_cast<int>(std::lround(encoder.image_size * wanted / downsamples[chosen]));
+  source.slide_mpp = slide_mpp;
+  return source;
+}
+
+std::vector<TilingGroup> encoder_tiling(const std::vector<data::SlideJob>& jobs, const data::TilerOptions& options,
+                                        double mpp_flag, const EncoderInput& encoder) {
+  std::map<std::pair<int, int>, TilingGroup> groups;
+  for (const data::SlideJob& job : jobs) {
+    auto slide = data::open_slide(job.slide, options.tile_cache_bytes);
+    std::vector<double> downsamples;
+    for (const data::SlideLevel& level : slide->levels()) downsamples.push_back(level.downsample);
+    double mpp = slide_microns_per_pixel(job.slide, slide->mpp_x(), slide->mpp_y(), mpp_flag);
+    TileSource source = tile_source(job.slide, downsamples, mpp, encoder);
+    TilingGroup& group = groups[{source.level, source.read_size}];
+    group.options = options;
+    group.options.level = source.level;
+    group.options.size = source.read_size;
+    group.jobs.push_back(job);
+  }
+  std::vector<TilingGroup> ordered;
+  for (auto& [key, group] : groups) ordered.push_back(std::move(group));
+  return ordered;
+}
+
+void check_tiles_fit_encoder(const std::string& store, const nlohmann::json& entry, double mpp_flag,
+                             const EncoderInput& encoder) {
+  const std::string slide = entry.value("path", store);
+  double mpp = slide_microns_per_pixel(slide, entry.value("mpp_x", 0.0), entry.value("mpp_y", 0.0), mpp_flag);
+  const double downsample = entry.value("downsample", 1.0);
+  const double field = entry.value("tile_size", 0) * downsample * mpp;
+  const double wanted = encoder.image_size * encoder.microns_per_pixel;
+  // Tiles are whole pixels of their level: within one of them of the encoder's field.
+  if (std::abs(field - wanted) > downsample * mpp || downsample * mpp > encoder.microns_per_pixel * 1.1)
+    throw BadInput(store + ": slide " + slide + " is tiled in " + std::to_string(entry.value("tile_size", 0)) +
+                   "-pixel tiles at " + microns(downsample * mpp) + " (level " +
+                   std::to_string(entry.value("level", 0)) + "), " + std::to_string(field) + " um across; encoder " +
+                   encoder.name + " reads " + std::to_string(encoder.image_size) + "-pixel tiles at " +
+                   microns(encoder.microns_per_pixel) + ": extract --slides with --encoder tiles them so");
+}
+
+}  // namespace tessera

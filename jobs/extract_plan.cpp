@@ -1,0 +1,91 @@
+#include "jobs/extract_plan.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "common/error.h"
+#include "common/units.h"
+#include "compute/memory_plan.h"
+
+namespace tessera {
+
+// The pass of an extraction over a batch of uint8 RGB tiles as the store holds them, which the
+// prologue turns into the layer the model reads as "input".
+InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, const EncoderInput *encoder) {
+  InferenceOptions inference;
+  inference.inputs = {{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
+  inference.prologue = encoder ? encoder->prologue()
+                               : nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+  inference.layer = options.layer;
+  if (encoder && options.fp16) inference.activations = DType::f16;
+  inference.advice = "lower --batch, or raise --device-memory-limit";
+  return inference;
+}
+
+// --batch, or less where a buffer of the pass would be larger than the device's largest (its
+// maxStorageBufferRange: 128 MiB on lavapipe); `capped` then says so.
+int64_t capped_batch(const ResolvedModel &model, const InferenceOptions &inference, const vk::DeviceInfo &device,
+                     int64_t batch, nlohmann::json &capped) {
+  BatchLimit limit = batch_within(model, inference, batch, device.largest_buffer);
+  std::string bound = device.name + "'s largest storage buffer (maxStorageBufferRange) is " +
+                      format_bytes(device.largest_buffer);
+  if (limit.batch < 1)
+    throw OutOfDeviceMemory("--model " + model.source + ": " + limit.buffer + " takes " + format_bytes(limit.bytes) +
+                            " for one tile; " + bound);
+  if (limit.batch < batch)
+    capped = {{"warning", "--batch " + std::to_string(batch) + " capped to " + std::to_string(limit.batch) + ": at " +
+                              std::to_string(batch) + ", " + limit.buffer + " would take " +
+                              format_bytes(limit.bytes) + "; " + bound},
+              {"requested_batch", batch},
+              {"batch", limit.batch},
+              {"largest_buffer", device.largest_buffer}};
+  return limit.batch;
+}
+
+vk::ContextOptions extraction_context(const ExtractOptions &options, int device) {
+  vk::ContextOptions context = vk::options_from_environment();
+  context.device_index = device;
+  context.memory_budget = options.memory_budget;
+  return context;
+}
+
+// --dry-run: each device's plan, at --batch and at the batch the device runs (capped by its
+// largest buffer), as one JSON line; then exit 3 where the plan is over a device's budget.
+void print_extraction_plans(const ExtractOptions &options, const ResolvedModel &model, const EncoderInput *encoder,
+                            const std::vector<int> &devices) {
+  nlohmann::json reports = nlohmann::json::array();
+  std::vector<std::unique_ptr<vk::Context>> contexts;
+  std::vector<MemoryPlan> plans;
+  const InferenceOptions requested =
+      extraction_inference(options, encoder ? encoder->image_size : options.tiler.size, encoder);
+  for (int device : devices) {
+    auto &context = *contexts.emplace_back(std::make_unique<vk::Context>(extraction_context(options, device)));
+    auto describe = [&](const MemoryPlan &plan) {
+      return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
+    };
+    nlohmann::json capped;
+    InferenceOptions inference = requested;
+    inference.inputs[0].shape[0] = capped_batch(model, requested, context.info(), options.batch, capped);
+    const MemoryPlan &plan = plans.emplace_back(plan_inference(context, model, inference));
+    const uint64_t budget = context.allocator().stats().budget_bytes;
+    reports.push_back({{"index", context.info().index},
+                       {"name", context.info().name},
+                       {"budget_bytes", budget},
+                       {"plan_at_requested_batch", describe(plan_inference(context, model, requested))},
+                       {"batch", inference.inputs[0].shape[0]},
+                       {"batch_capped", capped},
+                       {"plan", describe(plan)},
+                       {"fits", plan.device_bytes(context.allocator()) <= budget}});
+  }
+  nlohmann::json summary = {{"dry_run", true},
+                            {"model", model.source},
+                            {"encoder", options.encoder},
+                            {"requested_batch", options.batch},
+                            {"precision", options.fp16 ? "fp16" : "fp32"},
+                            {"devices", reports}};
+  std::printf("%s\n", summary.dump().c_str());
+  std::fflush(stdout);
+  for (size_t k = 0; k < contexts.size(); ++k) check_plan_fits(*contexts[k], plans[k], requested.advice);
+}
+
+}  // namespace tessera

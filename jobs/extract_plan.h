@@ -1,0 +1,36 @@
+// What an extraction decides on the device side before any work: the pass over a batch of
+// tiles, the batch each device can run, and --dry-run's plans.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compute/inference.h"
+#include "compute/vk/context.h"
+#include "jobs/encoder_input.h"
+#include "jobs/extract.h"
+
+namespace tessera {
+
+// The pass over a batch of uint8 RGB tiles [batch, tile_size, tile_size, 3], which the prologue
+// turns into the layer the model reads as "input": an encoder's normalisation and, where the
+// features are fp16, its activations in fp16; a CNN's ImageNet normalisation, up to options.layer.
+InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, const EncoderInput *encoder);
+
+// --batch, or less where a buffer of the pass would be larger than the device's largest (its
+// maxStorageBufferRange: 128 MiB on lavapipe); `capped` then says so (a warning line). Throws
+// OutOfDeviceMemory when one tile is too many.
+int64_t capped_batch(const ResolvedModel &model, const InferenceOptions &inference, const vk::DeviceInfo &device,
+                     int64_t batch, nlohmann::json &capped);
+
+// The context of device `device` (an index; -1 the default) with --device-memory-limit.
+vk::ContextOptions extraction_context(const ExtractOptions &options, int device);
+
+// --dry-run: each device's plan, at --batch and at the batch the device runs, as one JSON line on
+// stdout; then OutOfDeviceMemory (exit 3) where the plan is over a device's budget. Nothing is
+// tiled, written or allocated.
+void print_extraction_plans(const ExtractOptions &options, const ResolvedModel &model, const EncoderInput *encoder,
+                            const std::vector<int> &devices);
+
+}  // namespace tessera
