@@ -8,7 +8,6 @@
 #include <functional>
 #include <random>
 
-#include "compute/ops/batch_norm2d.h"
 #include "compute/ops/registry.h"
 
 namespace tessera {
@@ -264,11 +263,11 @@ void Network::plan_fusion() {
       int producer = sole_producer(l);
       if (producer < 0) continue;
       auto host = static_cast<size_t>(computed_by[static_cast<size_t>(producer)]);
-      std::string type = layers_[l].op->type(), host_type = layers_[host].op->type();
-      bool fold = !training && type == "batch_norm2d" && host_type == "conv2d" && fused[host].folded_batch_norm < 0 &&
-                  !fused[host].relu;
-      bool relu = type == "relu" && !fused[host].relu &&
-                  (host_type == "conv2d" || host_type == "linear" || host_type == "batch_norm2d" || host_type == "add");
+      Epilogue::Kind kind = layers_[l].op->as_epilogue().kind;
+      Fusions can = layers_[host].op->fusions();
+      bool fold = !training && kind == Epilogue::Kind::batch_norm && can.batch_norm &&
+                  fused[host].folded_batch_norm < 0 && !fused[host].relu;
+      bool relu = kind == Epilogue::Kind::relu && can.relu && !fused[host].relu;
       if (!fold && !relu) continue;
       fused[l].skipped = true;
       fused[host].writes_output_of = static_cast<int>(l);
@@ -503,7 +502,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
   if (fused.folded_batch_norm >= 0) {
     const Layer& bn = layers_[static_cast<size_t>(fused.folded_batch_norm)];
     folded_[index] = {bn.tensors[0].get(), bn.tensors[1].get(), bn.tensors[2].get(), bn.tensors[3].get(),
-                      static_cast<const BatchNorm2d&>(*bn.op).eps()};
+                      bn.op->as_epilogue().eps};
     t.folded_batch_norm = &folded_[index];
   }
   for (size_t s = 0; s < l.tensors.size(); ++s) {

@@ -152,10 +152,11 @@ class Network {
   void add_layers(const nlohmann::json& layers, bool from_model);
   void finish();
 
-  // Fusion, decided once per mode (inference, training) from the graph alone, so that
-  // checkpoints and layer names stay PyTorch's: a ReLU whose input has no other consumer runs
-  // in the epilogue of the conv2d, linear, batch_norm2d or add before it; in inference a batch norm
-  // whose input is a conv2d with no other consumer is folded into that convolution.
+  // Fusion, decided once per mode (inference, training) from the graph and what its ops
+  // declare (Op::fusions, Op::as_epilogue), so that checkpoints and layer names stay PyTorch's:
+  // a ReLU whose input has no other consumer runs in the epilogue of the op before it where that
+  // op takes one; in inference a batch norm whose input has no other consumer is folded into an op
+  // that takes it (a convolution).
   struct Fused {
     bool skipped = false;         // runs inside an earlier layer: records nothing
     int writes_output_of = -1;    // writes the output (and reads the gradient) of this later layer
