@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/hdf5_lock.h"
 
 namespace tessera {
 
@@ -46,6 +47,7 @@ int64_t extent_rows(hid_t dataset) {
 
 FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout)
     : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), width_(layout.width) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!resume(layout)) create(layout);
 }
@@ -53,6 +55,7 @@ FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileL
 FeatureFileWriter::~FeatureFileWriter() { close(); }
 
 void FeatureFileWriter::close() {
+  const Hdf5Lock hdf5_lock;
   for (hid_t *dataset : {&features_, &coords_})
     if (*dataset >= 0) H5Dclose(std::exchange(*dataset, -1));
   if (file_ >= 0) H5Fclose(std::exchange(file_, -1));
@@ -138,6 +141,7 @@ void FeatureFileWriter::record_rows() {
 }
 
 void FeatureFileWriter::append(const float *features, const int64_t *coords, int64_t count) {
+  const Hdf5Lock hdf5_lock;
   if (count == 0) return;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread: appends run on the writer thread
   auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type, const void *data, const char *name) {
@@ -158,6 +162,7 @@ void FeatureFileWriter::append(const float *features, const int64_t *coords, int
 }
 
 void FeatureFileWriter::finish() {
+  const Hdf5Lock hdf5_lock;
   close();
   durable_rename(partial_, path_);
   std::error_code error;
@@ -165,6 +170,7 @@ void FeatureFileWriter::finish() {
 }
 
 FeatureFileTiles read_feature_tiles(const std::string &path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!fs::exists(path)) throw BadInput(path + ": no such file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -195,6 +201,7 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
 }
 
 void check_same_extraction(const std::string &path, const nlohmann::json &extraction) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");

@@ -1,6 +1,7 @@
 #include "compute/hdf5.h"
 
 #include "common/error.h"
+#include "common/hdf5_lock.h"
 
 namespace tessera::hdf5 {
 
@@ -12,6 +13,7 @@ namespace {
 }  // namespace
 
 void write_string_attribute(hid_t object, const char *name, const std::string &value) {
+  const Hdf5Lock hdf5_lock;
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type, value.size() + 1);
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
@@ -21,6 +23,7 @@ void write_string_attribute(hid_t object, const char *name, const std::string &v
 }
 
 std::optional<std::string> read_string_attribute(hid_t object, const char *name) {
+  const Hdf5Lock hdf5_lock;
   if (H5Aexists(object, name) <= 0) return std::nullopt;
   Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attribute), H5Tclose);
@@ -41,6 +44,7 @@ std::optional<std::string> read_string_attribute(hid_t object, const char *name)
 
 void write_attribute(hid_t object, const char *name, hid_t memory_type, const std::vector<hsize_t> &dims,
                      const void *data) {
+  const Hdf5Lock hdf5_lock;
   Handle space(
       dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
       H5Sclose);
@@ -50,6 +54,7 @@ void write_attribute(hid_t object, const char *name, hid_t memory_type, const st
 }
 
 bool read_attribute(hid_t object, const char *name, hid_t memory_type, size_t count, void *data) {
+  const Hdf5Lock hdf5_lock;
   if (H5Aexists(object, name) <= 0) return false;
   Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attribute), H5Tclose);
