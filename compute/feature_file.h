@@ -1,4 +1,4 @@
-// Per-slide feature files in CLAM's layout (ARCHITECTURE.md, "Formats"):
+// Per-slide feature files in CLAM's layout (docs/architecture.md, "Formats"):
 // `features` float32 or float16 [N,D] and `coords` int64 [N,2] (level-0 x, y),
 // chunked and extendable, with CLAM's attributes on `coords`. Written as
 // <file>.partial, appended and flushed batch by batch, and renamed when
