@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdarg>
 #include <cstring>
 #include <filesystem>
@@ -50,6 +51,12 @@ bool has_tiff_signature(const std::string& path) {
   return little || big;
 }
 
+bool has_extension(const std::string& path, const std::string& extension) {
+  std::string actual = std::filesystem::path(path).extension().string();
+  std::transform(actual.begin(), actual.end(), actual.begin(), [](unsigned char c) { return std::tolower(c); });
+  return actual == extension;
+}
+
 class TiffSlide final : public Slide {
   struct Level {
     SlideLevel shape;
@@ -66,7 +73,6 @@ class TiffSlide final : public Slide {
     tiff_ = TIFFOpen(path.c_str(), "r");
     if (!tiff_) throw BadInput(path + ": not a readable TIFF (" + last_tiff_error + ")");
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    uint64_t file_size = std::filesystem::file_size(path);
     tdir_t directory = 0;
     do {
       if (!TIFFIsTiled(tiff_)) {
@@ -76,7 +82,6 @@ class TiffSlide final : public Slide {
       }
       Level level = read_level(directory);
       if (!levels_.empty() && level.shape.width >= levels_.front().shape.width) continue;
-      check_within_file(level, file_size);
       levels_.push_back(std::move(level));
     } while (TIFFReadDirectory(tiff_) && ++directory);
     std::sort(levels_.begin(), levels_.end(), [](auto& a, auto& b) { return a.shape.width > b.shape.width; });
@@ -164,16 +169,6 @@ class TiffSlide final : public Slide {
     level.offsets.assign(offsets, offsets + tiles);
     level.byte_counts.assign(byte_counts, byte_counts + tiles);
     return level;
-  }
-
-  void check_within_file(const Level& level, uint64_t file_size) const {
-    for (size_t tile = 0; tile < level.offsets.size(); ++tile)
-      if (level.byte_counts[tile] && level.offsets[tile] + level.byte_counts[tile] > file_size)
-        throw BadInput(path_ + ": truncated: " +
-                       tile_name(static_cast<int>(levels_.size()), static_cast<int64_t>(tile) % level.columns,
-                                 static_cast<int64_t>(tile) / level.columns) +
-                       " ends at byte " + std::to_string(level.offsets[tile] + level.byte_counts[tile]) +
-                       ", the file has " + std::to_string(file_size));
   }
 
   void read_resolution() {
@@ -301,8 +296,8 @@ class OpenSlideSlide final : public Slide {
   void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
     double downsample = levels_.at(static_cast<size_t>(level)).downsample;
     std::vector<uint32_t> argb(static_cast<size_t>(width) * static_cast<size_t>(height));
-    openslide_read_region(slide_, argb.data(), static_cast<int64_t>(static_cast<double>(x) * downsample),
-                          static_cast<int64_t>(static_cast<double>(y) * downsample), level, width, height);
+    openslide_read_region(slide_, argb.data(), level0_position(x, downsample), level0_position(y, downsample), level,
+                          width, height);
     if (const char* error = openslide_get_error(slide_))
       throw BadInput(path_ + ": OpenSlide: level " + std::to_string(level) + " region at " + std::to_string(x) + "," +
                      std::to_string(y) + ": " + error);
@@ -349,6 +344,9 @@ bool is_tiled_tiff(const std::string& path) {
 std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader) {
   if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
     throw BadInput(path + ": no such slide");
+  // What a TIFF declares is checked against its bytes first, whatever reader follows (NDPI
+  // stores offsets past 4 GiB outside the TIFF structure, which libtiff cannot follow).
+  if (has_tiff_signature(path) && !has_extension(path, ".ndpi")) check_tiff_structure(path);
   if (reader == SlideReader::libtiff) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
   bool automatic = reader == SlideReader::automatic;
   if (automatic && has_dicom_signature(path)) return open_dicom_slide(path);
@@ -360,6 +358,7 @@ std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_b
   }
   if (automatic && vendor == nullptr && std::filesystem::is_regular_file(path) && vips_can_read(path))
     return open_vips_slide(path);  // PNG, JPEG ...
+  probe_openslide(path);
   return std::make_unique<OpenSlideSlide>(path, vendor);
 }
 
