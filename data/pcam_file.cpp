@@ -171,7 +171,10 @@ class PcamFile : public PatchSource {
     if (layout == H5D_VIRTUAL) fail(name, "is a virtual dataset (its data lives in other files)");
     if (layout == H5D_CHUNKED) {
       hsize_t written = 0;
-      if (H5Dget_num_chunks(dataset, H5S_ALL, &written) < 0 || static_cast<long double>(written) < chunks)
+      hid_t space = H5Dget_space(dataset);  // HDF5 1.10 refuses H5S_ALL here
+      herr_t status = H5Dget_num_chunks(dataset, space, &written);
+      H5Sclose(space);
+      if (status < 0 || static_cast<long double>(written) < chunks)
         fail(name, declared + " but only " + std::to_string(written) + " of its " +
                        std::to_string(static_cast<unsigned long long>(chunks)) +
                        " chunks hold data (an unwritten or cut-short file)");

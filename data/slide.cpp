@@ -14,6 +14,7 @@
 #include <fstream>
 #include <list>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 #include "common/error.h"
@@ -90,6 +91,7 @@ class TiffSlide final : public Slide {
                                       static_cast<double>(levels_[0].shape.height) / level.shape.height);
       shapes_.push_back(level.shape);
     }
+    check_levels_nest(path, shapes_);
     TIFFSetDirectory(tiff_, levels_[0].directory);
     current_directory_ = levels_[0].directory;
     read_resolution();
@@ -296,11 +298,18 @@ class OpenSlideSlide final : public Slide {
   void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
     double downsample = levels_.at(static_cast<size_t>(level)).downsample;
     std::vector<uint32_t> argb(static_cast<size_t>(width) * static_cast<size_t>(height));
-    openslide_read_region(slide_, argb.data(), level0_position(x, downsample), level0_position(y, downsample), level,
-                          width, height);
-    if (const char* error = openslide_get_error(slide_))
+    std::string error;
+    {
+      std::shared_lock reading(handle_mutex_);
+      openslide_read_region(slide_, argb.data(), level0_position(x, downsample), level0_position(y, downsample),
+                            level, width, height);
+      if (const char* problem = openslide_get_error(slide_)) error = problem;
+    }
+    if (!error.empty()) {
+      reopen_after_error();
       throw BadInput(path_ + ": OpenSlide: level " + std::to_string(level) + " region at " + std::to_string(x) + "," +
                      std::to_string(y) + ": " + error);
+    }
     // Premultiplied ARGB composited over white: colour + (255 - alpha).
     for (size_t i = 0; i < argb.size(); ++i) {
       uint32_t pixel = argb[i];
@@ -314,6 +323,20 @@ class OpenSlideSlide final : public Slide {
   std::optional<std::vector<uint8_t>> jpeg_tile(int, int64_t, int64_t) const override { return std::nullopt; }
 
  private:
+  // An OpenSlide handle that met an error fails every later read: the next tile gets a new one.
+  void reopen_after_error() const {
+    std::unique_lock replacing(handle_mutex_);
+    if (!openslide_get_error(slide_)) return;  // another thread replaced it
+    if (openslide_t* fresh = openslide_open(path_.c_str())) {
+      if (openslide_get_error(fresh)) {
+        openslide_close(fresh);
+        return;
+      }
+      openslide_close(slide_);
+      slide_ = fresh;
+    }
+  }
+
   int integer_property(const std::string& name, int fallback) const {
     const char* value = openslide_get_property_value(slide_, name.c_str());
     return value ? std::atoi(value) : fallback;
@@ -324,7 +347,8 @@ class OpenSlideSlide final : public Slide {
   }
 
   std::string path_, vendor_;
-  openslide_t* slide_ = nullptr;
+  mutable openslide_t* slide_ = nullptr;
+  mutable std::shared_mutex handle_mutex_;  // reads share the handle; replacing it is exclusive
   std::vector<SlideLevel> levels_;
   double mpp_x_ = 0, mpp_y_ = 0;
 };
@@ -359,7 +383,9 @@ std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_b
   if (automatic && vendor == nullptr && std::filesystem::is_regular_file(path) && vips_can_read(path))
     return open_vips_slide(path);  // PNG, JPEG ...
   probe_openslide(path);
-  return std::make_unique<OpenSlideSlide>(path, vendor);
+  auto slide = std::make_unique<OpenSlideSlide>(path, vendor);
+  if (vendor && std::strcmp(vendor, "aperio") == 0) check_levels_nest(path, slide->levels());  // one pyramid
+  return slide;
 }
 
 }  // namespace tessera::data

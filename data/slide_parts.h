@@ -25,6 +25,10 @@ constexpr uint32_t max_tile_side = 4096;
 // file (a truncated file names the first piece past its end).
 void check_tiff_structure(const std::string& path);
 
+// Throws BadInput naming the file unless every level is level 0 reduced by one factor (each
+// side rounded within a pixel): a corrupt width or height makes the levels disagree.
+void check_levels_nest(const std::string& path, const std::vector<SlideLevel>& levels);
+
 // Opens the slide with OpenSlide in a child process and reads a little of every level; throws
 // BadInput naming the file when OpenSlide refuses it or crashes (a signal ends the child only).
 void probe_openslide(const std::string& path);

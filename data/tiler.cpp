@@ -186,7 +186,13 @@ class SlideTiler {
           if (!result.corrupt.empty()) {
             if (first_corrupt.empty()) first_corrupt = result.corrupt;
             entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
-            progress.event({{"warning", "corrupt tile skipped"}, {"slide", path}, {"error", result.corrupt}});
+            uint32_t position = candidates[done + i];
+            progress.event({{"warning", "corrupt tile skipped"},
+                            {"slide", path},
+                            {"level", options_.level},
+                            {"row", position / columns},
+                            {"column", position % columns},
+                            {"error", result.corrupt}});
           } else {
             std::string label = std::to_string(result.label);
             entry["label_counts"][label] = entry["label_counts"].value(label, 0) + 1;
@@ -382,7 +388,7 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
                   options.label_coverage, options.label_class);
   }
   if (!jobs.empty() && too_small_count == jobs.size())
-    throw UsageError("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
+    throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
                      std::to_string(options.level) + ": " + too_small);
   TileStoreWriter writer(store);
   auto plans = plan_slides(jobs, options, writer.slides(), store);

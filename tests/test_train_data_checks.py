@@ -30,9 +30,10 @@ def events(stderr, kind):
 
 
 def patch_file(path, x, y):
+    """x and y in chunks of 8 rows, Deflate-compressed (as PCam's files are stored)."""
     with h5py.File(path, "w") as f:
-        f["x"] = x
-        f["y"] = y
+        f.create_dataset("x", data=x, chunks=(8, *x.shape[1:]), compression="gzip")
+        f.create_dataset("y", data=y, chunks=(8,))
 
 
 def tile_value(label, x, y, pixels):
