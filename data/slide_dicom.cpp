@@ -167,6 +167,7 @@ class DicomSlide final : public Slide {
                                          static_cast<double>(found[0].shape.height) / instance.shape.height);
       shapes_.push_back(instance.shape);
     }
+    check_levels_nest(path, shapes_);
     mpp_x_ = found[0].spacing_x * 1000;
     mpp_y_ = found[0].spacing_y * 1000;
     levels_ = std::move(found);
