@@ -389,7 +389,7 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
   }
   if (!jobs.empty() && too_small_count == jobs.size())
     throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
-                     std::to_string(options.level) + ": " + too_small);
+                   std::to_string(options.level) + ": " + too_small);
   TileStoreWriter writer(store);
   auto plans = plan_slides(jobs, options, writer.slides(), store);
   nlohmann::json slides = nlohmann::json::array();
