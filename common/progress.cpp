@@ -29,6 +29,12 @@ void Progress::event(const nlohmann::json& record) {
   if (terminal_ && !finished_) draw(true);
 }
 
+void Progress::note(const std::string& task, const nlohmann::json& record) {
+  nlohmann::json line = {{"task", task}};
+  line.update(record);
+  std::fprintf(stderr, "%s\n", line.dump().c_str());
+}
+
 void Progress::finish() {
   if (finished_) return;
   draw(true);

@@ -23,6 +23,8 @@ class Progress {
   void event(const nlohmann::json& record);
   // Ends the bar.
   void finish();
+  // An event of `task` outside any bar (what a command found before its work starts).
+  static void note(const std::string& task, const nlohmann::json& record);
 
   static bool stderr_is_terminal();
 

@@ -4,31 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <random>
 
 #include "data/ordered_parallel.h"
 
 namespace tessera::data {
-
-void split_by_group(const PatchSource& source, double fraction, std::vector<size_t>& train,
-                    std::vector<size_t>& validation) {
-  train.clear();
-  validation.clear();
-  size_t n = source.size();
-  std::vector<uint64_t> order;          // groups in order of first appearance
-  std::map<uint64_t, size_t> group_size;
-  for (size_t i = 0; i < n; ++i)
-    if (group_size[source.group(i)]++ == 0) order.push_back(source.group(i));
-  auto wanted = static_cast<size_t>(std::llround(fraction * static_cast<double>(n)));
-  std::map<uint64_t, bool> held_out;
-  size_t taken = 0;
-  for (size_t g = order.size(); g-- > 0 && taken < wanted;) {
-    held_out[order[g]] = true;
-    taken += group_size[order[g]];
-  }
-  for (size_t i = 0; i < n; ++i) (held_out.count(source.group(i)) ? validation : train).push_back(i);
-}
 
 void augment_patch(uint8_t* rgb, int size, uint64_t random_bits) {
   bool flip = random_bits & 1;

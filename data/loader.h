@@ -35,12 +35,6 @@ struct DecodedPart {
   size_t first = 0, count = SIZE_MAX;
 };
 
-// Splits patch indices into training and validation so that no group (slide) is in both:
-// groups in order of first appearance, the last ones (about `fraction` of the patches) for
-// validation. For a PCam file (a group per patch) that is its last round(fraction*N) patches.
-void split_by_group(const PatchSource& source, double fraction, std::vector<size_t>& train,
-                    std::vector<size_t>& validation);
-
 class Loader {
  public:
   Loader(const PatchSource& source, std::vector<size_t> indices, LoaderOptions options);

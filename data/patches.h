@@ -20,6 +20,14 @@ class PatchSource {
   // The group a patch belongs to (its slide): training and validation never share a group.
   // Sources without slides put every patch in its own group.
   virtual uint64_t group(size_t index) const = 0;
+  // Patches of each class (index = label) in `group`, as the source records them: what the
+  // split divides and reports without decoding a patch.
+  virtual std::vector<uint64_t> class_counts(uint64_t group) const = 0;
+  // The slide `group` is (its path as recorded); empty where each patch is its own group.
+  virtual std::string group_name(uint64_t group) const {
+    (void)group;
+    return {};
+  }
   // Writes the patch as height x width x 3 uint8 (RGB, row-major) and returns its label; with
   // `rgb` null, returns the label alone and decodes nothing. Safe to call from several threads
   // at once. Throws BadInput naming the file and patch.

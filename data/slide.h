@@ -1,6 +1,7 @@
 // Whole-slide images behind one interface: libtiff for tiled TIFF and BigTIFF, OpenSlide for the
 // vendor formats (SVS, NDPI, MRXS, ...).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -33,6 +34,13 @@ class Slide {
   // when the file stores it that way (so it can be copied without decoding); else nothing.
   virtual std::optional<std::vector<uint8_t>> jpeg_tile(int level, int64_t column, int64_t row) const = 0;
 };
+
+// The level-0 pixel nearest to pixel `position` of a level with `downsample`: the origin a tile
+// records, and where OpenSlide (which takes level-0 coordinates) is asked to read it, so the two
+// never round differently.
+inline int64_t level0_position(int64_t position, double downsample) {
+  return std::llround(static_cast<double>(position) * downsample);
+}
 
 enum class SlideReader {
   automatic,  // libtiff for generic tiled TIFF (its JPEG tiles can be copied), else OpenSlide

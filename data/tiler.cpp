@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/progress.h"
+#include "common/units.h"
 #include "data/jpeg.h"
 #include "data/ordered_parallel.h"
 #include "data/slide.h"
@@ -152,7 +153,12 @@ class SlideTiler {
         }
       }
     Progress progress("tile", candidates.size());
-    if (labeler) check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
+    if (auto empty = why_empty(columns * rows, candidates.size(), level); !empty.empty()) {
+      progress.event({{"warning", empty}, {"slide", path}});
+      summary["warning"] = empty;
+    } else if (labeler) {
+      check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
+    }
     entry["grid"] = {columns, rows};
     entry["tissue_level"] = tissue.level();
     entry["candidates"] = candidates.size();
@@ -180,7 +186,13 @@ class SlideTiler {
           if (!result.corrupt.empty()) {
             if (first_corrupt.empty()) first_corrupt = result.corrupt;
             entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
-            progress.event({{"warning", "corrupt tile skipped"}, {"slide", path}, {"error", result.corrupt}});
+            uint32_t position = candidates[done + i];
+            progress.event({{"warning", "corrupt tile skipped"},
+                            {"slide", path},
+                            {"level", options_.level},
+                            {"row", position / columns},
+                            {"column", position % columns},
+                            {"error", result.corrupt}});
           } else {
             std::string label = std::to_string(result.label);
             entry["label_counts"][label] = entry["label_counts"].value(label, 0) + 1;
@@ -217,6 +229,18 @@ class SlideTiler {
   }
 
  private:
+  // Why a slide gives no tile, naming it; empty when it gives some.
+  std::string why_empty(int64_t grid, size_t candidates, const SlideLevel& level) const {
+    if (grid == 0)
+      return job_.slide + ": no tile of " + std::to_string(options_.size) + " pixels fits in its level " +
+             std::to_string(options_.level) + " (" + std::to_string(level.width) + "x" +
+             std::to_string(level.height) + ")";
+    if (candidates == 0)
+      return job_.slide + ": no tissue tile: none of its " + std::to_string(grid) + " tiles is at least " +
+             format_number(options_.min_tissue) + " tissue (--min-tissue)";
+    return {};
+  }
+
   // Labels that give no tile a class (GeoJSON beside the slide, an empty mask), or whose classes
   // lie mostly off the tissue (the labels of another slide), are refused naming the file;
   // --allow-empty-labels turns the first into a warning, for slides without tumour.
@@ -275,8 +299,8 @@ class SlideTiler {
                       3,
                       options_.encoding,
                       result.label,
-                      static_cast<uint32_t>(std::lround(x0)),
-                      static_cast<uint32_t>(std::lround(y0))};
+                      static_cast<uint32_t>(level0_position(column * size, level.downsample)),
+                      static_cast<uint32_t>(level0_position(row * size, level.downsample))};
     result.tile.key = {id, static_cast<uint32_t>(options_.level), static_cast<uint32_t>(row),
                        static_cast<uint32_t>(column)};
     std::string where = "level " + std::to_string(options_.level) + " tile column " + std::to_string(column) + " row " +
@@ -347,24 +371,40 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();
   // Every input is checked before the first tile is written.
+  std::string too_small;  // slides the tile size does not fit
+  size_t too_small_count = 0;
   for (const SlideJob& job : jobs) {
     auto slide = open_slide(job.slide, options.tile_cache_bytes);
     if (options.level < 0 || static_cast<size_t>(options.level) >= slide->levels().size())
       throw UsageError("--level: " + job.slide + " has levels 0 to " + std::to_string(slide->levels().size() - 1));
+    const SlideLevel& level = slide->levels()[static_cast<size_t>(options.level)];
+    if (level.width < options.size || level.height < options.size) {
+      too_small += (too_small.empty() ? "" : ", ") + job.slide + " is " + std::to_string(level.width) + "x" +
+                   std::to_string(level.height);
+      ++too_small_count;
+    }
     if (!job.labels.empty())
       open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
                   options.label_coverage, options.label_class);
   }
+  if (!jobs.empty() && too_small_count == jobs.size())
+    throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
+                   std::to_string(options.level) + ": " + too_small);
   TileStoreWriter writer(store);
   auto plans = plan_slides(jobs, options, writer.slides(), store);
   nlohmann::json slides = nlohmann::json::array();
-  uint64_t written = 0, corrupt = 0;
+  uint64_t written = 0, corrupt = 0, tiles = 0;
+  std::string reasons;
   for (size_t i = 0; i < jobs.size(); ++i) {
     auto summary = SlideTiler(jobs[i], options, writer).run(plans[i]);
     written += summary.value("written", uint64_t{0});
     corrupt += summary.value("corrupt_tiles", uint64_t{0});
+    tiles += summary.value("tiles", uint64_t{0});
+    reasons += (reasons.empty() ? "" : "; ") + summary.value("warning", jobs[i].slide + ": no tile");
     slides.push_back(std::move(summary));
   }
+  // A run that tiles slides into nothing has failed, though every step succeeded.
+  if (!jobs.empty() && tiles == 0) throw BadInput("no tile from any slide: " + reasons);
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return {{"store", store},
           {"slides", slides},

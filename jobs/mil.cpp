@@ -9,6 +9,8 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/progress.h"
+#include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/tensor.h"
 
@@ -180,7 +182,8 @@ class MilJob {
         throw BadInput(options_.checkpoint + ": holds a head " + job.start->model.dump() + ", not " +
                        job.model.dump());
     }
-    job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()}};
+    job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()},
+                  {"split", split_report_}};
     job.advice = "lower --attention-hidden, or raise --device-memory-limit";
     return job;
   }
@@ -202,22 +205,67 @@ class MilJob {
     }
   }
 
-  // Held-out slides drawn per class, so that a small study keeps every class on both sides.
+  // Held-out slides drawn per class, as many in all as --val-fraction of the slides comes
+  // nearest to, shared among the classes by their sizes (largest remainders), each class keeping
+  // a slide for training. A fraction that holds out no slide is refused, one that leaves
+  // validation without a class is said.
   void split() {
     std::mt19937 generator(options_.seed);
-    for (uint32_t c = 0; c < classes_.size(); ++c) {
-      std::vector<size_t> members;
-      for (size_t b = 0; b < bags_.size(); ++b)
-        if (bags_[b].label == c) members.push_back(b);
-      std::shuffle(members.begin(), members.end(), generator);
-      auto held = static_cast<size_t>(std::lround(options_.val_fraction * static_cast<double>(members.size())));
-      held = std::min(held, members.size() - 1);
-      val_.insert(val_.end(), members.begin(), members.begin() + static_cast<std::ptrdiff_t>(held));
-      train_.insert(train_.end(), members.begin() + static_cast<std::ptrdiff_t>(held), members.end());
+    std::vector<std::vector<size_t>> members(classes_.size());
+    for (size_t b = 0; b < bags_.size(); ++b) members[bags_[b].label].push_back(b);
+    for (auto& slides : members) std::shuffle(slides.begin(), slides.end(), generator);
+    double slides = static_cast<double>(bags_.size());
+    auto wanted = static_cast<size_t>(std::llround(options_.val_fraction * slides));
+    std::vector<size_t> held(classes_.size());
+    std::vector<std::pair<double, size_t>> remainders;  // (-remainder, class): largest first
+    size_t given = 0;
+    for (size_t c = 0; c < members.size(); ++c) {
+      double share = options_.val_fraction * static_cast<double>(members[c].size());
+      held[c] = static_cast<size_t>(share);
+      remainders.push_back({held[c] - share, c});
+      given += held[c];
+    }
+    std::sort(remainders.begin(), remainders.end());
+    for (size_t i = 0; given < wanted && i < remainders.size(); ++i, ++given) ++held[remainders[i].second];
+    std::vector<uint64_t> train_classes(classes_.size()), val_classes(classes_.size());
+    for (size_t c = 0; c < members.size(); ++c) {
+      held[c] = std::min(held[c], members[c].size() - 1);
+      val_.insert(val_.end(), members[c].begin(), members[c].begin() + static_cast<std::ptrdiff_t>(held[c]));
+      train_.insert(train_.end(), members[c].begin() + static_cast<std::ptrdiff_t>(held[c]), members[c].end());
+      val_classes[c] = held[c];
+      train_classes[c] = members[c].size() - held[c];
     }
     std::sort(val_.begin(), val_.end());
+    std::string asked = "--val-fraction " + format_number(options_.val_fraction);
+    if (options_.val_fraction > 0 && val_.empty())
+      throw UsageError(asked + " of " + std::to_string(bags_.size()) + " slides holds out none: use --val-fraction 0 " +
+                       "to train without validation, or at least " + format_number(0.5 / slides) +
+                       " (one slide), " + format_number(static_cast<double>(classes_.size()) / slides) + " for one of each class");
+    nlohmann::json warnings = nlohmann::json::array();
+    size_t val_kinds = static_cast<size_t>(std::count_if(val_classes.begin(), val_classes.end(), [](uint64_t n) { return n > 0; }));
+    if (!val_.empty() && val_kinds < classes_.size())
+      warnings.push_back("validation holds slides of " + std::to_string(val_kinds) + " of the " +
+                         std::to_string(classes_.size()) + " classes" +
+                         (val_kinds == 1 ? ": its AUC is undefined and its accuracy that of one class" : ""));
+    split_report_ = {{"val_fraction", options_.val_fraction},
+                     {"held_out_fraction", static_cast<double>(val_.size()) / slides},
+                     {"classes", classes_},
+                     {"train", {{"slides", train_.size()}, {"per_class", train_classes}}},
+                     {"validation", {{"slides", val_.size()}, {"per_class", val_classes}}},
+                     {"warnings", warnings}};
   }
 
+ public:
+  // The split before any work: what was held out, and each warning on a line of its own.
+  void report_split() const {
+    nlohmann::json record = {{"event", "split"}};
+    record.update(split_report_);
+    for (size_t b : val_) record["held_out_slides"].push_back(bags_[b].slide);
+    Progress::note("train", record);
+    for (auto& warning : split_report_["warnings"]) Progress::note("train", {{"warning", warning}});
+  }
+
+ private:
   nlohmann::json description() const {
     return {{"head", mil_.head}, {"features", width_}, {"attention_hidden", mil_.attention_hidden},
             {"classes", classes_}};
@@ -229,6 +277,7 @@ class MilJob {
   std::vector<Bag> bags_;
   int64_t width_ = 0;
   std::vector<size_t> train_, val_;
+  nlohmann::json split_report_;
 };
 
 // The head a checkpoint of train_mil describes; throws BadInput naming the file otherwise.
@@ -328,6 +377,7 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
                const TrainReporting& reporting) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
+  if (reporting.progress) job.report_split();
   TrainingLoop loop(context, job.options(), job.job());
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
   loop.run(train_feed, val_feed, reporting);
