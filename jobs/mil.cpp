@@ -4,13 +4,13 @@
 #include <cstring>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 
 #include "common/error.h"
 #include "compute/checkpoint.h"
 #include "compute/tensor.h"
+#include "jobs/slide_labels.h"
 
 namespace tessera {
 
@@ -40,34 +40,6 @@ struct Bag {
   }
 };
 
-std::string trim(const std::string& text) {
-  auto first = text.find_first_not_of(" \t\r");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
-}
-
-// `slide,label` rows, an optional header first. Classes are the distinct labels in sorted
-// order ("0" < "1", "normal" < "tumor").
-std::vector<std::pair<std::string, std::string>> read_labels(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw BadInput(path + ": cannot read the labels file");
-  std::vector<std::pair<std::string, std::string>> rows;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
-    auto comma = line.find(',');
-    if (comma == std::string::npos || line.find(',', comma + 1) != std::string::npos)
-      throw BadInput(path + ":" + std::to_string(number) + ": expected 'slide,label', got '" + trim(line) + "'");
-    std::string slide = trim(line.substr(0, comma)), label = trim(line.substr(comma + 1));
-    if (number == 1 && slide == "slide" && label == "label") continue;
-    if (slide.empty() || label.empty())
-      throw BadInput(path + ":" + std::to_string(number) + ": empty slide or label");
-    rows.emplace_back(slide, label);
-  }
-  if (rows.empty()) throw BadInput(path + ": holds no slides");
-  return rows;
-}
-
 // One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
 // With `fp16` the bag holds its features rounded to fp16, as --precision fp16 stages them.
 Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16) {
@@ -83,10 +55,6 @@ Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& wi
   Bag bag{slide, 0, array.shape[0], std::move(array.values), {}};
   if (fp16) bag.to_fp16(path);
   return bag;
-}
-
-Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width, bool fp16) {
-  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width, fp16);
 }
 
 // The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
@@ -190,14 +158,14 @@ class MilJob {
 
  private:
   void load_bags() {
-    auto rows = read_labels(mil_.labels);
-    for (auto& [slide, label] : rows) classes_.push_back(label);
+    auto rows = read_slide_labels(mil_.labels, mil_.features);
+    for (auto& row : rows) classes_.push_back(row.label);
     std::sort(classes_.begin(), classes_.end());
     classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
     if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
-    for (auto& [slide, label] : rows) {
-      Bag bag = read_bag(mil_.features, slide, width_, options_.fp16);
-      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
+    for (auto& row : rows) {
+      Bag bag = read_bag_file(row.path, row.slide, width_, options_.fp16);
+      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), row.label) - classes_.begin());
       bags_.push_back(std::move(bag));
     }
   }

@@ -11,7 +11,7 @@ namespace tessera {
 
 struct MilOptions {
   std::string features;      // DIR of <slide>.h5 feature files
-  std::string labels;        // CSV of `slide,label` rows
+  std::string labels;        // CSV of `slide,label` rows, or CLAM's `case_id,slide_id,label` (slide_labels.h)
   std::string head = "attention";  // mean or attention
   int attention_hidden = 128;      // L, the width of the attention branches V and U
 };
