@@ -1,6 +1,7 @@
 // Per-slide feature files in CLAM's layout (ARCHITECTURE.md, "Formats"):
 // `features` float32 or float16 [N,D] and `coords` int64 [N,2] (level-0 x, y),
-// chunked and extendable, with CLAM's attributes on `coords`. Written as
+// chunked and extendable, with CLAM's and TRIDENT's attributes on `coords`
+// (strings as variable-length UTF-8, which h5py reads as str). Written as
 // <file>.partial, appended and flushed batch by batch, and renamed when
 // complete.
 #pragma once
@@ -23,6 +24,12 @@ struct FeatureFileLayout {
   // Model, layer, pooling: stored as an attribute; a partial file written
   // otherwise starts afresh.
   nlohmann::json extraction;
+  // What CLAM's and TRIDENT's readers take beside the above (feature_file.cpp,
+  // "CLAM and TRIDENT attributes").
+  int64_t level0_width = 0, level0_height = 0;
+  double mpp = 0;        // microns per level-0 pixel; 0 when the slide does not say
+  std::string save_dir;  // the directory the file is written to
+  std::string encoder;   // the model (and layer) that made the features
 };
 
 class FeatureFileWriter {

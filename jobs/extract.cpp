@@ -188,7 +188,12 @@ class Extractor {
             width_,
             options_.fp16,
             options_.gzip,
-            extraction_};
+            extraction_,
+            entry.value("width", int64_t{0}),
+            entry.value("height", int64_t{0}),
+            entry.value("mpp_x", 0.0),
+            fs::absolute(options_.out).lexically_normal().string(),
+            extraction_.value("model", "") + ":" + extraction_.value("layer", "")};
   }
 
   // Runs a batch of tiles through the network; rows are the pooled features.
