@@ -235,6 +235,11 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
     throw BadInput(path + ": coords has patch_size " + std::to_string(tiles.patch_size) + ", patch_level " +
                    std::to_string(tiles.patch_level) + ", downsample " + std::to_string(downsample[0]));
   tiles.downsample = downsample[0];
+  tiles.name = hdf5::read_string_attribute(coords, "name").value_or("");
+  if (int64_t level_dim[2] = {0, 0}; hdf5::read_attribute(coords, "level_dim", H5T_NATIVE_INT64, 2, level_dim)) {
+    tiles.level_width = level_dim[0];
+    tiles.level_height = level_dim[1];
+  }
   return tiles;
 }
 

@@ -66,12 +66,16 @@ struct FeatureFileTiles {
   std::vector<int64_t> coords;  // [N,2] level-0 x, y of each tile's top-left corner
   int64_t patch_size = 0, patch_level = 0;
   double downsample = 1;  // level-0 pixels per pixel of patch_level (x)
+  // The slide the file records (attributes name and level_dim); empty and 0 when it does not.
+  std::string name;
+  int64_t level_width = 0, level_height = 0;
   // A tile's side in level-0 pixels.
   double extent() const { return static_cast<double>(patch_size) * downsample; }
 };
 
 // Throws BadInput naming the file when it is missing or corrupt, or when coords or its
-// attributes patch_size, patch_level and downsample are missing or malformed.
+// attributes patch_size, patch_level and downsample are missing or malformed; name and
+// level_dim are read when present.
 FeatureFileTiles read_feature_tiles(const std::string &path);
 
 // Throws UsageError (exit 2) when the complete feature file at `path` was made with other

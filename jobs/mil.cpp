@@ -240,13 +240,9 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   if (width != description.width)
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
-  bool mean = description.kind == "mean";
-  // A mean head's classifier on every instance; an attention head up to its scores.
-  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, mean);
-  if (!mean) {
-    auto& layers = graph["layers"];
-    while (layers.back()["name"] != "attention_w") layers.erase(layers.size() - 1);
-  }
+  // The head's classifier on each instance alone: an attention pool of one instance is that
+  // instance, so either head gives the probability it would give a bag of this one tile.
+  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
   Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
   head.allocate(context);
   std::map<std::string, Tensor*> tensors;
@@ -257,24 +253,15 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   InferenceProgram(context, head, {{"features", &features}}).run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
-  if (mean) {
-    // Softmax of each instance's logits on the host: C numbers a row, for the last class.
-    auto classes = static_cast<size_t>(description.classes);
-    for (size_t n = 0; n < scores.size(); ++n) {
-      const float* row = logits.data() + n * classes;
-      float top = *std::max_element(row, row + classes);
-      double sum = 0;
-      for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
-      scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
-    }
-    return scores;
+  // Softmax of each instance's logits on the host: C numbers a row, for the last class.
+  auto classes = static_cast<size_t>(description.classes);
+  for (size_t n = 0; n < scores.size(); ++n) {
+    const float* row = logits.data() + n * classes;
+    float top = *std::max_element(row, row + classes);
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
+    scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
   }
-  // The weights a_n taken on a log scale: their logits s_n (log a_n up to a constant), since
-  // a softmax over many tiles leaves all but the top few near 0. Min-max rescaled, so that
-  // maps of slides of any size share one colour scale.
-  auto [low, high] = std::minmax_element(logits.begin(), logits.end());
-  float range = *high - *low;
-  for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
   return scores;
 }
 
