@@ -303,6 +303,11 @@ class TileStores final : public PatchSource {
           throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
                          std::to_string(tile_size) + " in " + describe_paths());
         tile_size_ = tile_size;
+        int channels = entry.value("channels", 3);
+        if (slide_count_ > 1 && channels != channels_)
+          throw BadInput(path + ": slide " + std::to_string(id) + " has " + std::to_string(channels) +
+                         " channels, other slides " + std::to_string(channels_) + " in " + describe_paths());
+        channels_ = channels;
         const nlohmann::json& label_counts = entry["label_counts"];
         if (label_counts.is_object())
           for (auto& [label, count] : label_counts.items())
@@ -348,6 +353,7 @@ class TileStores final : public PatchSource {
   size_t size() const override { return tiles_.size(); }
   int height() const override { return tile_size_; }
   int width() const override { return tile_size_; }
+  int channels() const override { return channels_; }
   uint32_t class_count() const override { return class_count_; }
   uint64_t group(size_t index) const override { return tiles_.at(index).group; }
 
@@ -366,6 +372,9 @@ class TileStores final : public PatchSource {
       throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
                      std::to_string(tile_value.header.height) + ", the store's slides say " +
                      std::to_string(tile_size_));
+    if (tile_value.header.channels != channels_)
+      throw BadInput(where + ": tile has " + std::to_string(tile_value.header.channels) + " channels, its slide " +
+                     std::to_string(channels_));
     if (rgb) decode_tile_pixels(tile_value, rgb, where);
     return tile_value.header.label;
   }
@@ -395,7 +404,7 @@ class TileStores final : public PatchSource {
 
   std::vector<Store> stores_;
   std::vector<Tile> tiles_;
-  int tile_size_ = 0;
+  int tile_size_ = 0, channels_ = 3;
   uint32_t class_count_ = 1;
   size_t slide_count_ = 0;
 };
