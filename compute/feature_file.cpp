@@ -59,16 +59,19 @@ int64_t trident_magnification(double mpp) {
 }
 
 void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFileLayout &layout) {
+  // Where the file was written, as "." (its own directory): a file is the same bytes whatever
+  // --out it was written to, and stays true when moved. Neither tool reads these back.
+  const std::string here = ".";
   int64_t level_dim[2] = {layout.level_width, layout.level_height};
   hdf5::write_attribute(coords, "downsampled_level_dim", H5T_NATIVE_INT64, {2}, level_dim);
-  hdf5::write_string_attribute(coords, "save_path", layout.save_dir);
+  hdf5::write_string_attribute(coords, "save_path", here);
   auto patch_size_level0 = static_cast<int64_t>(std::llround(static_cast<double>(layout.patch_size) * layout.downsample));
   int64_t overlap = 0;
   hdf5::write_attribute(coords, "patch_size_level0", H5T_NATIVE_INT64, {}, &patch_size_level0);
   hdf5::write_attribute(coords, "overlap", H5T_NATIVE_INT64, {}, &overlap);
   hdf5::write_attribute(coords, "level0_width", H5T_NATIVE_INT64, {}, &layout.level0_width);
   hdf5::write_attribute(coords, "level0_height", H5T_NATIVE_INT64, {}, &layout.level0_height);
-  hdf5::write_string_attribute(coords, "savetodir", layout.save_dir);
+  hdf5::write_string_attribute(coords, "savetodir", here);
   // Magnifications only where the slide gives its pixel size; TRIDENT reads a file without them
   // as CLAM's (patch_size, patch_level).
   if (int64_t level0 = trident_magnification(layout.mpp)) {
@@ -80,7 +83,7 @@ void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFil
       hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_DOUBLE, {}, &target);
   }
   hdf5::write_string_attribute(features, "name", layout.name);
-  hdf5::write_string_attribute(features, "savetodir", layout.save_dir);
+  hdf5::write_string_attribute(features, "savetodir", here);
   hdf5::write_string_attribute(features, "encoder", layout.encoder);
 }
 // -------------------------------------------------------------------------------------------

@@ -27,9 +27,8 @@ struct FeatureFileLayout {
   // What CLAM's and TRIDENT's readers take beside the above (feature_file.cpp,
   // "CLAM and TRIDENT attributes").
   int64_t level0_width = 0, level0_height = 0;
-  double mpp = 0;        // microns per level-0 pixel; 0 when the slide does not say
-  std::string save_dir;  // the directory the file is written to
-  std::string encoder;   // the model (and layer) that made the features
+  double mpp = 0;       // microns per level-0 pixel; 0 when the slide does not say
+  std::string encoder;  // the model (and layer) that made the features
 };
 
 class FeatureFileWriter {
