@@ -87,11 +87,14 @@ void write_geojson(const SyntheticTissue& model, const std::string& path) {
 using Levels = std::vector<std::pair<int64_t, int64_t>>;
 using Encoded = std::shared_ptr<const std::vector<uint8_t>>;
 
-// The tags every level's directory shares: its size, tiling and resolution.
+// The tags of a level's directory: its size, tiling, samples, compression and resolution.
 void set_level_tags(TIFF* out, const SyntheticSlideOptions& options, int64_t width, int64_t height, size_t level,
-                    bool reduced) {
+                    uint16_t samples, uint16_t compression, uint16_t photometric) {
   double downsample = static_cast<double>(int64_t{1} << level);
-  TIFFSetField(out, TIFFTAG_SUBFILETYPE, reduced ? FILETYPE_REDUCEDIMAGE : 0);
+  TIFFSetField(out, TIFFTAG_SUBFILETYPE, level > 0 ? FILETYPE_REDUCEDIMAGE : 0);
+  TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, samples);
+  TIFFSetField(out, TIFFTAG_COMPRESSION, compression);
+  TIFFSetField(out, TIFFTAG_PHOTOMETRIC, photometric);
   TIFFSetField(out, TIFFTAG_IMAGEWIDTH, static_cast<uint32_t>(width));
   TIFFSetField(out, TIFFTAG_IMAGELENGTH, static_cast<uint32_t>(height));
   TIFFSetField(out, TIFFTAG_TILEWIDTH, static_cast<uint32_t>(options.tile_size));
@@ -149,10 +152,8 @@ uint64_t write_rgb_pyramid(const SyntheticTissue& model, const SyntheticSlideOpt
   uint64_t done = 0, tissue_tiles = 0;
   for (size_t level = 0; level < levels.size(); ++level) {
     TIFF* out = tiff.get();
-    set_level_tags(out, options, levels[level].first, levels[level].second, level, level > 0);
-    TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, 3);
-    TIFFSetField(out, TIFFTAG_COMPRESSION, COMPRESSION_JPEG);
-    TIFFSetField(out, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_YCBCR);
+    set_level_tags(out, options, levels[level].first, levels[level].second, level, 3, COMPRESSION_JPEG,
+                   PHOTOMETRIC_YCBCR);
     TIFFSetField(out, TIFFTAG_YCBCRSUBSAMPLING, 2, 2);
     if (level == 0) {
       std::string description = std::string("tessera synthetic slide seed=") + std::to_string(options.seed) +
@@ -213,10 +214,8 @@ uint64_t write_ome_planes(const SyntheticTissue& model, const SyntheticSlideOpti
     };
     for (size_t level = 0; level < levels.size(); ++level) {
       TIFF* out = tiff.get();
-      set_level_tags(out, options, levels[level].first, levels[level].second, level, level > 0);
-      TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, 1);
-      TIFFSetField(out, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
-      TIFFSetField(out, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+      set_level_tags(out, options, levels[level].first, levels[level].second, level, 1, COMPRESSION_ADOBE_DEFLATE,
+                     PHOTOMETRIC_MINISBLACK);
       if (level == 0 && levels.size() > 1) {
         std::vector<uint64_t> subifds(levels.size() - 1, 0);  // filled in as the next directories are written
         TIFFSetField(out, TIFFTAG_SUBIFD, static_cast<uint16_t>(subifds.size()), subifds.data());
