@@ -197,7 +197,7 @@ uint64_t write_ome_planes(const SyntheticTissue& model, const SyntheticSlideOpti
   auto deflate = [](const uint8_t* data, size_t input_bytes) {
     auto bytes = std::make_shared<std::vector<uint8_t>>(compressBound(static_cast<uLong>(input_bytes)));
     uLongf length = static_cast<uLongf>(bytes->size());
-    if (compress2(bytes->data(), &length, data, static_cast<uLong>(input_bytes), 6) != Z_OK)
+    if (compress2(bytes->data(), &length, data, static_cast<uLong>(input_bytes), Z_BEST_SPEED) != Z_OK)
       throw Error(ExitCode::runtime_error, "zlib: cannot compress a tile");
     bytes->resize(length);
     return Encoded(std::move(bytes));
