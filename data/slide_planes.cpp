@@ -163,7 +163,9 @@ std::optional<Layout> ome_layout(TIFF* tiff, const std::string& path, const std:
     if (size_t_ > 1) holds += ", a time series of " + std::to_string(size_t_) + " time points";
     refuse(path, holds + ", of " + ome_type_words(type) + " samples");
   }
-  if (size_c < 2 || samples > 1) return std::nullopt;  // grey or colour: the ordinary readers
+  // A colour image (its channel three samples a pixel) is for the ordinary readers; grey planes,
+  // one or many, are channels (a single DAPI plane too, with its SubIFD pyramid).
+  if (samples > 1) return std::nullopt;
   Layout layout{"ome-tiff", {}, {}, 0};
   for (int64_t c = 0; c < size_c; ++c)
     layout.names.push_back(c < static_cast<int64_t>(channels.size())
@@ -215,7 +217,7 @@ std::optional<Layout> qptiff_layout(TIFF* tiff, const std::string& path) {
   uint16_t samples = 1;
   enter(tiff, layout.levels[0][0]);
   TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLESPERPIXEL, &samples);
-  if (channels < 2 || samples > 1) return std::nullopt;  // bright-field RGB: the ordinary readers
+  if (samples > 1) return std::nullopt;  // bright-field RGB: the ordinary readers
   for (size_t first = 0; first + channels <= reduced.size(); first += channels) {
     layout.levels.emplace_back();
     for (size_t c = 0; c < channels; ++c) layout.levels.back().push_back(reduced[first + c].first);

@@ -5,8 +5,9 @@ are refused naming what they hold.
   with tissue found automatically, the same tiles as --tissue fluorescence and nearly the same as
   the bright-field slide of the same seed (the same tissue); its tiles equal python3-openslide's
   reads. --tissue none keeps every tile; --min-tissue with it is exit 2.
-- A multiplex OME-TIFF (synth --channels 5: a plane a channel, pyramid in SubIFDs) and a QPTIFF
-  (written here with tifffile, descriptions as Vectra writes them) tile with all their channels:
+- A multiplex OME-TIFF (synth --channels 5: a plane a channel, pyramid in SubIFDs), a QPTIFF
+  (written here with tifffile, descriptions as Vectra writes them) and a one-plane stripped
+  OME-TIFF (a DAPI scan) tile with all their channels:
   each raw tile equals python3-tifffile's read of that level, at every channel. A small CNN
   trains on the 5-channel store (its first convolution takes 5 channels) and extracts features.
 - Refused, exit 5, naming the file and what it holds, with no store left behind: the real
@@ -193,6 +194,23 @@ def check_qptiff():
     print(f"QPTIFF: {len(tiles)} tiles of 4 channels equal tifffile's")
 
 
+def check_single_plane():
+    """One grey plane (a DAPI scan as OME-TIFF, stripped): a slide of one channel, its tiles raw."""
+    path = os.path.join(WORK, "dapi.ome.tif")
+    plane = np.full((512, 512), 5, dtype=np.uint8)
+    plane[128:384, 128:448] = np.random.default_rng(2).integers(60, 250, size=(256, 320), dtype=np.uint8)
+    tifffile.imwrite(path, plane[None], ome=True, metadata={"axes": "CYX", "Channel": {"Name": ["DAPI"]}},
+                     rowsperstrip=64)
+    store = os.path.join(WORK, "dapi.lmdb")
+    entry = summary(tessera("tile", path, "--out", store, "--size", 64))["slides"][0]
+    assert entry["channels"] == 1 and entry["tissue"]["stain"] == "fluorescence", entry
+    tiles, slides = tiles_of(store)
+    assert slides[0]["channel_names"] == ["DAPI"], slides[0]
+    assert {key[1:] for key in tiles} == {(r, c) for r in range(2, 6) for c in range(2, 7)}, sorted(tiles)
+    for (_, row, column), (_, image) in tiles.items():
+        assert np.array_equal(image[..., 0], plane[row * 64:(row + 1) * 64, column * 64:(column + 1) * 64])
+
+
 def check_refusals():
     stderr = refused(os.path.normpath(os.path.join(SHARED, "slides", "multi-channel-z-series.ome.tif")),
                      "z-stack of 5 focal planes", "signed 8-bit (int8)", "3 channels")
@@ -215,6 +233,7 @@ def main():
         check_fluorescence()
         check_multiplex_ome()
         check_qptiff()
+        check_single_plane()
         check_refusals()
         print("ok")
     finally:
