@@ -327,6 +327,11 @@ class TileStores final : public PatchSource {
           throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
                          std::to_string(tile_size) + " in " + describe_paths());
         tile_size_ = tile_size;
+        int channels = entry.value("channels", 3);
+        if (slide_count_ > 1 && channels != channels_)
+          throw BadInput(path + ": slide " + std::to_string(id) + " has " + std::to_string(channels) +
+                         " channels, other slides " + std::to_string(channels_) + " in " + describe_paths());
+        channels_ = channels;
         auto counts = label_counts_of(entry, path + ": slide " + std::to_string(id));
         for (uint32_t label = 0; label < counts.size(); ++label)
           if (counts[label]) class_count_ = std::max(class_count_, label + 1);
@@ -375,6 +380,7 @@ class TileStores final : public PatchSource {
   size_t size() const override { return tiles_.size(); }
   int height() const override { return tile_size_; }
   int width() const override { return tile_size_; }
+  int channels() const override { return channels_; }
   uint32_t class_count() const override { return class_count_; }
   uint64_t group(size_t index) const override { return tiles_.at(index).group; }
   std::vector<uint64_t> class_counts(uint64_t group) const override { return group_counts_.at(group); }
@@ -395,6 +401,9 @@ class TileStores final : public PatchSource {
       throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
                      std::to_string(tile_value.header.height) + ", the store's slides say " +
                      std::to_string(tile_size_));
+    if (tile_value.header.channels != channels_)
+      throw BadInput(where + ": tile has " + std::to_string(tile_value.header.channels) + " channels, its slide " +
+                     std::to_string(channels_));
     // A label its slide's entry does not count would reach the loss as an out-of-range class.
     uint32_t label = tile_value.header.label;
     const std::vector<uint64_t>& counts = group_counts_[tile.group];
@@ -432,7 +441,7 @@ class TileStores final : public PatchSource {
   std::vector<Tile> tiles_;
   std::vector<std::string> group_names_;              // by group: the slide's path
   std::vector<std::vector<uint64_t>> group_counts_;  // by group: tiles by label
-  int tile_size_ = 0;
+  int tile_size_ = 0, channels_ = 3;
   uint32_t class_count_ = 1;
   size_t slide_count_ = 0;
 };

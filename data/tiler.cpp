@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "common/error.h"
 #include "common/progress.h"
@@ -39,7 +40,7 @@ struct TileResult {
 
 // The settings that must match for a run to continue a slide an earlier run started.
 nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
-  return {{"level", options.level},
+  nlohmann::json settings = {{"level", options.level},
           {"tile_size", options.size},
           {"encoding", encoding_name(options.encoding)},
           {"quality", options.quality},
@@ -49,6 +50,10 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
           {"label_coverage", options.label_coverage},
           {"label_class", options.label_class}};
+  // Recorded only when not the default, so that stores tiled before these settings existed resume.
+  if (options.tissue != Stain::automatic) settings["tissue"] = stain_name(options.tissue);
+  if (!options.unclassified_as.empty()) settings["unclassified_as"] = options.unclassified_as;
+  return settings;
 }
 
 // A slide is known by its content, not its path: the file's size and CRC-32s of its first 4 MiB
@@ -134,18 +139,20 @@ class SlideTiler {
 
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
     double tile_extent = options_.size * level.downsample;
-    TissueMask tissue(*slide_, tile_extent, options_.tissue_threshold);
+    std::optional<TissueMask> tissue;  // none with --tissue none: every tile is kept
+    if (options_.tissue != Stain::none)
+      tissue.emplace(*slide_, tile_extent, options_.tissue_threshold, options_.tissue);
     std::unique_ptr<TileLabeler> labeler;
     if (!job_.labels.empty())
       labeler = open_labels(job_.labels, slide_->levels()[0].width, slide_->levels()[0].height, options_.label_rule,
-                            options_.label_coverage, options_.label_class);
+                            options_.label_coverage, options_.label_class, options_.unclassified_as);
     int64_t columns = level.width / options_.size, rows = level.height / options_.size;
     std::vector<uint32_t> candidates;
     uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t column = 0; column < columns; ++column) {
         double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
-        double fraction = tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent);
+        double fraction = tissue ? tissue->tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) : 1.0;
         if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
         if (labeler && labeler->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
           ++labelled;
@@ -160,13 +167,14 @@ class SlideTiler {
       check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
     }
     entry["grid"] = {columns, rows};
-    entry["tissue_level"] = tissue.level();
+    entry["tissue"] = tissue ? tissue->report() : nlohmann::json{{"stain", "none"}, {"chosen", "given"}};
+    if (tissue) entry["tissue_level"] = tissue->level();
     entry["candidates"] = candidates.size();
     size_t done = entry.value("done", size_t{0});
     size_t resumed_from = done;
     if (done == 0) store_.commit(id, entry, {});
 
-    bool aligned = options_.encoding == TileEncoding::jpeg && level.tile_width == options_.size &&
+    bool aligned = encoding() == TileEncoding::jpeg && level.tile_width == options_.size &&
                    level.tile_height == options_.size;
     uint64_t copied = 0, written = 0;
     std::vector<TileStoreWriter::Tile> batch;
@@ -216,6 +224,9 @@ class SlideTiler {
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", entry["grid"]},
+                    {"channels", slide_->channels()},
+                    {"encoding", encoding_name(encoding())},
+                    {"tissue", entry["tissue"]},
                     {"candidates", candidates.size()},
                     {"resumed_from", resumed_from},
                     {"written", written},
@@ -248,6 +259,10 @@ class SlideTiler {
                         nlohmann::json& summary) const {
     const SlideLevel& base = slide_->levels()[0];
     std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
+    if (std::string warning = labeler.warning(); !warning.empty()) {
+      progress.event({{"warning", warning}});
+      summary["warning"] = warning;
+    }
     if (labelled == 0) {
       std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
                             labeler.description() + ")";
@@ -264,9 +279,10 @@ class SlideTiler {
   nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
     const SlideLevel& base = slide_->levels()[0];
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
-    return {{"path", path},
+    nlohmann::json entry = {{"path", path},
             {"name", std::filesystem::path(path).filename().string()},
             {"format", slide_->format()},
+            {"channels", slide_->channels()},
             {"width", base.width},
             {"height", base.height},
             {"level", options_.level},
@@ -283,6 +299,8 @@ class SlideTiler {
             {"corrupt_tiles", 0},
             {"label_counts", nlohmann::json::object()},
             {"complete", false}};
+    if (auto names = slide_->channel_names(); !names.empty()) entry["channel_names"] = names;
+    return entry;
   }
 
   TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned,
@@ -294,10 +312,11 @@ class SlideTiler {
     double extent = size * level.downsample;
     TileResult result;
     result.label = labeler ? labeler->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    const auto channels = static_cast<size_t>(slide_->channels());
     TileHeader header{static_cast<uint16_t>(size),
                       static_cast<uint16_t>(size),
-                      3,
-                      options_.encoding,
+                      static_cast<uint8_t>(channels),
+                      encoding(),
                       result.label,
                       static_cast<uint32_t>(level0_position(column * size, level.downsample)),
                       static_cast<uint32_t>(level0_position(row * size, level.downsample))};
@@ -316,14 +335,14 @@ class SlideTiler {
         return result;
       }
     }
-    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * 3);
+    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * channels);
     try {
       slide_->read_region(options_.level, column * size, row * size, size, size, rgb.data());
     } catch (const BadInput& e) {
       result.corrupt = e.what();
       return result;
     }
-    if (options_.encoding == TileEncoding::raw) {
+    if (header.encoding == TileEncoding::raw) {
       result.tile.value = encode_tile_value(header, rgb.data(), rgb.size());
     } else {
       auto jpeg = encode_jpeg(rgb.data(), size, size, options_.quality);
@@ -331,6 +350,9 @@ class SlideTiler {
     }
     return result;
   }
+
+  // JPEG holds a colour image; a slide of other than 3 channels is stored raw.
+  TileEncoding encoding() const { return slide_->channels() == 3 ? options_.encoding : TileEncoding::raw; }
 
   const SlideJob& job_;
   const TilerOptions& options_;
@@ -383,9 +405,10 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
                    std::to_string(level.height);
       ++too_small_count;
     }
+    check_stain_fits(options.tissue, *slide);
     if (!job.labels.empty())
       open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
-                  options.label_coverage, options.label_class);
+                  options.label_coverage, options.label_class, options.unclassified_as);
   }
   if (!jobs.empty() && too_small_count == jobs.size())
     throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +

@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -23,6 +21,7 @@
 #include "compute/network.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
+#include "jobs/channel.h"
 
 namespace tessera {
 
@@ -32,51 +31,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False once the channel has ended (the reader is gone): the writer stops.
-  bool push(T &&item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    changed_.notify_all();
-    return true;
-  }
-  // False at the end.
-  bool pop(T &item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (items_.empty()) return false;
-    item = std::move(items_.front());
-    items_.pop_front();
-    changed_.notify_all();
-    return true;
-  }
-  void close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    changed_.notify_all();
-  }
-  void stop() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    items_.clear();
-    changed_.notify_all();
-  }
-
- private:
-  size_t capacity_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<T> items_;
-  bool closed_ = false;
-};
 
 struct TileBatch {
   std::vector<uint8_t> rgb;     // batch x size x size x 3
@@ -129,8 +83,8 @@ struct SlideWork {
 // One device's model: the network up to the layer, the staged images and the program that runs it.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, int tile_size, int device)
-      : options_(options), tile_size_(tile_size), context_(context_options(device)) {
+  Extractor(const ExtractOptions &options, int tile_size, int channels, int device)
+      : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(device)) {
     nlohmann::json description;
     std::optional<Checkpoint> checkpoint;
     if (is_checkpoint_path(options.model)) {
@@ -140,7 +94,7 @@ class Extractor {
       description = load_model_description(options.model, 2);
     }
     // uint8 RGB as read from the store becomes the layer the model reads as "input".
-    std::vector<GraphInput> inputs{{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
+    std::vector<GraphInput> inputs{{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
     nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
     // The whole graph resolves the name (a module's output is its last
     // sublayer's); only the layers up to it run.
@@ -168,6 +122,7 @@ class Extractor {
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
+    if (channels != 3) extraction_["channels"] = channels;  // RGB files keep the settings they always had
 
     images_ = std::make_unique<Tensor>(context_, "images", inputs[0].shape, DType::u8, vk::MemoryUsage::staging);
     program_ = std::make_unique<InferenceProgram>(context_, *network_, Network::Bound{{"images", images_.get()}});
@@ -176,6 +131,7 @@ class Extractor {
 
   const nlohmann::json &extraction() const { return extraction_; }
   int tile_size() const { return tile_size_; }
+  int channels() const { return channels_; }
 
   // The feature file of a slide (its tile store entry) as this model writes it.
   FeatureFileLayout layout(const nlohmann::json &entry) const {
@@ -188,7 +144,11 @@ class Extractor {
             width_,
             options_.fp16,
             options_.gzip,
-            extraction_};
+            extraction_,
+            entry.value("width", int64_t{0}),
+            entry.value("height", int64_t{0}),
+            entry.value("mpp_x", 0.0),
+            extraction_.value("model", "") + ":" + extraction_.value("layer", "")};
   }
 
   // Runs a batch of tiles through the network; rows are the pooled features.
@@ -225,7 +185,7 @@ class Extractor {
   }
 
   const ExtractOptions &options_;
-  int tile_size_;
+  int tile_size_, channels_;
   vk::Context context_;
   std::unique_ptr<Network> network_;
   std::unique_ptr<Tensor> images_;
@@ -375,7 +335,8 @@ class DevicePipeline {
     };
     std::vector<Encoded> pending;
     const int tile_size = extractor_.tile_size();
-    const size_t tile_bytes = static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * 3;
+    const size_t tile_bytes =
+        static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * static_cast<size_t>(extractor_.channels());
     auto emit = [&] {
       Message message{Message::Kind::batch, slide};
       TileBatch &batch = message.tiles;
@@ -543,16 +504,21 @@ void extract_features(const ExtractOptions &options) {
     return;
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
+  int channels = selected.front().entry.value("channels", 3);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
     if (work.entry.value("tile_size", 0) != tile_size)
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
+    if (work.entry.value("channels", 3) != channels)
+      throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
+                     std::to_string(work.entry.value("channels", 3)) + " channels, other slides " +
+                     std::to_string(channels) + ": one model input per run");
   }
 
   std::vector<std::unique_ptr<Extractor>> extractors;
-  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, device));
+  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, channels, device));
   for (const SlideWork &work : selected)
     if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
       check_same_extraction(done.string(), extractors.front()->extraction());

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 
@@ -13,6 +12,7 @@
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/tensor.h"
+#include "jobs/slide_labels.h"
 
 namespace tessera {
 
@@ -42,34 +42,6 @@ struct Bag {
   }
 };
 
-std::string trim(const std::string& text) {
-  auto first = text.find_first_not_of(" \t\r");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
-}
-
-// `slide,label` rows, an optional header first. Classes are the distinct labels in sorted
-// order ("0" < "1", "normal" < "tumor").
-std::vector<std::pair<std::string, std::string>> read_labels(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw BadInput(path + ": cannot read the labels file");
-  std::vector<std::pair<std::string, std::string>> rows;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
-    auto comma = line.find(',');
-    if (comma == std::string::npos || line.find(',', comma + 1) != std::string::npos)
-      throw BadInput(path + ":" + std::to_string(number) + ": expected 'slide,label', got '" + trim(line) + "'");
-    std::string slide = trim(line.substr(0, comma)), label = trim(line.substr(comma + 1));
-    if (number == 1 && slide == "slide" && label == "label") continue;
-    if (slide.empty() || label.empty())
-      throw BadInput(path + ":" + std::to_string(number) + ": empty slide or label");
-    rows.emplace_back(slide, label);
-  }
-  if (rows.empty()) throw BadInput(path + ": holds no slides");
-  return rows;
-}
-
 // One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
 // With `fp16` the bag holds its features rounded to fp16, as --precision fp16 stages them.
 Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16) {
@@ -85,10 +57,6 @@ Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& wi
   Bag bag{slide, 0, array.shape[0], std::move(array.values), {}};
   if (fp16) bag.to_fp16(path);
   return bag;
-}
-
-Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width, bool fp16) {
-  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width, fp16);
 }
 
 // The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
@@ -193,14 +161,14 @@ class MilJob {
 
  private:
   void load_bags() {
-    auto rows = read_labels(mil_.labels);
-    for (auto& [slide, label] : rows) classes_.push_back(label);
+    auto rows = read_slide_labels(mil_.labels, mil_.features);
+    for (auto& row : rows) classes_.push_back(row.label);
     std::sort(classes_.begin(), classes_.end());
     classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
     if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
-    for (auto& [slide, label] : rows) {
-      Bag bag = read_bag(mil_.features, slide, width_, options_.fp16);
-      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
+    for (auto& row : rows) {
+      Bag bag = read_bag_file(row.path, row.slide, width_, options_.fp16);
+      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), row.label) - classes_.begin());
       bags_.push_back(std::move(bag));
     }
   }
@@ -321,13 +289,9 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   if (width != description.width)
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
-  bool mean = description.kind == "mean";
-  // A mean head's classifier on every instance; an attention head up to its scores.
-  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, mean);
-  if (!mean) {
-    auto& layers = graph["layers"];
-    while (layers.back()["name"] != "attention_w") layers.erase(layers.size() - 1);
-  }
+  // The head's classifier on each instance alone: an attention pool of one instance is that
+  // instance, so either head gives the probability it would give a bag of this one tile.
+  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
   Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
   head.allocate(context);
   std::map<std::string, Tensor*> tensors;
@@ -338,24 +302,15 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   InferenceProgram(context, head, {{"features", &features}}).run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
-  if (mean) {
-    // Softmax of each instance's logits on the host: C numbers a row, for the last class.
-    auto classes = static_cast<size_t>(description.classes);
-    for (size_t n = 0; n < scores.size(); ++n) {
-      const float* row = logits.data() + n * classes;
-      float top = *std::max_element(row, row + classes);
-      double sum = 0;
-      for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
-      scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
-    }
-    return scores;
+  // Softmax of each instance's logits on the host: C numbers a row, for the last class.
+  auto classes = static_cast<size_t>(description.classes);
+  for (size_t n = 0; n < scores.size(); ++n) {
+    const float* row = logits.data() + n * classes;
+    float top = *std::max_element(row, row + classes);
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
+    scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
   }
-  // The weights a_n taken on a log scale: their logits s_n (log a_n up to a constant), since
-  // a softmax over many tiles leaves all but the top few near 0. Min-max rescaled, so that
-  // maps of slides of any size share one colour scale.
-  auto [low, high] = std::minmax_element(logits.begin(), logits.end());
-  float range = *high - *low;
-  for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
   return scores;
 }
 

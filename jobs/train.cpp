@@ -102,10 +102,10 @@ Setup prepare(const TrainOptions& options) {
     job.model = load_model_description(options.model, classes, options.width);
   }
   job.graph = expand_presets(job.model);
-  // uint8 RGB as loaded becomes the layer the model reads as "input".
+  // uint8 pixels as loaded (RGB, or a multiplex slide's channels) become the layer the model reads as "input".
   job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   int64_t n = options.batch;
-  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), 3}, DType::u8},
+  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), setup.source->channels()}, DType::u8},
                 {"labels", {n}, DType::u32},
                 {"valid", {1}, DType::u32}};
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";

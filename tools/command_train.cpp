@@ -46,7 +46,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   auto* features = source->add_option(
       "--features", f.mil.features, "Directory of per-slide feature files (tessera extract): train a slide-level head");
   source->require_option(1);
-  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem)")
+  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem), or CLAM's case_id,slide_id,label")
       ->needs(features);
   command.add_option("--head", f.mil.head, "With --features: mean or attention (gated, Ilse et al. 2018)")
       ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
