@@ -23,5 +23,4 @@ rm -rf "$work/tiles.lmdb"
 "$tessera" tile "${slides[@]}" --out "$work/tiles.lmdb" --size 32 --level 2 --min-tissue 0.5 \
   --labels "${labels[@]}" --label-rule coverage --label-coverage 0.5
 "$tessera" train --data "$work/tiles.lmdb" --model small-cnn --epochs 3 --batch 32 --optimizer adam \
-  --lr 0.001 --val-fraction 0.25 --augment --checkpoint "$work/small-cnn.h5"
-echo "checkpoint: $work/small-cnn.h5"
+  --lr 0.001 --val-fraction 0.25 --augment --checkpoint "$work/small-cnn.h5"   # names the checkpoint at the end
