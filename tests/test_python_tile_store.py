@@ -79,6 +79,7 @@ def check_equal(dataset, expected):
     for index in range(len(dataset)):
         item = dataset[index]
         assert item["image"].dtype == np.uint8 and item["image"].shape == (TILE, TILE, 3)
+        assert item["image"].flags.writeable  # torch.as_tensor warns of read-only arrays
         assert np.array_equal(item["image"], expected["pixels"][index]), index
         assert item["label"] == expected["labels"][index], index
         assert item["slide_index"] == expected["groups"][index], index

@@ -103,7 +103,7 @@ def decode_pixels(header, pixels, where):
     try:
         with Image.open(io.BytesIO(pixels)) as image:
             image = image.convert("RGB") if image.mode != "RGB" else image
-            rgb = np.asarray(image, dtype=np.uint8)
+            rgb = np.array(image, dtype=np.uint8)  # writable, as torch wants
     except (OSError, ValueError) as error:
         raise TileStoreError(f"{where}: {error}") from error
     if rgb.shape != shape:
