@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
+#include "data/split.h"
 #include "data/tile_store.h"
 
 using namespace tessera;
@@ -56,8 +57,7 @@ int main(int argc, char** argv) try {
   }
   std::vector<uint64_t> groups;
   for (size_t i = 0; i < source->size(); ++i) groups.push_back(source->group(i));
-  std::vector<size_t> train, validation;
-  data::split_by_group(*source, fraction, train, validation);
+  data::GroupSplit split = data::split_by_group(*source, fraction);
   write_array(out + "/pixels.u8", pixels);
   write_array(out + "/labels.u32", labels);
   write_array(out + "/groups.u64", groups);
@@ -65,8 +65,8 @@ int main(int argc, char** argv) try {
                                                        {"height", source->height()},
                                                        {"width", source->width()},
                                                        {"class_count", source->class_count()},
-                                                       {"train", train},
-                                                       {"validation", validation}}.dump();
+                                                       {"train", split.train},
+                                                       {"validation", split.validation}}.dump();
 
   std::ofstream tiles(out + "/tiles.jsonl");
   for (const std::string& store : data::find_tile_stores(given, "--data")) {

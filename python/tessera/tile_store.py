@@ -242,16 +242,19 @@ class TileStoreDataset(_Base):
 
     def validation_split(self, fraction):
         """(train, validation) tile indices as ``tessera train --val-fraction`` splits them: whole
-        slides, the last ones in order, until about ``fraction`` of the tiles are held out."""
+        slides, from the last one backwards, each held out where it brings the held-out tiles
+        nearer ``fraction`` of all, training always keeping a slide."""
         groups = self.slide_indices()
-        wanted = int(np.floor(fraction * len(groups) + 0.5))  # llround: halves away from zero
+        total = len(groups)
+        target = fraction * total
         sizes = np.bincount(groups, minlength=len(self.slides))
         held_out, taken = set(), 0
         for rank in range(len(self.slides) - 1, -1, -1):
-            if taken >= wanted:
-                break
-            if sizes[rank]:
+            size = int(sizes[rank])
+            if fraction <= 0 or size == 0 or taken + size >= total:
+                continue
+            if abs(taken + size - target) < abs(taken - target):
                 held_out.add(rank)
-                taken += int(sizes[rank])
+                taken += size
         validation = np.isin(groups, list(held_out))
         return np.flatnonzero(~validation), np.flatnonzero(validation)
