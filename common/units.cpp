@@ -50,4 +50,10 @@ std::string format_bytes(uint64_t bytes) {
   return text;
 }
 
+std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", value);
+  return text;
+}
+
 }  // namespace tessera

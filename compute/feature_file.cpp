@@ -1,6 +1,7 @@
 #include "compute/feature_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -42,6 +43,51 @@ int64_t extent_rows(hid_t dataset) {
   H5Sget_simple_extent_dims(space, dims, nullptr);
   return static_cast<int64_t>(dims[0]);
 }
+
+// ---- CLAM and TRIDENT attributes ----------------------------------------------------------
+// The names, types and places their readers use, beside tessera's own: CLAM's create_patches_fp
+// (wsi_core/WholeSlideImage.py: coords' downsampled_level_dim, save_path) and TRIDENT's
+// coords_to_h5 and extract_features (trident/IO.py, wsi_objects/WSI.py: patch_size_level0,
+// level0_magnification, target_magnification, overlap, level0_width/height, savetodir on coords;
+// name, savetodir, encoder on features).
+
+// TRIDENT's magnification of a level-0 pixel size (WSI._fetch_magnification); 0 when unknown.
+int64_t trident_magnification(double mpp) {
+  if (!(mpp > 0) || mpp >= 2.4) return 0;
+  for (auto [below, magnification] : {std::pair{0.16, 80}, {0.2, 60}, {0.3, 40}, {0.6, 20}, {1.2, 10}})
+    if (mpp < below) return magnification;
+  return 5;
+}
+
+void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFileLayout &layout) {
+  // Where the file was written, as "." (its own directory): a file is the same bytes whatever
+  // --out it was written to, and stays true when moved. Neither tool reads these back.
+  const std::string here = ".";
+  int64_t level_dim[2] = {layout.level_width, layout.level_height};
+  hdf5::write_attribute(coords, "downsampled_level_dim", H5T_NATIVE_INT64, {2}, level_dim);
+  hdf5::write_string_attribute(coords, "save_path", here);
+  auto patch_size_level0 = static_cast<int64_t>(std::llround(static_cast<double>(layout.patch_size) * layout.downsample));
+  int64_t overlap = 0;
+  hdf5::write_attribute(coords, "patch_size_level0", H5T_NATIVE_INT64, {}, &patch_size_level0);
+  hdf5::write_attribute(coords, "overlap", H5T_NATIVE_INT64, {}, &overlap);
+  hdf5::write_attribute(coords, "level0_width", H5T_NATIVE_INT64, {}, &layout.level0_width);
+  hdf5::write_attribute(coords, "level0_height", H5T_NATIVE_INT64, {}, &layout.level0_height);
+  hdf5::write_string_attribute(coords, "savetodir", here);
+  // Magnifications only where the slide gives its pixel size; TRIDENT reads a file without them
+  // as CLAM's (patch_size, patch_level).
+  if (int64_t level0 = trident_magnification(layout.mpp)) {
+    hdf5::write_attribute(coords, "level0_magnification", H5T_NATIVE_INT64, {}, &level0);
+    double target = static_cast<double>(level0) / layout.downsample;
+    if (auto whole = static_cast<int64_t>(std::llround(target)); std::abs(target - static_cast<double>(whole)) < 1e-6)
+      hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_INT64, {}, &whole);
+    else
+      hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_DOUBLE, {}, &target);
+  }
+  hdf5::write_string_attribute(features, "name", layout.name);
+  hdf5::write_string_attribute(features, "savetodir", here);
+  hdf5::write_string_attribute(features, "encoder", layout.encoder);
+}
+// -------------------------------------------------------------------------------------------
 
 }  // namespace
 
@@ -123,6 +169,7 @@ void FeatureFileWriter::create(const FeatureFileLayout &layout) {
   int64_t level_dim[2] = {layout.level_width, layout.level_height};
   hdf5::write_attribute(coords_, "level_dim", H5T_NATIVE_INT64, {2}, level_dim);
   hdf5::write_string_attribute(coords_, "name", layout.name);
+  write_interchange_attributes(features_, coords_, layout);
   if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
   rows_ = 0;
   record_rows();
@@ -197,6 +244,11 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
     throw BadInput(path + ": coords has patch_size " + std::to_string(tiles.patch_size) + ", patch_level " +
                    std::to_string(tiles.patch_level) + ", downsample " + std::to_string(downsample[0]));
   tiles.downsample = downsample[0];
+  tiles.name = hdf5::read_string_attribute(coords, "name").value_or("");
+  if (int64_t level_dim[2] = {0, 0}; hdf5::read_attribute(coords, "level_dim", H5T_NATIVE_INT64, 2, level_dim)) {
+    tiles.level_width = level_dim[0];
+    tiles.level_height = level_dim[1];
+  }
   return tiles;
 }
 

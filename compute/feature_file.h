@@ -1,6 +1,7 @@
 // Per-slide feature files in CLAM's layout (docs/architecture.md, "Formats"):
 // `features` float32 or float16 [N,D] and `coords` int64 [N,2] (level-0 x, y),
-// chunked and extendable, with CLAM's attributes on `coords`. Written as
+// chunked and extendable, with CLAM's and TRIDENT's attributes on `coords`
+// (strings as variable-length UTF-8, which h5py reads as str). Written as
 // <file>.partial, appended and flushed batch by batch, and renamed when
 // complete.
 #pragma once
@@ -23,6 +24,11 @@ struct FeatureFileLayout {
   // Model, layer, pooling: stored as an attribute; a partial file written
   // otherwise starts afresh.
   nlohmann::json extraction;
+  // What CLAM's and TRIDENT's readers take beside the above (feature_file.cpp,
+  // "CLAM and TRIDENT attributes").
+  int64_t level0_width = 0, level0_height = 0;
+  double mpp = 0;       // microns per level-0 pixel; 0 when the slide does not say
+  std::string encoder;  // the model (and layer) that made the features
 };
 
 class FeatureFileWriter {
@@ -59,12 +65,16 @@ struct FeatureFileTiles {
   std::vector<int64_t> coords;  // [N,2] level-0 x, y of each tile's top-left corner
   int64_t patch_size = 0, patch_level = 0;
   double downsample = 1;  // level-0 pixels per pixel of patch_level (x)
+  // The slide the file records (attributes name and level_dim); empty and 0 when it does not.
+  std::string name;
+  int64_t level_width = 0, level_height = 0;
   // A tile's side in level-0 pixels.
   double extent() const { return static_cast<double>(patch_size) * downsample; }
 };
 
 // Throws BadInput naming the file when it is missing or corrupt, or when coords or its
-// attributes patch_size, patch_level and downsample are missing or malformed.
+// attributes patch_size, patch_level and downsample are missing or malformed; name and
+// level_dim are read when present.
 FeatureFileTiles read_feature_tiles(const std::string &path);
 
 // Throws UsageError (exit 2) when the complete feature file at `path` was made with other

@@ -12,13 +12,16 @@ namespace {
 [[maybe_unused]] const bool no_cleanup_at_exit = [] { return H5dont_atexit() >= 0; }();
 }  // namespace
 
+// Variable-length UTF-8, as h5py writes a Python str (and reads it back as str, not bytes).
 void write_string_attribute(hid_t object, const char *name, const std::string &value) {
   const Hdf5Lock hdf5_lock;
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, value.size() + 1);
+  H5Tset_size(type, H5T_VARIABLE);
+  H5Tset_cset(type, H5T_CSET_UTF8);
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   Handle attribute(H5Acreate2(object, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attribute.valid() || H5Awrite(attribute, type, value.c_str()) < 0)
+  const char *text = value.c_str();
+  if (!attribute.valid() || H5Awrite(attribute, type, &text) < 0)
     throw Error(ExitCode::runtime_error, std::string("cannot write HDF5 attribute ") + name);
 }
 

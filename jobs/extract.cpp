@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -22,6 +20,7 @@
 #include "compute/inference.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
+#include "jobs/channel.h"
 
 namespace tessera {
 
@@ -31,51 +30,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False once the channel has ended (the reader is gone): the writer stops.
-  bool push(T &&item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    changed_.notify_all();
-    return true;
-  }
-  // False at the end.
-  bool pop(T &item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (items_.empty()) return false;
-    item = std::move(items_.front());
-    items_.pop_front();
-    changed_.notify_all();
-    return true;
-  }
-  void close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    changed_.notify_all();
-  }
-  void stop() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    items_.clear();
-    changed_.notify_all();
-  }
-
- private:
-  size_t capacity_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<T> items_;
-  bool closed_ = false;
-};
 
 struct TileBatch {
   std::vector<uint8_t> rgb;     // batch x size x size x 3
@@ -118,11 +72,11 @@ struct SlideWork {
 // One device's model: the network up to the layer over the staged images.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int device)
-      : options_(options), tile_size_(tile_size), context_(context_options(options, device)) {
-    // uint8 RGB as read from the store becomes the layer the model reads as "input".
+  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int channels, int device)
+      : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(options, device)) {
+    // uint8 pixels (RGB, or a multiplex slide's channels) as read from the store becomes the layer the model reads as "input".
     InferenceOptions inference;
-    inference.inputs = {{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
+    inference.inputs = {{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
     inference.prologue =
         nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
     inference.layer = options.layer;
@@ -137,11 +91,13 @@ class Extractor {
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
+    if (channels != 3) extraction_["channels"] = channels;  // RGB files keep the settings they always had
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
   const nlohmann::json &extraction() const { return extraction_; }
   int tile_size() const { return tile_size_; }
+  int channels() const { return channels_; }
 
   // The feature file of a slide (its tile store entry) as this model writes it.
   FeatureFileLayout layout(const nlohmann::json &entry) const {
@@ -154,7 +110,11 @@ class Extractor {
             width_,
             options_.fp16,
             options_.gzip,
-            extraction_};
+            extraction_,
+            entry.value("width", int64_t{0}),
+            entry.value("height", int64_t{0}),
+            entry.value("mpp_x", 0.0),
+            extraction_.value("model", "") + ":" + extraction_.value("layer", "")};
   }
 
   // Runs a batch of tiles through the network; rows are the pooled features.
@@ -192,7 +152,7 @@ class Extractor {
   }
 
   const ExtractOptions &options_;
-  int tile_size_;
+  int tile_size_, channels_;
   vk::Context context_;
   std::unique_ptr<Inference> model_;
   std::vector<float> output_;
@@ -339,7 +299,8 @@ class DevicePipeline {
     };
     std::vector<Encoded> pending;
     const int tile_size = extractor_.tile_size();
-    const size_t tile_bytes = static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * 3;
+    const size_t tile_bytes =
+        static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * static_cast<size_t>(extractor_.channels());
     auto emit = [&] {
       Message message{Message::Kind::batch, slide};
       TileBatch &batch = message.tiles;
@@ -464,9 +425,10 @@ void extract_features(const ExtractOptions &options) {
   const ResolvedModel model = resolve_model(options.model, 2);
   // A model per device, each planned and checked against its device's budget before any work.
   std::vector<std::unique_ptr<Extractor>> extractors;
-  auto build_extractors = [&](int tile_size) {
+  auto build_extractors = [&](int tile_size, int channels) {
     extractors.clear();
-    for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, device));
+    for (int device : devices)
+      extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, channels, device));
   };
   auto create_out = [&] {
     std::error_code error;
@@ -484,7 +446,7 @@ void extract_features(const ExtractOptions &options) {
     store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
-    if (!jobs.empty()) build_extractors(options.tiler.size);
+    if (!jobs.empty()) build_extractors(options.tiler.size, 3);  // rebuilt if the slides have other channels
     create_out();
     summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
     shard = {};  // that store holds this shard's slides only
@@ -519,15 +481,21 @@ void extract_features(const ExtractOptions &options) {
     return;
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
+  int channels = selected.front().entry.value("channels", 3);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
     if (work.entry.value("tile_size", 0) != tile_size)
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
+    if (work.entry.value("channels", 3) != channels)
+      throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
+                     std::to_string(work.entry.value("channels", 3)) + " channels, other slides " +
+                     std::to_string(channels) + ": one model input per run");
   }
 
-  if (extractors.empty() || extractors.front()->tile_size() != tile_size) build_extractors(tile_size);
+  if (extractors.empty() || extractors.front()->tile_size() != tile_size || extractors.front()->channels() != channels)
+    build_extractors(tile_size, channels);
   for (const SlideWork &work : selected)
     if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
       check_same_extraction(done.string(), extractors.front()->extraction());

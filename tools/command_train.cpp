@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/progress.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/data_parallel.h"
@@ -17,6 +20,7 @@
 #include "jobs/train.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/parse_errors.h"
 
 namespace tessera::cli {
 
@@ -45,7 +49,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   auto* features = source->add_option(
       "--features", f.mil.features, "Directory of per-slide feature files (tessera extract): train a slide-level head");
   source->require_option(1);
-  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem)")
+  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem), or CLAM's case_id,slide_id,label")
       ->needs(features);
   command.add_option("--head", f.mil.head, "With --features: mean or attention (gated, Ilse et al. 2018)")
       ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
@@ -123,12 +127,32 @@ std::vector<float> parse_weights(const std::string& text) {
   return weights;
 }
 
-// A setting as its flag is written: "--data a.lmdb b.lmdb", not a JSON list.
+// A saved setting as its flag would be written: "--data a.lmdb b.lmdb", not a JSON list; a float
+// setting (saved as a double) as its shortest text, "0.01" rather than 0.009999999776482582.
 std::string shown(const nlohmann::json& value) {
   if (value.is_string()) return value.get<std::string>();
-  if (!value.is_array() || value.empty() || !value[0].is_string()) return value.dump();
+  if (value.is_number_float()) {
+    double number = value.get<double>();
+    auto single = static_cast<float>(number);
+    std::array<char, 64> text{};
+    auto end = static_cast<double>(single) == number ? std::to_chars(text.begin(), text.end(), single).ptr
+                                                     : std::to_chars(text.begin(), text.end(), number).ptr;
+    return std::string(text.data(), end);
+  }
+  if (!value.is_array()) return value.dump();
+  if (value.empty()) return "none";
   std::string text;
-  for (auto& item : value) text += (text.empty() ? "" : " ") + item.get<std::string>();
+  const char* separator = value[0].is_string() ? " " : ",";  // --data a b, --class-weights 1,3
+  for (auto& item : value) text += (text.empty() ? "" : separator) + shown(item);
+  return text;
+}
+
+// A flag as the user typed it on this command line: "--lr 1e-2", "--augment".
+std::string as_typed(const CLI::App& command, const char* flag) {
+  const CLI::Option* option = command.get_option(flag);
+  if (option->get_type_size() == 0) return flag;
+  std::string text = flag;
+  for (const std::string& value : option->results()) text += " " + value;
   return text;
 }
 
@@ -162,8 +186,9 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
     if (command.count(flag) == 0) {
       settings[key] = saved[key];
     } else if (settings[key] != saved[key]) {
-      differences += std::string(differences.empty() ? "" : "; ") + flag + " " + shown(settings[key]) +
-                     " (the checkpoint's run: " + shown(saved[key]) + ")";
+      std::string before = saved[key].is_boolean() ? (saved[key].get<bool>() ? flag : "without it") : shown(saved[key]);
+      differences += std::string(differences.empty() ? "" : "; ") + as_typed(command, flag) +
+                     " (the checkpoint's run: " + before + ")";
     }
   }
   if (!differences.empty())
@@ -211,8 +236,9 @@ void check_flags(const CLI::App& command, TrainFlags& f) {
 void report_finished(vk::Context& context, const TrainFlags& f,
                      const std::function<void(const nlohmann::json&)>& protocol) {
   const nlohmann::json& last = f.finished;
+  std::string record = Progress::human() ? render_record("train", last) : last.dump();
   std::fprintf(stderr, "%s: already trained %d epochs (--epochs %d); nothing to do. Its last epoch: %s\n",
-               f.options.checkpoint.c_str(), last.value("epoch", 0), f.options.epochs, last.dump().c_str());
+               f.options.checkpoint.c_str(), last.value("epoch", 0), f.options.epochs, record.c_str());
   protocol({{"type", "final"},
             {"value", last["val_loss"].is_number() ? last["val_loss"] : last["train_loss"]},
             {"metrics", last},
@@ -247,21 +273,24 @@ std::vector<std::unique_ptr<vk::Context>> open_devices(const TrainFlags& f, cons
   return contexts;
 }
 
+// --dry-run: the plan as a table on a terminal, else as one JSON line.
 void print_plan(vk::Context& context, const MemoryPlan& plan) {
-  uint64_t device_bytes = plan.device_bytes(context.allocator());
+  uint64_t device_bytes = plan.device_bytes(context.allocator()), budget = context.allocator().stats().budget_bytes;
   nlohmann::json out = {{"device", context.info().name},
-                        {"budget_bytes", context.allocator().stats().budget_bytes},
+                        {"budget_bytes", budget},
                         {"total_bytes", plan.total()},
                         {"device_bytes", device_bytes},
-                        {"fits", device_bytes <= context.allocator().stats().budget_bytes},
+                        {"fits", device_bytes <= budget},
                         {"bytes", plan.bytes}};
-  std::printf("%s\n", out.dump().c_str());
-  if (isatty(STDOUT_FILENO)) {
-    for (auto& [category, bytes] : plan.bytes) std::printf("  %-22s %s\n", category.c_str(), format_bytes(bytes).c_str());
-    std::printf("  %-22s %s\n", "total", format_bytes(plan.total()).c_str());
-    std::printf("  %-22s %s of %s\n", "in blocks", format_bytes(device_bytes).c_str(),
-                format_bytes(context.allocator().stats().budget_bytes).c_str());
+  if (!Progress::human(STDOUT_FILENO)) {
+    std::printf("%s\n", out.dump().c_str());
+    return;
   }
+  std::printf("Device memory plan on %s\n", context.info().name.c_str());
+  for (auto& [category, bytes] : plan.bytes) std::printf("  %-24s %12s\n", category.c_str(), format_bytes(bytes).c_str());
+  std::printf("  %-24s %12s\n", "total", format_bytes(plan.total()).c_str());
+  std::printf("  %-24s %12s of the budget's %s: %s\n", "in the allocator's blocks", format_bytes(device_bytes).c_str(),
+              format_bytes(budget).c_str(), device_bytes <= budget ? "fits" : "does NOT fit");
 }
 
 void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
@@ -289,6 +318,8 @@ void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
     train_mil(context, f.options, f.mil, reporting);
   else
     train(devices, f.options, reporting);
+  if (!f.options.checkpoint.empty() && Processes::world().rank() == 0)
+    report("train", {{"event", "checkpoint"}, {"path", f.options.checkpoint}, {"epoch", f.options.epochs}});
 }
 
 }  // namespace
@@ -327,7 +358,7 @@ int run_train_in_process(const std::vector<std::string>& args,
                          const std::function<void(const std::string& json_line)>& report) {
   // One device for every trial of the process, as an in-process search would have it.
   static std::unique_ptr<vk::Context> shared;
-  CLI::App app{"tessera train (in process)"};
+  CLI::App app{"tessera train (in process)", "train"};
   TrainFlags flags;
   add_train_flags(app, flags);
   try {
@@ -343,7 +374,7 @@ int run_train_in_process(const std::vector<std::string>& args,
     run({shared.get()}, flags, [&](const nlohmann::json& line) { report(line.dump()); });
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "tessera train: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", explain_parse_error(app, e).c_str());
     return static_cast<int>(ExitCode::bad_usage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera train: %s\n", e.what());
