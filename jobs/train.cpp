@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "compute/ops/registry.h"
 #include "compute/run_checks.h"
 #include "data/loader.h"
 
@@ -45,6 +46,16 @@ void check_training_patches(const data::PatchSource& source, const TrainOptions&
                    "): lower --batch or --val-fraction");
 }
 
+// Throws ModelError naming `model` when it has no parameters: nothing to train, and no gradient
+// for the loss to send back.
+void check_trainable(const TrainingJob& job, const std::string& model) {
+  Network network(job.graph, job.staged, true, job.prologue);
+  for (auto& layer : network.layers())
+    for (auto& spec : layer.specs)
+      if (spec.role == TensorRole::parameter) return;
+  throw ModelError(model + ": the model has no parameters to train");
+}
+
 // The data and the model as the run will use them.
 struct Setup {
   std::unique_ptr<data::PatchSource> source;
@@ -79,7 +90,8 @@ Setup prepare(const TrainOptions& options) {
   } else {
     job.model = load_model_description(options.model, classes, options.width);
   }
-  job.graph = expand_presets(job.model);
+  job.graph = job.start_path.empty() ? expand_presets(job.model)
+                                     : check_model_description(job.model, job.start_path + " (attribute 'model')");
   // uint8 RGB as loaded becomes the layer the model reads as "input".
   job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   int64_t n = options.batch;
@@ -87,6 +99,7 @@ Setup prepare(const TrainOptions& options) {
                 {"labels", {n}, DType::u32},
                 {"valid", {1}, DType::u32}};
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
+  check_trainable(job, job.start_path.empty() ? options.model : job.start_path);
   return setup;
 }
 

@@ -97,7 +97,7 @@ def main(binary):
     blocker = env.begin(write=True)
     writer = subprocess.Popen([binary, "tile", second, "--out", shared, *TILE_FLAGS], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    lock = os.path.join(shared, "tessera.lock")
+    lock = os.path.join(work, ".shared.lmdb.lock")
     while not holds_flock(writer.pid, lock):
         assert writer.poll() is None, writer.communicate()
         time.sleep(0.01)

@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev
   python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna python3-pytest python3-openslide libopenblas0-pthread
   libvips-tools time
+  libssl-dev
   libpq-dev postgresql chromium libopenmpi-dev openmpi-bin python3-sqlalchemy python3-psycopg2
 )
 missing=()
