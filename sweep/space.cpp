@@ -230,6 +230,14 @@ nlohmann::json from_internal(const Param& param, double internal) {
   return number;
 }
 
+bool holds(const Param& param, const nlohmann::json& value) {
+  if (param.distribution == Distribution::choice)
+    return std::find(param.choices.begin(), param.choices.end(), value) != param.choices.end();
+  if (!value.is_number() || (is_integer(param.distribution) && !value.is_number_integer())) return false;
+  double number = value.get<double>();
+  return number >= param.low && number <= param.high;
+}
+
 std::vector<nlohmann::json> grid_values(const Param& param) {
   if (param.distribution == Distribution::choice) return param.choices;
   if (!is_integer(param.distribution))

@@ -46,6 +46,10 @@ double to_internal(const Param& param, const nlohmann::json& value);
 // Clamps into the bounds and rounds integers and choices.
 nlohmann::json from_internal(const Param& param, double internal);
 
+// True when `value` is one the parameter can take: one of its choices, or a number within its
+// bounds (a whole one for an integer distribution).
+bool holds(const Param& param, const nlohmann::json& value);
+
 // Every value of a choice or integer parameter; throws UsageError for a continuous one.
 std::vector<nlohmann::json> grid_values(const Param& param);
 

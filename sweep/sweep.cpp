@@ -17,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -174,6 +175,7 @@ class SweepRun {
       }
     } else {
       config_ = store_->study();
+      check_stored_space();
       if (options_.config.target_trials > 0) config_.target_trials = options_.config.target_trials;
       prepare();
     }
@@ -185,6 +187,36 @@ class SweepRun {
     target_ = config_.target_trials;
     if (auto capacity = sampler_->capacity(); capacity && *capacity < static_cast<size_t>(target_))
       target_ = static_cast<int>(*capacity);
+  }
+
+  // The search space a run takes from the study, which anyone who can write the study may have
+  // edited, is checked as --param is; and since an env: parameter can load code into every
+  // trial (LD_PRELOAD), one is taken only when this command allows its variable.
+  void check_stored_space() const {
+    for (const Param& param : config_.space) {
+      std::string given = param.name + "=" + spec_text(param);
+      try {
+        parse_param(given);
+      } catch (const UsageError& e) {
+        throw BadInput(store_->name() + ": the study's search space holds a parameter the command line would refuse: " +
+                       e.what());
+      }
+      if (param.is_environment() && !options_.allowed_environment.count(param.target()))
+        throw UsageError(store_->name() + ": the study's search space sets " + param.target() +
+                         " in the environment of every trial (--param " + given +
+                         "); a run that takes the study's settings sets only the variables it is given: add "
+                         "--allow-env " + param.target() + " if you trust that setting, or give the whole command");
+    }
+  }
+
+  // A trial read from the study takes only values of the search space.
+  void check_trial_params(const Trial& trial) const {
+    for (const Param& param : config_.space) {
+      const nlohmann::json value = trial.params.contains(param.name) ? trial.params[param.name] : nlohmann::json();
+      if (!holds(param, value))
+        throw BadInput(store_->name() + ": trial " + std::to_string(trial.number) + " holds " + param.name + "=" +
+                       value.dump() + ", outside the study's search space (" + spec_text(param) + ")");
+    }
   }
 
   // Checks everything a trial depends on before the first one starts.
@@ -271,6 +303,7 @@ class SweepRun {
   }
 
   Attempt start_attempt(Trial& trial) {
+    check_trial_params(trial);
     Attempt attempt;
     attempt.index = static_cast<int>(trial.attempts.size());
     std::tie(attempt.batch, attempt.accumulate) = initial_batch(trial);
@@ -295,6 +328,10 @@ class SweepRun {
     if (attempt.batch) set_flag(flags, "--batch", std::to_string(attempt.batch));
     if (attempt.accumulate) set_flag(flags, "--accumulate", std::to_string(attempt.accumulate));
     if (attempt.device_index >= 0) set_flag(flags, "--device", std::to_string(attempt.device_index));
+    // A later attempt of a trial starts it again over the checkpoint its earlier attempt left.
+    auto has = [&](const char* flag) { return std::find(flags.begin(), flags.end(), flag) != flags.end(); };
+    if (attempt.index > 0 && flag_value(flags, "--checkpoint") && !has("--resume") && !has("--overwrite"))
+      flags.emplace_back("--overwrite");
     if (!options_.in_process) set_flag(flags, "--report-fd", std::to_string(ChildProcess::report_descriptor));
     attempt.command = options_.tessera;
     attempt.command.push_back("train");
@@ -342,7 +379,8 @@ class SweepRun {
       auto value = objective_of(record);
       if (!value) return false;
       attempt.intermediate.emplace_back(field("step").get<int64_t>(), *value);
-      store_->record_intermediate(number, attempt);
+      unrecorded_.insert(number);
+      record_intermediate(number);
       return pruner_ && pruner_->should_prune(trial, trials_);
     }
     if (type == "final") {
@@ -352,6 +390,19 @@ class SweepRun {
       if (field("device").is_string()) attempt.device = field("device").get<std::string>();
     }
     return false;
+  }
+
+  // Writes a trial's new intermediate values to the study, at most every record_interval
+  // (finish() writes them all with the attempt): each write holds every value so far, so
+  // writing each line as it came would make a long report quadratic.
+  void record_intermediate(int number) {
+    if (!unrecorded_.count(number)) return;
+    auto time = Clock::now();
+    auto last = recorded_at_.find(number);
+    if (last != recorded_at_.end() && time < last->second + record_interval) return;
+    unrecorded_.erase(number);
+    recorded_at_[number] = time;
+    store_->record_intermediate(number, trials_[static_cast<size_t>(number)].attempts.back());
   }
 
   // A final report without the objective is a failed trial (every trial would fail the same
@@ -391,6 +442,8 @@ class SweepRun {
     attempt.finished = now_seconds();
     attempt.sweep_rss_bytes = resident_bytes();
     bool retry = smaller_batch(attempt).has_value();
+    unrecorded_.erase(number);  // the attempt's record below holds them all
+    recorded_at_.erase(number);
     trial.state = retry ? TrialState::running : state;
     trial.value = state == TrialState::complete ? attempt.value : std::nullopt;
     if (!store_->finish_attempt(number, attempt, trial.state, trial.value)) {
@@ -479,17 +532,18 @@ class SweepRun {
         std::chrono::duration<double>(std::min(options_.heartbeat_grace / 4, 10.0)));
   }
 
-  // Sleeps until a child has output, a deadline or the next heartbeat comes, an exited child can
-  // be reaped, or a stop signal arrives.
-  void wait_for_children(const std::vector<Running>& running) const {
+  // Sleeps until a child has output or has exited, a deadline or the next heartbeat comes, a
+  // trial's intermediate values are due in the study, or a stop signal arrives.
+  void wait_for_children(const std::vector<Running>& running) {
     std::vector<pollfd> fds = {{signals_->fd(), POLLIN, 0}};
     auto now = Clock::now();
     auto wake = next_beat_;
     for (auto& r : running) {
-      if (r.child->report_fd() >= 0) fds.push_back({r.child->report_fd(), POLLIN, 0});
-      if (r.child->stderr_fd() >= 0) fds.push_back({r.child->stderr_fd(), POLLIN, 0});
-      // Pipes closed: the child is exiting; look again shortly.
-      if (r.child->report_fd() < 0 && r.child->stderr_fd() < 0) wake = std::min(wake, now + std::chrono::milliseconds(2));
+      for (int fd : {r.child->report_fd(), r.child->stderr_fd(), r.child->exit_fd()})
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      // Without a pidfd the child's exit wakes nothing: look again shortly.
+      if (r.child->exit_fd() < 0) wake = std::min(wake, now + std::chrono::milliseconds(100));
+      if (unrecorded_.count(r.number)) wake = std::min(wake, recorded_at_[r.number] + record_interval);
       wake = std::min({wake, r.stop == Running::Stop::none ? r.deadline : Clock::time_point::max(), r.kill_at});
     }
     auto timeout_ms = static_cast<int>(std::max<int64_t>(
@@ -497,10 +551,10 @@ class SweepRun {
     poll(fds.data(), fds.size(), timeout_ms);
   }
 
-  // Reads a child's output and acts on it; returns true once its trial is finished.
+  // Reads a child's output and acts on it; returns true once its trial is finished. A trial
+  // ends when its child exits, not when its pipes close: a grandchild may hold them open.
   bool service(Running& r) {
-    for (auto& line : r.child->read_report())
-      if (take_report(r.number, line, r.final_seen) && r.stop == Running::Stop::none) stop(r, Running::Stop::pruned);
+    take_reports(r, r.child->read_report());
     r.child->read_stderr();
     auto now = Clock::now();
     if (r.stop == Running::Stop::none && now >= r.deadline) stop(r, Running::Stop::timeout);
@@ -508,14 +562,21 @@ class SweepRun {
       r.child->send(SIGKILL);
       r.kill_at = Clock::time_point::max();
     }
-    if (r.child->report_fd() >= 0 || r.child->stderr_fd() >= 0 || !r.child->try_reap()) return false;
+    record_intermediate(r.number);
+    if (!r.child->try_reap()) return false;
+    take_reports(r, r.child->finish_output());
     int status = r.child->wait_status();
     std::optional<int> exit_code, signal;
     if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
     else if (WIFSIGNALED(status)) signal = WTERMSIG(status);
     finish(r.number, state_of(r.stop, exit_code, r.final_seen, current_value(r.number)), exit_code, signal,
-           r.child->stderr_tail(), r.final_seen);
+           r.child->protocol_errors() + r.child->stderr_tail(), r.final_seen);
     return true;
+  }
+
+  void take_reports(Running& r, const std::vector<std::string>& lines) {
+    for (auto& line : lines)
+      if (take_report(r.number, line, r.final_seen) && r.stop == Running::Stop::none) stop(r, Running::Stop::pruned);
   }
 
   void stop(Running& r, Running::Stop why) {
@@ -624,6 +685,11 @@ class SweepRun {
   std::unique_ptr<Pruner> pruner_;
   std::vector<Trial> trials_;  // the whole study, as of this worker's last claim
   std::set<int> mine_;         // the trials this worker runs
+  // Trials whose latest intermediate values are not in the study yet, and when each was last
+  // written there.
+  static constexpr Clock::duration record_interval = std::chrono::seconds(1);
+  std::set<int> unrecorded_;
+  std::map<int, Clock::time_point> recorded_at_;
   std::deque<int> rerun_;
   const std::string worker_ = worker_name();
   StopSignals* signals_ = nullptr;
