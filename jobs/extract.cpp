@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -16,6 +14,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "jobs/channel.h"
 #include "common/progress.h"
 #include "compute/checkpoint.h"
 #include "compute/feature_file.h"
@@ -32,51 +31,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False once the channel has ended (the reader is gone): the writer stops.
-  bool push(T &&item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    changed_.notify_all();
-    return true;
-  }
-  // False at the end.
-  bool pop(T &item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (items_.empty()) return false;
-    item = std::move(items_.front());
-    items_.pop_front();
-    changed_.notify_all();
-    return true;
-  }
-  void close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    changed_.notify_all();
-  }
-  void stop() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    items_.clear();
-    changed_.notify_all();
-  }
-
- private:
-  size_t capacity_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<T> items_;
-  bool closed_ = false;
-};
 
 struct TileBatch {
   std::vector<uint8_t> rgb;     // batch x size x size x 3
@@ -375,18 +329,14 @@ class DevicePipeline {
         if (!tiles_.push({Message::Kind::read, *slide})) return;
       } catch (const ReaderStopped &) {
         return;
-      } catch (const OutputInUse &e) {
-        // Another run writes this slide's file: it is left to that run.
-        Message failed{Message::Kind::failed, *slide};
-        failed.error = e.what();
-        failed.in_use = true;
-        if (!tiles_.push(std::move(failed))) return;
       } catch (const Error &e) {
-        // A slide whose tiles cannot be read, or whose file another run has since filled with
-        // something else, fails alone; its partial file stays for a later run.
-        if (e.code() != ExitCode::bad_input && e.code() != ExitCode::bad_usage) throw;
+        // A slide whose tiles cannot be read, or whose file another run writes (it is left to
+        // that run) or has since filled with something else, fails alone; its partial file stays.
+        bool in_use = dynamic_cast<const OutputInUse *>(&e) != nullptr;
+        if (!in_use && e.code() != ExitCode::bad_input && e.code() != ExitCode::bad_usage) throw;
         Message failed{Message::Kind::failed, *slide};
         failed.error = e.what();
+        failed.in_use = in_use;
         if (!tiles_.push(std::move(failed))) return;
       }
     }

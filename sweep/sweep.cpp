@@ -27,6 +27,7 @@
 #include "common/progress.h"
 #include "sweep/child.h"
 #include "sweep/database.h"
+#include "sweep/process_scope.h"
 #include "sweep/pruner.h"
 #include "sweep/report.h"
 #include "sweep/sampler.h"
@@ -59,49 +60,6 @@ std::string worker_name() {
   return std::string(host) + "/" + std::to_string(getpid()) + "/" +
          std::to_string(static_cast<int64_t>(now_seconds() * 1000) % 100000000);
 }
-
-// SIGINT, SIGTERM and SIGHUP wake the run loop through a pipe; the sweep then stops its trials,
-// records them as interrupted, and ends with the signal.
-class StopSignals {
- public:
-  StopSignals() {
-    if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw Error(ExitCode::runtime_error, "pipe failed");
-    write_end_ = pipe_[1];
-    struct sigaction action {};
-    action.sa_handler = [](int signal) {
-      received_ = signal;
-      char byte = 0;
-      [[maybe_unused]] auto written = write(write_end_, &byte, 1);
-    };
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;  // the pipe wakes poll(); other calls carry on
-    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &action, &saved_[i]);
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &saved_[i], nullptr);
-    close(pipe_[0]);
-    close(pipe_[1]);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  int fd() const { return pipe_[0]; }
-  int received() const { return received_; }
-  // Ends the process with the signal, as if it had not been caught.
-  [[noreturn]] void die() {
-    int signal = received_;
-    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &saved_[i], nullptr);
-    std::signal(signal, SIG_DFL);
-    raise(signal);
-    std::_Exit(128 + signal);
-  }
-
- private:
-  static constexpr std::array<int, 3> signals{SIGINT, SIGTERM, SIGHUP};
-  static inline volatile sig_atomic_t received_ = 0;
-  static inline int write_end_ = -1;
-  int pipe_[2] = {-1, -1};
-  std::array<struct sigaction, 3> saved_{};
-};
 
 // A trial running as a child process.
 struct Running {
@@ -175,7 +133,7 @@ class SweepRun {
       }
     } else {
       config_ = store_->study();
-      check_stored_space();
+      check_stored_space(config_.space, store_->name(), options_.allowed_environment);
       if (options_.config.target_trials > 0) config_.target_trials = options_.config.target_trials;
       prepare();
     }
@@ -187,36 +145,6 @@ class SweepRun {
     target_ = config_.target_trials;
     if (auto capacity = sampler_->capacity(); capacity && *capacity < static_cast<size_t>(target_))
       target_ = static_cast<int>(*capacity);
-  }
-
-  // The search space a run takes from the study, which anyone who can write the study may have
-  // edited, is checked as --param is; and since an env: parameter can load code into every
-  // trial (LD_PRELOAD), one is taken only when this command allows its variable.
-  void check_stored_space() const {
-    for (const Param& param : config_.space) {
-      std::string given = param.name + "=" + spec_text(param);
-      try {
-        parse_param(given);
-      } catch (const UsageError& e) {
-        throw BadInput(store_->name() + ": the study's search space holds a parameter the command line would refuse: " +
-                       e.what());
-      }
-      if (param.is_environment() && !options_.allowed_environment.count(param.target()))
-        throw UsageError(store_->name() + ": the study's search space sets " + param.target() +
-                         " in the environment of every trial (--param " + given +
-                         "); a run that takes the study's settings sets only the variables it is given: add "
-                         "--allow-env " + param.target() + " if you trust that setting, or give the whole command");
-    }
-  }
-
-  // A trial read from the study takes only values of the search space.
-  void check_trial_params(const Trial& trial) const {
-    for (const Param& param : config_.space) {
-      const nlohmann::json value = trial.params.contains(param.name) ? trial.params[param.name] : nlohmann::json();
-      if (!holds(param, value))
-        throw BadInput(store_->name() + ": trial " + std::to_string(trial.number) + " holds " + param.name + "=" +
-                       value.dump() + ", outside the study's search space (" + spec_text(param) + ")");
-    }
   }
 
   // Checks everything a trial depends on before the first one starts.
@@ -303,7 +231,7 @@ class SweepRun {
   }
 
   Attempt start_attempt(Trial& trial) {
-    check_trial_params(trial);
+    check_trial_values(config_.space, trial.params, store_->name() + ": trial " + std::to_string(trial.number));
     Attempt attempt;
     attempt.index = static_cast<int>(trial.attempts.size());
     std::tie(attempt.batch, attempt.accumulate) = initial_batch(trial);
@@ -614,69 +542,6 @@ class SweepRun {
       report_progress();
     }
   }
-
-  // Sets (or, when empty, removes) variables for a trial in this process and puts the old
-  // values back afterwards.
-  class ScopedEnvironment {
-   public:
-    explicit ScopedEnvironment(const Environment& variables) {
-      for (auto& [name, value] : variables) {
-        const char* old = std::getenv(name.c_str());
-        saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
-        if (value.empty()) unsetenv(name.c_str());
-        else setenv(name.c_str(), value.c_str(), 1);
-      }
-    }
-    ~ScopedEnvironment() {
-      for (auto& [name, old] : saved_) {
-        if (old) setenv(name.c_str(), old->c_str(), 1);
-        else unsetenv(name.c_str());
-      }
-    }
-    ScopedEnvironment(const ScopedEnvironment&) = delete;
-    ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
-   private:
-    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-  };
-
-  // Sends this process's stderr to a temporary file for the length of a trial.
-  class StderrCapture {
-   public:
-    StderrCapture() : file_(std::tmpfile()) {
-      std::fflush(stderr);
-      saved_ = dup(STDERR_FILENO);
-      if (file_) dup2(fileno(file_), STDERR_FILENO);
-    }
-    ~StderrCapture() {
-      restore();
-      if (file_) std::fclose(file_);
-    }
-    StderrCapture(const StderrCapture&) = delete;
-    StderrCapture& operator=(const StderrCapture&) = delete;
-    std::string tail() {
-      restore();
-      if (!file_) return {};
-      std::fseek(file_, 0, SEEK_END);
-      long size = std::ftell(file_);
-      long start = std::max<long>(0, size - static_cast<long>(ChildProcess::stderr_tail_bytes));
-      std::fseek(file_, start, SEEK_SET);
-      std::string text(static_cast<size_t>(size - start), '\0');
-      text.resize(std::fread(text.data(), 1, text.size(), file_));
-      return text;
-    }
-
-   private:
-    void restore() {
-      if (saved_ < 0) return;
-      std::fflush(stderr);
-      dup2(saved_, STDERR_FILENO);
-      close(saved_);
-      saved_ = -1;
-    }
-    std::FILE* file_;
-    int saved_ = -1;
-  };
 
   const SweepOptions& options_;
   StudyConfig config_;

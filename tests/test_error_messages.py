@@ -17,8 +17,9 @@ import h5py
 import numpy as np
 import pytest
 
+from data_tools import patch_task
+
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tessera(*args):
@@ -33,10 +34,7 @@ def expect(result, code, *words):
 
 @pytest.fixture(scope="module")
 def patches(tmp_path_factory):
-    path = tmp_path_factory.mktemp("patches") / "p.h5"
-    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", str(path),
-                    "--count", "32", "--size", "16", "--seed", "1"], check=True, capture_output=True)
-    return path
+    return patch_task(tmp_path_factory.mktemp("patches") / "p.h5", 32, 16)
 
 
 MALFORMED = {

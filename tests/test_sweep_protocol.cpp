@@ -161,6 +161,23 @@ TEST(SweepProtocol, AnOverlongReportLineIsAProtocolErrorNotAMemoryBlowUp) {
   EXPECT_LT(growth, 64 * 1024) << "KiB of peak resident memory";
 }
 
+// What someone who can write the study stores as its search space: lr, and `extra`.
+void store_space(const SweepOptions& options, const Param& extra, double lr_low = 0.001) {
+  SearchSpace space{{"lr", Distribution::log_uniform, lr_low, 0.1, {}}};
+  if (!extra.name.empty()) space.push_back(extra);
+  edit_study(options, "UPDATE studies SET space = '" + to_json(space).dump() + "'");
+}
+
+// A run that continues the study with its stored settings (sweep --resume alone), to 2 trials.
+SweepOptions resuming(const SweepOptions& options) {
+  SweepOptions resume = options;
+  resume.settings_given = false;
+  resume.resume = true;
+  resume.config = {};
+  resume.config.target_trials = 2;
+  return resume;
+}
+
 TEST(SweepProtocol, AStoredEnvironmentParameterNeedsTheContinuingRunsAllowance) {
   auto dir = work_dir();
   auto options = sweep_running(dir, "echo \"$TESSERA_SWEEP_PROBE\" >> " + (dir / "seen").string() + "\n" +
@@ -168,14 +185,8 @@ TEST(SweepProtocol, AStoredEnvironmentParameterNeedsTheContinuingRunsAllowance) 
   options.config.space = parse_space({"lr=loguniform:1e-3:1e-1", "env:TESSERA_SWEEP_PROBE=choice:a"});
   run_sweep(options);  // given on this command line: allowed
   // Someone who can write the study turns the parameter into one that loads code into every trial.
-  edit_study(options, "UPDATE studies SET space = '[{\"name\":\"lr\",\"distribution\":\"loguniform\",\"low\":0.001,"
-                      "\"high\":0.1},{\"name\":\"env:LD_PRELOAD\",\"distribution\":\"choice\",\"choices\":[\"" +
-                          (dir / "evil.so").string() + "\"]}]'");
-  SweepOptions resume = options;
-  resume.settings_given = false;
-  resume.resume = true;
-  resume.config = {};
-  resume.config.target_trials = 2;
+  store_space(options, {"env:LD_PRELOAD", Distribution::choice, 0, 0, {(dir / "evil.so").string()}});
+  SweepOptions resume = resuming(options);
   try {
     run_sweep(resume);
     ADD_FAILURE() << "the stored env: parameter was taken without --allow-env";
@@ -185,9 +196,7 @@ TEST(SweepProtocol, AStoredEnvironmentParameterNeedsTheContinuingRunsAllowance) 
   EXPECT_EQ(trials_of(options).size(), 1u) << "no trial ran";
 
   // A variable the continuing run allows is set as before.
-  edit_study(options, "UPDATE studies SET space = '[{\"name\":\"lr\",\"distribution\":\"loguniform\",\"low\":0.001,"
-                      "\"high\":0.1},{\"name\":\"env:TESSERA_SWEEP_PROBE\",\"distribution\":\"choice\","
-                      "\"choices\":[\"b\"]}]'");
+  store_space(options, {"env:TESSERA_SWEEP_PROBE", Distribution::choice, 0, 0, {"b"}});
   resume.allowed_environment = {"TESSERA_SWEEP_PROBE"};
   run_sweep(resume);
   std::ifstream seen(dir / "seen");
@@ -201,24 +210,18 @@ TEST(SweepProtocol, AStoredSpaceOrTrialTheCommandLineWouldRefuseIsBadInput) {
   auto dir = work_dir();
   auto options = sweep_running(dir, std::string("echo '") + final_line + "' >&3\n");
   run_sweep(options);
-  SweepOptions resume = options;
-  resume.settings_given = false;
-  resume.resume = true;
-  resume.config = {};
-  resume.config.target_trials = 2;
-  edit_study(options, "UPDATE studies SET space = '[{\"name\":\"lr\",\"distribution\":\"loguniform\",\"low\":0,"
-                      "\"high\":0.1}]'");
+  store_space(options, {}, 0);
   try {
-    run_sweep(resume);
+    run_sweep(resuming(options));
     ADD_FAILURE() << "a log distribution from 0 was taken";
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("LOW > 0"), std::string::npos) << e.what();
   }
   // A trial to run again whose value lies outside the space.
-  edit_study(options, "UPDATE studies SET space = '[{\"name\":\"lr\",\"distribution\":\"loguniform\",\"low\":0.001,"
-                      "\"high\":0.1}]'; UPDATE trials SET state = 'interrupted', params = '{\"lr\": \"; rm -rf /\"}'");
+  store_space(options, {});
+  edit_study(options, "UPDATE trials SET state = 'interrupted', params = '{\"lr\": \"; rm -rf /\"}'");
   try {
-    run_sweep(resume);
+    run_sweep(resuming(options));
     ADD_FAILURE() << "a trial value outside the space was run";
   } catch (const BadInput& e) {
     EXPECT_NE(std::string(e.what()).find("trial 0 holds lr="), std::string::npos) << e.what();

@@ -23,10 +23,9 @@ import tempfile
 import h5py
 import pytest
 
-from data_tools import summary, synth
+from data_tools import patch_task, summary, synth
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tessera(*args, env=None, **kwargs):
@@ -54,10 +53,7 @@ def victim(tmp_path):
 
 @pytest.fixture(scope="module")
 def patches(tmp_path_factory):
-    path = tmp_path_factory.mktemp("patches") / "p.h5"
-    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", str(path),
-                    "--count", "64", "--size", "16", "--seed", "1"], check=True, capture_output=True)
-    return path
+    return patch_task(tmp_path_factory.mktemp("patches") / "p.h5", 64, 16)
 
 
 def train(patches, checkpoint, *flags, epochs=1):
