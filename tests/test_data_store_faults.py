@@ -25,7 +25,10 @@ def expect(result, code, *words):
 
 
 def holds_flock(pid, path):
-    """Whether process `pid` holds a flock on `path` (from /proc/locks, without taking the lock)."""
+    """Whether process `pid` holds a flock on `path` (from /proc/locks, without taking the lock); the
+    lock file exists only while a run holds it."""
+    if not os.path.exists(path):
+        return False
     inode = os.stat(path).st_ino
     with open("/proc/locks") as f:
         for line in f:
