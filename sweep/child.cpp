@@ -131,7 +131,7 @@ ChildProcess::~ChildProcess() {
   for (int fd : {report_fd_, stderr_fd_, exit_fd_})
     if (fd >= 0) close(fd);
   // The group outlives its leader while a member lives, so its id is not reused meanwhile.
-  kill(-pid_, SIGKILL);
+  if (!group_killed_) kill(-pid_, SIGKILL);
   if (!reaped_) {
     kill(pid_, SIGKILL);
     waitpid(pid_, &wait_status_, 0);
@@ -206,6 +206,7 @@ bool ChildProcess::try_reap() {
 
 std::vector<std::string> ChildProcess::finish_output() {
   kill(-pid_, SIGKILL);
+  group_killed_ = true;
   // What the child wrote before it exited is in the pipes; a process that left the group and
   // writes on is cut off after one bounded read.
   std::vector<std::string> lines = read_report();

@@ -76,7 +76,7 @@ class ChildProcess {
   std::string report_buffer_, stderr_tail_, protocol_errors_;
   size_t report_lines_ = 0;     // complete lines seen, for messages
   bool skipping_line_ = false;  // inside an over-long line: dropped up to its newline
-  bool reaped_ = false;
+  bool reaped_ = false, group_killed_ = false;
   int wait_status_ = 0;
 };
 
