@@ -30,6 +30,33 @@ std::string fields_text(const nlohmann::json& record, std::initializer_list<cons
   return text;
 }
 
+// "split: training 3 slides, 140 patches (70, 70); validation 1 slide, 60 patches (30, 30); held
+// out: s4". Warnings come on lines of their own.
+std::string split_line(const nlohmann::json& r) {
+  std::string line = "split:";
+  for (const char* side : {"train", "validation"}) {
+    if (!r.contains(side)) continue;
+    const nlohmann::json& counts = r[side];
+    line += std::string(line.back() == ':' ? " " : "; ") + (side == std::string("train") ? "training" : side);
+    for (const char* unit : {"slides", "groups", "patches"})
+      if (counts.contains(unit)) line += " " + format_number(counts[unit]) + " " + unit + ",";
+    line.pop_back();
+    if (counts.contains("per_class")) {
+      std::string per_class;
+      for (auto& n : counts["per_class"]) per_class += (per_class.empty() ? "" : ", ") + format_number(n);
+      line += " (per class " + per_class + ")";
+    }
+  }
+  if (r.contains("held_out_slides")) {
+    const auto& slides = r["held_out_slides"];
+    std::string names;
+    for (size_t i = 0; i < slides.size() && i < 4; ++i) names += (i ? ", " : "") + text_of(slides[i]);
+    if (slides.size() > 4) names += " and " + std::to_string(slides.size() - 4) + " more";
+    line += "; held out: " + names;
+  }
+  return line;
+}
+
 std::string epoch_line(const nlohmann::json& r, double seconds_left) {
   auto number = [&](const char* key) { return r.contains(key) && r[key].is_number(); };
   auto metric = [&](const char* key) {  // fixed decimals, so that the lines of a run align
@@ -85,12 +112,6 @@ void Progress::event(const nlohmann::json& record) {
   mark_done_ = done_;
   mark_time_ = Clock::now();
   if (!finished_) draw(true);
-}
-
-void Progress::note(const std::string& task, const nlohmann::json& record) {
-  nlohmann::json line = {{"task", task}};
-  line.update(record);
-  std::fprintf(stderr, "%s\n", line.dump().c_str());
 }
 
 void Progress::finish() {
@@ -154,6 +175,7 @@ std::string render_record(const std::string& task, const nlohmann::json& record,
   if (!record.is_object()) return task + ": " + text_of(record);
   std::string event = record.value("event", std::string());
   if (event == "epoch" && record.contains("epoch")) return epoch_line(record, seconds_left);
+  if (event == "split") return split_line(record);
   if (event == "checkpoint" && record.contains("path")) {
     std::string line = "checkpoint: " + text_of(record["path"]);
     if (record.contains("epoch")) line += " (epoch " + text_of(record["epoch"]) + ")";

@@ -24,8 +24,6 @@ class Progress {
   void event(const nlohmann::json& record);
   // Ends the bar.
   void finish();
-  // An event of `task` outside any bar (what a command found before its work starts).
-  static void note(const std::string& task, const nlohmann::json& record);
 
   // --json: JSON lines even on a terminal (set before any Progress exists).
   static void set_json(bool json);
@@ -46,11 +44,12 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_, mark_time_;
 };
 
-// A record outside any bar (a run's result): a readable line or a JSON line on stderr.
+// A record outside any bar (what a command found before its work starts, a run's result): a
+// readable line or a JSON line on stderr.
 void report(const std::string& task, const nlohmann::json& record);
 
 // The readable line of a record: an epoch summary ("epoch 2/10  loss 0.412 ..."), a checkpoint,
-// a warning or error, else its fields in order. `seconds_left` (when not negative) ends an epoch line.
+// a split, a warning or error, else its fields in order. `seconds_left` (when not negative) ends an epoch line.
 std::string render_record(const std::string& task, const nlohmann::json& record, double seconds_left = -1);
 // A number for people: integers whole, others to 4 significant digits ("0.4213", "1.2e-05").
 std::string format_number(const nlohmann::json& value);

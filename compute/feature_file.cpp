@@ -7,6 +7,8 @@
 #include <optional>
 #include <utility>
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "common/files.h"
 #include "common/hdf5_lock.h"
@@ -42,6 +44,23 @@ int64_t extent_rows(hid_t dataset) {
   if (H5Sget_simple_extent_ndims(space) != 2) return -1;
   H5Sget_simple_extent_dims(space, dims, nullptr);
   return static_cast<int64_t>(dims[0]);
+}
+
+// The model's path is a record of where it came from; its weights' hash says what it is.
+nlohmann::json identity(nlohmann::json extraction) {
+  if (extraction.is_object()) extraction.erase("model");
+  return extraction;
+}
+
+nlohmann::json json_attribute(hid_t object, const char *name) {
+  auto text = hdf5::read_string_attribute(object, name);
+  return text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+}
+
+std::string describe_slide(const nlohmann::json &slide) {
+  if (!slide.is_object()) return "a slide it does not name";
+  return slide.value("path", "?") + " (" + slide.value("fingerprint", "no fingerprint") + ", " +
+         std::to_string(slide.value("tiles", 0)) + " tiles)";
 }
 
 // ---- CLAM and TRIDENT attributes ----------------------------------------------------------
@@ -91,10 +110,52 @@ void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFil
 
 }  // namespace
 
-FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout)
-    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), width_(layout.width) {
+FeatureFileState feature_file_state(const std::string &path, const FeatureFileLayout &layout,
+                                    std::string *difference) {
   const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (!output_exists(path)) return FeatureFileState::absent;
+  auto other = [&](const std::string &why) {
+    if (difference) *difference = why;
+    return FeatureFileState::other;
+  };
+  if (!is_plain_file(path)) return other("something that is not a feature file (a link or a directory)");
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) return other("something that is not an HDF5 file (or a truncated one)");
+  nlohmann::json extraction, slide;
+  if (H5Lexists(file, "features", H5P_DEFAULT) > 0) {
+    Handle features(H5Dopen2(file, "features", H5P_DEFAULT), H5Dclose);
+    if (features.valid()) {
+      extraction = json_attribute(features, "extraction");
+      slide = json_attribute(features, "slide");
+    }
+  }
+  if (slide != layout.slide)
+    return other("the features of " + describe_slide(slide) + "; this run's slide is " + describe_slide(layout.slide));
+  if (identity(extraction) != identity(layout.extraction))
+    return other("features made with " + (extraction.is_null() ? "unknown settings" : extraction.dump()) +
+                 "; this run makes " + layout.extraction.dump());
+  return FeatureFileState::complete;
+}
+
+void check_feature_file_replaceable(const std::string &path, const FeatureFileLayout &layout, Existing existing) {
+  std::string difference;
+  if (existing == Existing::overwrite || feature_file_state(path, layout, &difference) != FeatureFileState::other)
+    return;
+  throw UsageError(path + " holds " + difference +
+                   ": write to another --out, or give --overwrite to replace it");
+}
+
+FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout, Existing existing)
+    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), lock_(path), width_(layout.width) {
+  const Hdf5Lock hdf5_lock;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  // Judged under the lock: another run may have finished the file since this one looked.
+  if (feature_file_state(path, layout) == FeatureFileState::complete) {
+    complete_ = true;
+    return;
+  }
+  check_feature_file_replaceable(path, layout, existing);
   if (!resume(layout)) create(layout);
 }
 
@@ -112,7 +173,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
   // written by a killed run.
   std::ifstream rows_file(rows_path_);
   int64_t flushed = -1;
-  if (!fs::exists(partial_) || !(rows_file >> flushed) || flushed < 0) return false;
+  if (!is_plain_file(partial_) || !is_plain_file(rows_path_) || !(rows_file >> flushed) || flushed < 0) return false;
   file_ = H5Fopen(partial_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   if (file_ < 0) return false;
   features_ = H5Dopen2(file_, "features", H5P_DEFAULT);
@@ -124,6 +185,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
     H5Sget_simple_extent_dims(space, dims, nullptr);
     same = static_cast<int64_t>(dims[1]) == layout.width &&
            hdf5::read_string_attribute(features_, "extraction") == layout.extraction.dump() &&
+           hdf5::read_string_attribute(features_, "slide") == layout.slide.dump() &&
            std::min(extent_rows(features_), extent_rows(coords_)) >= flushed;
   }
   if (!same) {
@@ -139,8 +201,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
 }
 
 void FeatureFileWriter::create(const FeatureFileLayout &layout) {
-  file_ = H5Fcreate(partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (file_ < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "create"));
+  file_ = hdf5::create_file(partial_);
   // Chunks of about 256 KiB of features: small enough to append, large enough
   // to read fast.
   hsize_t chunk_rows = static_cast<hsize_t>(std::clamp<int64_t>((256 << 10) / (4 * layout.width), 16, 4096));
@@ -161,6 +222,7 @@ void FeatureFileWriter::create(const FeatureFileLayout &layout) {
   features_ = make("features", layout.fp16 ? static_cast<hid_t>(half) : H5T_IEEE_F32LE, static_cast<hsize_t>(width_));
   coords_ = make("coords", H5T_STD_I64LE, 2);
   hdf5::write_string_attribute(features_, "extraction", layout.extraction.dump());
+  hdf5::write_string_attribute(features_, "slide", layout.slide.dump());
   hdf5::write_string_attribute(features_, "pooling", layout.extraction.value("pooling", ""));
   hdf5::write_attribute(coords_, "patch_size", H5T_NATIVE_INT64, {}, &layout.patch_size);
   hdf5::write_attribute(coords_, "patch_level", H5T_NATIVE_INT64, {}, &layout.patch_level);
@@ -176,11 +238,11 @@ void FeatureFileWriter::create(const FeatureFileLayout &layout) {
 }
 
 void FeatureFileWriter::record_rows() {
-  std::string temporary = rows_path_ + ".new";
+  std::string temporary = rows_path_ + ".new", text = std::to_string(rows_) + "\n";
   {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << rows_ << '\n';
-    if (!out.flush()) throw Error(ExitCode::runtime_error, disk_message(temporary, "write"));
+    UniqueFd out = create_new_file(temporary);
+    if (::write(out.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      throw Error(ExitCode::runtime_error, disk_message(temporary, "write"));
   }
   std::error_code error;
   fs::rename(temporary, rows_path_, error);
@@ -232,6 +294,7 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
   if (dims[1] != 2) throw BadInput(path + ": coords must be [N,2], got [" + std::to_string(rows) + "," +
                                    std::to_string(dims[1]) + "]");
   FeatureFileTiles tiles;
+  hdf5::held_elements(coords, path + ": dataset coords");
   tiles.coords.resize(static_cast<size_t>(rows) * 2);
   if (rows > 0 && H5Dread(coords, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, tiles.coords.data()) < 0)
     throw BadInput(path + ": dataset coords cannot be read (truncated or corrupt)");
@@ -250,21 +313,6 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
     tiles.level_height = level_dim[1];
   }
   return tiles;
-}
-
-void check_same_extraction(const std::string &path, const nlohmann::json &extraction) {
-  const Hdf5Lock hdf5_lock;
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
-  std::optional<std::string> stored;
-  if (H5Lexists(file, "features", H5P_DEFAULT) > 0) {
-    Handle features(H5Dopen2(file, "features", H5P_DEFAULT), H5Dclose);
-    stored = hdf5::read_string_attribute(features, "extraction");
-  }
-  if (stored && *stored == extraction.dump()) return;
-  throw UsageError(path + " holds features made with " + stored.value_or("unknown settings") + "; this run makes " +
-                   extraction.dump() + ": write to another --out directory, or remove the file to redo it");
 }
 
 }  // namespace tessera

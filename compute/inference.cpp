@@ -28,7 +28,7 @@ uint64_t bytes_of(const Shape& shape, DType dtype) {
 ResolvedModel resolve_model(const std::string& model, int classes) {
   if (!is_checkpoint_path(model)) return {load_model_description(model, classes), std::nullopt, model};
   Checkpoint checkpoint = read_checkpoint(model);
-  nlohmann::json graph = expand_presets(checkpoint.model);
+  nlohmann::json graph = check_model_description(checkpoint.model, model + " (attribute 'model')");
   return {std::move(graph), std::move(checkpoint), model};
 }
 
@@ -71,6 +71,11 @@ Inference::Inference(vk::Context& context, const ResolvedModel& model, const Inf
     load_tensors(model.checkpoint->params, tensors, model.source, "params");
   } else {
     network_->initialise(0);
+  }
+  if (options.weights_digest) {
+    std::map<std::string, Tensor*> tensors;
+    for (auto& named : network_->named_tensors()) tensors[named.name] = named.tensor;
+    weights_digest_ = weights_digest(download_tensors(tensors));
   }
   network_->prepare(context);
   Network::Bound bound;

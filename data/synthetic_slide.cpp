@@ -7,12 +7,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "common/error.h"
+#include "common/files.h"
+#include "common/output.h"
 #include "common/progress.h"
 #include "data/jpeg.h"
 #include "data/ordered_parallel.h"
@@ -27,9 +28,12 @@ struct TiffCloser {
 };
 using TiffFile = std::unique_ptr<TIFF, TiffCloser>;
 
+// libtiff writes the file this run created new (never through a link at `path`).
 TiffFile create_tiff(const std::string& path, const char* mode) {
-  TiffFile tiff(TIFFOpen(path.c_str(), mode));
+  UniqueFd file = create_new_file(path);
+  TiffFile tiff(TIFFFdOpen(file.get(), path.c_str(), mode));
   if (!tiff) throw Error(ExitCode::runtime_error, path + ": cannot create the file");
+  file.release();  // TIFFClose closes it
   return tiff;
 }
 
@@ -78,9 +82,7 @@ void write_geojson(const SyntheticTissue& model, const std::string& path) {
          {"geometry", {{"type", "Polygon"}, {"coordinates", {model.tumour_ring(tumour)}}}},
          {"properties",
           {{"objectType", "annotation"}, {"classification", {{"name", "Tumor"}, {"color", {200, 0, 0}}}}}}});
-  std::ofstream file(path);
-  file << nlohmann::json{{"type", "FeatureCollection"}, {"features", features}}.dump() << "\n";
-  if (!file) throw Error(ExitCode::runtime_error, path + ": cannot write the annotations");
+  write_new_file(path, nlohmann::json{{"type", "FeatureCollection"}, {"features", features}}.dump() + "\n");
 }
 
 
@@ -287,7 +289,7 @@ nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const
     summary = write_files(options, partial, std::filesystem::path(paths.slide).filename().string());
     for (auto [from, to] : {std::pair{&partial.mask, &paths.mask}, std::pair{&partial.geojson, &paths.geojson},
                             std::pair{&partial.slide, &paths.slide}})
-      std::filesystem::rename(*from, *to);
+      durable_rename(*from, *to);
   } catch (...) {
     std::error_code ignored;
     for (auto* path : {&partial.slide, &partial.mask, &partial.geojson}) std::filesystem::remove(*path, ignored);

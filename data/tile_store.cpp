@@ -191,25 +191,37 @@ bool is_tile_store_path(const std::string& path) {
   return fs::path(path).extension() == ".lmdb";
 }
 
-TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size) : path_(path) {
+namespace {
+
+// The store's parent directory exists, so that its lock can be made beside it.
+const std::string& with_parent_directory(const std::string& path) {
+  std::error_code error;
+  fs::path parent = fs::absolute(path).parent_path();
+  fs::create_directories(parent, error);
+  if (error)
+    throw Error(ExitCode::runtime_error,
+                path + ": cannot create the directory " + parent.string() + ": " + error.message());
+  return path;
+}
+
+}  // namespace
+
+TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size)
+    : path_(path), lock_(with_parent_directory(path)) {
+  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
+  // the next slide id. The lock is taken before anything in the store is read or written.
   unsigned flags = env_flags_for(path);
   if (!(flags & MDB_NOSUBDIR)) {
     std::error_code error;
     fs::create_directories(path, error);
     if (error) throw Error(ExitCode::runtime_error, path + ": cannot create the tile store: " + error.message());
   }
-  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
-  // the next slide id. The lock is taken before anything in the store is read or written.
-  std::string lock = (flags & MDB_NOSUBDIR) ? path + ".tessera-lock" : (fs::path(path) / "tessera.lock").string();
-  lock_.fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0664);
-  if (lock_.fd < 0) throw Error(ExitCode::runtime_error, lock + ": cannot open the store's lock: " + std::strerror(errno));
-  if (::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0) {
-    int error = errno;
-    throw Error(ExitCode::runtime_error,
-                path + ": the tile store is in use by another tessera run (" +
-                    (error == EWOULDBLOCK ? std::string("locked: ") + lock : std::strerror(error)) +
-                    "); wait for it to end, or use another --out");
-  }
+  // LMDB opens its files by name and would write through a link planted at one.
+  for (const std::string& file : (flags & MDB_NOSUBDIR) ? std::vector<std::string>{path, path + "-lock"}
+                                                        : std::vector<std::string>{(fs::path(path) / "data.mdb").string(),
+                                                                                   (fs::path(path) / "lock.mdb").string()})
+    if (fs::is_symlink(file))
+      throw Error(ExitCode::runtime_error, file + ": a link inside the tile store; tessera never writes through links");
   check_data_file(path, flags);
   if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
   mdb_env_set_maxdbs(env_, 2);
@@ -236,10 +248,6 @@ TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_s
 
 TileStoreWriter::~TileStoreWriter() {
   if (env_) mdb_env_close(env_);
-}
-
-TileStoreWriter::Lock::~Lock() {
-  if (fd >= 0) ::close(fd);
 }
 
 std::map<uint32_t, nlohmann::json> TileStoreWriter::slides() const {

@@ -16,7 +16,6 @@
 #include "common/error.h"
 #include "common/progress.h"
 #include "compute/feature_file.h"
-#include "compute/hdf5.h"
 #include "compute/inference.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
@@ -53,6 +52,7 @@ struct Message {
   TileBatch tiles;
   FeatureBatch features;
   std::string error;
+  bool in_use = false;  // failed: another run holds the slide's file
 };
 
 // Thrown inside the store's cursor walk when the device side has stopped
@@ -74,18 +74,22 @@ class Extractor {
  public:
   Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int channels, int device)
       : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(options, device)) {
-    // uint8 pixels (RGB, or a multiplex slide's channels) as read from the store becomes the layer the model reads as "input".
+    // uint8 pixels as read from the store (RGB, or a multiplex slide's channels) become the layer
+    // the model reads as "input".
     InferenceOptions inference;
     inference.inputs = {{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
     inference.prologue =
         nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
     inference.layer = options.layer;
     inference.advice = "lower --batch, or raise --device-memory-limit";
+    inference.weights_digest = true;
     model_ = std::make_unique<Inference>(context_, model, inference);
     const Shape &out = model_->output_shape();
     width_ = out[1];
     spatial_ = element_count(out) / (out[0] * out[1]);
     extraction_ = {{"model", options.model},
+                   {"weights", model_->weights_digest()},
+                   {"random_weights", !model.checkpoint},
                    {"layer", model_->layer()},
                    {"output_shape", Shape(out.begin() + 1, out.end())},
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
@@ -111,6 +115,11 @@ class Extractor {
             options_.fp16,
             options_.gzip,
             extraction_,
+            {{"path", entry.value("path", "")},
+             {"fingerprint", entry.value("fingerprint", "")},
+             {"settings", entry.value("settings", nlohmann::json())},
+             {"tiles", entry.value("tiles", 0)}},
+
             entry.value("width", int64_t{0}),
             entry.value("height", int64_t{0}),
             entry.value("mpp_x", 0.0),
@@ -186,7 +195,7 @@ class SharedRun {
 
   void record(size_t slide, nlohmann::json summary) {
     std::lock_guard lock(mutex_);
-    if (summary["status"] == "failed")
+    if (summary["status"] == "failed" || summary["status"] == "in use")
       progress_.event({{"error", summary["error"]}, {"slide", summary["slide"]}});
     summaries_[slide] = std::move(summary);
   }
@@ -263,16 +272,17 @@ class DevicePipeline {
     for (auto slide = run_.take_first(position_); slide; slide = run_.take()) {
       const SlideWork &work = run_.slides()[*slide];
       std::string name = slide_name(work.entry);
-      if (fs::exists(file_path(work))) {
-        run_.advance(work.entry.value("tiles", uint64_t{0}), name);
-        run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
-        continue;
-      }
       try {
         if (!work.entry.value("complete", false))
           throw BadInput(work.store->path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
         Message opened{Message::Kind::opened, *slide};
-        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry));
+        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry),
+                                                          options_.overwrite ? Existing::overwrite : Existing::refuse);
+        if (opened.file->complete()) {  // this slide's features, made as this run makes them
+          run_.advance(work.entry.value("tiles", uint64_t{0}), name);
+          run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
+          continue;
+        }
         auto resumed_from = static_cast<uint64_t>(opened.file->rows());
         run_.advance(resumed_from, name);
         if (!tiles_.push(std::move(opened))) return;
@@ -280,10 +290,14 @@ class DevicePipeline {
         if (!tiles_.push({Message::Kind::read, *slide})) return;
       } catch (const ReaderStopped &) {
         return;
-      } catch (const BadInput &e) {
-        // A slide whose tiles cannot be read fails alone; its partial file stays for a later run.
+      } catch (const Error &e) {
+        // A slide whose tiles cannot be read, or whose file another run writes (it is left to
+        // that run) or has since filled with something else, fails alone; its partial file stays.
+        bool in_use = dynamic_cast<const OutputInUse *>(&e) != nullptr;
+        if (!in_use && e.code() != ExitCode::bad_input && e.code() != ExitCode::bad_usage) throw;
         Message failed{Message::Kind::failed, *slide};
         failed.error = e.what();
+        failed.in_use = in_use;
         if (!tiles_.push(std::move(failed))) return;
       }
     }
@@ -392,7 +406,7 @@ class DevicePipeline {
         }
         case Message::Kind::failed:
           file.reset();
-          summary.update({{"status", "failed"}, {"error", message.error}});
+          summary.update({{"status", message.in_use ? "in use" : "failed"}, {"error", message.error}});
           run_.record(message.slide, std::move(summary));
           break;
       }
@@ -410,12 +424,15 @@ class DevicePipeline {
   std::vector<std::jthread> threads_;  // the last member: joined before the rest is destroyed
 };
 
+void create_out_directory(const std::string &out) {
+  std::error_code error;
+  fs::create_directories(out, error);
+  if (error) throw Error(ExitCode::runtime_error, out + ": cannot create the directory: " + error.message());
+}
+
 }  // namespace
 
 void extract_features(const ExtractOptions &options) {
-  // A feature file that the disk refused to flush cannot be closed; HDF5's exit handler would then
-  // crash closing it again. Its flushed rows are known (FeatureFileWriter::rows), so skip that handler.
-  H5dont_atexit();
   if (options.slides.empty() == options.tiles.empty()) throw UsageError("give either --slides or --tiles");
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
   if (options.workers < 1) throw UsageError("--workers must be at least 1");
@@ -430,11 +447,6 @@ void extract_features(const ExtractOptions &options) {
     for (int device : devices)
       extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, channels, device));
   };
-  auto create_out = [&] {
-    std::error_code error;
-    fs::create_directories(options.out, error);
-    if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
-  };
   nlohmann::json summary = nlohmann::json::object();
   std::vector<std::string> store_paths;
   data::Shard shard = options.shard;
@@ -447,7 +459,7 @@ void extract_features(const ExtractOptions &options) {
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
     if (!jobs.empty()) build_extractors(options.tiler.size, 3);  // rebuilt if the slides have other channels
-    create_out();
+    create_out_directory(options.out);
     summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
     shard = {};  // that store holds this shard's slides only
   } else {
@@ -474,7 +486,6 @@ void extract_features(const ExtractOptions &options) {
     selected.push_back(all[i]);
   }
   summary["shard"] = {{"index", options.shard.index}, {"count", options.shard.count}, {"slides", selected.size()}};
-  create_out();
   if (selected.empty()) {  // more tasks than slides: this one has nothing to do
     summary.update({{"slides", nlohmann::json::array()}, {"tiles", 0}});
     std::printf("%s\n", summary.dump().c_str());
@@ -496,9 +507,12 @@ void extract_features(const ExtractOptions &options) {
 
   if (extractors.empty() || extractors.front()->tile_size() != tile_size || extractors.front()->channels() != channels)
     build_extractors(tile_size, channels);
+  create_out_directory(options.out);
+  // Before any work: a file another slide or other settings made is not replaced unasked.
   for (const SlideWork &work : selected)
-    if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
-      check_same_extraction(done.string(), extractors.front()->extraction());
+    check_feature_file_replaceable((fs::path(options.out) / (slide_name(work.entry) + ".h5")).string(),
+                                   extractors.front()->layout(work.entry),
+                                   options.overwrite ? Existing::overwrite : Existing::refuse);
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
   SharedRun run(selected, total, extractors.size());
@@ -521,9 +535,11 @@ void extract_features(const ExtractOptions &options) {
     peak = std::max(peak, report["peak_device_bytes"].get<uint64_t>());
     per_device.push_back(std::move(report));
   }
-  std::vector<std::string> failures;
-  for (const nlohmann::json &slide : per_slide)
+  std::vector<std::string> failures, in_use;
+  for (const nlohmann::json &slide : per_slide) {
     if (slide["status"] == "failed") failures.push_back(slide["error"]);
+    if (slide["status"] == "in use") in_use.push_back(slide["error"]);
+  }
   // Device seconds and write seconds add up over the devices; the device bytes are each device's.
   summary.update({{"extraction", extractors.front()->extraction()},
                   {"device", per_device.front()["name"]},
@@ -543,6 +559,13 @@ void extract_features(const ExtractOptions &options) {
     std::string message = std::to_string(failures.size()) + " slide(s) failed (the others are complete):";
     for (auto &failure : failures) message += "\n  " + failure;
     throw BadInput(message);
+  }
+  if (!in_use.empty()) {
+    std::string message = std::to_string(in_use.size()) +
+                          " slide(s) were being written by another run, and were left to it (the others are "
+                          "complete; run again once it ends):";
+    for (auto &slide : in_use) message += "\n  " + slide;
+    throw Error(ExitCode::runtime_error, message);
   }
 }
 

@@ -231,8 +231,8 @@ class MilJob {
     nlohmann::json record = {{"event", "split"}};
     record.update(split_report_);
     for (size_t b : val_) record["held_out_slides"].push_back(bags_[b].slide);
-    Progress::note("train", record);
-    for (auto& warning : split_report_["warnings"]) Progress::note("train", {{"warning", warning}});
+    report("train", record);
+    for (auto& warning : split_report_["warnings"]) report("train", {{"warning", warning}});
   }
 
  private:

@@ -42,6 +42,14 @@ def summary(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def patch_task(path, count, size, seed=1):
+    """A PCam-layout patch file from tools/make_patch_task.py."""
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "make_patch_task.py")
+    subprocess.run(["/usr/bin/python3", tool, "--out", str(path), "--count", str(count), "--size", str(size),
+                    "--seed", str(seed)], check=True, capture_output=True)
+    return path
+
+
 def synth(binary, path, width, height, seed, *flags):
     return summary(run(binary, "synth", path, "--width", width, "--height", height, "--seed", seed, *flags))
 

@@ -133,8 +133,10 @@ def check_multiplex_ome():
     result = tessera("tile", slide, "--out", os.path.join(WORK, "y.lmdb"), "--tissue", "brightfield", check=False)
     assert result.returncode == 2 and "5 channels" in result.stderr, result.stderr
 
-    # The model's input follows the channels: train, then extract with the trained weights.
-    store, checkpoint = os.path.join(WORK, "panel-1.lmdb"), os.path.join(WORK, "panel.h5")
+    # The model's input follows the channels: train (tumour tiles against the rest: a classifier
+    # needs two classes), then extract with the trained weights.
+    store, checkpoint = os.path.join(WORK, "panel-labelled.lmdb"), os.path.join(WORK, "panel.h5")
+    tessera("tile", slide, "--out", store, "--size", 64, "--level", 1, "--labels", os.path.join(WORK, "panel.ome.geojson"))
     tessera("train", "--data", store, "--model", "small-cnn", "--epochs", 1, "--batch", 8, "--val-fraction", 0,
             "--checkpoint", checkpoint)
     with h5py.File(checkpoint, "r") as f:

@@ -81,6 +81,10 @@ def test_train_lines_on_a_terminal_and_json_lines_off_it(task):
     assert records[-1] == {"task": "train", "event": "checkpoint", "path": os.path.join(task, "pipe.h5"), "epoch": 2}
 
     assert not any(line.lstrip().startswith("{") for line in screen), screen
+    split = next(r for r in records if r.get("event") == "split")
+    train, validation = split["train"], split["validation"]
+    assert (f"split: training {train['groups']} groups, {train['patches']} patches (per class "
+            f"{', '.join(map(str, train['per_class']))}); validation {validation['groups']} groups") in screen[0], screen
     lines = [line for line in screen if line.startswith("epoch ")]
     assert len(lines) == 2, screen
     for line, record in zip(lines, epochs):

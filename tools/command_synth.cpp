@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/output.h"
 #include "data/synthetic_slide.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
@@ -15,7 +16,7 @@ namespace {
 
 struct SynthFlags {
   std::string out, mask, geojson, stain = "brightfield";
-  bool no_tumour = false;
+  bool no_tumour = false, overwrite = false;
   data::SyntheticSlideOptions options;
 };
 
@@ -56,6 +57,7 @@ void add_synth_command(CLI::App& app) {
                                        "OME-TIFF of one plane a channel (DAPI, panCK, autofluorescence, immune cells)")
                        ->capture_default_str()
                        ->check(finite_in(1, 64));
+  command->add_flag("--overwrite", flags->overwrite, "Replace OUT, its mask and GeoJSON where they exist (otherwise refused)");
   command->add_flag("--no-tumour", flags->no_tumour,
                     "Tissue without tumour (empty mask and GeoJSON): the seed's slide with its tumour left out");
   command->callback([flags, channels] {
@@ -69,6 +71,11 @@ void add_synth_command(CLI::App& app) {
     if (options.tile_size % 16) throw UsageError("--tile-size: a multiple of 16 (TIFF tiles)");
     data::SyntheticSlidePaths paths{flags->out, flags->mask.empty() ? beside(flags->out, ".mask.tiff") : flags->mask,
                                     flags->geojson.empty() ? beside(flags->out, ".geojson") : flags->geojson};
+    OutputLock lock(paths.slide);  // the three files are written together
+    Existing existing = flags->overwrite ? Existing::overwrite : Existing::refuse;
+    check_replaceable(paths.slide, "OUT", existing);
+    check_replaceable(paths.mask, "--mask", existing);
+    check_replaceable(paths.geojson, "--geojson", existing);
     auto summary = data::write_synthetic_slide(options, paths);
     std::printf("%s\n", summary.dump().c_str());
   });

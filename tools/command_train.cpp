@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/output.h"
 #include "common/progress.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
@@ -37,6 +39,8 @@ struct TrainFlags {
   std::string precision = "fp32";
   // --resume of a checkpoint that already holds --epochs epochs: its last epoch's record.
   nlohmann::json finished;
+  bool overwrite = false;
+  std::optional<OutputLock> checkpoint_lock;  // held for the run by the process that writes it
 };
 
 void add_train_flags(CLI::App& command, TrainFlags& f) {
@@ -81,7 +85,9 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--workers", o.workers, "Loader threads")->capture_default_str()->check(CLI::PositiveNumber)
       ->excludes(features);
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
-  command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
+  auto* resume = command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
+  command.add_flag("--overwrite", f.overwrite, "Train a new run over an existing --checkpoint (without it, refused)")
+      ->excludes(resume);
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
   command.add_option("--precision", f.precision,
                      "fp32, or fp16: activations and their gradients in fp16 with dynamic loss scaling "
@@ -220,9 +226,19 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
   f.finished = saved["metrics"];
 }
 
+// --device-memory-limit in bytes (0: not given).
+uint64_t memory_limit(const TrainFlags& f) {
+  if (f.memory_limit.empty()) return 0;
+  uint64_t bytes = parse_bytes(f.memory_limit, "--device-memory-limit");
+  if (bytes == 0)
+    throw UsageError("--device-memory-limit: must be above 0 (leave it out to use the whole device)");
+  return bytes;
+}
+
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  memory_limit(f);
   f.options.fp16 = f.precision == "fp16";
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
@@ -230,6 +246,18 @@ void check_flags(const CLI::App& command, TrainFlags& f) {
   for (auto& path : f.options.data) inputs.push_back({"--data", path});
   refuse_output_over_inputs("--checkpoint", f.options.checkpoint, inputs);
   settle_resume(command, f);
+}
+
+// Locks the checkpoint for the run, before any work: a second run on it is refused naming this
+// one, a directory that cannot be written is named with the reason, and an existing checkpoint
+// is replaced only by --overwrite (or continued by --resume).
+void lock_checkpoint(TrainFlags& f) {
+  const TrainOptions& o = f.options;
+  if (o.checkpoint.empty() || o.dry_run) return;
+  f.checkpoint_lock.emplace(o.checkpoint);
+  check_replaceable(o.checkpoint, "--checkpoint",
+                    o.resume ? Existing::resume : f.overwrite ? Existing::overwrite : Existing::refuse,
+                    "give --resume to continue the run that wrote it, or --overwrite to train a new one in its place");
 }
 
 // The final report of a run that had nothing left to do: the checkpoint's last epoch.
@@ -246,10 +274,27 @@ void report_finished(vk::Context& context, const TrainFlags& f,
             {"device", context.info().name}});
 }
 
-vk::ContextOptions context_options(const TrainFlags& f, int device_index) {
+// A limit above what the device has cannot be met: the device bounds the run, and it says so.
+void cap_to_device(vk::Context& context, uint64_t limit) {
+  uint64_t device_bytes = 0;
+  for (auto& heap : context.info().heaps)
+    if (heap.device_local) device_bytes = std::max(device_bytes, heap.size);
+  if (limit == 0 || limit <= device_bytes) {
+    if (limit) context.allocator().set_budget(limit);
+    return;
+  }
+  context.allocator().set_budget(device_bytes);
+  std::string warning = "--device-memory-limit " + format_bytes(limit) + " is more than " + context.info().name +
+                        " has (" + format_bytes(device_bytes) + "): the run is bounded by the device";
+  if (isatty(STDERR_FILENO))
+    std::fprintf(stderr, "tessera train: warning: %s\n", warning.c_str());
+  else
+    std::fprintf(stderr, "%s\n", nlohmann::json{{"task", "train"}, {"warning", warning}}.dump().c_str());
+}
+
+vk::ContextOptions context_options(int device_index) {
   vk::ContextOptions options = vk::options_from_environment();
   options.device_index = device_index;
-  if (!f.memory_limit.empty()) options.memory_budget = parse_bytes(f.memory_limit, "--device-memory-limit");
   return options;
 }
 
@@ -269,7 +314,10 @@ std::vector<std::unique_ptr<vk::Context>> open_devices(const TrainFlags& f, cons
     indices.push_back(f.device);
   }
   std::vector<std::unique_ptr<vk::Context>> contexts;
-  for (int index : indices) contexts.push_back(std::make_unique<vk::Context>(context_options(f, index)));
+  for (int index : indices) {
+    contexts.push_back(std::make_unique<vk::Context>(context_options(index)));
+    cap_to_device(*contexts.back(), memory_limit(f));
+  }
   return contexts;
 }
 
@@ -337,6 +385,7 @@ void add_train_command(CLI::App& app) {
     check_flags(*command, *flags);
     // Under mpirun or srun, MPI starts here: the rank on this machine picks the default device.
     Processes& processes = Processes::world();
+    if (processes.rank() == 0) lock_checkpoint(*flags);
     {
       auto contexts = open_devices(*flags, processes);
       std::vector<vk::Context*> devices;
@@ -351,6 +400,7 @@ void add_train_command(CLI::App& app) {
       });
     }
     processes.finish();
+    flags->checkpoint_lock.reset();
   });
 }
 
@@ -365,12 +415,12 @@ int run_train_in_process(const std::vector<std::string>& args,
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
     check_flags(app, flags);
+    lock_checkpoint(flags);
     if (!flags.devices.empty())
       throw UsageError("--devices: an in-process trial (--isolation none) shares one device; leave --isolation at its default");
-    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags, flags.device));
+    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags.device));
     if (flags.options.fp16) require_fp16_storage(shared->info(), "train");
-    if (!flags.memory_limit.empty())
-      shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));
+    cap_to_device(*shared, memory_limit(flags));
     run({shared.get()}, flags, [&](const nlohmann::json& line) { report(line.dump()); });
     return 0;
   } catch (const CLI::ParseError& e) {

@@ -14,7 +14,7 @@ tessera=build/tools/tessera
 "$tessera" info
 slides=() labels=()
 for seed in 1 2 3 4; do
-  "$tessera" synth "$work/slide$seed.tiff" --width 6144 --height 6144 --seed "$seed"
+  "$tessera" synth "$work/slide$seed.tiff" --width 6144 --height 6144 --seed "$seed" --overwrite
   slides+=("$work/slide$seed.tiff")
   labels+=("$work/slide$seed.geojson")
 done
@@ -23,4 +23,4 @@ rm -rf "$work/tiles.lmdb"
 "$tessera" tile "${slides[@]}" --out "$work/tiles.lmdb" --size 32 --level 2 --min-tissue 0.5 \
   --labels "${labels[@]}" --label-rule coverage --label-coverage 0.5
 "$tessera" train --data "$work/tiles.lmdb" --model small-cnn --epochs 3 --batch 32 --optimizer adam \
-  --lr 0.001 --val-fraction 0.25 --augment --checkpoint "$work/small-cnn.h5"   # names the checkpoint at the end
+  --lr 0.001 --val-fraction 0.25 --augment --checkpoint "$work/small-cnn.h5" --overwrite   # names the checkpoint at the end

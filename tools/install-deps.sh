@@ -19,7 +19,7 @@ main_packages=(
   libvulkan-dev glslc mesa-vulkan-drivers
   liblmdb-dev libhdf5-dev libcli11-dev libtiff-dev libturbojpeg0-dev libpng-dev
   libopenslide-dev libvips-dev libdcmtk-dev libsqlite3-dev libpq-dev nlohmann-json3-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin libssl-dev
 )
 # The test suite and the benchmarks: GoogleTest, the validation layer, the independent readers and
 # references (h5py, python3-lmdb, OpenSlide, PyTorch), the real services the tests start
