@@ -36,7 +36,7 @@ ResolvedModel resolve_model(const std::string& model, int classes, const std::st
       throw UsageError("--model " + model + " must hold the weights of --encoder " + encoder +
                        ": a .safetensors file or a checkpoint .h5 (tools/torch_to_tessera.py)");
     Checkpoint checkpoint = read_checkpoint(model);
-    if (expand_presets(checkpoint.model) != graph)
+    if (check_model_description(checkpoint.model, model + " (attribute 'model')") != graph)
       throw UsageError("--model " + model + " holds the weights of " + checkpoint.model.dump() + ", not of --encoder " +
                        encoder);
     return {std::move(graph), std::move(checkpoint), "", model};
@@ -45,7 +45,7 @@ ResolvedModel resolve_model(const std::string& model, int classes, const std::st
     throw UsageError("--model " + model + " holds weights only: name their architecture with --encoder");
   if (!is_checkpoint_path(model)) return {load_model_description(model, classes), std::nullopt, "", model};
   Checkpoint checkpoint = read_checkpoint(model);
-  nlohmann::json graph = expand_presets(checkpoint.model);
+  nlohmann::json graph = check_model_description(checkpoint.model, model + " (attribute 'model')");
   return {std::move(graph), std::move(checkpoint), "", model};
 }
 
@@ -148,6 +148,11 @@ Inference::Inference(vk::Context& context, const ResolvedModel& model, const Inf
   } else {
     network_->initialise(0);
     if (!model.safetensors.empty()) load_safetensors(model.safetensors, *network_, timm_parameter_name);
+  }
+  if (options.weights_digest) {
+    std::map<std::string, Tensor*> tensors;
+    for (auto& named : network_->named_tensors()) tensors[named.name] = named.tensor;
+    weights_digest_ = tessera::weights_digest(download_tensors(tensors));
   }
   network_->prepare(context);
   Network::Bound bound;

@@ -47,6 +47,8 @@ struct InferenceOptions {
   DType activations = DType::f32;
   // What to change when the plan does not fit the budget, for the message.
   std::string advice = "lower --batch, or raise --device-memory-limit";
+  // Take the SHA-256 of the weights as loaded, before they are prepared (weights_digest()).
+  bool weights_digest = false;
 };
 
 // The plan Inference would check against the budget for these options, built from shapes alone:
@@ -84,11 +86,13 @@ class Inference {
   const std::string& layer() const { return layer_; }
   // What was checked against the budget: the graph's buffers, the inputs and the step count.
   const MemoryPlan& plan() const { return plan_; }
+  // With InferenceOptions::weights_digest: compute/checkpoint.h's digest of the loaded weights.
+  const std::string& weights_digest() const { return weights_digest_; }
 
  private:
   vk::Context& context_;
   std::unique_ptr<Network> network_;
-  std::string layer_;
+  std::string layer_, weights_digest_;
   MemoryPlan plan_;
   std::map<std::string, std::unique_ptr<Tensor>> inputs_;
   std::unique_ptr<InferenceProgram> program_;

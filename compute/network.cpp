@@ -7,8 +7,8 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <string_view>
 
-#include "compute/ops/batch_norm2d.h"
 #include "compute/ops/registry.h"
 #include "compute/vit.h"
 
@@ -127,6 +127,40 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (" + preset_list() + ")");
 }
 
+nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source) {
+  std::string where = "the model";
+  // Messages of the layer checks start "model: "; here the file says whose model it is.
+  auto fail = [&](std::string problem) {
+    if (problem.rfind("model: ", 0) == 0) problem.erase(0, 7);
+    return ModelError(source + ": " + where + ": " + problem);
+  };
+  try {
+    nlohmann::json graph = expand_presets(description);
+    if (!graph.is_object())
+      throw fail(std::string("must be a JSON object with 'layers' (or 'preset'), not ") + graph.type_name());
+    where = "/layers";
+    auto layers = graph.find("layers");
+    if (layers == graph.end() || !layers->is_array() || layers->empty())
+      throw fail("must be a non-empty array of layers");
+    for (size_t i = 0; i < layers->size(); ++i) {
+      where = "/layers/" + std::to_string(i);
+      const nlohmann::json& entry = (*layers)[i];
+      LayerConfig config(entry);
+      make_op(config);
+      if (auto inputs = entry.find("inputs"); inputs != entry.end())
+        if (!inputs->is_array() || inputs->empty() ||
+            std::any_of(inputs->begin(), inputs->end(), [](auto& name) { return !name.is_string(); }))
+          throw fail("field 'inputs' must be a non-empty array of layer names, got " + inputs->dump());
+    }
+    return graph;
+  } catch (const ModelError& e) {
+    if (std::string_view(e.what()).rfind(source + ": ", 0) == 0) throw;
+    throw fail(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(e.what());
+  }
+}
+
 nlohmann::json load_model_description(const std::string& model, int classes, int width) {
   if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
@@ -141,11 +175,11 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
   } catch (const nlohmann::json::parse_error& e) {
     throw ModelError(model + ": not valid JSON: " + e.what());
   }
-  if (description.contains("preset") && !is_vit_description(description)) {
-    description["classes"] = description.value("classes", classes);
-    description["width"] = description.value("width", width);
+  if (description.is_object() && description.contains("preset") && !is_vit_description(description)) {
+    description.emplace("classes", classes);
+    description.emplace("width", width);
   }
-  return expand_presets(description);
+  return check_model_description(description, model);
 }
 
 Network::Network(const nlohmann::json& description, const Shape& input_shape, bool with_gradients)
@@ -270,11 +304,11 @@ void Network::plan_fusion() {
       int producer = sole_producer(l);
       if (producer < 0) continue;
       auto host = static_cast<size_t>(computed_by[static_cast<size_t>(producer)]);
-      std::string type = layers_[l].op->type(), host_type = layers_[host].op->type();
-      bool fold = !training && type == "batch_norm2d" && host_type == "conv2d" && fused[host].folded_batch_norm < 0 &&
-                  !fused[host].relu;
-      bool relu = type == "relu" && !fused[host].relu &&
-                  (host_type == "conv2d" || host_type == "linear" || host_type == "batch_norm2d" || host_type == "add");
+      Epilogue::Kind kind = layers_[l].op->as_epilogue().kind;
+      Fusions can = layers_[host].op->fusions();
+      bool fold = !training && kind == Epilogue::Kind::batch_norm && can.batch_norm &&
+                  fused[host].folded_batch_norm < 0 && !fused[host].relu;
+      bool relu = kind == Epilogue::Kind::relu && can.relu && !fused[host].relu;
       if (!fold && !relu) continue;
       fused[l].skipped = true;
       fused[host].writes_output_of = static_cast<int>(l);
@@ -510,7 +544,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
   if (fused.folded_batch_norm >= 0) {
     const Layer& bn = layers_[static_cast<size_t>(fused.folded_batch_norm)];
     folded_[index] = {bn.tensors[0].get(), bn.tensors[1].get(), bn.tensors[2].get(), bn.tensors[3].get(),
-                      static_cast<const BatchNorm2d&>(*bn.op).eps()};
+                      bn.op->as_epilogue().eps};
     t.folded_batch_norm = &folded_[index];
   }
   for (size_t s = 0; s < l.tensors.size(); ++s) {

@@ -24,6 +24,11 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
 // Expands {"preset": NAME, "classes": K, "width": W} and ViT descriptions to a graph; returns
 // graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
+// The description expanded (expand_presets) and checked before any graph is built: an object
+// whose `layers` is a non-empty array of layers, each an object with a name, a type that is an
+// op, only fields that op reads and `inputs` an array of names. Throws ModelError (exit 5)
+// naming `source` (the file, or a checkpoint's attribute) and where in it ("/layers/3").
+nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source);
 
 // Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
 // cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).
@@ -154,10 +159,11 @@ class Network {
   void add_layers(const nlohmann::json& layers, bool from_model);
   void finish();
 
-  // Fusion, decided once per mode (inference, training) from the graph alone, so that
-  // checkpoints and layer names stay PyTorch's: a ReLU whose input has no other consumer runs
-  // in the epilogue of the conv2d, linear, batch_norm2d or add before it; in inference a batch norm
-  // whose input is a conv2d with no other consumer is folded into that convolution.
+  // Fusion, decided once per mode (inference, training) from the graph and what its ops
+  // declare (Op::fusions, Op::as_epilogue), so that checkpoints and layer names stay PyTorch's:
+  // a ReLU whose input has no other consumer runs in the epilogue of the op before it where that
+  // op takes one; in inference a batch norm whose input has no other consumer is folded into an op
+  // that takes it (a convolution).
   struct Fused {
     bool skipped = false;         // runs inside an earlier layer: records nothing
     int writes_output_of = -1;    // writes the output (and reads the gradient) of this later layer

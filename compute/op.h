@@ -100,6 +100,18 @@ struct OpTensors {
   bool prepared = false;
 };
 
+// Fusion, as ops declare it: what an op can apply in its own epilogue, and what it is when it
+// runs as the epilogue of the op before it. The graph decides from these alone (Network's
+// fusion plan), so that a layer's name, parameters and checkpoint stay PyTorch's.
+struct Fusions {
+  bool relu = false;        // applies max(y, 0) to its output (OpTensors::relu), and masks dy
+  bool batch_norm = false;  // inference: applies a batch norm in its weights and epilogue
+};
+struct Epilogue {
+  enum class Kind { none, relu, batch_norm } kind = Kind::none;
+  float eps = 0;  // batch_norm: its epsilon; its tensors are weight, bias, running_mean, running_var
+};
+
 class Op {
  public:
   virtual ~Op() = default;
@@ -120,6 +132,9 @@ class Op {
     (void)kernels;
     (void)t;
   }
+  // What this op can apply in its epilogue, and what it is as the epilogue of another.
+  virtual Fusions fusions() const { return {}; }
+  virtual Epilogue as_epilogue() const { return {}; }
   // False for ops that run in inference only (a ViT's): a graph that would train them is refused.
   virtual bool has_backward() const { return true; }
   // Floating-point operations of one forward pass, for benchmarks.

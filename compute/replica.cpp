@@ -84,12 +84,13 @@ std::vector<Replica::Planned> Replica::planned() const {
   if (settings_.fp16)
     list.push_back({Kind::loss_scale, "loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device,
                     "optimizer state"});
-  if (replicated_)
-    list.push_back({Kind::gradients, "gradients", {gradient_count()}, DType::f32, staging, "gradient exchange"});
   for (size_t l = 0; l < layers.size(); ++l)
     for (size_t s = 0; s < layers[l].specs.size(); ++s) {
       const TensorSpec& spec = layers[l].specs[s];
       if (spec.role != TensorRole::parameter) continue;
+      if (replicated_)
+        list.push_back({Kind::gradients, "gradients/" + layers[l].name + "." + spec.name, spec.shape, DType::f32, staging,
+                        "gradient exchange", 0, 0, l, s});
       for (auto& state : optimizer_->state(spec))
         list.push_back({Kind::optimizer_state, layers[l].name + "." + spec.name + "." + state.name, state.shape,
                         state.dtype, vk::MemoryUsage::device, "optimizer state", 0, 0, l, s});
@@ -128,7 +129,7 @@ void Replica::allocate() {
       case Kind::metrics: metrics_ = std::move(tensor); break;
       case Kind::step: step_ = std::move(tensor); break;
       case Kind::loss_scale: loss_scale_tensor_ = std::move(tensor); break;
-      case Kind::gradients: gradients_ = std::move(tensor); break;
+      case Kind::gradients: host_gradients_[network_.layers()[t.index].grads[t.spec].get()] = std::move(tensor); break;
       case Kind::optimizer_state: {
         const Network::Layer& layer = network_.layers()[t.index];
         optimizer_states_[layer.name + "." + layer.specs[t.spec].name].push_back(std::move(tensor));
@@ -299,36 +300,38 @@ std::vector<GradientSegment> Replica::plan_segments() const {
   int wanted = synced() ? 1 : std::max(1, std::min(kSegments, with_parameters));
   auto target = static_cast<size_t>((gradient_count() + wanted - 1) / wanted);
   std::vector<GradientSegment> planned;
-  GradientSegment current{0, layers, 0, 0};
+  GradientSegment current{0, layers, 0};
   for (size_t l = layers; l-- > 0;) {
     current.count += static_cast<size_t>(parameter_count(l));
     if (l > 0 && current.count >= target && static_cast<int>(planned.size()) + 1 < wanted) {
       current.begin = l;
       planned.push_back(current);
-      current = {0, l, current.first + current.count, 0};
+      current = {0, l, 0};
     }
   }
   planned.push_back(current);
   return planned;
 }
 
-// Copies between the gradients of layers [begin, end) and their range of the host copy.
-void Replica::record_gradient_copies(vk::Recorder& recorder, bool to_host, const GradientSegment& segment) {
-  recorder.set_scope("gradient exchange");
-  const vk::Buffer& host = gradients_->buffer();
-  uint64_t offset = segment.first * sizeof(float);
+template <class Visit>
+void Replica::for_each_gradient(const GradientSegment& segment, Visit&& visit) const {
   auto& layers = network_.layers();
   for (size_t l = segment.end; l-- > segment.begin;)
-    for (size_t i = 0; i < layers[l].specs.size(); ++i) {
-      if (layers[l].specs[i].role != TensorRole::parameter) continue;
-      const Tensor& grad = *layers[l].grads[i];
-      if (grad.dtype() != DType::f32) throw std::logic_error("the gradient exchange sums float32 gradients");
-      if (to_host)
-        recorder.copy(grad.buffer(), 0, host, offset, grad.bytes());
-      else
-        recorder.copy(host, offset, grad.buffer(), 0, grad.bytes());
-      offset += grad.bytes();
-    }
+    for (size_t i = 0; i < layers[l].specs.size(); ++i)
+      if (layers[l].specs[i].role == TensorRole::parameter)
+        visit(*layers[l].grads[i], *host_gradients_.at(layers[l].grads[i].get()));
+}
+
+// Copies between the gradients of layers [begin, end) and their host copies.
+void Replica::record_gradient_copies(vk::Recorder& recorder, bool to_host, const GradientSegment& segment) {
+  recorder.set_scope("gradient exchange");
+  for_each_gradient(segment, [&](const Tensor& grad, const Tensor& host) {
+    if (grad.dtype() != DType::f32) throw std::logic_error("the gradient exchange sums float32 gradients");
+    if (to_host)
+      recorder.copy(grad.buffer(), 0, host.buffer(), 0, grad.bytes());
+    else
+      recorder.copy(host.buffer(), 0, grad.buffer(), 0, grad.bytes());
+  });
 }
 
 void Replica::record() {
@@ -401,11 +404,14 @@ void Replica::submit_backward_segments(int slot) {
   for (auto& segment : backward_segments_[slot]) segment->submit();
 }
 
-std::span<float> Replica::segment_gradients(int slot, size_t s) {
+std::vector<std::span<float>> Replica::segment_gradients(int slot, size_t s) {
   vk::Program& program = s == 0 ? *train_programs_[slot].back().programs.back() : *backward_segments_[slot][s - 1];
   program.wait();
-  auto* gradients = static_cast<float*>(gradients_->buffer().mapped());
-  return {gradients + segments_[s].first, segments_[s].count};
+  std::vector<std::span<float>> gradients;
+  for_each_gradient(segments_[s], [&](const Tensor&, const Tensor& host) {
+    gradients.push_back({static_cast<float*>(host.buffer().mapped()), static_cast<size_t>(host.count())});
+  });
+  return gradients;
 }
 
 // Ends the program being recorded with a copy of `values` for the host, and begins the next

@@ -1,7 +1,7 @@
 // One copy of the model on one device: its network, optimizer state, staged inputs (its part of
 // every micro-batch) and recorded programs. Alone, a step is one command buffer per micro-batch
 // with the optimizer in the last; replicated, the last also copies the gradients into host memory
-// (`gradients`), and the optimizer runs in a program of its own once they are summed. With
+// (a copy per parameter), and the optimizer runs in a program of its own once they are summed. With
 // --sync-bn a micro-batch's commands break at every batch norm, where the host combines the
 // replicas' statistics (ReplicaSync; compute/replica_group.h does the combining).
 #pragma once
@@ -43,11 +43,13 @@ struct MicroBatchPrograms {
 
 // Replicated, the last micro-batch's backward runs in up to kSegments programs of about equal
 // parameter bytes, last layers first, each ending with the copy of the gradients it finished
-// into its range of `gradients` (laid out last layer first), so that the host sums one
-// segment's gradients, and all-reduces them over MPI, while the device computes the next.
+// into their host copies, so that the host sums one segment's gradients, and all-reduces them
+// over MPI, while the device computes the next. Each parameter has a host copy of its own: one
+// buffer of them all would pass the device's largest buffer (small-cnn on 256 px tiles: fc1
+// alone is 128 MiB, lavapipe's limit).
 struct GradientSegment {
-  size_t begin, end;    // layers [begin, end)
-  size_t first, count;  // floats of `gradients`
+  size_t begin, end;  // layers [begin, end)
+  size_t count;       // gradient floats
 };
 
 class Replica final : public ReplicaSync {
@@ -85,8 +87,9 @@ class Replica final : public ReplicaSync {
   const std::vector<GradientSegment>& segments() const { return segments_; }
   // Submits segments after the first of the last micro-batch's backward in `slot`.
   void submit_backward_segments(int slot);
-  // Waits for segment s of the last micro-batch's backward in `slot`; its gradients, in host memory.
-  std::span<float> segment_gradients(int slot, size_t s);
+  // Waits for segment s of the last micro-batch's backward in `slot`; its gradients in host memory,
+  // a span per parameter, in the same order on every replica.
+  std::vector<std::span<float>> segment_gradients(int slot, size_t s);
   void submit_update() { update_program_->submit(); }
   vk::Program& eval_program(int slot) { return *eval_programs_[slot]; }
   void wait_all();
@@ -130,6 +133,9 @@ class Replica final : public ReplicaSync {
   std::vector<GradientSegment> plan_segments() const;
   int64_t parameter_count(size_t layer) const;
   void record_gradient_copies(vk::Recorder& recorder, bool to_host, const GradientSegment& segment);
+  // Calls visit(gradient, its host copy) for each parameter of the segment, last layer first.
+  template <class Visit>
+  void for_each_gradient(const GradientSegment& segment, Visit&& visit) const;
 
   vk::Context& context_;
   const LoopSettings& settings_;
@@ -143,7 +149,8 @@ class Replica final : public ReplicaSync {
   std::unique_ptr<Optimizer> optimizer_;
 
   std::array<std::vector<StagedBatch>, 2> staging_;  // [slot][k]
-  std::unique_ptr<Tensor> metrics_, step_, loss_scale_tensor_, gradients_;
+  std::unique_ptr<Tensor> metrics_, step_, loss_scale_tensor_;
+  std::map<const Tensor*, std::unique_ptr<Tensor>> host_gradients_;  // replicated: by gradient
   std::optional<LossScale> loss_scale_;  // mixed precision
   // Optimizer state per parameter, in the order of the network's parameters.
   std::map<std::string, std::vector<std::unique_ptr<Tensor>>> optimizer_states_;

@@ -179,10 +179,15 @@ void ReplicaGroup::combine(int slot, size_t k, size_t p) {
 void ReplicaGroup::exchange_gradients(int slot) {
   auto& segments = first().segments();
   for (size_t s = 0; s < segments.size(); ++s) {
-    std::vector<std::span<float>> copies;
-    for (auto& replica : replicas_) copies.push_back(replica->segment_gradients(slot, s));
+    // Each parameter's copies, replica by replica: summed in the replicas' order.
+    std::vector<std::vector<std::span<float>>> copies;
+    for (auto& replica : replicas_) {
+      auto gradients = replica->segment_gradients(slot, s);
+      copies.resize(gradients.size());
+      for (size_t p = 0; p < gradients.size(); ++p) copies[p].push_back(gradients[p]);
+    }
     auto before = Clock::now();
-    sum_gradients(copies, processes_);
+    for (auto& parameter : copies) sum_gradients(parameter, processes_);
     exchange_seconds += std::chrono::duration<double>(Clock::now() - before).count();
     exchange_bytes += segments[s].count * sizeof(float);
   }

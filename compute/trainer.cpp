@@ -101,6 +101,7 @@ struct TrainingLoop::State {
       double samples = std::max(1.0, train_metrics[2]), val_samples = std::max(1.0, val_metrics[2]);
       last = {{"event", "epoch"},
               {"epoch", epoch + 1},
+              {"epochs", settings.epochs},
               {"train_loss", train_metrics[0] / samples},
               {"train_accuracy", train_metrics[1] / samples},
               {"val_loss", val_metrics[2] > 0 ? nlohmann::json(val_metrics[0] / val_samples) : nlohmann::json()},

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -13,17 +12,16 @@
 #include <optional>
 #include <thread>
 
-#include "common/channel.h"
 #include "common/error.h"
 #include "common/progress.h"
 #include "compute/feature_file.h"
-#include "compute/hdf5.h"
-#include "compute/inference.h"
 #include "compute/vk/context.h"
 #include "data/resize.h"
 #include "data/tile_store.h"
+#include "jobs/channel.h"
 #include "jobs/encoder_input.h"
 #include "jobs/extract_plan.h"
+#include "jobs/extractor.h"
 
 namespace tessera {
 
@@ -33,18 +31,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-struct TileBatch {
-  std::vector<uint8_t> rgb;     // batch x size x size x 3
-  std::vector<int64_t> coords;  // count x 2, level-0 x, y
-  int64_t count = 0;
-};
-
-struct FeatureBatch {
-  std::vector<float> features;  // count x D
-  std::vector<int64_t> coords;
-  int64_t count = 0;
-};
 
 // What moves from a device's reader through the device to its writer, in a slide's order: its
 // file opened, batches (tiles, then their features), the slide read to its end, or the slide
@@ -56,112 +42,17 @@ struct Message {
   TileBatch tiles;
   FeatureBatch features;
   std::string error;
+  bool in_use = false;  // failed: another run holds the slide's file
 };
 
 // Thrown inside the store's cursor walk when the device side has stopped
 // reading.
 struct ReaderStopped {};
 
-std::string slide_name(const nlohmann::json &entry) {
-  return fs::path(entry.value("name", entry.value("path", ""))).stem().string();
-}
-
 struct SlideWork {
   const data::TileStoreReader *store;
   uint32_t id;
   nlohmann::json entry;
-};
-
-// One device's model: the network up to the layer over the staged images.
-class Extractor {
- public:
-  // An encoder reads tiles resized to its input size, normalised its way, in fp16 where the
-  // features are fp16; a CNN reads the store's tiles as they are, up to `options.layer`.
-  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int device,
-            const EncoderInput *encoder)
-      : options_(options), tile_size_(encoder ? encoder->image_size : tile_size),
-        context_(extraction_context(options, device)) {
-    InferenceOptions inference = extraction_inference(options, tile_size_, encoder);
-    if (inference.activations == DType::f16) require_fp16_storage(context_.info(), "extract --precision fp16");
-    batch_ = capped_batch(model, inference, context_.info(), options.batch, capped_);
-    inference.inputs[0].shape[0] = batch_;
-    model_ = std::make_unique<Inference>(context_, model, inference);
-    const Shape &out = model_->output_shape();
-    width_ = out[1];
-    spatial_ = element_count(out) / (out[0] * out[1]);
-    extraction_ = {{"model", encoder && options.model.empty() ? "random weights" : options.model},
-                   {"layer", model_->layer()},
-                   {"output_shape", Shape(out.begin() + 1, out.end())},
-                   {"pooling", out.size() > 2 ? "global_average" : "none"},
-                   {"precision", options.fp16 ? "fp16" : "fp32"},
-                   {"tile_size", tile_size_}};
-    if (encoder) extraction_.update(encoder->describe());
-    output_.resize(static_cast<size_t>(element_count(out)));
-  }
-
-  const nlohmann::json &extraction() const { return extraction_; }
-  // The model's input size (the store's tiles are resized to it for an encoder).
-  int tile_size() const { return tile_size_; }
-  int64_t batch() const { return batch_; }
-  // Why the batch is smaller than --batch (null: it is not).
-  const nlohmann::json &capped() const { return capped_; }
-
-  // The feature file of a slide (its tile store entry) as this model writes it.
-  FeatureFileLayout layout(const nlohmann::json &entry) const {
-    return {slide_name(entry),
-            entry.value("tile_size", tile_size_),
-            entry.value("level", int64_t{0}),
-            entry.value("downsample", 1.0),
-            entry.value("level_width", int64_t{0}),
-            entry.value("level_height", int64_t{0}),
-            width_,
-            options_.fp16,
-            options_.gzip,
-            extraction_};
-  }
-
-  // Runs a batch of tiles through the network; rows are the pooled features.
-  FeatureBatch run(TileBatch &&tiles) {
-    auto start = Clock::now();
-    std::memcpy(model_->input("images").buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
-    model_->run();
-    if (model_->output().dtype() == DType::f16)
-      output_ = model_->output().download();
-    else
-      model_->output().download(output_.data(), output_.size() * sizeof(float));
-    FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
-                       tiles.count};
-    for (int64_t row = 0; row < tiles.count * width_; ++row) {
-      const float *map = output_.data() + row * spatial_;
-      double sum = 0;
-      for (int64_t i = 0; i < spatial_; ++i) sum += map[i];
-      batch.features[static_cast<size_t>(row)] = static_cast<float>(sum / static_cast<double>(spatial_));
-    }
-    device_seconds_ += seconds_since(start);
-    return batch;
-  }
-
-  nlohmann::json report() {
-    return {{"index", context_.info().index},
-            {"name", context_.info().name},
-            {"device_seconds", device_seconds_},
-            {"batch", batch_},
-            {"batch_capped", capped_},
-            {"planned_device_bytes", model_->plan().total()},
-            {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
-  }
-
- private:
-  const ExtractOptions &options_;
-  int tile_size_;
-  vk::Context context_;
-  int64_t batch_ = 0;
-  nlohmann::json capped_;
-  std::unique_ptr<Inference> model_;
-  std::vector<float> output_;
-  int64_t width_ = 0, spatial_ = 1;
-  nlohmann::json extraction_;
-  double device_seconds_ = 0;
 };
 
 // What the devices share: the next slide nobody has taken, the progress, each slide's summary
@@ -195,7 +86,7 @@ class SharedRun {
 
   void record(size_t slide, nlohmann::json summary) {
     std::lock_guard lock(mutex_);
-    if (summary["status"] == "failed")
+    if (summary["status"] == "failed" || summary["status"] == "in use")
       progress_.event({{"error", summary["error"]}, {"slide", summary["slide"]}});
     summaries_[slide] = std::move(summary);
   }
@@ -272,16 +163,17 @@ class DevicePipeline {
     for (auto slide = run_.take_first(position_); slide; slide = run_.take()) {
       const SlideWork &work = run_.slides()[*slide];
       std::string name = slide_name(work.entry);
-      if (fs::exists(file_path(work))) {
-        run_.advance(work.entry.value("tiles", uint64_t{0}), name);
-        run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
-        continue;
-      }
       try {
         if (!work.entry.value("complete", false))
           throw BadInput(work.store->path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
         Message opened{Message::Kind::opened, *slide};
-        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry));
+        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry),
+                                                          options_.overwrite ? Existing::overwrite : Existing::refuse);
+        if (opened.file->complete()) {  // this slide's features, made as this run makes them
+          run_.advance(work.entry.value("tiles", uint64_t{0}), name);
+          run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
+          continue;
+        }
         auto resumed_from = static_cast<uint64_t>(opened.file->rows());
         run_.advance(resumed_from, name);
         if (!tiles_.push(std::move(opened))) return;
@@ -289,10 +181,14 @@ class DevicePipeline {
         if (!tiles_.push({Message::Kind::read, *slide})) return;
       } catch (const ReaderStopped &) {
         return;
-      } catch (const BadInput &e) {
-        // A slide whose tiles cannot be read fails alone; its partial file stays for a later run.
+      } catch (const Error &e) {
+        // A slide whose tiles cannot be read, or whose file another run writes (it is left to
+        // that run) or has since filled with something else, fails alone; its partial file stays.
+        bool in_use = dynamic_cast<const OutputInUse *>(&e) != nullptr;
+        if (!in_use && e.code() != ExitCode::bad_input && e.code() != ExitCode::bad_usage) throw;
         Message failed{Message::Kind::failed, *slide};
         failed.error = e.what();
+        failed.in_use = in_use;
         if (!tiles_.push(std::move(failed))) return;
       }
     }
@@ -309,7 +205,8 @@ class DevicePipeline {
     };
     std::vector<Encoded> pending;
     const int tile_size = work.entry.value("tile_size", 0), input_size = extractor_.tile_size();
-    const size_t tile_bytes = static_cast<size_t>(input_size) * static_cast<size_t>(input_size) * 3;
+    const size_t tile_bytes = static_cast<size_t>(input_size) * static_cast<size_t>(input_size) *
+                              static_cast<size_t>(extractor_.channels());
     const auto batch_size = static_cast<size_t>(extractor_.batch());
     auto emit = [&] {
       Message message{Message::Kind::batch, slide};
@@ -322,6 +219,7 @@ class DevicePipeline {
         std::vector<std::jthread> workers;
         for (int w = 0; w < options_.workers; ++w)
           workers.emplace_back([&, w] {
+            // An encoder's tiles (RGB) are decoded here and resized into the batch.
             std::vector<uint8_t> decoded(tile_size == input_size ? 0 : size_t{3} * tile_size * tile_size);
             for (size_t i = static_cast<size_t>(w); i < pending.size(); i += static_cast<size_t>(options_.workers)) {
               try {
@@ -406,7 +304,7 @@ class DevicePipeline {
         }
         case Message::Kind::failed:
           file.reset();
-          summary.update({{"status", "failed"}, {"error", message.error}});
+          summary.update({{"status", message.in_use ? "in use" : "failed"}, {"error", message.error}});
           run_.record(message.slide, std::move(summary));
           break;
       }
@@ -424,12 +322,15 @@ class DevicePipeline {
   std::vector<std::jthread> threads_;  // the last member: joined before the rest is destroyed
 };
 
+void create_out_directory(const std::string &out) {
+  std::error_code error;
+  fs::create_directories(out, error);
+  if (error) throw Error(ExitCode::runtime_error, out + ": cannot create the directory: " + error.message());
+}
+
 }  // namespace
 
 void extract_features(const ExtractOptions &options) {
-  // A feature file that the disk refused to flush cannot be closed; HDF5's exit handler would then
-  // crash closing it again. Its flushed rows are known (FeatureFileWriter::rows), so skip that handler.
-  H5dont_atexit();
   if (options.slides.empty() == options.tiles.empty() && !options.dry_run)
     throw UsageError("give either --slides or --tiles");
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
@@ -443,16 +344,11 @@ void extract_features(const ExtractOptions &options) {
   if (options.dry_run) return print_extraction_plans(options, model, encoder ? &*encoder : nullptr, devices);
   // A model per device, each planned and checked against its device's budget before any work.
   std::vector<std::unique_ptr<Extractor>> extractors;
-  auto build_extractors = [&](int tile_size) {
+  auto build_extractors = [&](int tile_size, int channels) {
     extractors.clear();
     for (int device : devices)
-      extractors.push_back(
-          std::make_unique<Extractor>(options, model, tile_size, device, encoder ? &*encoder : nullptr));
-  };
-  auto create_out = [&] {
-    std::error_code error;
-    fs::create_directories(options.out, error);
-    if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
+      extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, channels, device,
+                                                       encoder ? &*encoder : nullptr));
   };
   nlohmann::json summary = nlohmann::json::object();
   std::vector<std::string> store_paths;
@@ -465,8 +361,8 @@ void extract_features(const ExtractOptions &options) {
     store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
-    if (!jobs.empty()) build_extractors(options.tiler.size);
-    create_out();
+    if (!jobs.empty()) build_extractors(options.tiler.size, 3);  // rebuilt if the slides have other channels
+    create_out_directory(options.out);
     if (encoder) {  // each slide at the level and tile size that give the encoder's magnification
       summary["tiling"] = nlohmann::json::array();
       for (const TilingGroup &group : encoder_tiling(jobs, options.tiler, options.mpp, *encoder))
@@ -499,28 +395,40 @@ void extract_features(const ExtractOptions &options) {
     selected.push_back(all[i]);
   }
   summary["shard"] = {{"index", options.shard.index}, {"count", options.shard.count}, {"slides", selected.size()}};
-  create_out();
   if (selected.empty()) {  // more tasks than slides: this one has nothing to do
     summary.update({{"slides", nlohmann::json::array()}, {"tiles", 0}});
     std::printf("%s\n", summary.dump().c_str());
     return;
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
+  int channels = selected.front().entry.value("channels", 3);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
-    if (encoder) {  // tiles of any size, resized to the encoder's input
+    if (encoder) {  // RGB tiles of any size, resized to the encoder's input
       check_tiles_fit_encoder(work.store->path(), work.entry, options.mpp, *encoder);
     } else if (work.entry.value("tile_size", 0) != tile_size) {
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
     }
+    if (work.entry.value("channels", 3) != channels)
+      throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
+                     std::to_string(work.entry.value("channels", 3)) + " channels, other slides " +
+                     std::to_string(channels) + ": one model input per run");
   }
 
-  if (extractors.empty() || (!encoder && extractors.front()->tile_size() != tile_size)) build_extractors(tile_size);
+  if (encoder && channels != 3)
+    throw BadInput(selected.front().store->path() + ": slide " + slide_name(selected.front().entry) + " has " +
+                   std::to_string(channels) + " channels; encoder " + encoder->name + " reads RGB tiles");
+  if (extractors.empty() || (!encoder && extractors.front()->tile_size() != tile_size) ||
+      extractors.front()->channels() != channels)
+    build_extractors(tile_size, channels);
+  create_out_directory(options.out);
+  // Before any work: a file another slide or other settings made is not replaced unasked.
   for (const SlideWork &work : selected)
-    if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
-      check_same_extraction(done.string(), extractors.front()->extraction());
+    check_feature_file_replaceable((fs::path(options.out) / (slide_name(work.entry) + ".h5")).string(),
+                                   extractors.front()->layout(work.entry),
+                                   options.overwrite ? Existing::overwrite : Existing::refuse);
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
   SharedRun run(selected, total, extractors.size());
@@ -545,9 +453,11 @@ void extract_features(const ExtractOptions &options) {
     peak = std::max(peak, report["peak_device_bytes"].get<uint64_t>());
     per_device.push_back(std::move(report));
   }
-  std::vector<std::string> failures;
-  for (const nlohmann::json &slide : per_slide)
+  std::vector<std::string> failures, in_use;
+  for (const nlohmann::json &slide : per_slide) {
     if (slide["status"] == "failed") failures.push_back(slide["error"]);
+    if (slide["status"] == "in use") in_use.push_back(slide["error"]);
+  }
   // Device seconds and write seconds add up over the devices; the device bytes are each device's.
   summary.update({{"extraction", extractors.front()->extraction()},
                   {"device", per_device.front()["name"]},
@@ -567,6 +477,13 @@ void extract_features(const ExtractOptions &options) {
     std::string message = std::to_string(failures.size()) + " slide(s) failed (the others are complete):";
     for (auto &failure : failures) message += "\n  " + failure;
     throw BadInput(message);
+  }
+  if (!in_use.empty()) {
+    std::string message = std::to_string(in_use.size()) +
+                          " slide(s) were being written by another run, and were left to it (the others are "
+                          "complete; run again once it ends):";
+    for (auto &slide : in_use) message += "\n  " + slide;
+    throw Error(ExitCode::runtime_error, message);
   }
 }
 

@@ -26,6 +26,7 @@ struct ExtractOptions {
   int workers = 2;  // threads decoding tiles
   uint64_t memory_budget = 0;  // --device-memory-limit per device (0: what the device reports)
   bool fp16 = false, gzip = false;
+  bool overwrite = false;  // --overwrite: replace feature files that hold something else
   data::TilerOptions tiler;  // for `slides`
 };
 

@@ -11,14 +11,16 @@ namespace tessera {
 
 // The pass of an extraction over a batch of uint8 RGB tiles as the store holds them, which the
 // prologue turns into the layer the model reads as "input".
-InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, const EncoderInput *encoder) {
+InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, int channels,
+                                      const EncoderInput *encoder) {
   InferenceOptions inference;
-  inference.inputs = {{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
+  inference.inputs = {{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
   inference.prologue = encoder ? encoder->prologue()
                                : nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   inference.layer = options.layer;
   if (encoder && options.fp16) inference.activations = DType::f16;
   inference.advice = "lower --batch, or raise --device-memory-limit";
+  inference.weights_digest = true;
   return inference;
 }
 
@@ -57,7 +59,7 @@ void print_extraction_plans(const ExtractOptions &options, const ResolvedModel &
   std::vector<std::unique_ptr<vk::Context>> contexts;
   std::vector<MemoryPlan> plans;
   const InferenceOptions requested =
-      extraction_inference(options, encoder ? encoder->image_size : options.tiler.size, encoder);
+      extraction_inference(options, encoder ? encoder->image_size : options.tiler.size, 3, encoder);
   for (int device : devices) {
     auto &context = *contexts.emplace_back(std::make_unique<vk::Context>(extraction_context(options, device)));
     auto describe = [&](const MemoryPlan &plan) {

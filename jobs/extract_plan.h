@@ -13,10 +13,12 @@
 
 namespace tessera {
 
-// The pass over a batch of uint8 RGB tiles [batch, tile_size, tile_size, 3], which the prologue
-// turns into the layer the model reads as "input": an encoder's normalisation and, where the
-// features are fp16, its activations in fp16; a CNN's ImageNet normalisation, up to options.layer.
-InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, const EncoderInput *encoder);
+// The pass over a batch of uint8 tiles [batch, tile_size, tile_size, channels] (RGB, or a
+// multiplex slide's channels), which the prologue turns into the layer the model reads as
+// "input": an encoder's normalisation and, where the features are fp16, its activations in fp16;
+// a CNN's, up to options.layer. The weights' digest is taken for the feature files.
+InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, int channels,
+                                      const EncoderInput *encoder);
 
 // --batch, or less where a buffer of the pass would be larger than the device's largest (its
 // maxStorageBufferRange: 128 MiB on lavapipe); `capped` then says so (a warning line). Throws

@@ -139,6 +139,11 @@ class EncoderExtraction(unittest.TestCase):
         _, coords, attributes, _ = read_features(self.path("fine"), "fine")
         self.assertEqual((attributes["patch_size"], attributes["patch_level"]), (448, 0))
         self.assertEqual(sorted(map(tuple, coords)), [(0, 0), (448, 0)])
+        # TRIDENT's attributes: a 40x slide read for a 20x encoder, which made the features.
+        self.assertEqual((attributes["level0_magnification"], attributes["target_magnification"]), (40, 20))
+        self.assertEqual(attributes["patch_size_level0"], 448)
+        with h5py.File(os.path.join(self.path("fine"), "fine.h5"), "r") as f:
+            self.assertEqual(f["features"].attrs["encoder"], self.encoder)
         # ... and stores the tiles as `tile` does (JPEG); stored raw, they are the file's pixels.
         store = self.path("fine.lmdb")
         tiled = run("tile", self.path("fine.tif"), "--out", store, "--size", 448, "--encoding", "raw",

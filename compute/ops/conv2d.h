@@ -31,6 +31,7 @@ class Conv2d : public Op {
   // dx (+)= the transposed convolution of dy; dweight += dy (*) x; dbias += sum dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   double forward_flops() const override;
+  Fusions fusions() const override { return {.relu = true, .batch_norm = true}; }
 
  private:
   struct Push {

@@ -1,5 +1,5 @@
-// The first layer of every pass over images that a job adds before the model: uint8 RGB as
-// loaded, to the network's float input.
+// The first layer of every pass over images that a job adds before the model: uint8 pixels as
+// loaded (RGB, or a multiplex slide's channels), to the network's float input.
 #pragma once
 #include "compute/ops/registry.h"
 
@@ -9,10 +9,11 @@ class InputNormalize : public Op {
  public:
   InputNormalize(std::vector<double> mean, std::vector<double> std) : mean_(std::move(mean)), std_(std::move(std)) {}
   std::string type() const override { return "input_normalize"; }
-  // images u8 [N,H,W,3] -> [N,3,H,W]
+  // images u8 [N,H,W,C] -> [N,C,H,W]
   Shape infer(const std::vector<Shape>& inputs) override;
   // (rgb/255 - mean) / std per channel: "mean" and "std" of the layer, else ImageNet's (what
-  // torchvision's pretrained models and most patch encoders expect).
+  // torchvision's pretrained models and most patch encoders expect); other channel counts
+  // (x/255 - 0.5) / 0.5.
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // The images take no gradient.
   void backward(vk::Recorder&, vk::Kernels&, const OpTensors&) override {}

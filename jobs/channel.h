@@ -1,4 +1,5 @@
-// A bounded queue between two threads (a reader ahead of a device, a device ahead of a writer).
+// A bounded queue between two threads (extract's reader, device and writer). close() ends it
+// after what is queued; stop() ends it at once, dropping what is queued.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -7,8 +8,6 @@
 
 namespace tessera {
 
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
 template <class T>
 class Channel {
  public:
