@@ -46,10 +46,10 @@ void inject_fault_before_training(vk::Context& context) {
   } else if (kind.rfind("wait:", 0) == 0) {
     wait_for_release(kind.substr(5));
   } else if (kind != "nan" && kind.rfind("nan:", 0) != 0 && kind.rfind("sigkill:", 0) != 0 &&
-             kind.rfind("loss_scale:", 0) != 0) {
+             kind.rfind("loss_scale:", 0) != 0 && kind != "skip_flush") {  // skip_flush: vk::Allocator
     throw UsageError("TESSERA_FAULT=" + kind +
                      ": not a fault (leak:BYTES, segfault, hang, oom, nan, nan:TENSOR, wait:DIR, sigkill:EPOCH[:RANK], "
-                     "loss_scale:VALUE)");
+                     "loss_scale:VALUE, skip_flush)");
   }
 }
 
@@ -149,7 +149,11 @@ struct Replica final : ReplicaSync {
     tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
     if (options.fp16)
       tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
-    if (replicated) tensors.push_back({"gradients", {gradient_count()}, DType::f32, vk::MemoryUsage::staging, "gradient exchange"});
+    if (replicated) {
+      Segment last = plan_segments().back();
+      tensors.push_back({"gradients", {static_cast<int64_t>(last.first + last.count)}, DType::f32,
+                         vk::MemoryUsage::staging, "gradient exchange"});
+    }
     return tensors;
   }
 
@@ -274,6 +278,8 @@ struct Replica final : ReplicaSync {
   // parameter bytes, last layers first, each ending with the copy of the gradients it finished
   // into its range of `gradients` (laid out last layer first), so that the host sums one
   // segment's gradients, and all-reduces them over MPI, while the device computes the next.
+  // Segments start on 256 bytes (the largest nonCoherentAtomSize), so that the host's invalidate
+  // of one segment never drops its unflushed sums of another.
   struct Segment {
     size_t begin, end;     // layers [begin, end)
     size_t first, count;   // floats of `gradients`
@@ -294,7 +300,7 @@ struct Replica final : ReplicaSync {
       if (l > 0 && current.count >= target && static_cast<int>(planned.size()) + 1 < wanted) {
         current.begin = l;
         planned.push_back(current);
-        current = {0, l, current.first + current.count, 0};
+        current = {0, l, (current.first + current.count + 63) / 64 * 64, 0};
       }
     }
     planned.push_back(current);
@@ -441,13 +447,14 @@ struct Replica final : ReplicaSync {
 
   void reset_metrics() {
     wait_all();
-    std::memset(extra["metrics"]->buffer().mapped(), 0, 16);
+    const float zeros[4] = {};
+    extra["metrics"]->buffer().write(zeros, sizeof zeros);
   }
 
   std::array<double, 3> read_metrics() {
     wait_all();
     float m[4];
-    std::memcpy(m, extra["metrics"]->buffer().mapped(), 16);
+    extra["metrics"]->buffer().read(m, sizeof m);
     return {m[0], m[1], m[2]};
   }
 
@@ -576,6 +583,11 @@ struct TrainingLoop::State {
     return target;
   }
 
+  // Makes what the Feed wrote visible to the devices.
+  void flush_feed(int slot, int k) {
+    for (auto& [name, tensor] : feed_target(slot, k)) tensor->buffer().flush();
+  }
+
   // Copies each replica's part of the whole micro-batch into its slot: in training the fixed
   // part its network was built for, with the weight of its samples' losses; in evaluation the
   // valid samples split again, so a short last batch spreads over the replicas too.
@@ -606,9 +618,10 @@ struct TrainingLoop::State {
         std::memcpy(destination, static_cast<const uint8_t*>(from.buffer().mapped()) + part.first * per_sample,
                     part.count * per_sample);
         std::memset(destination + part.count * per_sample, 0, to.bytes() - part.count * per_sample);
+        to.buffer().flush();
       }
       auto replica_valid = static_cast<uint32_t>(std::clamp<int64_t>(valid - part.first, 0, part.count));
-      std::memcpy(replica.extra.at("valid" + suffix(slot, k))->buffer().mapped(), &replica_valid, 4);
+      replica.extra.at("valid" + suffix(slot, k))->buffer().write(&replica_valid, 4);
       if (!training) continue;
       // The loss is a weighted mean over its samples: scaled by their share of the batch's weight,
       // the replicas' gradients sum to the one of the whole batch.
@@ -617,6 +630,7 @@ struct TrainingLoop::State {
       auto scale = static_cast<float>(part_weight / batch_weight / options.accumulate);
       auto* loss_weight = static_cast<float*>(replica.extra.at("loss_weight" + suffix(slot, k))->buffer().mapped());
       std::fill(loss_weight, loss_weight + part.count, scale);
+      replica.extra.at("loss_weight" + suffix(slot, k))->buffer().flush();
     }
   }
 
@@ -642,6 +656,7 @@ struct TrainingLoop::State {
     for (auto& replica : replicas) {
       auto& micro_batch = replica->train_programs[slot][k];
       micro_batch.programs[p]->wait();
+      micro_batch.exchanges[p].host->buffer().invalidate();
       values.push_back(static_cast<float*>(micro_batch.exchanges[p].host->buffer().mapped()));
       counts.push_back(static_cast<double>(micro_batch.exchanges[p].count));
     }
@@ -673,6 +688,7 @@ struct TrainingLoop::State {
     }
     for (float* v : values)
       for (size_t i = 0; i < size; ++i) v[i] = static_cast<float>(combined[i]);
+    for (auto& replica : replicas) replica->train_programs[slot][k].exchanges[p].host->buffer().flush();
   }
 
   // Replicated: sums the gradients of the step in `slot` segment by segment, as each finishes on
@@ -683,13 +699,16 @@ struct TrainingLoop::State {
       std::vector<std::span<float>> copies;
       for (auto& replica : replicas) {
         replica->segment_program(slot, s).wait();
-        auto* gradients = static_cast<float*>(replica->extra.at("gradients")->buffer().mapped());
-        copies.push_back({gradients + segments[s].first, segments[s].count});
+        const vk::Buffer& host = replica->extra.at("gradients")->buffer();
+        host.invalidate(segments[s].first * sizeof(float), segments[s].count * sizeof(float));
+        copies.push_back({static_cast<float*>(host.mapped()) + segments[s].first, segments[s].count});
       }
       auto before = Clock::now();
       sum_gradients(copies, processes);
       exchange_seconds += std::chrono::duration<double>(Clock::now() - before).count();
       exchange_bytes += segments[s].count * sizeof(float);
+      for (auto& replica : replicas)
+        replica->extra.at("gradients")->buffer().flush(segments[s].first * sizeof(float), segments[s].count * sizeof(float));
     }
     for (auto& replica : replicas) replica->update_program->submit();
   }
@@ -725,6 +744,7 @@ struct TrainingLoop::State {
           for (auto& replica : replicas) replica->train_programs[slot][static_cast<size_t>(k)].programs.back()->wait();
           auto before = Clock::now();
           if (!train_feed.next(feed_target(slot, k))) throw std::logic_error("the feed ended before its batches_per_epoch");
+          flush_feed(slot, k);
           wait_seconds += std::chrono::duration<double>(Clock::now() - before).count();
           distribute(slot, k, true);
           run_micro_batch(slot, static_cast<size_t>(k));
@@ -889,6 +909,7 @@ struct TrainingLoop::State {
       int slot = static_cast<int>(b % 2);
       for (auto& replica : replicas) replica->eval_programs[slot]->wait();
       if (!feed.next(feed_target(slot, 0))) break;
+      flush_feed(slot, 0);
       distribute(slot, 0, false);
       for (auto& replica : replicas) replica->eval_programs[slot]->submit();
       if (binary)

@@ -194,7 +194,7 @@ class Extractor {
   // Runs a batch of tiles through the network; rows are the pooled features.
   FeatureBatch run(TileBatch &&tiles) {
     auto start = Clock::now();
-    std::memcpy(images_->buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
+    images_->buffer().write(tiles.rgb.data(), tiles.rgb.size());
     program_->run();
     network_->output().download(output_.data(), output_.size() * sizeof(float));
     FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),

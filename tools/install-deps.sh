@@ -10,6 +10,7 @@ packages=(
   python3-numpy python3-h5py python3-lmdb python3-pil python3-torch python3-torchvision python3-optuna python3-pytest python3-openslide libopenblas0-pthread
   libvips-tools time
   libpq-dev postgresql chromium libopenmpi-dev openmpi-bin python3-sqlalchemy python3-psycopg2
+  patchelf xz-utils debootstrap  # bench/gpu/: the GPU bundle and its check in a bare Debian
 )
 missing=()
 for p in "${packages[@]}"; do

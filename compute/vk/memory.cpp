@@ -1,6 +1,10 @@
 #include "compute/vk/memory.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "common/error.h"
@@ -19,6 +23,24 @@ uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 }  // namespace
+
+void Buffer::flush(uint64_t offset, uint64_t bytes) const {
+  if (owner_) owner_->sync_host(*this, offset, bytes, true);
+}
+
+void Buffer::invalidate(uint64_t offset, uint64_t bytes) const {
+  if (owner_) owner_->sync_host(*this, offset, bytes, false);
+}
+
+void Buffer::write(const void* data, uint64_t bytes, uint64_t offset) const {
+  std::memcpy(static_cast<char*>(mapped_) + offset, data, bytes);
+  flush(offset, bytes);
+}
+
+void Buffer::read(void* data, uint64_t bytes, uint64_t offset) const {
+  invalidate(offset, bytes);
+  std::memcpy(data, static_cast<const char*>(mapped_) + offset, bytes);
+}
 
 Buffer::~Buffer() { release(); }
 
@@ -55,8 +77,11 @@ Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
     if (heap.device_local) largest_heap = std::max(largest_heap, heap.size);
   stats_.budget_bytes = budget ? budget : largest_heap;
   const auto& limits = context.properties().limits;
-  alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment,
-                                   limits.nonCoherentAtomSize});
+  atom_ = std::max<uint64_t>(limits.nonCoherentAtomSize, 1);
+  // Buffers start and end on atoms, so that a flush or invalidate of one never touches another.
+  alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment, atom_});
+  const char* fault = std::getenv("TESSERA_FAULT");
+  skip_flush_ = fault && std::strcmp(fault, "skip_flush") == 0;
   device_memory_mapped_ = context.info().heaps.size() == 1;  // as pool_for chooses
   VkBufferCreateInfo probe{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   probe.size = 4;
@@ -96,8 +121,10 @@ uint32_t Allocator::memory_type_for(MemoryUsage usage, uint32_t type_bits) const
     if (context_.info().heaps.size() == 1) type = find(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | host);
     if (type < 0) type = find(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   } else {
-    type = find(host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
-    if (type < 0) type = find(host);
+    // The host reads staging memory back (metrics, gradients, downloads): uncached reads are
+    // slow, so cached memory first, coherent or not.
+    type = find(VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+    if (type < 0) type = find(VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT);
   }
   if (type < 0) type = find(0);
   if (type < 0) throw Error(ExitCode::runtime_error, "no Vulkan memory type fits a storage buffer");
@@ -113,6 +140,7 @@ uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
   Pool pool;
   pool.memory_type = type;
   pool.host_visible = (memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
+  pool.coherent = (memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) != 0;
   pools_.push_back(std::move(pool));
   return static_cast<uint32_t>(pools_.size() - 1);
 }
@@ -285,6 +313,27 @@ void Allocator::free(Buffer& buffer) {
   block.free[start] = size;
   block.used -= buffer.reserved_;
   stats_.live_bytes -= buffer.reserved_;
+}
+
+void Allocator::sync_host(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool flush) const {
+  const Pool& pool = pools_[buffer.pool_];
+  if (!pool.host_visible)
+    throw std::logic_error("flush or invalidate of a buffer the host cannot map (" + std::to_string(buffer.size_) +
+                           " bytes)");
+  if (pool.coherent || (flush && skip_flush_)) return;
+  if (bytes == VK_WHOLE_SIZE) bytes = buffer.size_ - std::min(offset, buffer.size_);
+  if (bytes == 0) return;
+  // Whole atoms, within the buffer's own aligned range.
+  uint64_t begin = buffer.offset_ + offset / atom_ * atom_;
+  uint64_t end = std::min(buffer.offset_ + round_up(offset + bytes, atom_), buffer.offset_ + buffer.reserved_);
+  VkMappedMemoryRange range{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE};
+  range.memory = pool.blocks[buffer.block_]->memory;
+  range.offset = begin;
+  range.size = end - begin;
+  if (flush)
+    check(vkFlushMappedMemoryRanges(context_.device(), 1, &range), "vkFlushMappedMemoryRanges");
+  else
+    check(vkInvalidateMappedMemoryRanges(context_.device(), 1, &range), "vkInvalidateMappedMemoryRanges");
 }
 
 void Allocator::trim() {

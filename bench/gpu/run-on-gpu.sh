@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Runs the GPU bundle (bench/gpu/make-bundle.sh) on the machine it was carried to, within one
+# deadline: unpacks it, prints `tessera info`, runs the benchmarks beside PyTorch (gpu_bench.py),
+# then the test suite under the validation layer (run_suite.py) with the time left. Writes into
+# OUT_DIR (at most 8 files): results.json (device, driver, benchmarks, ratios, suite summary),
+# bench.json, suite.json, info.txt, run.log, suite-logs.tar.gz.
+#
+# Usage: bash bench/gpu/run-on-gpu.sh BUNDLE.tar.xz OUT_DIR [--minutes M] [--only bench|suite] [--quick]
+#   --minutes  the whole run's budget (default 9.5: a device run is cut at 10)
+#   --quick    small benchmark sizes, for a check on a CPU device (lavapipe)
+# The Vulkan driver is the machine's: NVIDIA's manifest where it is installed, else the loader's
+# default search (lavapipe, where the bundle is checked without a GPU).
+set -euo pipefail
+bundle_archive=$(realpath "$1")
+out=$(mkdir -p "$2" && realpath "$2")
+shift 2
+minutes=9.5 only="" quick=()
+while (($#)); do
+  case $1 in
+    --minutes) minutes=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --quick) quick=(--quick); shift ;;
+    *) echo "run-on-gpu: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+start=$(date +%s)
+deadline=$(python3 -c "print($start + $minutes * 60 - 20)")
+exec > >(tee "$out"/run.log) 2>&1
+
+work=${TMPDIR:-/tmp}/tessera-gpu-run
+rm -rf "$work" && mkdir -p "$work"
+tar -C "$work" -xJf "$bundle_archive"
+bundle=$work/tessera-bundle
+tree=$bundle/tessera
+echo "bundle: $(cat "$bundle"/manifest.json)"
+
+# The C++ tests name the build machine's source and build folders: link them here where free.
+for key in source_dir build_dir; do
+  path=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$bundle"/manifest.json "$key")
+  target=$tree
+  [[ $key == build_dir ]] && target=$tree/build
+  if [[ ! -e $path ]]; then mkdir -p "$(dirname "$path")" && ln -s "$target" "$path"; fi
+done
+
+export VK_LAYER_PATH=$bundle/vulkan/explicit_layer.d
+for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
+  /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.x86_64.json; do
+  if [[ -e $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; break; fi
+done
+echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-the loader's default search}"
+export XDG_CACHE_HOME=$work/cache
+
+missing=$(ldd "$tree"/build/tools/tessera | grep 'not found' || true)
+[[ -z $missing ]] || { echo "run-on-gpu: tessera cannot load: $missing" >&2; exit 1; }
+{
+  "$tree"/build/tools/tessera info || true
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+} | tee "$out"/info.txt
+
+status=0
+if [[ $only != suite ]]; then
+  # The benchmarks take at most half of what is left when the suite follows.
+  bench_deadline=$deadline
+  [[ -z $only ]] && bench_deadline=$(python3 -c "import time; print(time.time() + ($deadline - time.time()) / 2)")
+  python3 "$tree"/bench/gpu/gpu_bench.py --root "$tree" --out "$out"/bench.json --deadline "$bench_deadline" \
+    "${quick[@]}" || status=1
+fi
+if [[ $only != bench ]]; then
+  python3 "$tree"/bench/gpu/run_suite.py --root "$tree" --out "$out"/suite.json --logs "$work"/logs \
+    --deadline "$deadline" || status=1
+  tar -C "$work" -czf "$out"/suite-logs.tar.gz logs
+fi
+
+python3 - "$out" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    path = os.path.join(out, name)
+    return json.load(open(path)) if os.path.exists(path) else None
+bench, suite = load("bench.json"), load("suite.json")
+result = {"info_text": open(os.path.join(out, "info.txt")).read()}
+if bench:
+    result.update({k: bench[k] for k in ("date", "info", "ratios") if k in bench})
+    result["tessera"], result["pytorch"] = bench.get("tessera"), bench.get("pytorch")
+if suite:
+    result["suite"] = {"counts": suite["counts"], "seconds": suite["seconds"],
+                       "not_passed": {t["name"]: t.get("reason", t["status"]) for t in suite["tests"]
+                                      if t["status"] != "passed"}}
+json.dump(result, open(os.path.join(out, "results.json"), "w"), indent=1)
+print(json.dumps(result.get("ratios", {})), json.dumps(result.get("suite", {}).get("counts", {})))
+EOF
+echo "run-on-gpu: $(( $(date +%s) - start )) s, status $status"
+exit $status
