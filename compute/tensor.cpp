@@ -53,6 +53,7 @@ void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);
+    recorder.set_scope("upload");
     recorder.copy(staging, 0, *buffer_, offset, size);
     recorder.finish();
   }
@@ -67,6 +68,7 @@ void Tensor::download(void* data, uint64_t size, uint64_t offset) const {
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);
+    recorder.set_scope("download");
     recorder.copy(*buffer_, offset, staging, 0, size);
     recorder.finish();
   }

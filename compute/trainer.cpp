@@ -566,7 +566,8 @@ struct TrainingLoop::State {
     for (auto& replica : replicas) plans.push_back(replica->plan());
     auto& allocator = replicas.front()->context.allocator();
     for (auto& t : whole_batch_tensors())
-      plans.front().bytes[t.category] += allocator.footprint(static_cast<uint64_t>(element_count(t.shape)) * element_size(t.dtype));
+      plans.front().bytes[t.category] +=
+          allocator.device_footprint(static_cast<uint64_t>(element_count(t.shape)) * element_size(t.dtype), t.usage);
     return plans;
   }
 

@@ -69,6 +69,8 @@ struct PlannedBuffer {
   MemoryUsage usage;
 };
 
+// Of the device's own memory (its device-local heap): host memory that a discrete GPU's staging
+// buffers take is not counted, and the budget does not bound it.
 struct MemoryStats {
   uint64_t live_bytes = 0;      // bytes held by live buffers (aligned sizes)
   uint64_t peak_bytes = 0;      // the most live_bytes ever reached
@@ -93,8 +95,11 @@ class Allocator {
   void trim();
   // The bytes a buffer of `bytes` takes in a block once aligned (for memory plans).
   uint64_t footprint(uint64_t bytes) const;
-  // The staging buffer that uploading or downloading a tensor of `bytes` takes: none where
-  // device memory is mapped (lavapipe, integrated GPUs), its footprint on discrete GPUs.
+  // Its footprint in the device's memory: none for staging in host memory (discrete GPUs).
+  uint64_t device_footprint(uint64_t bytes, MemoryUsage usage) const;
+  // The device memory that the staging buffer of an upload or download of a tensor of `bytes`
+  // takes: none where device memory is mapped (lavapipe, integrated GPUs) or where staging
+  // memory is the host's (discrete GPUs).
   uint64_t transfer_footprint(uint64_t bytes) const;
   // The device memory (blocks) this allocator would hold after allocating `buffers` in this
   // order on top of what it holds now: each placed as allocate() places it, so a buffer that
@@ -115,6 +120,7 @@ class Allocator {
     uint32_t memory_type = 0;
     bool host_visible = false;
     bool coherent = true;
+    bool device_heap = true;  // in the device's own memory: counted in stats_ and bounded by the budget
     std::vector<std::unique_ptr<Block>> blocks;
   };
   // Where a buffer of `reserved` bytes goes: a block of the pool and the offset in it, where
@@ -134,6 +140,7 @@ class Allocator {
   // Buffer::flush (flush true) and Buffer::invalidate.
   void sync_host(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool flush) const;
   uint32_t memory_type_for(MemoryUsage usage, uint32_t type_bits) const;
+  bool in_device_heap(uint32_t memory_type) const;
   uint32_t pool_for(MemoryUsage usage, uint32_t type_bits);
 
   Context& context_;

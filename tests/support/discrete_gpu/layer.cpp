@@ -122,10 +122,19 @@ struct Device {
 };
 
 // Every object the layer knows, under one lock (tests are light; correctness is the point).
-std::mutex lock;
-std::unordered_map<VkInstance, std::unique_ptr<Instance>> instances;
-std::unordered_map<VkPhysicalDevice, Instance*> physical_devices;
-std::unordered_map<VkDevice, std::unique_ptr<Device>> devices;
+// Never destroyed: an application may free its Vulkan objects from its own static destructors,
+// after this library's would have run.
+struct Registry {
+  std::mutex lock;
+  std::unordered_map<VkInstance, std::unique_ptr<Instance>> instances;
+  std::unordered_map<VkPhysicalDevice, Instance*> physical_devices;
+  std::unordered_map<VkDevice, std::unique_ptr<Device>> devices;
+};
+Registry& registry = *new Registry;
+std::mutex& lock = registry.lock;
+auto& instances = registry.instances;
+auto& physical_devices = registry.physical_devices;
+auto& devices = registry.devices;
 
 Instance& instance_of(VkPhysicalDevice physical_device) {
   std::lock_guard guard(lock);
