@@ -16,11 +16,11 @@ archive=$(realpath "${1:-.gpu-bundle/tessera-bundle.tar.xz}")
 out=$(mkdir -p "${2:-.gpu-bundle/check}" && realpath "${2:-.gpu-bundle/check}")
 shift $(($# < 2 ? $# : 2))
 root=/var/tmp/tessera-bundle-root
-mirror=$(grep -rhoE '^(deb|URIs:) *https?://[^ ]+/debian' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
-  head -1 | grep -oE 'https?://[^ ]+')
+mirror=$(apt-cache policy | awk '$2 ~ /^https?:/ && $3 == "bookworm/main" {print $2; exit}')
+mirror=${mirror:-http://deb.debian.org/debian}
 if [[ ! -e $root/.ready ]]; then
   rm -rf "$root"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >/dev/null
+  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$out"/debootstrap.log
   cp /etc/resolv.conf "$root"/etc/resolv.conf
   chroot "$root" apt-get install -y -qq --no-install-recommends \
     mesa-vulkan-drivers python3 python3-numpy python3-h5py python3-pytest >/dev/null
@@ -40,16 +40,16 @@ cp "$archive" "$root"/check/bundle.tar.xz
 cp bench/gpu/run-on-gpu.sh "$root"/check/
 
 # Every library tessera loads resolves into the bundle, but the C and C++ runtimes.
-chroot "$root" sh -c 'mkdir -p /tmp/unpacked && tar -C /tmp/unpacked -xJf /check/bundle.tar.xz &&
-  ldd /tmp/unpacked/tessera-bundle/tessera/build/tools/tessera' >"$out"/ldd.txt
-outside=$(grep '=>' "$out"/ldd.txt | grep -v '/tmp/unpacked/tessera-bundle/lib/' |
-  grep -vE '^\s*(libc|libm|libstdc\+\+|libgcc_s)\.so' || true)
+chroot "$root" sh -c 'rm -rf /tmp/unpacked && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+  /check/bundle.tar.xz /tmp/unpacked && ldd /tmp/unpacked/tessera-bundle/tessera/build/tools/tessera' >"$out"/ldd.txt
+runtime='^\s*(ld-linux-x86-64|libc|libm|libmvec|libpthread|libdl|librt|libutil|libresolv|libanl|libstdc\+\+|libgcc_s)\.so'
+outside=$(grep '=>' "$out"/ldd.txt | grep -v '=> /tmp/unpacked/tessera-bundle/' | grep -vE "$runtime" || true)
 if [[ -n $outside ]]; then
   echo "check-bundle: libraries from outside the bundle:" >&2
   echo "$outside" >&2
   exit 1
 fi
-echo "check-bundle: $(grep -c '/tmp/unpacked/tessera-bundle/lib/' "$out"/ldd.txt) libraries from the bundle, the rest the C/C++ runtime"
+echo "check-bundle: $(grep -c '=> /tmp/unpacked/tessera-bundle/' "$out"/ldd.txt) libraries from the bundle, the rest the C/C++ runtime"
 
 chroot "$root" env -i PATH=/usr/bin:/bin HOME=/root TMPDIR=/tmp \
   bash /check/run-on-gpu.sh /check/bundle.tar.xz /check/out --quick --minutes 60 "$@" || status=$?

@@ -68,6 +68,11 @@ elves | xargs strip --strip-unneeded
 for program in "$tree"/build/tools/tessera "$tree"/build/tests/test_* "$tree"/build/bench/bench_*; do
   patchelf --force-rpath --set-rpath '$ORIGIN/../../../lib' "$program"
 done
+# A library's own RUNPATH (OpenMPI's names its plugin folder) would hide the executables' RPATH
+# from its dependencies: each looks beside itself instead.
+for library in "$bundle"/lib/*.so*; do
+  [[ -L $library ]] || patchelf --force-rpath --set-rpath '$ORIGIN' "$library"
+done
 
 # Where the tests were built: the C++ tests name the source and build folders in full, and
 # run-on-gpu.sh links those paths to the unpacked tree where they are free.
@@ -78,7 +83,7 @@ cat >"$bundle"/manifest.json <<EOF
 EOF
 
 mkdir -p "$out"
-tar -C "$stage" -cf - tessera-bundle | xz -9e -T2 --memlimit-compress=4GiB >"$out"/tessera-bundle.tar.xz.part
+tar -C "$stage" -cf - tessera-bundle | xz -9 -T2 >"$out"/tessera-bundle.tar.xz.part
 mv "$out"/tessera-bundle.tar.xz.part "$out"/tessera-bundle.tar.xz
 size_mib=$(( $(stat -c %s "$out"/tessera-bundle.tar.xz) >> 20 ))
 echo "make-bundle: $out/tessera-bundle.tar.xz, $size_mib MiB ($(du -sm "$bundle" | cut -f1) MiB unpacked), commit $commit"

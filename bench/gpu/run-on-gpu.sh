@@ -29,7 +29,11 @@ exec > >(tee "$out"/run.log) 2>&1
 
 work=${TMPDIR:-/tmp}/tessera-gpu-run
 rm -rf "$work" && mkdir -p "$work"
-tar -C "$work" -xJf "$bundle_archive"
+if command -v xz >/dev/null; then
+  tar -C "$work" -xJf "$bundle_archive"
+else  # Python reads xz itself
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle_archive" "$work"
+fi
 bundle=$work/tessera-bundle
 tree=$bundle/tessera
 echo "bundle: $(cat "$bundle"/manifest.json)"
@@ -47,7 +51,7 @@ for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.
   /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.x86_64.json; do
   if [[ -e $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; break; fi
 done
-echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-the loader's default search}"
+echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-none named, the loader searches}"
 export XDG_CACHE_HOME=$work/cache
 
 missing=$(ldd "$tree"/build/tools/tessera | grep 'not found' || true)
