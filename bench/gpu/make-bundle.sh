@@ -37,12 +37,14 @@ mkdir -p "$tree"/{tests,tools,bench/gpu}
 cp tests/*.py tests/*.cpp "$tree"/tests/
 cp tools/*.py "$tree"/tools/
 cp bench/*.py "$tree"/bench/
-cp bench/gpu/* "$tree"/bench/gpu/
+cp bench/gpu/*.sh bench/gpu/*.py "$tree"/bench/gpu/
+[[ -d python ]] && cp -r python "$tree"/  # the Python tile-store reader, which its test imports
 [[ -d ../shared/testdata ]] && mkdir -p "$bundle"/shared && cp -r ../shared/testdata "$bundle"/shared/
 
 # Debian's Vulkan loader, the validation layer, and libglvnd's dispatcher (NVIDIA's Vulkan driver
 # loads it), unpacked from their packages.
 mkdir -p "$stage"/debs "$stage"/root
+chmod 755 "$stage" && chmod 777 "$stage"/debs  # apt downloads as its own user
 (cd "$stage"/debs && apt-get download -q libvulkan1 vulkan-validationlayers libglvnd0 >/dev/null)
 for deb in "$stage"/debs/*.deb; do dpkg-deb -x "$deb" "$stage"/root; done
 multiarch=$stage/root/usr/lib/x86_64-linux-gnu
@@ -76,7 +78,7 @@ done
 
 # Where the tests were built: the C++ tests name the source and build folders in full, and
 # run-on-gpu.sh links those paths to the unpacked tree where they are free.
-commit=$(git rev-parse HEAD)
+commit=$(git describe --always --dirty --abbrev=40)
 cat >"$bundle"/manifest.json <<EOF
 {"commit": "$commit", "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "source_dir": "$PWD",
  "build_dir": "$(cd "$build" && pwd)", "vulkan_packages": "$(ls "$stage"/debs | tr '\n' ' ')"}

@@ -6,15 +6,17 @@
 # bench.json, suite.json, info.txt, run.log, suite-logs.tar.gz.
 #
 # Usage: bash bench/gpu/run-on-gpu.sh BUNDLE.tar.xz OUT_DIR [--minutes M] [--only bench|suite] [--quick]
-#   --minutes  the whole run's budget (default 9.5: a device run is cut at 10)
-#   --quick    small benchmark sizes, for a check on a CPU device (lavapipe)
+#   --minutes  the whole run's budget (default 8.5: a run on the GPU machine is cut at 10, and
+#              unpacking and the summary come on top of the deadline's margin)
+#   --quick    small benchmark sizes (chosen anyway where tessera's device is a CPU: lavapipe)
 # The Vulkan driver is the machine's: NVIDIA's manifest where it is installed, else the loader's
-# default search (lavapipe, where the bundle is checked without a GPU).
+# default search (lavapipe, where the bundle is checked without a GPU; PyTorch then runs on the
+# CPU, so that every step of this script runs before it meets a GPU).
 set -euo pipefail
 bundle_archive=$(realpath "$1")
 out=$(mkdir -p "$2" && realpath "$2")
 shift 2
-minutes=9.5 only="" quick=()
+minutes=8.5 only="" quick=()
 while (($#)); do
   case $1 in
     --minutes) minutes=$2; shift 2 ;;
@@ -47,16 +49,16 @@ for key in source_dir build_dir; do
 done
 
 export VK_LAYER_PATH=$bundle/vulkan/explicit_layer.d
-for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
-  /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.x86_64.json; do
-  if [[ -e $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; break; fi
-done
+icd=$(find /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d /usr/local/share/vulkan/icd.d \
+  -maxdepth 1 -name 'nvidia_icd*.json' 2>/dev/null | sort | head -1)
+if [[ -n $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
 echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-none named, the loader searches}"
 export XDG_CACHE_HOME=$work/cache
 
 missing=$(ldd "$tree"/build/tools/tessera | grep 'not found' || true)
 [[ -z $missing ]] || { echo "run-on-gpu: tessera cannot load: $missing" >&2; exit 1; }
 {
+  if [[ -n $icd ]]; then echo "$icd: $(tr -d '\n ' <"$icd")"; fi
   "$tree"/build/tools/tessera info || true
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
 } | tee "$out"/info.txt

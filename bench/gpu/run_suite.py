@@ -87,16 +87,27 @@ def skip_reason(root, test, debian_python):
     return None
 
 
-def ctest_costs(root):
-    """Seconds per test from the build's last ctest run (gtest cases summed per executable)."""
-    costs = {}
+def ctest_costs(root, tests):
+    """Seconds per test from the build's last ctest run, where ctest names a GoogleTest case
+    Suite.Case: each executable's cases (--gtest_list_tests) summed."""
+    per_name = {}
     path = os.path.join(root, "build", "Testing", "Temporary", "CTestCostData.txt")
     if os.path.exists(path):
         for line in open(path):
             parts = line.split()
             if len(parts) == 3:
-                name = parts[0].split(".")[0]
-                costs[name] = costs.get(name, 0.0) + float(parts[2])
+                per_name[parts[0]] = float(parts[2])
+    costs = {}
+    for test in tests:
+        if test["kind"] == "pytest":
+            if test["name"] in per_name:
+                costs[test["name"]] = per_name[test["name"]]
+            continue
+        listing = subprocess.run(test["command"] + ["--gtest_list_tests"], capture_output=True, text=True).stdout
+        suites = {line.strip() for line in listing.splitlines() if line.strip().endswith(".") and line[:1] != " "}
+        seconds = [cost for name, cost in per_name.items() if name[: name.find(".") + 1] in suites]
+        if seconds:
+            costs[test["name"]] = sum(seconds)
     return costs
 
 
@@ -125,7 +136,7 @@ def run(args):
     root = os.path.abspath(args.root)
     os.makedirs(args.logs, exist_ok=True)
     tests = discover(root)
-    costs = ctest_costs(root)
+    costs = ctest_costs(root, tests)
     tests.sort(key=lambda t: -costs.get(t["name"], 60.0))
     debian_python = debian_python_ready()
     env = dict(os.environ, TESSERA_VALIDATION="1", PYTHONDONTWRITEBYTECODE="1",
@@ -181,7 +192,7 @@ def main():
     parser.add_argument("--root", required=True, help="the bundle's source tree (tests/, tools/, build/)")
     parser.add_argument("--out", required=True, help="the JSON report")
     parser.add_argument("--logs", required=True, help="a folder for each test's output")
-    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=900, help="seconds per test")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: start nothing after")
     args = parser.parse_args()
