@@ -50,7 +50,7 @@ done
 
 export VK_LAYER_PATH=$bundle/vulkan/explicit_layer.d
 icd=$(find /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d /usr/local/share/vulkan/icd.d \
-  -maxdepth 1 -name 'nvidia_icd*.json' 2>/dev/null | sort | head -1)
+  -maxdepth 1 -name 'nvidia_icd*.json' 2>/dev/null | sort | head -1 || true)
 if [[ -n $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
 echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-none named, the loader searches}"
 export XDG_CACHE_HOME=$work/cache

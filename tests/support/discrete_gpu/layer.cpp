@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 namespace {
@@ -143,9 +144,27 @@ Instance& instance_of(VkPhysicalDevice physical_device) {
   return *it->second;
 }
 
+Instance* instance_of(VkInstance instance) {
+  std::lock_guard guard(lock);
+  return instances.at(instance).get();
+}
+
 Device& device_of(VkDevice device) {
   std::lock_guard guard(lock);
   return *devices.at(device);
+}
+
+// Takes an instance's or device's record out of the registry (null if it holds none).
+template <class Handle, class Record>
+std::unique_ptr<Record> take(std::unordered_map<Handle, std::unique_ptr<Record>>& records, Handle handle) {
+  std::lock_guard guard(lock);
+  auto it = records.find(handle);
+  if (it == records.end()) return nullptr;
+  auto record = std::move(it->second);
+  records.erase(it);
+  if constexpr (std::is_same_v<Record, Instance>)
+    std::erase_if(physical_devices, [&](auto& entry) { return entry.second == record.get(); });
+  return record;
 }
 
 template <class Info>
@@ -190,24 +209,11 @@ VKAPI_ATTR VkResult VKAPI_CALL CreateInstance(const VkInstanceCreateInfo* create
 }
 
 VKAPI_ATTR void VKAPI_CALL DestroyInstance(VkInstance handle, const VkAllocationCallbacks* allocator) {
-  std::unique_ptr<Instance> instance;
-  {
-    std::lock_guard guard(lock);
-    auto it = instances.find(handle);
-    if (it == instances.end()) return;
-    instance = std::move(it->second);
-    instances.erase(it);
-    std::erase_if(physical_devices, [&](auto& entry) { return entry.second == instance.get(); });
-  }
-  instance->destroy(handle, allocator);
+  if (auto instance = take(instances, handle)) instance->destroy(handle, allocator);
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL EnumeratePhysicalDevices(VkInstance handle, uint32_t* count, VkPhysicalDevice* out) {
-  Instance* instance;
-  {
-    std::lock_guard guard(lock);
-    instance = instances.at(handle).get();
-  }
+  Instance* instance = instance_of(handle);
   VkResult result = instance->enumerate(handle, count, out);
   if (out && (result == VK_SUCCESS || result == VK_INCOMPLETE)) {
     std::lock_guard guard(lock);
@@ -218,11 +224,7 @@ VKAPI_ATTR VkResult VKAPI_CALL EnumeratePhysicalDevices(VkInstance handle, uint3
 
 VKAPI_ATTR VkResult VKAPI_CALL EnumeratePhysicalDeviceGroups(VkInstance handle, uint32_t* count,
                                                              VkPhysicalDeviceGroupProperties* out) {
-  Instance* instance;
-  {
-    std::lock_guard guard(lock);
-    instance = instances.at(handle).get();
-  }
+  Instance* instance = instance_of(handle);
   VkResult result = instance->enumerate_groups(handle, count, out);
   if (out && (result == VK_SUCCESS || result == VK_INCOMPLETE)) {
     std::lock_guard guard(lock);
@@ -316,15 +318,7 @@ VKAPI_ATTR VkResult VKAPI_CALL CreateDevice(VkPhysicalDevice physical_device, co
 // ---- device level ---------------------------------------------------------------------------
 
 VKAPI_ATTR void VKAPI_CALL DestroyDevice(VkDevice handle, const VkAllocationCallbacks* allocator) {
-  std::unique_ptr<Device> device;
-  {
-    std::lock_guard guard(lock);
-    auto it = devices.find(handle);
-    if (it == devices.end()) return;
-    device = std::move(it->second);
-    devices.erase(it);
-  }
-  device->destroy(handle, allocator);
+  if (auto device = take(devices, handle)) device->destroy(handle, allocator);
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL AllocateMemory(VkDevice handle, const VkMemoryAllocateInfo* info,
@@ -439,45 +433,19 @@ VKAPI_ATTR VkResult VKAPI_CALL InvalidateMappedMemoryRanges(VkDevice handle, uin
   return VK_SUCCESS;
 }
 
-VKAPI_ATTR void VKAPI_CALL GetBufferMemoryRequirements(VkDevice handle, VkBuffer buffer, VkMemoryRequirements* out) {
-  Device& device = device_of(handle);
-  device.buffer_requirements(handle, buffer, out);
+// Every vkGet*MemoryRequirements*: the driver's answer with its types translated to the reported ones.
+void report(const Device& device, VkMemoryRequirements* out) {
   out->memoryTypeBits = device.model->reported_bits(out->memoryTypeBits);
 }
+void report(const Device& device, VkMemoryRequirements2* out) { report(device, &out->memoryRequirements); }
 
-VKAPI_ATTR void VKAPI_CALL GetBufferMemoryRequirements2(VkDevice handle, const VkBufferMemoryRequirementsInfo2* info,
-                                                        VkMemoryRequirements2* out) {
+template <auto next, class Of, class Out>
+VKAPI_ATTR void VKAPI_CALL MemoryRequirements(VkDevice handle, Of of, Out* out) {
   Device& device = device_of(handle);
-  device.buffer_requirements2(handle, info, out);
-  out->memoryRequirements.memoryTypeBits = device.model->reported_bits(out->memoryRequirements.memoryTypeBits);
+  (device.*next)(handle, of, out);
+  report(device, out);
 }
-
-VKAPI_ATTR void VKAPI_CALL GetImageMemoryRequirements(VkDevice handle, VkImage image, VkMemoryRequirements* out) {
-  Device& device = device_of(handle);
-  device.image_requirements(handle, image, out);
-  out->memoryTypeBits = device.model->reported_bits(out->memoryTypeBits);
-}
-
-VKAPI_ATTR void VKAPI_CALL GetImageMemoryRequirements2(VkDevice handle, const VkImageMemoryRequirementsInfo2* info,
-                                                       VkMemoryRequirements2* out) {
-  Device& device = device_of(handle);
-  device.image_requirements2(handle, info, out);
-  out->memoryRequirements.memoryTypeBits = device.model->reported_bits(out->memoryRequirements.memoryTypeBits);
-}
-
-VKAPI_ATTR void VKAPI_CALL GetDeviceBufferMemoryRequirements(VkDevice handle, const VkDeviceBufferMemoryRequirements* info,
-                                                             VkMemoryRequirements2* out) {
-  Device& device = device_of(handle);
-  device.device_buffer_requirements(handle, info, out);
-  out->memoryRequirements.memoryTypeBits = device.model->reported_bits(out->memoryRequirements.memoryTypeBits);
-}
-
-VKAPI_ATTR void VKAPI_CALL GetDeviceImageMemoryRequirements(VkDevice handle, const VkDeviceImageMemoryRequirements* info,
-                                                            VkMemoryRequirements2* out) {
-  Device& device = device_of(handle);
-  device.device_image_requirements(handle, info, out);
-  out->memoryRequirements.memoryTypeBits = device.model->reported_bits(out->memoryRequirements.memoryTypeBits);
-}
+#define REQUIREMENTS(next, Of, Out) (MemoryRequirements<&Device::next, Of, Out>)
 
 // ---- dispatch -------------------------------------------------------------------------------
 
@@ -506,16 +474,24 @@ PFN_vkVoidFunction device_proc(const char* name) {
       ENTRY("vkUnmapMemory", UnmapMemory),
       ENTRY("vkFlushMappedMemoryRanges", FlushMappedMemoryRanges),
       ENTRY("vkInvalidateMappedMemoryRanges", InvalidateMappedMemoryRanges),
-      ENTRY("vkGetBufferMemoryRequirements", GetBufferMemoryRequirements),
-      ENTRY("vkGetBufferMemoryRequirements2", GetBufferMemoryRequirements2),
-      ENTRY("vkGetBufferMemoryRequirements2KHR", GetBufferMemoryRequirements2),
-      ENTRY("vkGetImageMemoryRequirements", GetImageMemoryRequirements),
-      ENTRY("vkGetImageMemoryRequirements2", GetImageMemoryRequirements2),
-      ENTRY("vkGetImageMemoryRequirements2KHR", GetImageMemoryRequirements2),
-      ENTRY("vkGetDeviceBufferMemoryRequirements", GetDeviceBufferMemoryRequirements),
-      ENTRY("vkGetDeviceBufferMemoryRequirementsKHR", GetDeviceBufferMemoryRequirements),
-      ENTRY("vkGetDeviceImageMemoryRequirements", GetDeviceImageMemoryRequirements),
-      ENTRY("vkGetDeviceImageMemoryRequirementsKHR", GetDeviceImageMemoryRequirements),
+      ENTRY("vkGetBufferMemoryRequirements", REQUIREMENTS(buffer_requirements, VkBuffer, VkMemoryRequirements)),
+      ENTRY("vkGetBufferMemoryRequirements2",
+            REQUIREMENTS(buffer_requirements2, const VkBufferMemoryRequirementsInfo2*, VkMemoryRequirements2)),
+      ENTRY("vkGetBufferMemoryRequirements2KHR",
+            REQUIREMENTS(buffer_requirements2, const VkBufferMemoryRequirementsInfo2*, VkMemoryRequirements2)),
+      ENTRY("vkGetImageMemoryRequirements", REQUIREMENTS(image_requirements, VkImage, VkMemoryRequirements)),
+      ENTRY("vkGetImageMemoryRequirements2",
+            REQUIREMENTS(image_requirements2, const VkImageMemoryRequirementsInfo2*, VkMemoryRequirements2)),
+      ENTRY("vkGetImageMemoryRequirements2KHR",
+            REQUIREMENTS(image_requirements2, const VkImageMemoryRequirementsInfo2*, VkMemoryRequirements2)),
+      ENTRY("vkGetDeviceBufferMemoryRequirements",
+            REQUIREMENTS(device_buffer_requirements, const VkDeviceBufferMemoryRequirements*, VkMemoryRequirements2)),
+      ENTRY("vkGetDeviceBufferMemoryRequirementsKHR",
+            REQUIREMENTS(device_buffer_requirements, const VkDeviceBufferMemoryRequirements*, VkMemoryRequirements2)),
+      ENTRY("vkGetDeviceImageMemoryRequirements",
+            REQUIREMENTS(device_image_requirements, const VkDeviceImageMemoryRequirements*, VkMemoryRequirements2)),
+      ENTRY("vkGetDeviceImageMemoryRequirementsKHR",
+            REQUIREMENTS(device_image_requirements, const VkDeviceImageMemoryRequirements*, VkMemoryRequirements2)),
   };
   return find(std::begin(entries), std::end(entries), name);
 }
