@@ -103,7 +103,8 @@ def tessera_extract(tessera, work, sizes, precision):
                        "--out", os.path.join(work, "features-" + precision), "--batch", str(sizes["extract_batch"]),
                        "--precision", precision])
     summary = json.loads(run.stdout.strip().splitlines()[-1])
-    return {"batch": sizes["extract_batch"], "tiles": summary["tiles"], "tiles_per_second": summary["features_per_second"]}
+    return {"batch": sizes["extract_batch"], "tiles": summary["tiles"],
+            "tiles_per_second": summary["features_per_second"]}
 
 
 def torch_figures(root, sizes, results):
@@ -118,7 +119,10 @@ def torch_figures(root, sizes, results):
     results["torch"], results["cuda"] = torch.__version__, torch.version.cuda
     # fp16 autocast is CUDA's; a CPU's is bfloat16.
     amp_dtype = torch.float16 if cuda else torch.bfloat16
-    grad_scaler = torch.amp.GradScaler if hasattr(torch.amp, "GradScaler") else lambda _, **kw: torch.cuda.amp.GradScaler(**kw)
+    if hasattr(torch.amp, "GradScaler"):
+        grad_scaler = torch.amp.GradScaler
+    else:  # before torch 2.3 (Debian's 1.13, where the script is checked)
+        grad_scaler = lambda _, **options: torch.cuda.amp.GradScaler(**options)  # noqa: E731
 
     def median_ms(step, warmup=5 if cuda else 1, iterations=20 if cuda else 3):
         for _ in range(warmup):
@@ -191,6 +195,8 @@ def torch_figures(root, sizes, results):
     attempt(results, "resnet50_layer3_extract_amp_channels_last", resnet50_extract, True)
     tf32(True)
     attempt(results, "resnet18_train_fp32_default_tf32", resnet18_train, False, False)
+    if cuda:  # tessera's runs that follow get the memory back
+        torch.cuda.empty_cache()
 
 
 def ratio(ours, theirs, key):
@@ -209,20 +215,34 @@ def main():
     tessera = Tessera(os.path.abspath(args.root), args.deadline)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tessera": {}, "pytorch": {}}
     ours, theirs = result["tessera"], result["pytorch"]
-    attempt(result, "info", lambda: json.loads(tessera.run(["info", "--json"]).stdout))
+
+    def measure(results, key, function, *function_args):
+        """One figure, unless the deadline has passed; the file is rewritten after each, so a run
+        cut short keeps what it measured."""
+        if time.time() > args.deadline - 10:
+            results[key] = {"error": "not run: out of time"}
+        else:
+            attempt(results, key, function, *function_args)
+        with open(args.out, "w") as out:
+            json.dump(result, out, indent=1)
+
+    measure(result, "info", lambda: json.loads(tessera.run(["info", "--json"]).stdout))
     on_cpu = [d.get("type") for d in result["info"].get("devices", [{}])[:1]] == ["cpu"]
     sizes = result["sizes"] = QUICK if args.quick or on_cpu else SIZES
-    with tempfile.TemporaryDirectory() as work:
-        attempt(ours, "gemm_fp32", tessera_gemm, tessera, sizes["gemm"], "fp32")
-        attempt(ours, "gemm_fp16", tessera_gemm, tessera, sizes["gemm"], "fp16")
-        for precision in ("fp32", "fp16"):
-            attempt(ours, "resnet18_train_" + precision, tessera_train, tessera, work, sizes, precision, 2, False)
-            attempt(ours, "resnet18_step_profile_" + precision, tessera_train, tessera, work, sizes, precision, 1, True)
-            attempt(ours, "resnet50_layer3_extract_" + precision, tessera_extract, tessera, work, sizes, precision)
+    # PyTorch first (a minute on a GPU), then tessera's figures, the targets' first.
     try:
         torch_figures(tessera.root, sizes, theirs)
     except Exception as error:  # noqa: BLE001
         theirs["unavailable"] = f"{type(error).__name__}: {error}"
+    with tempfile.TemporaryDirectory() as work:
+        measure(ours, "gemm_fp16", tessera_gemm, tessera, sizes["gemm"], "fp16")
+        for precision in ("fp16", "fp32"):
+            measure(ours, "resnet18_train_" + precision, tessera_train, tessera, work, sizes, precision, 2, False)
+        measure(ours, "gemm_fp32", tessera_gemm, tessera, sizes["gemm"], "fp32")
+        for precision in ("fp16", "fp32"):
+            measure(ours, "resnet18_step_profile_" + precision, tessera_train, tessera, work, sizes, precision, 1, True)
+        for precision in ("fp16", "fp32"):
+            measure(ours, "resnet50_layer3_extract_" + precision, tessera_extract, tessera, work, sizes, precision)
     result["ratios"] = {
         "gemm_fp32": ratio(ours.get("gemm_fp32"), theirs.get("gemm_fp32"), "tflops"),
         "gemm_fp16": ratio(ours.get("gemm_fp16"), theirs.get("gemm_fp16"), "tflops"),
