@@ -23,7 +23,7 @@ import sys
 import time
 
 # Programs a test may run by name; a missing one skips the test.
-PROGRAMS = ("mpirun", "srun", "sbatch", "slurmctld", "sqlite3", "pg_ctl", "initdb")
+PROGRAMS = ("mpirun", "srun", "sbatch", "slurmctld", "munged", "sqlite3", "pg_ctl", "initdb", "chromium")
 DEBIAN_PYTHON = "/usr/bin/python3"
 
 
