@@ -117,7 +117,7 @@ def torch_figures(root, sizes, results):
     torch.backends.cudnn.benchmark = True
     results["device"] = torch.cuda.get_device_name(device) if cuda else "cpu (no CUDA: a check of this script)"
     results["torch"], results["cuda"] = torch.__version__, torch.version.cuda
-    # fp16 autocast is CUDA's; a CPU's is bfloat16.
+    # fp16 autocast and matrix products are CUDA's; a CPU's are bfloat16.
     amp_dtype = torch.float16 if cuda else torch.bfloat16
     if hasattr(torch.amp, "GradScaler"):
         grad_scaler = torch.amp.GradScaler
@@ -150,7 +150,7 @@ def torch_figures(root, sizes, results):
         n = sizes["gemm"]
         a = torch.rand(n, n, device=device, dtype=dtype) * 2 - 1
         b = torch.rand(n, n, device=device, dtype=dtype) * 2 - 1
-        return {"n": n, "tflops": 2 * n ** 3 / (median_ms(lambda: torch.mm(a, b)) / 1e3) / 1e12}
+        return {"n": n, "dtype": str(dtype), "tflops": 2 * n ** 3 / (median_ms(lambda: torch.mm(a, b)) / 1e3) / 1e12}
 
     def resnet18_train(amp, channels_last):
         torch.manual_seed(0)
@@ -188,7 +188,7 @@ def torch_figures(root, sizes, results):
 
     tf32(False)
     attempt(results, "gemm_fp32", gemm, torch.float32)
-    attempt(results, "gemm_fp16", gemm, torch.float16)
+    attempt(results, "gemm_fp16", gemm, amp_dtype)
     attempt(results, "resnet18_train_fp32", resnet18_train, False, False)
     attempt(results, "resnet18_train_amp_channels_last", resnet18_train, True, True)
     attempt(results, "resnet50_layer3_extract_fp32", resnet50_extract, False)
