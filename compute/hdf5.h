@@ -25,6 +25,17 @@ class Handle {
   herr_t (*close_)(hid_t);
 };
 
+// Creates the HDF5 file `path` new for writing: made by create_new_file (common/output.h: a
+// leftover or a link at `path` is removed, never followed), then opened by HDF5. Throws Error
+// naming the file when it cannot be created, or when `path` changed in between.
+hid_t create_file(const std::string &path);
+
+// The element count of `dataset`, checked against the bytes the file holds for it: sizes come
+// from the bytes, not only from what the file declares. A dataset that declares more than its
+// storage can hold (with compression, a thousand times and more its stored bytes) is BadInput
+// naming `what` ("f.h5: dataset features").
+uint64_t held_elements(hid_t dataset, const std::string &what);
+
 void write_string_attribute(hid_t object, const char *name, const std::string &value);
 // The attribute's text, or nothing when it is missing or not a string.
 std::optional<std::string> read_string_attribute(hid_t object, const char *name);

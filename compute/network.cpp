@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <string_view>
 
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/registry.h"
@@ -138,6 +139,40 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (small-cnn, resnet18, resnet50)");
 }
 
+nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source) {
+  std::string where = "the model";
+  // Messages of the layer checks start "model: "; here the file says whose model it is.
+  auto fail = [&](std::string problem) {
+    if (problem.rfind("model: ", 0) == 0) problem.erase(0, 7);
+    return ModelError(source + ": " + where + ": " + problem);
+  };
+  try {
+    nlohmann::json graph = expand_presets(description);
+    if (!graph.is_object())
+      throw fail(std::string("must be a JSON object with 'layers' (or 'preset'), not ") + graph.type_name());
+    where = "/layers";
+    auto layers = graph.find("layers");
+    if (layers == graph.end() || !layers->is_array() || layers->empty())
+      throw fail("must be a non-empty array of layers");
+    for (size_t i = 0; i < layers->size(); ++i) {
+      where = "/layers/" + std::to_string(i);
+      const nlohmann::json& entry = (*layers)[i];
+      LayerConfig config(entry);
+      make_op(config);
+      if (auto inputs = entry.find("inputs"); inputs != entry.end())
+        if (!inputs->is_array() || inputs->empty() ||
+            std::any_of(inputs->begin(), inputs->end(), [](auto& name) { return !name.is_string(); }))
+          throw fail("field 'inputs' must be a non-empty array of layer names, got " + inputs->dump());
+    }
+    return graph;
+  } catch (const ModelError& e) {
+    if (std::string_view(e.what()).rfind(source + ": ", 0) == 0) throw;
+    throw fail(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(e.what());
+  }
+}
+
 nlohmann::json load_model_description(const std::string& model, int classes, int width) {
   if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
@@ -150,11 +185,11 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
   } catch (const nlohmann::json::parse_error& e) {
     throw ModelError(model + ": not valid JSON: " + e.what());
   }
-  if (description.contains("preset")) {
-    description["classes"] = description.value("classes", classes);
-    description["width"] = description.value("width", width);
+  if (description.is_object() && description.contains("preset")) {
+    description.emplace("classes", classes);
+    description.emplace("width", width);
   }
-  return expand_presets(description);
+  return check_model_description(description, model);
 }
 
 Network::Network(const nlohmann::json& description, const Shape& input_shape, bool with_gradients)

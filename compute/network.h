@@ -21,6 +21,11 @@ class LayerConfig;
 nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
 // Expands {"preset": NAME, "classes": K, "width": W} to a graph; returns graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
+// The description expanded (expand_presets) and checked before any graph is built: an object
+// whose `layers` is a non-empty array of layers, each an object with a name, a type that is an
+// op, only fields that op reads and `inputs` an array of names. Throws ModelError (exit 5)
+// naming `source` (the file, or a checkpoint's attribute) and where in it ("/layers/3").
+nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source);
 
 // Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
 // cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).

@@ -149,11 +149,14 @@ struct Replica final : ReplicaSync {
     tensors.push_back({"step", {2}, DType::u32, vk::MemoryUsage::device, "optimizer state"});
     if (options.fp16)
       tensors.push_back({"loss_scale", LossScale::shape(), DType::f32, vk::MemoryUsage::device, "optimizer state"});
-    if (replicated) {
-      Segment last = plan_segments().back();
-      tensors.push_back({"gradients", {static_cast<int64_t>(last.first + last.count)}, DType::f32,
-                         vk::MemoryUsage::staging, "gradient exchange"});
-    }
+    // Replicated, each parameter's gradient has a host copy of its own: one buffer of them all
+    // would pass the device's largest buffer (small-cnn on 256 px tiles: fc1 alone is 128 MiB).
+    if (replicated)
+      for (auto& layer : network.layers())
+        for (auto& spec : layer.specs)
+          if (spec.role == TensorRole::parameter)
+            tensors.push_back({host_gradient(layer.name, spec.name), spec.shape, DType::f32, vk::MemoryUsage::staging,
+                               "gradient exchange"});
     return tensors;
   }
 
@@ -276,14 +279,26 @@ struct Replica final : ReplicaSync {
 
   // Replicated, the last micro-batch's backward runs in up to kSegments programs of about equal
   // parameter bytes, last layers first, each ending with the copy of the gradients it finished
-  // into its range of `gradients` (laid out last layer first), so that the host sums one
-  // segment's gradients, and all-reduces them over MPI, while the device computes the next.
-  // Segments start on 256 bytes (the largest nonCoherentAtomSize), so that the host's invalidate
-  // of one segment never drops its unflushed sums of another.
+  // into their host copies, so that the host sums one segment's gradients, and all-reduces them
+  // over MPI, while the device computes the next.
   struct Segment {
-    size_t begin, end;     // layers [begin, end)
-    size_t first, count;   // floats of `gradients`
+    size_t begin, end;  // layers [begin, end)
+    size_t count;       // gradient floats
   };
+
+  static std::string host_gradient(const std::string& layer, const std::string& parameter) {
+    return "gradients/" + layer + "." + parameter;
+  }
+
+  // Calls visit(gradient, host copy) for each parameter of the segment, in a fixed order.
+  template <class Visit>
+  void for_each_gradient(const Segment& segment, Visit&& visit) {
+    auto& layers = network.layers();
+    for (size_t l = segment.end; l-- > segment.begin;)
+      for (size_t i = 0; i < layers[l].specs.size(); ++i)
+        if (layers[l].specs[i].role == TensorRole::parameter)
+          visit(*layers[l].grads[i], *extra.at(host_gradient(layers[l].name, layers[l].specs[i].name)));
+  }
   static constexpr int kSegments = 4;
 
   std::vector<Segment> plan_segments() const {
@@ -294,36 +309,29 @@ struct Replica final : ReplicaSync {
     int wanted = synced() ? 1 : std::max(1, std::min(kSegments, with_parameters));
     auto target = static_cast<size_t>((gradient_count() + wanted - 1) / wanted);
     std::vector<Segment> planned;
-    Segment current{0, layers, 0, 0};
+    Segment current{0, layers, 0};
     for (size_t l = layers; l-- > 0;) {
       current.count += static_cast<size_t>(parameter_count(l));
       if (l > 0 && current.count >= target && static_cast<int>(planned.size()) + 1 < wanted) {
         current.begin = l;
         planned.push_back(current);
-        current = {0, l, (current.first + current.count + 63) / 64 * 64, 0};
+        current = {0, l, 0};
       }
     }
     planned.push_back(current);
     return planned;
   }
 
-  // Copies between the gradients of layers [begin, end) and their range of the host copy.
+  // Copies between the gradients of layers [begin, end) and their host copies.
   void record_gradient_copies(vk::Recorder& recorder, bool to_host, const Segment& segment) {
     recorder.set_scope("gradient exchange");
-    const vk::Buffer& host = extra["gradients"]->buffer();
-    uint64_t offset = segment.first * sizeof(float);
-    auto& layers = network.layers();
-    for (size_t l = segment.end; l-- > segment.begin;)
-      for (size_t i = 0; i < layers[l].specs.size(); ++i) {
-        if (layers[l].specs[i].role != TensorRole::parameter) continue;
-        const Tensor& grad = *layers[l].grads[i];
-        if (grad.dtype() != DType::f32) throw std::logic_error("the gradient exchange sums float32 gradients");
-        if (to_host)
-          recorder.copy(grad.buffer(), 0, host, offset, grad.bytes());
-        else
-          recorder.copy(host, offset, grad.buffer(), 0, grad.bytes());
-        offset += grad.bytes();
-      }
+    for_each_gradient(segment, [&](const Tensor& grad, const Tensor& host) {
+      if (grad.dtype() != DType::f32) throw std::logic_error("the gradient exchange sums float32 gradients");
+      if (to_host)
+        recorder.copy(grad.buffer(), 0, host.buffer(), 0, grad.bytes());
+      else
+        recorder.copy(host.buffer(), 0, grad.buffer(), 0, grad.bytes());
+    });
   }
 
   void record() {
@@ -697,19 +705,23 @@ struct TrainingLoop::State {
   void exchange(int slot) {
     auto& segments = first().segments;
     for (size_t s = 0; s < segments.size(); ++s) {
-      std::vector<std::span<float>> copies;
+      for (auto& replica : replicas) replica->segment_program(slot, s).wait();
+      // Each parameter's copies, replica by replica: summed in the replicas' order.
+      std::vector<std::vector<std::span<float>>> copies;
       for (auto& replica : replicas) {
-        replica->segment_program(slot, s).wait();
-        const vk::Buffer& host = replica->extra.at("gradients")->buffer();
-        host.invalidate(segments[s].first * sizeof(float), segments[s].count * sizeof(float));
-        copies.push_back({static_cast<float*>(host.mapped()) + segments[s].first, segments[s].count});
+        size_t p = 0;
+        replica->for_each_gradient(segments[s], [&](const Tensor&, const Tensor& host) {
+          host.buffer().invalidate();  // the device's copy reaches non-coherent host memory
+          if (copies.size() <= p) copies.emplace_back();
+          copies[p++].push_back({static_cast<float*>(host.buffer().mapped()), static_cast<size_t>(host.count())});
+        });
       }
       auto before = Clock::now();
-      sum_gradients(copies, processes);
+      for (auto& parameter : copies) sum_gradients(parameter, processes);
       exchange_seconds += std::chrono::duration<double>(Clock::now() - before).count();
       exchange_bytes += segments[s].count * sizeof(float);
-      for (auto& replica : replicas)
-        replica->extra.at("gradients")->buffer().flush(segments[s].first * sizeof(float), segments[s].count * sizeof(float));
+      for (auto& replica : replicas)  // the sums reach the device
+        replica->for_each_gradient(segments[s], [](const Tensor&, const Tensor& host) { host.buffer().flush(); });
     }
     for (auto& replica : replicas) replica->update_program->submit();
   }
@@ -767,6 +779,7 @@ struct TrainingLoop::State {
       double samples = std::max(1.0, train_metrics[2]), val_samples = std::max(1.0, val_metrics[2]);
       last = {{"event", "epoch"},
               {"epoch", epoch + 1},
+              {"epochs", options.epochs},
               {"train_loss", train_metrics[0] / samples},
               {"train_accuracy", train_metrics[1] / samples},
               {"val_loss", val_metrics[2] > 0 ? nlohmann::json(val_metrics[0] / val_samples) : nlohmann::json()},

@@ -12,6 +12,8 @@ namespace tessera::data {
 
 namespace {
 
+constexpr hsize_t max_patch_side = 65535;
+
 // Debian's HDF5 is built without thread safety: every call goes through this lock.
 std::mutex& hdf5_lock() {
   static std::mutex lock;
@@ -30,8 +32,13 @@ class PcamFile : public PatchSource {
     auto x_dims = dims(x_);
     hid_t x_type = H5Dget_type(x_);
     bool integer = H5Tget_class(x_type) == H5T_INTEGER;
+    // Integers wider than a byte, or signed, are read as they are stored and checked per patch.
+    check_pixels_ = !(H5Tget_size(x_type) == 1 && H5Tget_sign(x_type) == H5T_SGN_NONE);
     H5Tclose(x_type);
     if (x_dims.size() != 4 || x_dims[3] != 3 || !integer) fail("x", "must be uint8 [N,H,W,3]");
+    if (x_dims[1] < 1 || x_dims[2] < 1 || x_dims[1] > max_patch_side || x_dims[2] > max_patch_side)
+      fail("x", "holds patches of " + std::to_string(x_dims[1]) + "x" + std::to_string(x_dims[2]) +
+                    " pixels; tessera reads 1 to " + std::to_string(max_patch_side) + " a side");
     count_ = x_dims[0];
     height_ = static_cast<int>(x_dims[1]);
     width_ = static_cast<int>(x_dims[2]);
@@ -40,7 +47,9 @@ class PcamFile : public PatchSource {
     for (size_t d = 1; d < y_dims.size(); ++d) per_label *= y_dims[d];
     if (y_dims.empty() || y_dims[0] != count_ || per_label != 1)
       fail("y", "must hold one label per patch ([N] or [N,1,1,1]) for the " + std::to_string(count_) + " patches of x");
-    read_labels();
+    check_written("x", x_);
+    check_written("y", y_);
+    read_labels(y_dims);
   }
 
   ~PcamFile() override {
@@ -55,6 +64,11 @@ class PcamFile : public PatchSource {
   int width() const override { return width_; }
   uint32_t class_count() const override { return classes_; }
   uint64_t group(size_t index) const override { return index; }
+  std::vector<uint64_t> class_counts(uint64_t group) const override {
+    std::vector<uint64_t> counts(labels_.at(group) + size_t{1});
+    counts.back() = 1;
+    return counts;
+  }
   std::string description() const override { return path_; }
 
   uint32_t read(size_t index, uint8_t* rgb) const override {
@@ -65,34 +79,66 @@ class PcamFile : public PatchSource {
     hsize_t count[4] = {1, static_cast<hsize_t>(height_), static_cast<hsize_t>(width_), 3};
     H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr);
     hid_t memory = H5Screate_simple(4, count, nullptr);
-    herr_t status = H5Dread(x_, H5T_NATIVE_UINT8, memory, space, H5P_DEFAULT, rgb);
+    size_t values = static_cast<size_t>(height_) * static_cast<size_t>(width_) * 3;
+    std::vector<int64_t> wide(check_pixels_ ? values : 0);
+    herr_t status = check_pixels_ ? H5Dread(x_, H5T_NATIVE_INT64, memory, space, H5P_DEFAULT, wide.data())
+                                  : H5Dread(x_, H5T_NATIVE_UINT8, memory, space, H5P_DEFAULT, rgb);
     H5Sclose(memory);
     H5Sclose(space);
     if (status < 0)
       throw BadInput(path_ + ": dataset x: patch " + std::to_string(index) + " cannot be read (truncated or corrupt)");
+    for (size_t i = 0; i < wide.size(); ++i) {
+      if (wide[i] < 0 || wide[i] > 255)
+        throw BadInput(path_ + ": dataset x: patch (row) " + std::to_string(index) + " holds " +
+                       std::to_string(wide[i]) + " at pixel " + std::to_string(i / 3 % static_cast<size_t>(width_)) +
+                       "," + std::to_string(i / 3 / static_cast<size_t>(width_)) + " channel " + std::to_string(i % 3) +
+                       ": pixels must be 0-255");
+      rgb[i] = static_cast<uint8_t>(wide[i]);
+    }
     return labels_[index];
   }
 
  private:
   // Labels are small: read them once, also to know the class count. Read as they are stored
   // (HDF5 would clip int8 -1 to 0 and truncate 0.7 to 0), and refuse what is not a class index.
-  void read_labels() {
+  // In blocks, so that memory follows the labels (a byte each), not their stored width.
+  void read_labels(const std::vector<hsize_t>& y_dims) {
     hid_t type = H5Dget_type(y_);
     bool integer = H5Tget_class(type) == H5T_INTEGER;
     H5Tclose(type);
     if (!integer) fail("y", "must hold integer class indices (uint8 in the PCam layout), not floating point");
-    std::vector<int64_t> stored(count_);
-    if (count_ && H5Dread(y_, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, stored.data()) < 0)
-      fail("y", "cannot be read (truncated or corrupt)");
+    constexpr hsize_t block = hsize_t{1} << 20;
+    std::vector<int64_t> stored;
     std::vector<size_t> per_class;
-    for (size_t i = 0; i < count_; ++i) {
-      if (stored[i] < 0 || stored[i] > 255)
-        fail("y", "label " + std::to_string(stored[i]) + " of patch " + std::to_string(i) + " is not a class index in [0, 255]");
-      auto label = static_cast<size_t>(stored[i]);
-      if (label >= per_class.size()) per_class.resize(label + 1);
-      per_class[label]++;
-      labels_.push_back(static_cast<uint8_t>(label));
+    labels_.reserve(count_);
+    hid_t space = H5Dget_space(y_);
+    for (hsize_t first = 0; first < count_; first += block) {
+      hsize_t rows = std::min(block, count_ - first);
+      std::vector<hsize_t> start(y_dims.size(), 0), extent = y_dims;
+      start[0] = first;
+      extent[0] = rows;
+      stored.resize(rows);
+      H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr);
+      hid_t memory = H5Screate_simple(1, &rows, nullptr);
+      herr_t status = H5Dread(y_, H5T_NATIVE_INT64, memory, space, H5P_DEFAULT, stored.data());
+      H5Sclose(memory);
+      if (status < 0) {
+        H5Sclose(space);
+        fail("y", "cannot be read (truncated or corrupt)");
+      }
+      for (size_t i = 0; i < rows; ++i) {
+        if (stored[i] < 0 || stored[i] > 255) {
+          H5Sclose(space);
+          fail("y", "label " + std::to_string(stored[i]) + " of patch " + std::to_string(first + i) +
+                        " is not a class index in [0, 255]");
+        }
+        auto label = static_cast<size_t>(stored[i]);
+        if (label >= per_class.size()) per_class.resize(label + 1);
+        per_class[label]++;
+        labels_.push_back(static_cast<uint8_t>(label));
+      }
     }
+    H5Sclose(space);
     // Classes are 0..K-1, each with patches (0 and 1 of a binary task may stand alone): a lone
     // 255 among 0s and 1s is a broken label, not the sign of a 256-class task.
     for (size_t c = 0; per_class.size() > 2 && c < per_class.size(); ++c)
@@ -103,6 +149,49 @@ class PcamFile : public PatchSource {
   }
   [[noreturn]] void fail(const std::string& dataset, const std::string& problem) const {
     throw BadInput(path_ + ": dataset " + dataset + " " + problem);
+  }
+  // A dataset's rows must be backed by data in the file: every chunk written, or contiguous
+  // storage inside the file. An unwritten dataset reads as its fill value, whatever it declares.
+  void check_written(const char* name, hid_t dataset) const {
+    auto shape = dims(dataset);
+    hid_t properties = H5Dget_create_plist(dataset);
+    H5D_layout_t layout = H5Pget_layout(properties);
+    std::vector<hsize_t> chunk(shape.size());
+    if (layout == H5D_CHUNKED) H5Pget_chunk(properties, static_cast<int>(chunk.size()), chunk.data());
+    H5Pclose(properties);
+    std::string declared = "declares [";
+    long double chunks = 1, values = 1;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      declared += (d ? "," : "") + std::to_string(shape[d]);
+      values *= static_cast<long double>(shape[d]);
+      if (layout == H5D_CHUNKED && chunk[d]) chunks *= static_cast<long double>((shape[d] + chunk[d] - 1) / chunk[d]);
+    }
+    declared += "]";
+    if (values == 0) return;
+    if (layout == H5D_VIRTUAL) fail(name, "is a virtual dataset (its data lives in other files)");
+    if (layout == H5D_CHUNKED) {
+      hsize_t written = 0;
+      hid_t space = H5Dget_space(dataset);  // HDF5 1.10 refuses H5S_ALL here
+      herr_t status = H5Dget_num_chunks(dataset, space, &written);
+      H5Sclose(space);
+      if (status < 0 || static_cast<long double>(written) < chunks)
+        fail(name, declared + " but only " + std::to_string(written) + " of its " +
+                       std::to_string(static_cast<unsigned long long>(chunks)) +
+                       " chunks hold data (an unwritten or cut-short file)");
+    } else if (layout == H5D_CONTIGUOUS) {
+      H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;
+      H5Dget_space_status(dataset, &status);
+      hsize_t file_size = 0, stored = H5Dget_storage_size(dataset);
+      H5Fget_filesize(file_, &file_size);
+      haddr_t offset = H5Dget_offset(dataset);
+      hid_t type = H5Dget_type(dataset);
+      long double bytes = values * static_cast<long double>(H5Tget_size(type));
+      H5Tclose(type);
+      if (status != H5D_SPACE_STATUS_ALLOCATED || offset == HADDR_UNDEF || static_cast<long double>(stored) < bytes ||
+          offset + stored > file_size)
+        fail(name, declared + " (" + std::to_string(static_cast<unsigned long long>(bytes)) +
+                       " bytes) but the file holds " + (offset == HADDR_UNDEF ? "none of them" : "less"));
+    }
   }
   hid_t open_dataset(const char* name) {
     if (H5Lexists(file_, name, H5P_DEFAULT) <= 0) fail(name, "is missing (a PCam-layout file has x and y)");
@@ -123,6 +212,7 @@ class PcamFile : public PatchSource {
   size_t count_ = 0;
   int height_ = 0, width_ = 0;
   uint32_t classes_ = 0;
+  bool check_pixels_ = false;  // x is not uint8: each patch is read wide and checked to be 0-255
   std::vector<uint8_t> labels_;
 };
 

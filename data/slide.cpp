@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdarg>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <list>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 #include "common/error.h"
@@ -50,6 +52,12 @@ bool has_tiff_signature(const std::string& path) {
   return little || big;
 }
 
+bool has_extension(const std::string& path, const std::string& extension) {
+  std::string actual = std::filesystem::path(path).extension().string();
+  std::transform(actual.begin(), actual.end(), actual.begin(), [](unsigned char c) { return std::tolower(c); });
+  return actual == extension;
+}
+
 class TiffSlide final : public Slide {
   struct Level {
     SlideLevel shape;
@@ -66,7 +74,6 @@ class TiffSlide final : public Slide {
     tiff_ = TIFFOpen(path.c_str(), "r");
     if (!tiff_) throw BadInput(path + ": not a readable TIFF (" + last_tiff_error + ")");
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    uint64_t file_size = std::filesystem::file_size(path);
     tdir_t directory = 0;
     do {
       if (!TIFFIsTiled(tiff_)) {
@@ -76,7 +83,6 @@ class TiffSlide final : public Slide {
       }
       Level level = read_level(directory);
       if (!levels_.empty() && level.shape.width >= levels_.front().shape.width) continue;
-      check_within_file(level, file_size);
       levels_.push_back(std::move(level));
     } while (TIFFReadDirectory(tiff_) && ++directory);
     std::sort(levels_.begin(), levels_.end(), [](auto& a, auto& b) { return a.shape.width > b.shape.width; });
@@ -85,6 +91,7 @@ class TiffSlide final : public Slide {
                                       static_cast<double>(levels_[0].shape.height) / level.shape.height);
       shapes_.push_back(level.shape);
     }
+    check_levels_nest(path, shapes_);
     TIFFSetDirectory(tiff_, levels_[0].directory);
     current_directory_ = levels_[0].directory;
     read_resolution();
@@ -164,16 +171,6 @@ class TiffSlide final : public Slide {
     level.offsets.assign(offsets, offsets + tiles);
     level.byte_counts.assign(byte_counts, byte_counts + tiles);
     return level;
-  }
-
-  void check_within_file(const Level& level, uint64_t file_size) const {
-    for (size_t tile = 0; tile < level.offsets.size(); ++tile)
-      if (level.byte_counts[tile] && level.offsets[tile] + level.byte_counts[tile] > file_size)
-        throw BadInput(path_ + ": truncated: " +
-                       tile_name(static_cast<int>(levels_.size()), static_cast<int64_t>(tile) % level.columns,
-                                 static_cast<int64_t>(tile) / level.columns) +
-                       " ends at byte " + std::to_string(level.offsets[tile] + level.byte_counts[tile]) +
-                       ", the file has " + std::to_string(file_size));
   }
 
   void read_resolution() {
@@ -301,11 +298,18 @@ class OpenSlideSlide final : public Slide {
   void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
     double downsample = levels_.at(static_cast<size_t>(level)).downsample;
     std::vector<uint32_t> argb(static_cast<size_t>(width) * static_cast<size_t>(height));
-    openslide_read_region(slide_, argb.data(), static_cast<int64_t>(static_cast<double>(x) * downsample),
-                          static_cast<int64_t>(static_cast<double>(y) * downsample), level, width, height);
-    if (const char* error = openslide_get_error(slide_))
+    std::string error;
+    {
+      std::shared_lock reading(handle_mutex_);
+      openslide_read_region(slide_, argb.data(), level0_position(x, downsample), level0_position(y, downsample),
+                            level, width, height);
+      if (const char* problem = openslide_get_error(slide_)) error = problem;
+    }
+    if (!error.empty()) {
+      reopen_after_error();
       throw BadInput(path_ + ": OpenSlide: level " + std::to_string(level) + " region at " + std::to_string(x) + "," +
                      std::to_string(y) + ": " + error);
+    }
     // Premultiplied ARGB composited over white: colour + (255 - alpha).
     for (size_t i = 0; i < argb.size(); ++i) {
       uint32_t pixel = argb[i];
@@ -319,6 +323,20 @@ class OpenSlideSlide final : public Slide {
   std::optional<std::vector<uint8_t>> jpeg_tile(int, int64_t, int64_t) const override { return std::nullopt; }
 
  private:
+  // An OpenSlide handle that met an error fails every later read: the next tile gets a new one.
+  void reopen_after_error() const {
+    std::unique_lock replacing(handle_mutex_);
+    if (!openslide_get_error(slide_)) return;  // another thread replaced it
+    if (openslide_t* fresh = openslide_open(path_.c_str())) {
+      if (openslide_get_error(fresh)) {
+        openslide_close(fresh);
+        return;
+      }
+      openslide_close(slide_);
+      slide_ = fresh;
+    }
+  }
+
   int integer_property(const std::string& name, int fallback) const {
     const char* value = openslide_get_property_value(slide_, name.c_str());
     return value ? std::atoi(value) : fallback;
@@ -329,11 +347,26 @@ class OpenSlideSlide final : public Slide {
   }
 
   std::string path_, vendor_;
-  openslide_t* slide_ = nullptr;
+  mutable openslide_t* slide_ = nullptr;
+  mutable std::shared_mutex handle_mutex_;  // reads share the handle; replacing it is exclusive
   std::vector<SlideLevel> levels_;
   double mpp_x_ = 0, mpp_y_ = 0;
 };
 
+
+// Olympus VSI keeps only an overview image in the .vsi; the pyramid is in .ets files in a folder
+// beside it, which neither OpenSlide 3.4 nor libvips reads (the .vsi alone would tile as the
+// overview, silently).
+void refuse_unread_formats(const std::string& path) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (extension == ".vsi" || extension == ".ets")
+    throw BadInput(path + ": an Olympus VSI slide, whose pyramid lives in the .ets files of the _" +
+                   std::filesystem::path(path).stem().string() +
+                   "_ folder beside it; tessera does not read .ets (nor do OpenSlide 3.4 and libvips): convert it, "
+                   "e.g. bfconvert -pyramid-resolutions 6 " + std::filesystem::path(path).filename().string() +
+                   " slide.ome.tiff");
+}
 
 bool is_tiled_tiff(const std::string& path) {
   install_tiff_handlers();
@@ -349,18 +382,29 @@ bool is_tiled_tiff(const std::string& path) {
 std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader) {
   if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
     throw BadInput(path + ": no such slide");
+  // What a TIFF declares is checked against its bytes first, whatever reader follows (NDPI
+  // stores offsets past 4 GiB outside the TIFF structure, which libtiff cannot follow).
+  if (has_tiff_signature(path) && !has_extension(path, ".ndpi")) check_tiff_structure(path);
+  refuse_unread_formats(path);
   if (reader == SlideReader::libtiff) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
   bool automatic = reader == SlideReader::automatic;
   if (automatic && has_dicom_signature(path)) return open_dicom_slide(path);
   const char* vendor = openslide_detect_vendor(path.c_str());
   bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
+  if (automatic && has_tiff_signature(path)) {
+    install_tiff_handlers();
+    if (auto planes = open_plane_slide(path, tile_cache_bytes)) return planes;  // multiplex; refuses z-stacks
+  }
   if (automatic && generic && has_tiff_signature(path)) {
     if (is_tiled_tiff(path)) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
     return open_vips_slide(path);  // strips: plain TIFF, OME-TIFF without tiles
   }
   if (automatic && vendor == nullptr && std::filesystem::is_regular_file(path) && vips_can_read(path))
     return open_vips_slide(path);  // PNG, JPEG ...
-  return std::make_unique<OpenSlideSlide>(path, vendor);
+  probe_openslide(path);
+  auto slide = std::make_unique<OpenSlideSlide>(path, vendor);
+  if (vendor && std::strcmp(vendor, "aperio") == 0) check_levels_nest(path, slide->levels());  // one pyramid
+  return slide;
 }
 
 }  // namespace tessera::data

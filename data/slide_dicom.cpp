@@ -78,6 +78,10 @@ void describe_level(Instance& instance) {
   data.findAndGetSint32(DCM_NumberOfFrames, frames);
   if (!total_columns || !total_rows || !columns || !rows)
     throw BadInput(path + ": no total pixel matrix or frame size");
+  if (columns > max_tile_side || rows > max_tile_side)
+    throw BadInput(path + ": frames of " + std::to_string(columns) + "x" + std::to_string(rows) +
+                   " pixels; tessera reads frames of at most " + std::to_string(max_tile_side) +
+                   " a side (a corrupt file?)");
   if (samples != 3 || bits != 8)
     throw BadInput(path + ": " + std::to_string(samples) + " samples of " + std::to_string(bits) +
                    " bits; tessera reads 8-bit RGB (bright-field) slides");
@@ -92,9 +96,9 @@ void describe_level(Instance& instance) {
     throw BadInput(path + ": " + focal_planes + " focal planes and " + optical_paths +
                    " optical paths; tessera reads one of each");
   instance.shape = {total_columns, total_rows, 1.0, columns, rows};
-  instance.columns = (total_columns + columns - 1) / columns;
-  instance.rows = (total_rows + rows - 1) / rows;
-  if (frames < instance.columns * instance.rows)
+  instance.columns = (int64_t{total_columns} + columns - 1) / columns;
+  instance.rows = (int64_t{total_rows} + rows - 1) / rows;
+  if (frames < 1 || instance.columns > frames || instance.rows > frames / instance.columns)
     throw BadInput(path + ": " + std::to_string(frames) + " frames, a TILED_FULL matrix of " +
                    std::to_string(instance.columns) + "x" + std::to_string(instance.rows) + " needs more");
   DcmItem* shared = nullptr;
@@ -114,6 +118,14 @@ void describe_level(Instance& instance) {
   instance.pixels = static_cast<DcmPixelData*>(element);
   DcmXfer syntax(data.getOriginalXfer());
   std::string uid = syntax.getXferID();
+  // Native frames are the element's bytes: they must all be there (a truncated file is cut here).
+  uint64_t frame_bytes = uint64_t{columns} * rows * 3, file_size = fs::file_size(path);
+  if (!syntax.isEncapsulated() && (instance.pixels->getLength() < frame_bytes * static_cast<uint64_t>(frames) ||
+                                   instance.pixels->getLength() > file_size))
+    throw BadInput(path + ": truncated or corrupt: its pixel data holds " +
+                   std::to_string(instance.pixels->getLength()) + " bytes, its " + std::to_string(frames) +
+                   " frames need " + std::to_string(frame_bytes * static_cast<uint64_t>(frames)) + " (the file has " +
+                   std::to_string(file_size) + ")");
   if (uid.rfind("1.2.840.10008.1.2.4.9", 0) == 0 || uid.rfind("1.2.840.10008.1.2.4.20", 0) == 0)
     throw BadInput(path + ": JPEG 2000 frames (" + syntax.getXferName() + "): DCMTK here cannot decode them");
   if (uid == UID_JPEGProcess1TransferSyntax) {
@@ -155,6 +167,7 @@ class DicomSlide final : public Slide {
                                          static_cast<double>(found[0].shape.height) / instance.shape.height);
       shapes_.push_back(instance.shape);
     }
+    check_levels_nest(path, shapes_);
     mpp_x_ = found[0].spacing_x * 1000;
     mpp_y_ = found[0].spacing_y * 1000;
     levels_ = std::move(found);

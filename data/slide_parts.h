@@ -15,6 +15,24 @@
 
 namespace tessera::data {
 
+// The largest tile (or DICOM frame) side tessera decodes: 4096x4096 RGB is 48 MiB. A file that
+// declares more is refused before anything that large is allocated.
+constexpr uint32_t max_tile_side = 4096;
+
+// Walks every directory of a TIFF and checks what it declares against the bytes the file holds:
+// a directory chain that ends (not cut short), every tile and strip inside the file, tile sides
+// within max_tile_side, a full-resolution level with some tile data. Throws BadInput naming the
+// file (a truncated file names the first piece past its end).
+void check_tiff_structure(const std::string& path);
+
+// Throws BadInput naming the file unless every level is level 0 reduced by one factor (each
+// side rounded within a pixel): a corrupt width or height makes the levels disagree.
+void check_levels_nest(const std::string& path, const std::vector<SlideLevel>& levels);
+
+// Opens the slide with OpenSlide in a child process and reads a little of every level; throws
+// BadInput naming the file when OpenSlide refuses it or crashes (a signal ends the child only).
+void probe_openslide(const std::string& path);
+
 // Decoded tiles, least recently used first out, bounded in bytes.
 class TileCache {
  public:
@@ -71,6 +89,12 @@ std::unique_ptr<Slide> open_vips_slide(const std::string& path);
 
 // True when libvips has a loader for the file.
 bool vips_can_read(const std::string& path);
+
+// A multiplex TIFF whose channels are grey planes (OME-TIFF, QPTIFF) as a slide of those
+// channels (slide_planes.cpp); nullptr when `path` is not one (an RGB or single-channel TIFF).
+// Throws BadInput naming what the file holds when it is a kind tessera does not read: a z-stack,
+// a time series, signed, floating-point or wider than 8-bit samples, planes in other files.
+std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes);
 
 // A DICOM VL Whole Slide Microscopy series (TILED_FULL): `path` is one of its files; the other
 // levels are the files of the same series in its directory. Throws BadInput naming the file.

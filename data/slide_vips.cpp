@@ -42,7 +42,9 @@ class VipsSlide final : public Slide {
     const char* nickname = vips_nickname_find(g_type_from_name(loader));  // "tiffload", "pngload" ...
     loader_ = nickname ? nickname : loader;
     ImageRef loaded, flat, colour;
-    loaded.image = vips_image_new_from_file(path.c_str(), "access", VIPS_ACCESS_RANDOM, nullptr);
+    // A truncated or corrupt file is an error, not an image completed with black.
+    loaded.image =
+        vips_image_new_from_file(path.c_str(), "access", VIPS_ACCESS_RANDOM, "fail_on", VIPS_FAIL_ON_ERROR, nullptr);
     if (!loaded.image) fail("cannot open");
     VipsImage* current = loaded.image;
     if (vips_image_hasalpha(current)) {  // transparent is white, as OpenSlide's regions are here

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <tuple>
@@ -162,6 +163,27 @@ std::map<uint32_t, nlohmann::json> read_slides(MDB_txn* txn, MDB_dbi slides, con
   return entries;
 }
 
+// A slide entry's label_counts ({"0": 12, "1": 4}) as counts by label; throws BadInput naming
+// `where` when a label is not a class index below max_classes or a count is not a whole number.
+std::vector<uint64_t> label_counts_of(const nlohmann::json& entry, const std::string& where) {
+  constexpr uint32_t max_classes = 65536;
+  std::vector<uint64_t> counts;
+  auto found = entry.find("label_counts");
+  if (found == entry.end() || found->is_null()) return counts;
+  if (!found->is_object()) throw BadInput(where + ": label_counts is not an object");
+  for (auto& [label, count] : found->items()) {
+    uint32_t value = 0;
+    auto [end, error] = std::from_chars(label.data(), label.data() + label.size(), value);
+    if (label.empty() || error != std::errc() || end != label.data() + label.size() || value >= max_classes)
+      throw BadInput(where + ": label_counts names '" + label + "', not a class index below " +
+                     std::to_string(max_classes));
+    if (!count.is_number_unsigned()) throw BadInput(where + ": label_counts of " + label + " is " + count.dump());
+    if (value >= counts.size()) counts.resize(value + size_t{1});
+    counts[value] = count.get<uint64_t>();
+  }
+  return counts;
+}
+
 }  // namespace
 
 bool is_tile_store_path(const std::string& path) {
@@ -169,25 +191,37 @@ bool is_tile_store_path(const std::string& path) {
   return fs::path(path).extension() == ".lmdb";
 }
 
-TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size) : path_(path) {
+namespace {
+
+// The store's parent directory exists, so that its lock can be made beside it.
+const std::string& with_parent_directory(const std::string& path) {
+  std::error_code error;
+  fs::path parent = fs::absolute(path).parent_path();
+  fs::create_directories(parent, error);
+  if (error)
+    throw Error(ExitCode::runtime_error,
+                path + ": cannot create the directory " + parent.string() + ": " + error.message());
+  return path;
+}
+
+}  // namespace
+
+TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size)
+    : path_(path), lock_(with_parent_directory(path)) {
+  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
+  // the next slide id. The lock is taken before anything in the store is read or written.
   unsigned flags = env_flags_for(path);
   if (!(flags & MDB_NOSUBDIR)) {
     std::error_code error;
     fs::create_directories(path, error);
     if (error) throw Error(ExitCode::runtime_error, path + ": cannot create the tile store: " + error.message());
   }
-  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
-  // the next slide id. The lock is taken before anything in the store is read or written.
-  std::string lock = (flags & MDB_NOSUBDIR) ? path + ".tessera-lock" : (fs::path(path) / "tessera.lock").string();
-  lock_.fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0664);
-  if (lock_.fd < 0) throw Error(ExitCode::runtime_error, lock + ": cannot open the store's lock: " + std::strerror(errno));
-  if (::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0) {
-    int error = errno;
-    throw Error(ExitCode::runtime_error,
-                path + ": the tile store is in use by another tessera run (" +
-                    (error == EWOULDBLOCK ? std::string("locked: ") + lock : std::strerror(error)) +
-                    "); wait for it to end, or use another --out");
-  }
+  // LMDB opens its files by name and would write through a link planted at one.
+  for (const std::string& file : (flags & MDB_NOSUBDIR) ? std::vector<std::string>{path, path + "-lock"}
+                                                        : std::vector<std::string>{(fs::path(path) / "data.mdb").string(),
+                                                                                   (fs::path(path) / "lock.mdb").string()})
+    if (fs::is_symlink(file))
+      throw Error(ExitCode::runtime_error, file + ": a link inside the tile store; tessera never writes through links");
   check_data_file(path, flags);
   if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
   mdb_env_set_maxdbs(env_, 2);
@@ -214,10 +248,6 @@ TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_s
 
 TileStoreWriter::~TileStoreWriter() {
   if (env_) mdb_env_close(env_);
-}
-
-TileStoreWriter::Lock::~Lock() {
-  if (fd >= 0) ::close(fd);
 }
 
 std::map<uint32_t, nlohmann::json> TileStoreWriter::slides() const {
@@ -279,6 +309,8 @@ class TileStores final : public PatchSource {
       std::string fingerprint;
       uint32_t store, id;
       uint64_t tiles;
+      std::string path;
+      std::vector<uint64_t> label_counts;
     };
     std::vector<Slide> slides;
     std::vector<std::vector<TileKey>> keys_of(paths.size());
@@ -290,7 +322,7 @@ class TileStores final : public PatchSource {
       Transaction txn;
       if (int rc = mdb_txn_begin(store.env, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path, "reading", rc);
       uint64_t listed = 0;  // tiles the slides' entries count
-      for (auto& [id, entry] : read_slides(txn.txn, store.slides, path)) {
+      for (auto& [id, entry] : read_slides(txn.txn, store.slides, path)) try {
         ++slide_count_;
         uint64_t tiles = entry.value("tiles", uint64_t{0});
         listed += tiles;
@@ -303,12 +335,18 @@ class TileStores final : public PatchSource {
           throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
                          std::to_string(tile_size) + " in " + describe_paths());
         tile_size_ = tile_size;
-        const nlohmann::json& label_counts = entry["label_counts"];
-        if (label_counts.is_object())
-          for (auto& [label, count] : label_counts.items())
-            if (count.get<uint64_t>() > 0)
-              class_count_ = std::max(class_count_, static_cast<uint32_t>(std::stoul(label)) + 1);
-        slides.push_back({entry.value("fingerprint", std::string()), index, id, tiles});
+        int channels = entry.value("channels", 3);
+        if (slide_count_ > 1 && channels != channels_)
+          throw BadInput(path + ": slide " + std::to_string(id) + " has " + std::to_string(channels) +
+                         " channels, other slides " + std::to_string(channels_) + " in " + describe_paths());
+        channels_ = channels;
+        auto counts = label_counts_of(entry, path + ": slide " + std::to_string(id));
+        for (uint32_t label = 0; label < counts.size(); ++label)
+          if (counts[label]) class_count_ = std::max(class_count_, label + 1);
+        slides.push_back({entry.value("fingerprint", std::string()), index, id, tiles, entry.value("path", std::string()),
+                          std::move(counts)});
+      } catch (const nlohmann::json::exception& e) {
+        throw BadInput(path + ": slide " + std::to_string(id) + " entry: " + e.what());
       }
       Cursor cursor;
       if (int rc = mdb_cursor_open(txn.txn, store.tiles, &cursor.cursor)) fail_reading(path, "reading tiles", rc);
@@ -333,6 +371,8 @@ class TileStores final : public PatchSource {
                          std::to_string(slide.id) + " of " + paths[slide.store] + " are the same slide (" +
                          slide.fingerprint + "): its tiles would count twice");
       }
+      group_names_.push_back(slide.path);
+      group_counts_.push_back(slide.label_counts);
       const std::vector<TileKey>& keys = keys_of[slide.store];
       auto first = std::lower_bound(keys.begin(), keys.end(), TileKey{slide.id, 0, 0, 0});
       for (auto key = first; key != keys.end() && key->slide == slide.id; ++key)
@@ -348,8 +388,11 @@ class TileStores final : public PatchSource {
   size_t size() const override { return tiles_.size(); }
   int height() const override { return tile_size_; }
   int width() const override { return tile_size_; }
+  int channels() const override { return channels_; }
   uint32_t class_count() const override { return class_count_; }
   uint64_t group(size_t index) const override { return tiles_.at(index).group; }
+  std::vector<uint64_t> class_counts(uint64_t group) const override { return group_counts_.at(group); }
+  std::string group_name(uint64_t group) const override { return group_names_.at(group); }
 
   uint32_t read(size_t index, uint8_t* rgb) const override {
     const Tile& tile = tiles_.at(index);
@@ -366,6 +409,15 @@ class TileStores final : public PatchSource {
       throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
                      std::to_string(tile_value.header.height) + ", the store's slides say " +
                      std::to_string(tile_size_));
+    if (tile_value.header.channels != channels_)
+      throw BadInput(where + ": tile has " + std::to_string(tile_value.header.channels) + " channels, its slide " +
+                     std::to_string(channels_));
+    // A label its slide's entry does not count would reach the loss as an out-of-range class.
+    uint32_t label = tile_value.header.label;
+    const std::vector<uint64_t>& counts = group_counts_[tile.group];
+    if (label >= counts.size() || counts[label] == 0)
+      throw BadInput(where + ": label " + std::to_string(label) + ", a class its slide's label_counts do not list (" +
+                     std::to_string(counts.size()) + " classes counted): a corrupt or edited store");
     if (rgb) decode_tile_pixels(tile_value, rgb, where);
     return tile_value.header.label;
   }
@@ -395,7 +447,9 @@ class TileStores final : public PatchSource {
 
   std::vector<Store> stores_;
   std::vector<Tile> tiles_;
-  int tile_size_ = 0;
+  std::vector<std::string> group_names_;              // by group: the slide's path
+  std::vector<std::vector<uint64_t>> group_counts_;  // by group: tiles by label
+  int tile_size_ = 0, channels_ = 3;
   uint32_t class_count_ = 1;
   size_t slide_count_ = 0;
 };

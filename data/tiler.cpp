@@ -11,9 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "common/error.h"
 #include "common/progress.h"
+#include "common/units.h"
 #include "data/jpeg.h"
 #include "data/ordered_parallel.h"
 #include "data/slide.h"
@@ -38,7 +40,7 @@ struct TileResult {
 
 // The settings that must match for a run to continue a slide an earlier run started.
 nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
-  return {{"level", options.level},
+  nlohmann::json settings = {{"level", options.level},
           {"tile_size", options.size},
           {"encoding", encoding_name(options.encoding)},
           {"quality", options.quality},
@@ -48,6 +50,10 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
           {"label_coverage", options.label_coverage},
           {"label_class", options.label_class}};
+  // Recorded only when not the default, so that stores tiled before these settings existed resume.
+  if (options.tissue != Stain::automatic) settings["tissue"] = stain_name(options.tissue);
+  if (!options.unclassified_as.empty()) settings["unclassified_as"] = options.unclassified_as;
+  return settings;
 }
 
 // A slide is known by its content, not its path: the file's size and CRC-32s of its first 4 MiB
@@ -133,18 +139,20 @@ class SlideTiler {
 
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
     double tile_extent = options_.size * level.downsample;
-    TissueMask tissue(*slide_, tile_extent, options_.tissue_threshold);
+    std::optional<TissueMask> tissue;  // none with --tissue none: every tile is kept
+    if (options_.tissue != Stain::none)
+      tissue.emplace(*slide_, tile_extent, options_.tissue_threshold, options_.tissue);
     std::unique_ptr<TileLabeler> labeler;
     if (!job_.labels.empty())
       labeler = open_labels(job_.labels, slide_->levels()[0].width, slide_->levels()[0].height, options_.label_rule,
-                            options_.label_coverage, options_.label_class);
+                            options_.label_coverage, options_.label_class, options_.unclassified_as);
     int64_t columns = level.width / options_.size, rows = level.height / options_.size;
     std::vector<uint32_t> candidates;
     uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t column = 0; column < columns; ++column) {
         double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
-        double fraction = tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent);
+        double fraction = tissue ? tissue->tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) : 1.0;
         if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
         if (labeler && labeler->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
           ++labelled;
@@ -152,15 +160,21 @@ class SlideTiler {
         }
       }
     Progress progress("tile", candidates.size());
-    if (labeler) check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
+    if (auto empty = why_empty(columns * rows, candidates.size(), level); !empty.empty()) {
+      progress.event({{"warning", empty}, {"slide", path}});
+      summary["warning"] = empty;
+    } else if (labeler) {
+      check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
+    }
     entry["grid"] = {columns, rows};
-    entry["tissue_level"] = tissue.level();
+    entry["tissue"] = tissue ? tissue->report() : nlohmann::json{{"stain", "none"}, {"chosen", "given"}};
+    if (tissue) entry["tissue_level"] = tissue->level();
     entry["candidates"] = candidates.size();
     size_t done = entry.value("done", size_t{0});
     size_t resumed_from = done;
     if (done == 0) store_.commit(id, entry, {});
 
-    bool aligned = options_.encoding == TileEncoding::jpeg && level.tile_width == options_.size &&
+    bool aligned = encoding() == TileEncoding::jpeg && level.tile_width == options_.size &&
                    level.tile_height == options_.size;
     uint64_t copied = 0, written = 0;
     std::vector<TileStoreWriter::Tile> batch;
@@ -180,7 +194,13 @@ class SlideTiler {
           if (!result.corrupt.empty()) {
             if (first_corrupt.empty()) first_corrupt = result.corrupt;
             entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
-            progress.event({{"warning", "corrupt tile skipped"}, {"slide", path}, {"error", result.corrupt}});
+            uint32_t position = candidates[done + i];
+            progress.event({{"warning", "corrupt tile skipped"},
+                            {"slide", path},
+                            {"level", options_.level},
+                            {"row", position / columns},
+                            {"column", position % columns},
+                            {"error", result.corrupt}});
           } else {
             std::string label = std::to_string(result.label);
             entry["label_counts"][label] = entry["label_counts"].value(label, 0) + 1;
@@ -204,6 +224,9 @@ class SlideTiler {
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", entry["grid"]},
+                    {"channels", slide_->channels()},
+                    {"encoding", encoding_name(encoding())},
+                    {"tissue", entry["tissue"]},
                     {"candidates", candidates.size()},
                     {"resumed_from", resumed_from},
                     {"written", written},
@@ -217,6 +240,18 @@ class SlideTiler {
   }
 
  private:
+  // Why a slide gives no tile, naming it; empty when it gives some.
+  std::string why_empty(int64_t grid, size_t candidates, const SlideLevel& level) const {
+    if (grid == 0)
+      return job_.slide + ": no tile of " + std::to_string(options_.size) + " pixels fits in its level " +
+             std::to_string(options_.level) + " (" + std::to_string(level.width) + "x" +
+             std::to_string(level.height) + ")";
+    if (candidates == 0)
+      return job_.slide + ": no tissue tile: none of its " + std::to_string(grid) + " tiles is at least " +
+             format_number(options_.min_tissue) + " tissue (--min-tissue)";
+    return {};
+  }
+
   // Labels that give no tile a class (GeoJSON beside the slide, an empty mask), or whose classes
   // lie mostly off the tissue (the labels of another slide), are refused naming the file;
   // --allow-empty-labels turns the first into a warning, for slides without tumour.
@@ -224,6 +259,10 @@ class SlideTiler {
                         nlohmann::json& summary) const {
     const SlideLevel& base = slide_->levels()[0];
     std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
+    if (std::string warning = labeler.warning(); !warning.empty()) {
+      progress.event({{"warning", warning}});
+      summary["warning"] = warning;
+    }
     if (labelled == 0) {
       std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
                             labeler.description() + ")";
@@ -240,9 +279,10 @@ class SlideTiler {
   nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
     const SlideLevel& base = slide_->levels()[0];
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
-    return {{"path", path},
+    nlohmann::json entry = {{"path", path},
             {"name", std::filesystem::path(path).filename().string()},
             {"format", slide_->format()},
+            {"channels", slide_->channels()},
             {"width", base.width},
             {"height", base.height},
             {"level", options_.level},
@@ -259,6 +299,8 @@ class SlideTiler {
             {"corrupt_tiles", 0},
             {"label_counts", nlohmann::json::object()},
             {"complete", false}};
+    if (auto names = slide_->channel_names(); !names.empty()) entry["channel_names"] = names;
+    return entry;
   }
 
   TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned,
@@ -270,13 +312,14 @@ class SlideTiler {
     double extent = size * level.downsample;
     TileResult result;
     result.label = labeler ? labeler->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    const auto channels = static_cast<size_t>(slide_->channels());
     TileHeader header{static_cast<uint16_t>(size),
                       static_cast<uint16_t>(size),
-                      3,
-                      options_.encoding,
+                      static_cast<uint8_t>(channels),
+                      encoding(),
                       result.label,
-                      static_cast<uint32_t>(std::lround(x0)),
-                      static_cast<uint32_t>(std::lround(y0))};
+                      static_cast<uint32_t>(level0_position(column * size, level.downsample)),
+                      static_cast<uint32_t>(level0_position(row * size, level.downsample))};
     result.tile.key = {id, static_cast<uint32_t>(options_.level), static_cast<uint32_t>(row),
                        static_cast<uint32_t>(column)};
     std::string where = "level " + std::to_string(options_.level) + " tile column " + std::to_string(column) + " row " +
@@ -292,14 +335,14 @@ class SlideTiler {
         return result;
       }
     }
-    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * 3);
+    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * channels);
     try {
       slide_->read_region(options_.level, column * size, row * size, size, size, rgb.data());
     } catch (const BadInput& e) {
       result.corrupt = e.what();
       return result;
     }
-    if (options_.encoding == TileEncoding::raw) {
+    if (header.encoding == TileEncoding::raw) {
       result.tile.value = encode_tile_value(header, rgb.data(), rgb.size());
     } else {
       auto jpeg = encode_jpeg(rgb.data(), size, size, options_.quality);
@@ -307,6 +350,9 @@ class SlideTiler {
     }
     return result;
   }
+
+  // JPEG holds a colour image; a slide of other than 3 channels is stored raw.
+  TileEncoding encoding() const { return slide_->channels() == 3 ? options_.encoding : TileEncoding::raw; }
 
   const SlideJob& job_;
   const TilerOptions& options_;
@@ -347,24 +393,41 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();
   // Every input is checked before the first tile is written.
+  std::string too_small;  // slides the tile size does not fit
+  size_t too_small_count = 0;
   for (const SlideJob& job : jobs) {
     auto slide = open_slide(job.slide, options.tile_cache_bytes);
     if (options.level < 0 || static_cast<size_t>(options.level) >= slide->levels().size())
       throw UsageError("--level: " + job.slide + " has levels 0 to " + std::to_string(slide->levels().size() - 1));
+    const SlideLevel& level = slide->levels()[static_cast<size_t>(options.level)];
+    if (level.width < options.size || level.height < options.size) {
+      too_small += (too_small.empty() ? "" : ", ") + job.slide + " is " + std::to_string(level.width) + "x" +
+                   std::to_string(level.height);
+      ++too_small_count;
+    }
+    check_stain_fits(options.tissue, *slide);
     if (!job.labels.empty())
       open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
-                  options.label_coverage, options.label_class);
+                  options.label_coverage, options.label_class, options.unclassified_as);
   }
+  if (!jobs.empty() && too_small_count == jobs.size())
+    throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
+                   std::to_string(options.level) + ": " + too_small);
   TileStoreWriter writer(store);
   auto plans = plan_slides(jobs, options, writer.slides(), store);
   nlohmann::json slides = nlohmann::json::array();
-  uint64_t written = 0, corrupt = 0;
+  uint64_t written = 0, corrupt = 0, tiles = 0;
+  std::string reasons;
   for (size_t i = 0; i < jobs.size(); ++i) {
     auto summary = SlideTiler(jobs[i], options, writer).run(plans[i]);
     written += summary.value("written", uint64_t{0});
     corrupt += summary.value("corrupt_tiles", uint64_t{0});
+    tiles += summary.value("tiles", uint64_t{0});
+    reasons += (reasons.empty() ? "" : "; ") + summary.value("warning", jobs[i].slide + ": no tile");
     slides.push_back(std::move(summary));
   }
+  // A run that tiles slides into nothing has failed, though every step succeeded.
+  if (!jobs.empty() && tiles == 0) throw BadInput("no tile from any slide: " + reasons);
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return {{"store", store},
           {"slides", slides},

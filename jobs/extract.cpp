@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -16,6 +14,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "jobs/channel.h"
 #include "common/progress.h"
 #include "compute/checkpoint.h"
 #include "compute/feature_file.h"
@@ -23,6 +22,7 @@
 #include "compute/network.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
+#include "jobs/channel.h"
 
 namespace tessera {
 
@@ -32,51 +32,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False once the channel has ended (the reader is gone): the writer stops.
-  bool push(T &&item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    changed_.notify_all();
-    return true;
-  }
-  // False at the end.
-  bool pop(T &item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (items_.empty()) return false;
-    item = std::move(items_.front());
-    items_.pop_front();
-    changed_.notify_all();
-    return true;
-  }
-  void close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    changed_.notify_all();
-  }
-  void stop() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    items_.clear();
-    changed_.notify_all();
-  }
-
- private:
-  size_t capacity_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<T> items_;
-  bool closed_ = false;
-};
 
 struct TileBatch {
   std::vector<uint8_t> rgb;     // batch x size x size x 3
@@ -100,6 +55,7 @@ struct Message {
   TileBatch tiles;
   FeatureBatch features;
   std::string error;
+  bool in_use = false;  // failed: another run holds the slide's file
 };
 
 // Thrown inside the store's cursor walk when the device side has stopped
@@ -120,6 +76,27 @@ std::string slide_name(const nlohmann::json &entry) {
   return fs::path(entry.value("name", entry.value("path", ""))).stem().string();
 }
 
+// The network extraction runs: uint8 pixels as read from the store (RGB, or a multiplex slide's
+// channels) become the layer the model reads as "input".
+Network extraction_network(const nlohmann::json &description, int batch, int tile_size, int channels) {
+  std::vector<GraphInput> inputs{{"images", {batch, tile_size, tile_size, channels}, DType::u8}};
+  nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+  return Network(description, inputs, false, prologue);
+}
+
+// The model's description: a checkpoint's, a preset's or a JSON file's.
+nlohmann::json model_description(const std::string &model) {
+  return is_checkpoint_path(model) ? check_model_description(read_checkpoint_model(model), model + " (attribute 'model')")
+                                   : load_model_description(model, 2);
+}
+
+// The layer's name in the model (a module's is its last sublayer's); throws UsageError for a
+// layer the model does not have. The whole graph resolves the name; only the layers up to it run.
+std::string resolve_layer(const nlohmann::json &description, const ExtractOptions &options, int tile_size,
+                          int channels) {
+  return extraction_network(description, 1, tile_size, channels).layer(options.layer).name;
+}
+
 struct SlideWork {
   const data::TileStoreReader *store;
   uint32_t id;
@@ -129,53 +106,48 @@ struct SlideWork {
 // One device's model: the network up to the layer, the staged images and the program that runs it.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, int tile_size, int device)
-      : options_(options), tile_size_(tile_size), context_(context_options(device)) {
-    nlohmann::json description;
+  Extractor(const ExtractOptions &options, int tile_size, int channels, int device)
+      : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(device)) {
     std::optional<Checkpoint> checkpoint;
-    if (is_checkpoint_path(options.model)) {
-      checkpoint = read_checkpoint(options.model);
-      description = expand_presets(checkpoint->model);
-    } else {
-      description = load_model_description(options.model, 2);
-    }
-    // uint8 RGB as read from the store becomes the layer the model reads as "input".
-    std::vector<GraphInput> inputs{{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
-    nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
-    // The whole graph resolves the name (a module's output is its last
-    // sublayer's); only the layers up to it run.
-    std::string layer = Network(description, inputs, false, prologue).layer(options.layer).name;
-    network_ = std::make_unique<Network>(truncated_after(description, layer), inputs, false, prologue);
+    if (is_checkpoint_path(options.model)) checkpoint = read_checkpoint(options.model);
+    nlohmann::json description =
+        checkpoint ? check_model_description(checkpoint->model, options.model + " (attribute 'model')")
+                   : model_description(options.model);
+    std::string layer = resolve_layer(description, options, tile_size, channels);
+    network_ = std::make_unique<Network>(extraction_network(truncated_after(description, layer), options.batch, tile_size, channels));
+    const GraphInput images = network_->inputs().front();
     // The graph's buffers (in inference an activation's is handed on once read), the staged
     // images and the step count.
     auto &allocator = context_.allocator();
     planned_bytes_ = network_->plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(element_count(inputs[0].shape))) +
+                     allocator.footprint(static_cast<uint64_t>(element_count(images.shape))) +
                      InferenceProgram::planned_bytes(allocator);
     network_->allocate(context_);
     network_->initialise(0);
-    if (checkpoint) {
-      std::map<std::string, Tensor *> tensors;
-      for (auto &named : network_->named_tensors()) tensors[named.name] = named.tensor;
-      load_tensors(checkpoint->params, tensors, options.model, "params");
-    }
+    std::map<std::string, Tensor *> tensors;
+    for (auto &named : network_->named_tensors()) tensors[named.name] = named.tensor;
+    if (checkpoint) load_tensors(checkpoint->params, tensors, options.model, "params");
     const Shape &out = network_->output_shape();
     width_ = out[1];
     spatial_ = element_count(out) / (out[0] * out[1]);
     extraction_ = {{"model", options.model},
+                   {"weights", weights_digest(download_tensors(tensors))},
+                   {"random_weights", !checkpoint},
                    {"layer", layer},
                    {"output_shape", Shape(out.begin() + 1, out.end())},
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
+    if (channels != 3) extraction_["channels"] = channels;  // RGB files keep the settings they always had
 
-    images_ = std::make_unique<Tensor>(context_, "images", inputs[0].shape, DType::u8, vk::MemoryUsage::staging);
+    images_ = std::make_unique<Tensor>(context_, "images", images.shape, DType::u8, vk::MemoryUsage::staging);
     program_ = std::make_unique<InferenceProgram>(context_, *network_, Network::Bound{{"images", images_.get()}});
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
   const nlohmann::json &extraction() const { return extraction_; }
   int tile_size() const { return tile_size_; }
+  int channels() const { return channels_; }
 
   // The feature file of a slide (its tile store entry) as this model writes it.
   FeatureFileLayout layout(const nlohmann::json &entry) const {
@@ -188,7 +160,16 @@ class Extractor {
             width_,
             options_.fp16,
             options_.gzip,
-            extraction_};
+            extraction_,
+            {{"path", entry.value("path", "")},
+             {"fingerprint", entry.value("fingerprint", "")},
+             {"settings", entry.value("settings", nlohmann::json())},
+             {"tiles", entry.value("tiles", 0)}},
+
+            entry.value("width", int64_t{0}),
+            entry.value("height", int64_t{0}),
+            entry.value("mpp_x", 0.0),
+            extraction_.value("model", "") + ":" + extraction_.value("layer", "")};
   }
 
   // Runs a batch of tiles through the network; rows are the pooled features.
@@ -225,7 +206,7 @@ class Extractor {
   }
 
   const ExtractOptions &options_;
-  int tile_size_;
+  int tile_size_, channels_;
   vk::Context context_;
   std::unique_ptr<Network> network_;
   std::unique_ptr<Tensor> images_;
@@ -262,7 +243,7 @@ class SharedRun {
 
   void record(size_t slide, nlohmann::json summary) {
     std::lock_guard lock(mutex_);
-    if (summary["status"] == "failed")
+    if (summary["status"] == "failed" || summary["status"] == "in use")
       progress_.event({{"error", summary["error"]}, {"slide", summary["slide"]}});
     summaries_[slide] = std::move(summary);
   }
@@ -339,16 +320,17 @@ class DevicePipeline {
     for (auto slide = run_.take_first(position_); slide; slide = run_.take()) {
       const SlideWork &work = run_.slides()[*slide];
       std::string name = slide_name(work.entry);
-      if (fs::exists(file_path(work))) {
-        run_.advance(work.entry.value("tiles", uint64_t{0}), name);
-        run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
-        continue;
-      }
       try {
         if (!work.entry.value("complete", false))
           throw BadInput(work.store->path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
         Message opened{Message::Kind::opened, *slide};
-        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry));
+        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry),
+                                                          options_.overwrite ? Existing::overwrite : Existing::refuse);
+        if (opened.file->complete()) {  // this slide's features, made as this run makes them
+          run_.advance(work.entry.value("tiles", uint64_t{0}), name);
+          run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
+          continue;
+        }
         auto resumed_from = static_cast<uint64_t>(opened.file->rows());
         run_.advance(resumed_from, name);
         if (!tiles_.push(std::move(opened))) return;
@@ -356,10 +338,14 @@ class DevicePipeline {
         if (!tiles_.push({Message::Kind::read, *slide})) return;
       } catch (const ReaderStopped &) {
         return;
-      } catch (const BadInput &e) {
-        // A slide whose tiles cannot be read fails alone; its partial file stays for a later run.
+      } catch (const Error &e) {
+        // A slide whose tiles cannot be read, or whose file another run writes (it is left to
+        // that run) or has since filled with something else, fails alone; its partial file stays.
+        bool in_use = dynamic_cast<const OutputInUse *>(&e) != nullptr;
+        if (!in_use && e.code() != ExitCode::bad_input && e.code() != ExitCode::bad_usage) throw;
         Message failed{Message::Kind::failed, *slide};
         failed.error = e.what();
+        failed.in_use = in_use;
         if (!tiles_.push(std::move(failed))) return;
       }
     }
@@ -375,7 +361,8 @@ class DevicePipeline {
     };
     std::vector<Encoded> pending;
     const int tile_size = extractor_.tile_size();
-    const size_t tile_bytes = static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * 3;
+    const size_t tile_bytes =
+        static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * static_cast<size_t>(extractor_.channels());
     auto emit = [&] {
       Message message{Message::Kind::batch, slide};
       TileBatch &batch = message.tiles;
@@ -467,7 +454,7 @@ class DevicePipeline {
         }
         case Message::Kind::failed:
           file.reset();
-          summary.update({{"status", "failed"}, {"error", message.error}});
+          summary.update({{"status", message.in_use ? "in use" : "failed"}, {"error", message.error}});
           run_.record(message.slide, std::move(summary));
           break;
       }
@@ -485,6 +472,12 @@ class DevicePipeline {
   std::vector<std::jthread> threads_;  // the last member: joined before the rest is destroyed
 };
 
+void create_out_directory(const std::string &out) {
+  std::error_code error;
+  fs::create_directories(out, error);
+  if (error) throw Error(ExitCode::runtime_error, out + ": cannot create the directory: " + error.message());
+}
+
 }  // namespace
 
 void extract_features(const ExtractOptions &options) {
@@ -497,9 +490,6 @@ void extract_features(const ExtractOptions &options) {
   // Checked before any work: --slides tiles first.
   std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
   if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
-  std::error_code error;
-  fs::create_directories(options.out, error);
-  if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
   nlohmann::json summary = nlohmann::json::object();
   std::vector<std::string> store_paths;
   data::Shard shard = options.shard;
@@ -511,6 +501,8 @@ void extract_features(const ExtractOptions &options) {
     store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
+    resolve_layer(model_description(options.model), options, options.tiler.size, 3);  // before anything is made
+    create_out_directory(options.out);
     summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
     shard = {};  // that store holds this shard's slides only
   } else {
@@ -543,19 +535,27 @@ void extract_features(const ExtractOptions &options) {
     return;
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
+  int channels = selected.front().entry.value("channels", 3);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
     if (work.entry.value("tile_size", 0) != tile_size)
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
+    if (work.entry.value("channels", 3) != channels)
+      throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
+                     std::to_string(work.entry.value("channels", 3)) + " channels, other slides " +
+                     std::to_string(channels) + ": one model input per run");
   }
 
   std::vector<std::unique_ptr<Extractor>> extractors;
-  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, device));
+  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, channels, device));
+  create_out_directory(options.out);
+  // Before any work: a file another slide or other settings made is not replaced unasked.
   for (const SlideWork &work : selected)
-    if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
-      check_same_extraction(done.string(), extractors.front()->extraction());
+    check_feature_file_replaceable((fs::path(options.out) / (slide_name(work.entry) + ".h5")).string(),
+                                   extractors.front()->layout(work.entry),
+                                   options.overwrite ? Existing::overwrite : Existing::refuse);
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
   SharedRun run(selected, total, extractors.size());
@@ -578,9 +578,11 @@ void extract_features(const ExtractOptions &options) {
     peak = std::max(peak, report["peak_device_bytes"].get<uint64_t>());
     per_device.push_back(std::move(report));
   }
-  std::vector<std::string> failures;
-  for (const nlohmann::json &slide : per_slide)
+  std::vector<std::string> failures, in_use;
+  for (const nlohmann::json &slide : per_slide) {
     if (slide["status"] == "failed") failures.push_back(slide["error"]);
+    if (slide["status"] == "in use") in_use.push_back(slide["error"]);
+  }
   // Device seconds and write seconds add up over the devices; the device bytes are each device's.
   summary.update({{"extraction", extractors.front()->extraction()},
                   {"device", per_device.front()["name"]},
@@ -600,6 +602,13 @@ void extract_features(const ExtractOptions &options) {
     std::string message = std::to_string(failures.size()) + " slide(s) failed (the others are complete):";
     for (auto &failure : failures) message += "\n  " + failure;
     throw BadInput(message);
+  }
+  if (!in_use.empty()) {
+    std::string message = std::to_string(in_use.size()) +
+                          " slide(s) were being written by another run, and were left to it (the others are "
+                          "complete; run again once it ends):";
+    for (auto &slide : in_use) message += "\n  " + slide;
+    throw Error(ExitCode::runtime_error, message);
   }
 }
 

@@ -22,6 +22,7 @@ struct ExtractOptions {
   std::vector<int> devices;    // --devices: slides spread over these, one model each
   int workers = 2;  // threads decoding tiles
   bool fp16 = false, gzip = false;
+  bool overwrite = false;  // --overwrite: replace feature files that hold something else
   data::TilerOptions tiler;  // for `slides`
 };
 

@@ -4,13 +4,15 @@
 #include <cstring>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 
 #include "common/error.h"
+#include "common/progress.h"
+#include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/tensor.h"
+#include "jobs/slide_labels.h"
 
 namespace tessera {
 
@@ -40,34 +42,6 @@ struct Bag {
   }
 };
 
-std::string trim(const std::string& text) {
-  auto first = text.find_first_not_of(" \t\r");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
-}
-
-// `slide,label` rows, an optional header first. Classes are the distinct labels in sorted
-// order ("0" < "1", "normal" < "tumor").
-std::vector<std::pair<std::string, std::string>> read_labels(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw BadInput(path + ": cannot read the labels file");
-  std::vector<std::pair<std::string, std::string>> rows;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
-    auto comma = line.find(',');
-    if (comma == std::string::npos || line.find(',', comma + 1) != std::string::npos)
-      throw BadInput(path + ":" + std::to_string(number) + ": expected 'slide,label', got '" + trim(line) + "'");
-    std::string slide = trim(line.substr(0, comma)), label = trim(line.substr(comma + 1));
-    if (number == 1 && slide == "slide" && label == "label") continue;
-    if (slide.empty() || label.empty())
-      throw BadInput(path + ":" + std::to_string(number) + ": empty slide or label");
-    rows.emplace_back(slide, label);
-  }
-  if (rows.empty()) throw BadInput(path + ": holds no slides");
-  return rows;
-}
-
 // One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
 // With `fp16` the bag holds its features rounded to fp16, as --precision fp16 stages them.
 Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16) {
@@ -83,10 +57,6 @@ Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& wi
   Bag bag{slide, 0, array.shape[0], std::move(array.values), {}};
   if (fp16) bag.to_fp16(path);
   return bag;
-}
-
-Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width, bool fp16) {
-  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width, fp16);
 }
 
 // The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
@@ -180,7 +150,8 @@ class MilJob {
         throw BadInput(options_.checkpoint + ": holds a head " + job.start->model.dump() + ", not " +
                        job.model.dump());
     }
-    job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()}};
+    job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()},
+                  {"split", split_report_}};
     job.advice = "lower --attention-hidden, or raise --device-memory-limit";
     return job;
   }
@@ -190,34 +161,79 @@ class MilJob {
 
  private:
   void load_bags() {
-    auto rows = read_labels(mil_.labels);
-    for (auto& [slide, label] : rows) classes_.push_back(label);
+    auto rows = read_slide_labels(mil_.labels, mil_.features);
+    for (auto& row : rows) classes_.push_back(row.label);
     std::sort(classes_.begin(), classes_.end());
     classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
     if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
-    for (auto& [slide, label] : rows) {
-      Bag bag = read_bag(mil_.features, slide, width_, options_.fp16);
-      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
+    for (auto& row : rows) {
+      Bag bag = read_bag_file(row.path, row.slide, width_, options_.fp16);
+      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), row.label) - classes_.begin());
       bags_.push_back(std::move(bag));
     }
   }
 
-  // Held-out slides drawn per class, so that a small study keeps every class on both sides.
+  // Held-out slides drawn per class, as many in all as --val-fraction of the slides comes
+  // nearest to, shared among the classes by their sizes (largest remainders), each class keeping
+  // a slide for training. A fraction that holds out no slide is refused, one that leaves
+  // validation without a class is said.
   void split() {
     std::mt19937 generator(options_.seed);
-    for (uint32_t c = 0; c < classes_.size(); ++c) {
-      std::vector<size_t> members;
-      for (size_t b = 0; b < bags_.size(); ++b)
-        if (bags_[b].label == c) members.push_back(b);
-      std::shuffle(members.begin(), members.end(), generator);
-      auto held = static_cast<size_t>(std::lround(options_.val_fraction * static_cast<double>(members.size())));
-      held = std::min(held, members.size() - 1);
-      val_.insert(val_.end(), members.begin(), members.begin() + static_cast<std::ptrdiff_t>(held));
-      train_.insert(train_.end(), members.begin() + static_cast<std::ptrdiff_t>(held), members.end());
+    std::vector<std::vector<size_t>> members(classes_.size());
+    for (size_t b = 0; b < bags_.size(); ++b) members[bags_[b].label].push_back(b);
+    for (auto& slides : members) std::shuffle(slides.begin(), slides.end(), generator);
+    double slides = static_cast<double>(bags_.size());
+    auto wanted = static_cast<size_t>(std::llround(options_.val_fraction * slides));
+    std::vector<size_t> held(classes_.size());
+    std::vector<std::pair<double, size_t>> remainders;  // (-remainder, class): largest first
+    size_t given = 0;
+    for (size_t c = 0; c < members.size(); ++c) {
+      double share = options_.val_fraction * static_cast<double>(members[c].size());
+      held[c] = static_cast<size_t>(share);
+      remainders.push_back({held[c] - share, c});
+      given += held[c];
+    }
+    std::sort(remainders.begin(), remainders.end());
+    for (size_t i = 0; given < wanted && i < remainders.size(); ++i, ++given) ++held[remainders[i].second];
+    std::vector<uint64_t> train_classes(classes_.size()), val_classes(classes_.size());
+    for (size_t c = 0; c < members.size(); ++c) {
+      held[c] = std::min(held[c], members[c].size() - 1);
+      val_.insert(val_.end(), members[c].begin(), members[c].begin() + static_cast<std::ptrdiff_t>(held[c]));
+      train_.insert(train_.end(), members[c].begin() + static_cast<std::ptrdiff_t>(held[c]), members[c].end());
+      val_classes[c] = held[c];
+      train_classes[c] = members[c].size() - held[c];
     }
     std::sort(val_.begin(), val_.end());
+    std::string asked = "--val-fraction " + format_number(options_.val_fraction);
+    if (options_.val_fraction > 0 && val_.empty())
+      throw UsageError(asked + " of " + std::to_string(bags_.size()) + " slides holds out none: use --val-fraction 0 " +
+                       "to train without validation, or at least " + format_number(0.5 / slides) +
+                       " (one slide), " + format_number(static_cast<double>(classes_.size()) / slides) + " for one of each class");
+    nlohmann::json warnings = nlohmann::json::array();
+    size_t val_kinds = static_cast<size_t>(std::count_if(val_classes.begin(), val_classes.end(), [](uint64_t n) { return n > 0; }));
+    if (!val_.empty() && val_kinds < classes_.size())
+      warnings.push_back("validation holds slides of " + std::to_string(val_kinds) + " of the " +
+                         std::to_string(classes_.size()) + " classes" +
+                         (val_kinds == 1 ? ": its AUC is undefined and its accuracy that of one class" : ""));
+    split_report_ = {{"val_fraction", options_.val_fraction},
+                     {"held_out_fraction", static_cast<double>(val_.size()) / slides},
+                     {"classes", classes_},
+                     {"train", {{"slides", train_.size()}, {"per_class", train_classes}}},
+                     {"validation", {{"slides", val_.size()}, {"per_class", val_classes}}},
+                     {"warnings", warnings}};
   }
 
+ public:
+  // The split before any work: what was held out, and each warning on a line of its own.
+  void report_split() const {
+    nlohmann::json record = {{"event", "split"}};
+    record.update(split_report_);
+    for (size_t b : val_) record["held_out_slides"].push_back(bags_[b].slide);
+    report("train", record);
+    for (auto& warning : split_report_["warnings"]) report("train", {{"warning", warning}});
+  }
+
+ private:
   nlohmann::json description() const {
     return {{"head", mil_.head}, {"features", width_}, {"attention_hidden", mil_.attention_hidden},
             {"classes", classes_}};
@@ -229,6 +245,7 @@ class MilJob {
   std::vector<Bag> bags_;
   int64_t width_ = 0;
   std::vector<size_t> train_, val_;
+  nlohmann::json split_report_;
 };
 
 // The head a checkpoint of train_mil describes; throws BadInput naming the file otherwise.
@@ -272,13 +289,9 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   if (width != description.width)
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
-  bool mean = description.kind == "mean";
-  // A mean head's classifier on every instance; an attention head up to its scores.
-  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, mean);
-  if (!mean) {
-    auto& layers = graph["layers"];
-    while (layers.back()["name"] != "attention_w") layers.erase(layers.size() - 1);
-  }
+  // The head's classifier on each instance alone: an attention pool of one instance is that
+  // instance, so either head gives the probability it would give a bag of this one tile.
+  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
   Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
   head.allocate(context);
   std::map<std::string, Tensor*> tensors;
@@ -289,24 +302,15 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   InferenceProgram(context, head, {{"features", &features}}).run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
-  if (mean) {
-    // Softmax of each instance's logits on the host: C numbers a row, for the last class.
-    auto classes = static_cast<size_t>(description.classes);
-    for (size_t n = 0; n < scores.size(); ++n) {
-      const float* row = logits.data() + n * classes;
-      float top = *std::max_element(row, row + classes);
-      double sum = 0;
-      for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
-      scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
-    }
-    return scores;
+  // Softmax of each instance's logits on the host: C numbers a row, for the last class.
+  auto classes = static_cast<size_t>(description.classes);
+  for (size_t n = 0; n < scores.size(); ++n) {
+    const float* row = logits.data() + n * classes;
+    float top = *std::max_element(row, row + classes);
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
+    scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
   }
-  // The weights a_n taken on a log scale: their logits s_n (log a_n up to a constant), since
-  // a softmax over many tiles leaves all but the top few near 0. Min-max rescaled, so that
-  // maps of slides of any size share one colour scale.
-  auto [low, high] = std::minmax_element(logits.begin(), logits.end());
-  float range = *high - *low;
-  for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
   return scores;
 }
 
@@ -328,6 +332,7 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
                const TrainReporting& reporting) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
+  if (reporting.progress) job.report_split();
   TrainingLoop loop(context, job.options(), job.job());
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
   loop.run(train_feed, val_feed, reporting);

@@ -2,22 +2,18 @@
 
 #include <cstring>
 #include <filesystem>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/progress.h"
+#include "common/units.h"
+#include "compute/ops/registry.h"
 #include "compute/run_checks.h"
 #include "data/loader.h"
+#include "data/split.h"
 
 namespace tessera {
 
 namespace {
-
-// 0.1 as "0.1", as the user wrote it.
-std::string number(double value) {
-  std::ostringstream text;
-  text << value;
-  return text.str();
-}
 
 // Throws BadInput (exit 5) naming the data when its labels do not fit a model of `classes`
 // outputs (labels are class indices in [0, classes)).
@@ -28,29 +24,56 @@ void check_labels_fit(const data::PatchSource& source, int64_t classes) {
 }
 
 // Throws UsageError when the training split is too small for one optimizer step, saying
-// why (validation may have taken whole slides) and what to change.
+// what to change.
 void check_training_patches(const data::PatchSource& source, const TrainOptions& options, size_t train_patches,
                             size_t val_patches) {
   size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
   if (train_patches >= per_step) return;
-  std::string need = "--batch " + std::to_string(options.batch) + " x --accumulate " +
-                     std::to_string(options.accumulate) + " needs " + std::to_string(per_step) + " training patches";
-  if (train_patches == 0 && val_patches > 0)
-    throw UsageError(need + ", but validation (--val-fraction " + number(options.val_fraction) + ") took all " +
-                     std::to_string(val_patches) + " patches of " + source.description() +
-                     " (whole slides go to one side: a store of one slide cannot be split); use --val-fraction 0, "
-                     "or tile more slides");
-  throw UsageError(need + "; " + source.description() + " has " + std::to_string(train_patches) + " for training (" +
-                   std::to_string(val_patches) + " held out for validation of " + std::to_string(source.size()) +
+  throw UsageError("--batch " + std::to_string(options.batch) + " x --accumulate " +
+                   std::to_string(options.accumulate) + " needs " + std::to_string(per_step) +
+                   " training patches; " + source.description() + " has " + std::to_string(train_patches) +
+                   " for training (" + std::to_string(val_patches) + " held out for validation (--val-fraction " +
+                   format_number(options.val_fraction) + ") of " + std::to_string(source.size()) +
                    "): lower --batch or --val-fraction");
+}
+
+// Throws BadInput naming the data when its patches are all of one class: nothing to classify.
+void check_two_classes(const data::PatchSource& source, const std::vector<uint64_t>& per_class) {
+  std::vector<size_t> present;
+  for (size_t c = 0; c < per_class.size(); ++c)
+    if (per_class[c]) present.push_back(c);
+  if (present.size() < 2)
+    throw BadInput(source.description() + ": every patch is of class " +
+                   (present.empty() ? std::string("?") : std::to_string(present[0])) +
+                   ": a classifier needs patches of at least two classes (were the slides tiled without --labels?)");
+}
+
+// Throws ModelError naming `model` when it has no parameters: nothing to train, and no gradient
+// for the loss to send back.
+void check_trainable(const TrainingJob& job, const std::string& model) {
+  Network network(job.graph, job.staged, true, job.prologue);
+  for (auto& layer : network.layers())
+    for (auto& spec : layer.specs)
+      if (spec.role == TensorRole::parameter) return;
+  throw ModelError(model + ": the model has no parameters to train");
 }
 
 // The data and the model as the run will use them.
 struct Setup {
   std::unique_ptr<data::PatchSource> source;
   std::vector<size_t> train_indices, val_indices;
+  std::vector<std::string> held_out;  // the validation slides
   TrainingJob job;
 };
+
+// The split before any work: what was held out, and each warning on a line of its own.
+void report_split(const Setup& setup) {
+  nlohmann::json record = {{"event", "split"}};
+  record.update(setup.job.report.at("split"));
+  if (!setup.held_out.empty()) record["held_out_slides"] = setup.held_out;
+  report("train", record);
+  for (auto& warning : record["warnings"]) report("train", {{"warning", warning}});
+}
 
 Setup prepare(const TrainOptions& options) {
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
@@ -62,8 +85,18 @@ Setup prepare(const TrainOptions& options) {
   if (options.data.empty()) throw UsageError("--data: give a patch file or tile stores");
   setup.source = data::open_patches(options.data);
   if (setup.source->size() == 0) throw BadInput(setup.source->description() + ": holds no patches");
-  data::split_by_group(*setup.source, options.val_fraction, setup.train_indices, setup.val_indices);
+  data::GroupSplit split = data::split_by_group(*setup.source, options.val_fraction);
+  check_two_classes(*setup.source, data::patches_per_class(split.report));
+  setup.train_indices = std::move(split.train);
+  setup.val_indices = std::move(split.validation);
+  setup.held_out = std::move(split.held_out);
   check_training_patches(*setup.source, options, setup.train_indices.size(), setup.val_indices.size());
+  // The loader drops the last incomplete batch, and the loop the micro-batches short of a step:
+  // a different few each epoch, as the order is shuffled.
+  size_t per_step = static_cast<size_t>(options.batch) * static_cast<size_t>(options.accumulate);
+  size_t used = setup.train_indices.size() / per_step * per_step;
+  split.report["train_patches_per_epoch"] = used;
+  split.report["dropped_per_epoch"] = setup.train_indices.size() - used;
   int classes = static_cast<int>(std::max<uint32_t>(setup.source->class_count(), 2));
   TrainingJob& job = setup.job;
   if (options.resume && std::filesystem::exists(options.checkpoint)) {
@@ -79,14 +112,17 @@ Setup prepare(const TrainOptions& options) {
   } else {
     job.model = load_model_description(options.model, classes, options.width);
   }
-  job.graph = expand_presets(job.model);
-  // uint8 RGB as loaded becomes the layer the model reads as "input".
+  job.graph = job.start_path.empty() ? expand_presets(job.model)
+                                     : check_model_description(job.model, job.start_path + " (attribute 'model')");
+  // uint8 pixels as loaded (RGB, or a multiplex slide's channels) become the layer the model reads as "input".
   job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   int64_t n = options.batch;
-  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), 3}, DType::u8},
+  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), setup.source->channels()}, DType::u8},
                 {"labels", {n}, DType::u32},
                 {"valid", {1}, DType::u32}};
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
+  job.report["split"] = split.report;
+  check_trainable(job, job.start_path.empty() ? options.model : job.start_path);
   return setup;
 }
 
@@ -125,6 +161,7 @@ std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, 
 
 void train(const std::vector<vk::Context*>& devices, const TrainOptions& options, const TrainReporting& reporting) {
   Setup setup = prepare(options);
+  if (reporting.progress) report_split(setup);
   // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
   TrainingLoop loop(devices, options, std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());

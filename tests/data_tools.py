@@ -5,6 +5,8 @@ import json
 import os
 import struct
 import subprocess
+import tempfile
+import threading
 import zlib
 
 import lmdb
@@ -38,6 +40,14 @@ def run_with_report(binary, args, check=True, env=None):
 def summary(result):
     """The JSON summary a command prints as its last stdout line."""
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def patch_task(path, count, size, seed=1):
+    """A PCam-layout patch file from tools/make_patch_task.py."""
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "make_patch_task.py")
+    subprocess.run(["/usr/bin/python3", tool, "--out", str(path), "--count", str(count), "--size", str(size),
+                    "--seed", str(seed)], check=True, capture_output=True)
+    return path
 
 
 def synth(binary, path, width, height, seed, *flags):
@@ -109,3 +119,20 @@ def workdir(name):
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tessera_{name}_{os.getpid()}")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def run_with_usage(command, timeout):
+    """Runs `command`; (exit code, negative for a signal, stdout, stderr, peak resident bytes of the
+    process and the children it waited for, CPU seconds, killed at `timeout` seconds)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen([str(part) for part in command], stdout=out, stderr=err)
+        killed = threading.Event()
+        timer = threading.Timer(timeout, lambda: (killed.set(), process.kill()))
+        timer.start()
+        _, status, usage = os.wait4(process.pid, 0)
+        timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return (process.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime, killed.is_set())

@@ -77,7 +77,7 @@ def params(path):
 def train(work, name, *flags, mpi=0, env=None):
     checkpoint = os.path.join(work, name + ".h5")
     result = run([TESSERA, "train", "--data", os.path.join(work, "task.h5"), *COMMON, *flags,
-                  "--checkpoint", checkpoint], mpi=mpi, env=env)
+                  "--checkpoint", checkpoint, "--overwrite"], mpi=mpi, env=env)
     records = epochs(result.stderr)
     assert [r["epoch"] for r in records] == [1, 2], result.stderr[-3000:]
     return records, params(checkpoint)

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <set>
 
+#include "common/error.h"
 #include "data/loader.h"
+#include "data/split.h"
 
 namespace tessera::data {
 namespace {
@@ -23,6 +25,12 @@ class MemoryPatches : public PatchSource {
   int width() const override { return kSize; }
   uint32_t class_count() const override { return 2; }
   uint64_t group(size_t index) const override { return index / per_slide_; }
+  std::vector<uint64_t> class_counts(uint64_t group) const override {
+    std::vector<uint64_t> counts(2, 0);
+    for (size_t i = group * per_slide_; i < std::min(count_, (group + 1) * per_slide_); ++i) ++counts[i % 2];
+    return counts;
+  }
+  std::string group_name(uint64_t group) const override { return "slide" + std::to_string(group); }
   uint32_t read(size_t index, uint8_t* rgb) const override {
     if (rgb) std::memset(rgb, static_cast<int>(index % 251), kSize * kSize * 3);
     return static_cast<uint32_t>(index % 2);
@@ -54,22 +62,102 @@ std::vector<size_t> epoch_order(const PatchSource& source, const LoaderOptions& 
   return order;
 }
 
-TEST(Loader, SplitHoldsOutWholeSlidesFromTheEnd) {
+// Slides given as their patches' labels: patch i of the list belongs to the slide that holds it.
+class LabelledSlides : public PatchSource {
+ public:
+  explicit LabelledSlides(std::vector<std::vector<uint32_t>> slides, bool named = true)
+      : slides_(std::move(slides)), named_(named) {
+    for (uint64_t s = 0; s < slides_.size(); ++s)
+      for (uint32_t label : slides_[s]) patches_.push_back({s, label});
+  }
+  size_t size() const override { return patches_.size(); }
+  int height() const override { return kSize; }
+  int width() const override { return kSize; }
+  uint32_t class_count() const override { return 2; }
+  uint64_t group(size_t index) const override { return patches_.at(index).first; }
+  std::vector<uint64_t> class_counts(uint64_t group) const override {
+    std::vector<uint64_t> counts;
+    for (uint32_t label : slides_.at(group)) {
+      if (label >= counts.size()) counts.resize(label + 1);
+      ++counts[label];
+    }
+    return counts;
+  }
+  std::string group_name(uint64_t group) const override { return named_ ? "s" + std::to_string(group) : ""; }
+  uint32_t read(size_t index, uint8_t*) const override { return patches_.at(index).second; }
+  std::string description() const override { return "memory"; }
+
+ private:
+  std::vector<std::vector<uint32_t>> slides_;
+  std::vector<std::pair<uint64_t, uint32_t>> patches_;
+  bool named_;
+};
+
+std::vector<uint32_t> labels(size_t zeros, size_t ones) {
+  std::vector<uint32_t> result(zeros, 0);
+  result.insert(result.end(), ones, 1);
+  return result;
+}
+
+TEST(Split, HoldsOutWholeSlidesAsCloseToTheFractionAsTheyAllow) {
   MemoryPatches source(70, 10);  // 7 slides of 10
-  std::vector<size_t> train, validation;
-  split_by_group(source, 0.3, train, validation);
-  // 21 patches wanted: slides 6, 5 and 4 (30 patches), never part of a slide.
-  ASSERT_EQ(validation.size(), 30u);
-  EXPECT_EQ(validation.front(), 40u);
-  EXPECT_EQ(validation.back(), 69u);
-  EXPECT_EQ(train.size(), 40u);
-  std::set<uint64_t> train_slides, val_slides;
-  for (size_t i : train) train_slides.insert(source.group(i));
-  for (size_t i : validation) val_slides.insert(source.group(i));
-  for (uint64_t slide : val_slides) EXPECT_EQ(train_slides.count(slide), 0u) << slide;
-  split_by_group(source, 0, train, validation);
-  EXPECT_TRUE(validation.empty());
-  EXPECT_EQ(train.size(), 70u);
+  auto split = split_by_group(source, 0.3);
+  // 21 patches asked: slides 6 and 5 (20) come closer than 6, 5 and 4 (30).
+  ASSERT_EQ(split.validation.size(), 20u);
+  EXPECT_EQ(split.validation.front(), 50u);
+  EXPECT_EQ(split.validation.back(), 69u);
+  EXPECT_EQ(split.train.size(), 50u);
+  EXPECT_EQ(split.held_out, (std::vector<std::string>{"slide5", "slide6"}));
+  EXPECT_EQ(split.report["validation"]["slides"], 2);
+  EXPECT_EQ(split.report["validation"]["per_class"], nlohmann::json({10, 10}));
+  EXPECT_EQ(split.report["train"]["per_class"], nlohmann::json({25, 25}));
+  EXPECT_TRUE(split.report["warnings"].empty());
+  std::set<uint64_t> train_slides;
+  for (size_t i : split.train) train_slides.insert(source.group(i));
+  for (size_t i : split.validation) EXPECT_EQ(train_slides.count(source.group(i)), 0u) << i;
+  auto none = split_by_group(source, 0);
+  EXPECT_TRUE(none.validation.empty());
+  EXPECT_EQ(none.train.size(), 70u);
+}
+
+TEST(Split, TwoSlidesHoldOutTheOneNearerTheFractionAndSayWhatItHolds) {
+  // 82% and 18% of the patches: 0.1 holds out the small slide, not the large one, whichever is last.
+  for (bool small_last : {true, false}) {
+    std::vector<std::vector<uint32_t>> slides = {labels(41, 41), labels(18, 0)};
+    if (!small_last) std::swap(slides[0], slides[1]);
+    auto split = split_by_group(LabelledSlides(slides), 0.1);
+    EXPECT_EQ(split.validation.size(), 18u);
+    EXPECT_DOUBLE_EQ(split.report["held_out_fraction"].get<double>(), 0.18);
+    ASSERT_EQ(split.report["warnings"].size(), 1u);
+    EXPECT_NE(split.report["warnings"][0].get<std::string>().find("no patch of class 1"), std::string::npos);
+  }
+}
+
+TEST(Split, RefusesASplitThatHoldsOutNothingOrTakesAClassFromTraining) {
+  auto message = [](const LabelledSlides& source, double fraction) {
+    try {
+      split_by_group(source, fraction);
+    } catch (const UsageError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  // Two equal slides at 0.1: the nearest split is none.
+  EXPECT_NE(message(LabelledSlides({labels(5, 5), labels(5, 5)}), 0.1).find("holds out nothing"), std::string::npos);
+  EXPECT_NE(message(LabelledSlides({labels(5, 5)}), 0.3).find("one slide"), std::string::npos);
+  // The only slide with class 1 is the one held out.
+  EXPECT_NE(message(LabelledSlides({labels(20, 0), labels(20, 0), labels(5, 5)}), 0.2).find("class 1"),
+            std::string::npos);
+}
+
+TEST(Split, APatchFileHoldsOutItsLastPatches) {
+  std::vector<std::vector<uint32_t>> patches;
+  for (uint32_t i = 0; i < 113; ++i) patches.push_back({i % 2});
+  auto split = split_by_group(LabelledSlides(patches, false), 0.3);
+  ASSERT_EQ(split.validation.size(), 34u);  // round(33.9)
+  EXPECT_EQ(split.validation.front(), 79u);
+  EXPECT_TRUE(split.held_out.empty());
+  EXPECT_EQ(split.report["validation"]["groups"], 34);
 }
 
 TEST(Loader, EpochsAreTheSameWhateverTheThreadsAndEachPatchComesOnce) {
@@ -151,6 +239,37 @@ TEST(Loader, AugmentationChangesImagesNotLabels) {
     }
   EXPECT_EQ(augmented_labels, plain_labels);
   EXPECT_GT(changed, seen / 2);
+}
+
+// A multiplex patch: rotations and flips move whole pixels, all their channels together, and the
+// jitter keeps the channels apart (no saturation mixing, which is for RGB).
+TEST(Loader, AugmentationMovesEveryChannelOfAPixelTogether) {
+  constexpr int size = 6, channels = 5;
+  std::vector<uint8_t> patch(size * size * channels);
+  for (size_t p = 0; p < size * size; ++p)
+    for (size_t c = 0; c < channels; ++c) patch[p * channels + c] = static_cast<uint8_t>(100 + 20 * c + (p == 1 ? 7 : 0));
+  for (uint64_t bits : {0x0ull, 0x3ull, 0x5ull, 0x7ull, 0x80808080ull}) {
+    auto augmented = patch;
+    augment_patch(augmented.data(), size, bits, channels);
+    // In each channel one pixel differs from the rest (their median): the same pixel in all.
+    std::vector<size_t> marked(channels, SIZE_MAX);
+    std::vector<uint8_t> common(channels);
+    for (size_t c = 0; c < channels; ++c) {
+      std::vector<uint8_t> values;
+      for (size_t p = 0; p < size * size; ++p) values.push_back(augmented[p * channels + c]);
+      std::nth_element(values.begin(), values.begin() + size * size / 2, values.end());
+      common[c] = values[size * size / 2];
+      for (size_t p = 0; p < size * size; ++p)
+        if (augmented[p * channels + c] != common[c]) {
+          EXPECT_EQ(marked[c], SIZE_MAX) << "one marked pixel, bits " << bits;
+          marked[c] = p;
+        }
+    }
+    for (size_t c = 1; c < channels; ++c) {
+      EXPECT_EQ(marked[c], marked[0]) << "channel " << c << " moved with channel 0, bits " << bits;
+      EXPECT_GT(common[c], common[c - 1]) << "channels keep their order, bits " << bits;
+    }
+  }
 }
 
 TEST(Loader, DecodeOnlyReadsThePixelsOfItsPartAndEveryLabel) {

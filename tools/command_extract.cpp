@@ -25,6 +25,8 @@ void add_extract_command(CLI::App &app) {
                                     "Tile stores (tessera tile), several or a directory of them");
   slides->excludes(tiles);
   command->add_option("--out", options->out, "Directory of <slide>.h5 files; a killed run there resumes")->required();
+  command->add_flag("--overwrite", options->overwrite,
+                    "Replace feature files in --out that another slide or other settings made (without it, refused)");
   command->add_option("--batch", options->batch, "Tiles per dispatch")->capture_default_str();
   command->add_option("--precision", *precision, "Stored features: fp32 or fp16")
       ->check(CLI::IsMember({"fp32", "fp16"}))

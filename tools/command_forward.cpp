@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/output.h"
 #include "compute/checkpoint.h"
 #include "compute/network.h"
 #include "tools/commands.h"
@@ -17,12 +18,14 @@ namespace {
 struct ForwardFlags {
   std::string model, input, output, precision = "fp32";
   int batch = 16, device = -1, classes = 2;
-  bool random_weights = false;
+  bool random_weights = false, overwrite = false;
 };
 
 void run_forward(const ForwardFlags& f) {
   refuse_untrained_model(f.model, f.random_weights);
   refuse_output_over_inputs("--output", f.output, {{"--input", f.input}, {"--model", f.model}});
+  OutputLock lock(f.output);
+  check_replaceable(f.output, "--output", f.overwrite ? Existing::overwrite : Existing::refuse);
   HostArray x = read_hdf5_array(f.input, "x");
   if (x.shape.size() != 4 || x.shape[1] != 3)
     throw BadInput(f.input + ": dataset x must be float32 [N,3,H,W] (normalised images), got " + to_string(x.shape));
@@ -100,6 +103,7 @@ void add_forward_command(CLI::App& app) {
   command->add_option("--output", flags->output, "HDF5 file to write dataset logits [N,K] to")->required();
   command->add_flag("--random-weights", flags->random_weights,
                     "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
+  command->add_flag("--overwrite", flags->overwrite, "Replace an existing --output (otherwise refused)");
   command->add_option("--classes", flags->classes, "Classes of a preset (not of a checkpoint)")->capture_default_str();
   command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(CLI::PositiveNumber);
   command->add_option("--device", flags->device, "Vulkan device index");
