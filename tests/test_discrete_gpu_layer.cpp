@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -19,7 +20,12 @@ void ok(VkResult result) { ASSERT_EQ(result, VK_SUCCESS); }
 class LayerDevice {
  public:
   LayerDevice() {
-    setenv("VK_ADD_LAYER_PATH", TESSERA_DISCRETE_GPU_LAYER_DIR, 1);
+    // Beside the layer folders already named (a bundle names its validation layer's); where
+    // VK_LAYER_PATH is set, the loader reads only it.
+    const char* variable = std::getenv("VK_LAYER_PATH") ? "VK_LAYER_PATH" : "VK_ADD_LAYER_PATH";
+    std::string folders = TESSERA_DISCRETE_GPU_LAYER_DIR;
+    if (const char* named = std::getenv(variable)) folders += std::string(":") + named;
+    setenv(variable, folders.c_str(), 1);
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
     app.apiVersion = VK_API_VERSION_1_2;
     const char* layers[] = {"VK_LAYER_TESSERA_discrete_gpu"};

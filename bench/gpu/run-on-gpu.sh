@@ -48,7 +48,8 @@ for key in source_dir build_dir; do
   if [[ ! -e $path ]]; then mkdir -p "$(dirname "$path")" && ln -s "$target" "$path"; fi
 done
 
-export VK_LAYER_PATH=$bundle/vulkan/explicit_layer.d
+# The bundle's validation layer beside the machine's layers (VK_LAYER_PATH would hide the tests' own).
+export VK_ADD_LAYER_PATH=$bundle/vulkan/explicit_layer.d${VK_ADD_LAYER_PATH:+:$VK_ADD_LAYER_PATH}
 icd=$(find /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d /usr/local/share/vulkan/icd.d \
   -maxdepth 1 -name 'nvidia_icd*.json' 2>/dev/null | sort | head -1 || true)
 if [[ -n $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
