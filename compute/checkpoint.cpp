@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/hdf5_lock.h"
 #include "compute/hdf5.h"
 
 namespace tessera {
@@ -100,6 +101,7 @@ void read_arrays(hid_t file, const std::string& path, const std::string& group_n
 // Writes a new HDF5 file PATH.partial with `write`, then renames it over PATH durably; on any
 // failure removes PATH.partial (a full disk keeps the old PATH and no large leftover).
 void write_then_rename(const std::string& path, const std::function<void(hid_t, const std::string&)>& write) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::string partial = path + ".partial";
   try {
@@ -120,6 +122,7 @@ void write_then_rename(const std::string& path, const std::function<void(hid_t, 
 }  // namespace
 
 HostArray read_hdf5_array(const std::string& path, const std::string& dataset) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!std::filesystem::exists(path)) throw BadInput(path + ": no such file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -134,6 +137,7 @@ HostArray read_hdf5_array(const std::string& path, const std::string& dataset) {
 }
 
 void write_hdf5_arrays(const std::string& path, const std::map<std::string, HostArray>& arrays) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   write_then_rename(path, [&](hid_t file, const std::string& partial) { write_arrays(file, partial, "", arrays); });
 }
@@ -197,6 +201,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
 }
 
 nlohmann::json read_checkpoint_progress(const std::string& path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
@@ -226,6 +231,7 @@ nlohmann::json read_model_attribute(hid_t file, const std::string& path) {
 }  // namespace
 
 nlohmann::json read_checkpoint_model(const std::string& path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!std::filesystem::exists(path)) throw BadInput(path + ": no such checkpoint file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -234,6 +240,7 @@ nlohmann::json read_checkpoint_model(const std::string& path) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!std::filesystem::exists(path)) throw BadInput(path + ": no such checkpoint file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);

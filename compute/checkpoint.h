@@ -1,4 +1,4 @@
-// Checkpoints in HDF5 with PyTorch's parameter names and layouts (ARCHITECTURE.md, "Formats"):
+// Checkpoints in HDF5 with PyTorch's parameter names and layouts (docs/architecture.md, "Formats"):
 // root attribute `model` (JSON), `params/<name>` float32 datasets, and under `train/` the
 // optimizer state, the step counter and where the run stood.
 #pragma once

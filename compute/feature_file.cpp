@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/hdf5_lock.h"
 
 namespace tessera {
 
@@ -111,6 +112,7 @@ void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFil
 
 FeatureFileState feature_file_state(const std::string &path, const FeatureFileLayout &layout,
                                     std::string *difference) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!output_exists(path)) return FeatureFileState::absent;
   auto other = [&](const std::string &why) {
@@ -146,6 +148,7 @@ void check_feature_file_replaceable(const std::string &path, const FeatureFileLa
 
 FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout, Existing existing)
     : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), lock_(path), width_(layout.width) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   // Judged under the lock: another run may have finished the file since this one looked.
   if (feature_file_state(path, layout) == FeatureFileState::complete) {
@@ -159,6 +162,7 @@ FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileL
 FeatureFileWriter::~FeatureFileWriter() { close(); }
 
 void FeatureFileWriter::close() {
+  const Hdf5Lock hdf5_lock;
   for (hid_t *dataset : {&features_, &coords_})
     if (*dataset >= 0) H5Dclose(std::exchange(*dataset, -1));
   if (file_ >= 0) H5Fclose(std::exchange(file_, -1));
@@ -246,6 +250,7 @@ void FeatureFileWriter::record_rows() {
 }
 
 void FeatureFileWriter::append(const float *features, const int64_t *coords, int64_t count) {
+  const Hdf5Lock hdf5_lock;
   if (count == 0) return;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread: appends run on the writer thread
   auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type, const void *data, const char *name) {
@@ -266,6 +271,7 @@ void FeatureFileWriter::append(const float *features, const int64_t *coords, int
 }
 
 void FeatureFileWriter::finish() {
+  const Hdf5Lock hdf5_lock;
   close();
   durable_rename(partial_, path_);
   std::error_code error;
@@ -273,6 +279,7 @@ void FeatureFileWriter::finish() {
 }
 
 FeatureFileTiles read_feature_tiles(const std::string &path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!fs::exists(path)) throw BadInput(path + ": no such file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);

@@ -1,4 +1,4 @@
-// Per-slide feature files in CLAM's layout (ARCHITECTURE.md, "Formats"):
+// Per-slide feature files in CLAM's layout (docs/architecture.md, "Formats"):
 // `features` float32 or float16 [N,D] and `coords` int64 [N,2] (level-0 x, y),
 // chunked and extendable, with CLAM's and TRIDENT's attributes on `coords`
 // (strings as variable-length UTF-8, which h5py reads as str). Written as

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/hdf5_lock.h"
 #include "common/output.h"
 
 namespace tessera::hdf5 {
@@ -16,6 +17,7 @@ namespace {
 }  // namespace
 
 hid_t create_file(const std::string &path) {
+  const Hdf5Lock hdf5_lock;
   UniqueFd made = create_new_file(path);
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (file < 0) throw Error(ExitCode::runtime_error, path + ": cannot create" + disk_full_hint());
@@ -28,6 +30,7 @@ hid_t create_file(const std::string &path) {
 }
 
 uint64_t held_elements(hid_t dataset, const std::string &what) {
+  const Hdf5Lock hdf5_lock;
   Handle space(H5Dget_space(dataset), H5Sclose);
   Handle type(H5Dget_type(dataset), H5Tclose);
   Handle properties(H5Dget_create_plist(dataset), H5Pclose);
@@ -51,6 +54,7 @@ uint64_t held_elements(hid_t dataset, const std::string &what) {
 
 // Variable-length UTF-8, as h5py writes a Python str (and reads it back as str, not bytes).
 void write_string_attribute(hid_t object, const char *name, const std::string &value) {
+  const Hdf5Lock hdf5_lock;
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type, H5T_VARIABLE);
   H5Tset_cset(type, H5T_CSET_UTF8);
@@ -62,6 +66,7 @@ void write_string_attribute(hid_t object, const char *name, const std::string &v
 }
 
 std::optional<std::string> read_string_attribute(hid_t object, const char *name) {
+  const Hdf5Lock hdf5_lock;
   if (H5Aexists(object, name) <= 0) return std::nullopt;
   Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attribute), H5Tclose);
@@ -82,6 +87,7 @@ std::optional<std::string> read_string_attribute(hid_t object, const char *name)
 
 void write_attribute(hid_t object, const char *name, hid_t memory_type, const std::vector<hsize_t> &dims,
                      const void *data) {
+  const Hdf5Lock hdf5_lock;
   Handle space(
       dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
       H5Sclose);
@@ -91,6 +97,7 @@ void write_attribute(hid_t object, const char *name, hid_t memory_type, const st
 }
 
 bool read_attribute(hid_t object, const char *name, hid_t memory_type, size_t count, void *data) {
+  const Hdf5Lock hdf5_lock;
   if (H5Aexists(object, name) <= 0) return false;
   Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attribute), H5Tclose);

@@ -1,10 +1,13 @@
-// Small HDF5 helpers shared by checkpoints and feature files.
+// Small HDF5 helpers shared by checkpoints and feature files. Every HDF5 call holds Hdf5Lock
+// (common/hdf5_lock.h): each public function here, in checkpoint.h and in feature_file.h takes it.
 #pragma once
 #include <hdf5.h>
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/hdf5_lock.h"
 
 namespace tessera::hdf5 {
 
@@ -13,6 +16,7 @@ class Handle {
  public:
   Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
   ~Handle() {
+    const Hdf5Lock hdf5_lock;  // a handle may outlive the call that opened it
     if (id_ >= 0) close_(id_);
   }
   Handle(const Handle &) = delete;

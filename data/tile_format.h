@@ -1,4 +1,4 @@
-// Keys and values of the LMDB tile store (ARCHITECTURE.md, "Formats").
+// Keys and values of the LMDB tile store (docs/architecture.md, "Formats").
 //
 // Key (16 bytes): slide, level, row, column as big-endian uint32, so keys sort by slide, level,
 // row, column and a slide's tiles are contiguous.

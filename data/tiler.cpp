@@ -80,9 +80,16 @@ std::string fingerprint_of(const std::string& path) {
          crc_of(size > tail ? size - tail : 0, tail);
 }
 
+// A slide and its labels, opened and checked once, before any tile is written.
+struct OpenedSlide {
+  std::unique_ptr<Slide> slide;
+  std::unique_ptr<TileLabeler> labeler;  // none without labels: every tile gets label 0
+};
+
 // Where a job's slide goes in the store: a new id, or the id of the same content tiled before.
 struct SlidePlan {
   uint32_t id = 0;
+  std::string fingerprint;
   nlohmann::json entry;  // null for a new slide
 };
 
@@ -96,7 +103,7 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
   for (const SlideJob& job : jobs) {
     std::string path = canonical_path(job.slide), fingerprint = fingerprint_of(job.slide);
     nlohmann::json settings = settings_of(job, options);
-    SlidePlan plan;
+    SlidePlan plan{.fingerprint = fingerprint};
     for (auto& [existing_id, existing] : slides) {
       if (existing.value("tile_size", options.size) != options.size)
         throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.value("tile_size", 0)) +
@@ -111,7 +118,7 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
       if (existing["settings"] != settings)
         throw UsageError("--out: " + store + " already holds " + path + " tiled with other settings (" +
                          existing["settings"].dump() + "); use another --out");
-      plan = {existing_id, existing};
+      plan = {existing_id, fingerprint, existing};
     }
     if (!given.emplace(fingerprint, job.slide).second)
       throw UsageError("SLIDE: " + given[fingerprint] + " and " + job.slide + " are the same slide (same content)");
@@ -123,14 +130,18 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
 
 class SlideTiler {
  public:
-  SlideTiler(const SlideJob& job, const TilerOptions& options, TileStoreWriter& store)
-      : job_(job), options_(options), store_(store), slide_(open_slide(job.slide, options.tile_cache_bytes)) {}
+  SlideTiler(const SlideJob& job, OpenedSlide opened, const TilerOptions& options, TileStoreWriter& store)
+      : job_(job),
+        options_(options),
+        store_(store),
+        slide_(std::move(opened.slide)),
+        labeler_(std::move(opened.labeler)) {}
 
   nlohmann::json run(const SlidePlan& plan) {
     auto start = Clock::now();
     std::string path = canonical_path(job_.slide);
     uint32_t id = plan.id;
-    nlohmann::json entry = plan.entry.is_null() ? describe_slide(path, settings_of(job_, options_)) : plan.entry;
+    nlohmann::json entry = plan.entry.is_null() ? describe_slide(path, plan.fingerprint) : plan.entry;
     nlohmann::json summary = {{"slide", path}, {"id", id}};
     if (entry.value("complete", false)) {
       summary.update({{"status", "already complete"}, {"tiles", entry["tiles"]}});
@@ -142,10 +153,6 @@ class SlideTiler {
     std::optional<TissueMask> tissue;  // none with --tissue none: every tile is kept
     if (options_.tissue != Stain::none)
       tissue.emplace(*slide_, tile_extent, options_.tissue_threshold, options_.tissue);
-    std::unique_ptr<TileLabeler> labeler;
-    if (!job_.labels.empty())
-      labeler = open_labels(job_.labels, slide_->levels()[0].width, slide_->levels()[0].height, options_.label_rule,
-                            options_.label_coverage, options_.label_class, options_.unclassified_as);
     int64_t columns = level.width / options_.size, rows = level.height / options_.size;
     std::vector<uint32_t> candidates;
     uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
@@ -154,7 +161,7 @@ class SlideTiler {
         double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
         double fraction = tissue ? tissue->tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) : 1.0;
         if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
-        if (labeler && labeler->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
+        if (labeler_ && labeler_->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
           ++labelled;
           labelled_on_tissue += fraction > 0;
         }
@@ -163,8 +170,8 @@ class SlideTiler {
     if (auto empty = why_empty(columns * rows, candidates.size(), level); !empty.empty()) {
       progress.event({{"warning", empty}, {"slide", path}});
       summary["warning"] = empty;
-    } else if (labeler) {
-      check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
+    } else if (labeler_) {
+      check_labels_fit(*labeler_, labelled, labelled_on_tissue, progress, summary);
     }
     entry["grid"] = {columns, rows};
     entry["tissue"] = tissue ? tissue->report() : nlohmann::json{{"stain", "none"}, {"chosen", "given"}};
@@ -188,7 +195,7 @@ class SlideTiler {
     };
     ordered_parallel<TileResult>(
         candidates.size() - done, options_.workers, static_cast<size_t>(options_.workers) * 32,
-        [&](size_t i) { return make_tile(id, candidates[done + i], columns, level, aligned, labeler.get()); },
+        [&](size_t i) { return make_tile(id, candidates[done + i], columns, level, aligned); },
         [&](size_t i, TileResult&& result) {
           size_t processed = done + i + 1;
           if (!result.corrupt.empty()) {
@@ -276,7 +283,7 @@ class SlideTiler {
     }
   }
 
-  nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
+  nlohmann::json describe_slide(const std::string& path, const std::string& fingerprint) const {
     const SlideLevel& base = slide_->levels()[0];
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
     nlohmann::json entry = {{"path", path},
@@ -292,8 +299,8 @@ class SlideTiler {
             {"tile_size", options_.size},
             {"mpp_x", slide_->mpp_x()},
             {"mpp_y", slide_->mpp_y()},
-            {"fingerprint", fingerprint_of(job_.slide)},
-            {"settings", settings},
+            {"fingerprint", fingerprint},
+            {"settings", settings_of(job_, options_)},
             {"done", 0},
             {"tiles", 0},
             {"corrupt_tiles", 0},
@@ -303,15 +310,14 @@ class SlideTiler {
     return entry;
   }
 
-  TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned,
-                       const TileLabeler* labeler) const {
+  TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned) const {
     const int size = options_.size;
     int64_t column = position % columns, row = position / columns;
     double x0 = static_cast<double>(column * size) * level.downsample;
     double y0 = static_cast<double>(row * size) * level.downsample;
     double extent = size * level.downsample;
     TileResult result;
-    result.label = labeler ? labeler->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    result.label = labeler_ ? labeler_->label(x0, y0, x0 + extent, y0 + extent) : 0;
     const auto channels = static_cast<size_t>(slide_->channels());
     TileHeader header{static_cast<uint16_t>(size),
                       static_cast<uint16_t>(size),
@@ -358,6 +364,7 @@ class SlideTiler {
   const TilerOptions& options_;
   TileStoreWriter& store_;
   std::unique_ptr<Slide> slide_;
+  std::unique_ptr<TileLabeler> labeler_;
 };
 
 }  // namespace
@@ -392,9 +399,12 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();
-  // Every input is checked before the first tile is written.
+  // Every input is opened and checked once, before the first tile is written; each slide is
+  // tiled from what was opened, and closed once it is done.
   std::string too_small;  // slides the tile size does not fit
   size_t too_small_count = 0;
+  std::vector<OpenedSlide> opened;
+  opened.reserve(jobs.size());
   for (const SlideJob& job : jobs) {
     auto slide = open_slide(job.slide, options.tile_cache_bytes);
     if (options.level < 0 || static_cast<size_t>(options.level) >= slide->levels().size())
@@ -406,9 +416,11 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
       ++too_small_count;
     }
     check_stain_fits(options.tissue, *slide);
+    std::unique_ptr<TileLabeler> labeler;
     if (!job.labels.empty())
-      open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
-                  options.label_coverage, options.label_class, options.unclassified_as);
+      labeler = open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
+                            options.label_coverage, options.label_class, options.unclassified_as);
+    opened.push_back({std::move(slide), std::move(labeler)});
   }
   if (!jobs.empty() && too_small_count == jobs.size())
     throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
@@ -419,7 +431,7 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
   uint64_t written = 0, corrupt = 0, tiles = 0;
   std::string reasons;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    auto summary = SlideTiler(jobs[i], options, writer).run(plans[i]);
+    auto summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
     written += summary.value("written", uint64_t{0});
     corrupt += summary.value("corrupt_tiles", uint64_t{0});
     tiles += summary.value("tiles", uint64_t{0});

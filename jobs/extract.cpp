@@ -14,12 +14,9 @@
 #include <thread>
 
 #include "common/error.h"
-#include "jobs/channel.h"
 #include "common/progress.h"
-#include "compute/checkpoint.h"
 #include "compute/feature_file.h"
-#include "compute/hdf5.h"
-#include "compute/network.h"
+#include "compute/inference.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
 #include "jobs/channel.h"
@@ -62,39 +59,8 @@ struct Message {
 // reading.
 struct ReaderStopped {};
 
-nlohmann::json truncated_after(nlohmann::json description, const std::string &layer) {
-  auto &layers = description["layers"];
-  for (size_t i = 0; i < layers.size(); ++i)
-    if (layers[i]["name"] == layer) {
-      layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1, layers.end());
-      break;
-    }
-  return description;
-}
-
 std::string slide_name(const nlohmann::json &entry) {
   return fs::path(entry.value("name", entry.value("path", ""))).stem().string();
-}
-
-// The network extraction runs: uint8 pixels as read from the store (RGB, or a multiplex slide's
-// channels) become the layer the model reads as "input".
-Network extraction_network(const nlohmann::json &description, int batch, int tile_size, int channels) {
-  std::vector<GraphInput> inputs{{"images", {batch, tile_size, tile_size, channels}, DType::u8}};
-  nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
-  return Network(description, inputs, false, prologue);
-}
-
-// The model's description: a checkpoint's, a preset's or a JSON file's.
-nlohmann::json model_description(const std::string &model) {
-  return is_checkpoint_path(model) ? check_model_description(read_checkpoint_model(model), model + " (attribute 'model')")
-                                   : load_model_description(model, 2);
-}
-
-// The layer's name in the model (a module's is its last sublayer's); throws UsageError for a
-// layer the model does not have. The whole graph resolves the name; only the layers up to it run.
-std::string resolve_layer(const nlohmann::json &description, const ExtractOptions &options, int tile_size,
-                          int channels) {
-  return extraction_network(description, 1, tile_size, channels).layer(options.layer).name;
 }
 
 struct SlideWork {
@@ -103,45 +69,33 @@ struct SlideWork {
   nlohmann::json entry;
 };
 
-// One device's model: the network up to the layer, the staged images and the program that runs it.
+// One device's model: the network up to the layer over the staged images.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, int tile_size, int channels, int device)
-      : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(device)) {
-    std::optional<Checkpoint> checkpoint;
-    if (is_checkpoint_path(options.model)) checkpoint = read_checkpoint(options.model);
-    nlohmann::json description =
-        checkpoint ? check_model_description(checkpoint->model, options.model + " (attribute 'model')")
-                   : model_description(options.model);
-    std::string layer = resolve_layer(description, options, tile_size, channels);
-    network_ = std::make_unique<Network>(extraction_network(truncated_after(description, layer), options.batch, tile_size, channels));
-    const GraphInput images = network_->inputs().front();
-    // The graph's buffers (in inference an activation's is handed on once read), the staged
-    // images and the step count.
-    auto &allocator = context_.allocator();
-    planned_bytes_ = network_->plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(element_count(images.shape))) +
-                     InferenceProgram::planned_bytes(allocator);
-    network_->allocate(context_);
-    network_->initialise(0);
-    std::map<std::string, Tensor *> tensors;
-    for (auto &named : network_->named_tensors()) tensors[named.name] = named.tensor;
-    if (checkpoint) load_tensors(checkpoint->params, tensors, options.model, "params");
-    const Shape &out = network_->output_shape();
+  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int channels, int device)
+      : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(options, device)) {
+    // uint8 pixels as read from the store (RGB, or a multiplex slide's channels) become the layer
+    // the model reads as "input".
+    InferenceOptions inference;
+    inference.inputs = {{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
+    inference.prologue =
+        nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+    inference.layer = options.layer;
+    inference.advice = "lower --batch, or raise --device-memory-limit";
+    inference.weights_digest = true;
+    model_ = std::make_unique<Inference>(context_, model, inference);
+    const Shape &out = model_->output_shape();
     width_ = out[1];
     spatial_ = element_count(out) / (out[0] * out[1]);
     extraction_ = {{"model", options.model},
-                   {"weights", weights_digest(download_tensors(tensors))},
-                   {"random_weights", !checkpoint},
-                   {"layer", layer},
+                   {"weights", model_->weights_digest()},
+                   {"random_weights", !model.checkpoint},
+                   {"layer", model_->layer()},
                    {"output_shape", Shape(out.begin() + 1, out.end())},
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
     if (channels != 3) extraction_["channels"] = channels;  // RGB files keep the settings they always had
-
-    images_ = std::make_unique<Tensor>(context_, "images", images.shape, DType::u8, vk::MemoryUsage::staging);
-    program_ = std::make_unique<InferenceProgram>(context_, *network_, Network::Bound{{"images", images_.get()}});
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
@@ -175,9 +129,9 @@ class Extractor {
   // Runs a batch of tiles through the network; rows are the pooled features.
   FeatureBatch run(TileBatch &&tiles) {
     auto start = Clock::now();
-    images_->buffer().write(tiles.rgb.data(), tiles.rgb.size());
-    program_->run();
-    network_->output().download(output_.data(), output_.size() * sizeof(float));
+    model_->input("images").upload(tiles.rgb.data(), tiles.rgb.size());
+    model_->run();
+    model_->output().download(output_.data(), output_.size() * sizeof(float));
     FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
                        tiles.count};
     for (int64_t row = 0; row < tiles.count * width_; ++row) {
@@ -194,28 +148,26 @@ class Extractor {
     return {{"index", context_.info().index},
             {"name", context_.info().name},
             {"device_seconds", device_seconds_},
-            {"planned_device_bytes", planned_bytes_},
+            {"planned_device_bytes", model_->plan().total()},
             {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
   }
 
  private:
-  static vk::ContextOptions context_options(int device) {
+  static vk::ContextOptions context_options(const ExtractOptions &options, int device) {
     vk::ContextOptions context = vk::options_from_environment();
     context.device_index = device;
+    context.memory_budget = options.memory_budget;
     return context;
   }
 
   const ExtractOptions &options_;
   int tile_size_, channels_;
   vk::Context context_;
-  std::unique_ptr<Network> network_;
-  std::unique_ptr<Tensor> images_;
-  std::unique_ptr<InferenceProgram> program_;
+  std::unique_ptr<Inference> model_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;
   nlohmann::json extraction_;
   double device_seconds_ = 0;
-  uint64_t planned_bytes_ = 0;
 };
 
 // What the devices share: the next slide nobody has taken, the progress, each slide's summary
@@ -481,15 +433,20 @@ void create_out_directory(const std::string &out) {
 }  // namespace
 
 void extract_features(const ExtractOptions &options) {
-  // A feature file that the disk refused to flush cannot be closed; HDF5's exit handler would then
-  // crash closing it again. Its flushed rows are known (FeatureFileWriter::rows), so skip that handler.
-  H5dont_atexit();
   if (options.slides.empty() == options.tiles.empty()) throw UsageError("give either --slides or --tiles");
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
   if (options.workers < 1) throw UsageError("--workers must be at least 1");
   // Checked before any work: --slides tiles first.
   std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
   if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
+  const ResolvedModel model = resolve_model(options.model, 2);
+  // A model per device, each planned and checked against its device's budget before any work.
+  std::vector<std::unique_ptr<Extractor>> extractors;
+  auto build_extractors = [&](int tile_size, int channels) {
+    extractors.clear();
+    for (int device : devices)
+      extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, channels, device));
+  };
   nlohmann::json summary = nlohmann::json::object();
   std::vector<std::string> store_paths;
   data::Shard shard = options.shard;
@@ -501,7 +458,7 @@ void extract_features(const ExtractOptions &options) {
     store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
-    resolve_layer(model_description(options.model), options, options.tiler.size, 3);  // before anything is made
+    if (!jobs.empty()) build_extractors(options.tiler.size, 3);  // rebuilt if the slides have other channels
     create_out_directory(options.out);
     summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
     shard = {};  // that store holds this shard's slides only
@@ -548,8 +505,8 @@ void extract_features(const ExtractOptions &options) {
                      std::to_string(channels) + ": one model input per run");
   }
 
-  std::vector<std::unique_ptr<Extractor>> extractors;
-  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, channels, device));
+  if (extractors.empty() || extractors.front()->tile_size() != tile_size || extractors.front()->channels() != channels)
+    build_extractors(tile_size, channels);
   create_out_directory(options.out);
   // Before any work: a file another slide or other settings made is not replaced unasked.
   for (const SlideWork &work : selected)

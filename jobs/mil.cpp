@@ -11,6 +11,7 @@
 #include "common/progress.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
+#include "compute/inference.h"
 #include "compute/tensor.h"
 #include "jobs/slide_labels.h"
 
@@ -150,6 +151,7 @@ class MilJob {
         throw BadInput(options_.checkpoint + ": holds a head " + job.start->model.dump() + ", not " +
                        job.model.dump());
     }
+    job.settings = run_settings(options_);
     job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()},
                   {"split", split_report_}};
     job.advice = "lower --attention-hidden, or raise --device-memory-limit";
@@ -292,14 +294,13 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   // The head's classifier on each instance alone: an attention pool of one instance is that
   // instance, so either head gives the probability it would give a bag of this one tile.
   nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
-  Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
-  head.allocate(context);
-  std::map<std::string, Tensor*> tensors;
-  for (auto& named : head.named_tensors()) tensors[named.name] = named.tensor;
-  load_tensors(checkpoint.params, tensors, checkpoint_path, "params");
-  Tensor features(context, "features", {bag.instances, width});
-  features.upload(bag.features);
-  InferenceProgram(context, head, {{"features", &features}}).run();
+  InferenceOptions setup;
+  setup.inputs = {{"features", {bag.instances, width}}};
+  setup.input_memory = vk::MemoryUsage::device;
+  setup.advice = "the slide's tile count and the head's width set it";
+  Inference head(context, {std::move(graph), std::move(checkpoint), checkpoint_path}, setup);
+  head.input("features").upload(bag.features);
+  head.run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
   // Softmax of each instance's logits on the host: C numbers a row, for the last class.
@@ -325,7 +326,7 @@ nlohmann::json mil_settings(const MilOptions& mil) {
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
-  return TrainingLoop(context, job.options(), job.job()).plan();
+  return TrainingLoop(context, loop_settings(job.options()), job.job()).plan();
 }
 
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
@@ -333,7 +334,7 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
   check_mil_flags(options, mil);
   MilJob job(options, mil);
   if (reporting.progress) job.report_split();
-  TrainingLoop loop(context, job.options(), job.job());
+  TrainingLoop loop(context, loop_settings(job.options()), job.job());
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
   loop.run(train_feed, val_feed, reporting);
 }

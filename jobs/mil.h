@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "compute/trainer.h"
+#include "jobs/train_options.h"
 
 namespace tessera {
 

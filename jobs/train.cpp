@@ -120,6 +120,7 @@ Setup prepare(const TrainOptions& options) {
   job.staged = {{"images", {n, setup.source->height(), setup.source->width(), setup.source->channels()}, DType::u8},
                 {"labels", {n}, DType::u32},
                 {"valid", {1}, DType::u32}};
+  job.settings = run_settings(options);
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
   job.report["split"] = split.report;
   check_trainable(job, job.start_path.empty() ? options.model : job.start_path);
@@ -154,7 +155,7 @@ class PatchFeed : public Feed {
 
 std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options) {
   Setup setup = prepare(options);
-  TrainingLoop loop(devices, options, std::move(setup.job));
+  TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   return loop.plans();
 }
@@ -163,7 +164,7 @@ void train(const std::vector<vk::Context*>& devices, const TrainOptions& options
   Setup setup = prepare(options);
   if (reporting.progress) report_split(setup);
   // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
-  TrainingLoop loop(devices, options, std::move(setup.job));
+  TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};

@@ -1,5 +1,5 @@
 """Shared helpers of the tests/test_data_*.py scripts: run tessera, read a tile store with
-python3-lmdb and nothing of tessera's (an independent reader of the format in ARCHITECTURE.md)."""
+python3-lmdb and nothing of tessera's (an independent reader of the format in docs/architecture.md)."""
 import io
 import json
 import os

@@ -1,4 +1,4 @@
-"""Bad input to `tessera tile` and `tessera synth`: the exit codes of ARCHITECTURE.md (5 bad
+"""Bad input to `tessera tile` and `tessera synth`: the exit codes of docs/architecture.md (5 bad
 input, 2 bad usage) and messages that name the file, the tile or the flag."""
 import json
 import os

@@ -18,7 +18,6 @@
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/data_parallel.h"
-#include "compute/run_checks.h"
 #include "jobs/mil.h"
 #include "jobs/train.h"
 #include "tools/commands.h"

@@ -53,7 +53,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
                     tiles.reduction_unroll == tiles.group;
-  auto& kernel = kernel_for(kernels, "gemm", *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
+  auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm, *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
                                       tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
                                       share_rows ? 1 : 0, relu ? 1 : 0});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
@@ -69,7 +69,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
 
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
                           const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
-  recorder.dispatch(kernel_for(kernels, "bias_backward", dy), {reads(dy), updates(dbias)},
+  recorder.dispatch(kernel_for<BiasPush>(kernels, vk::kernel::bias_backward, dy), {reads(dy), updates(dbias)},
                     BiasPush{batch, channels, pixels}, channels);
 }
 

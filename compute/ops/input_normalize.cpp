@@ -33,7 +33,7 @@ void InputNormalize::forward(vk::Recorder& recorder, vk::Kernels& kernels, const
                      channels,
                      {rgb ? kMean[0] : kOtherMean, kMean[1], kMean[2], 0},
                      {1 / (rgb ? kStd[0] : kOtherStd), 1 / kStd[1], 1 / kStd[2], 0}};
-  recorder.dispatch_elements(kernel_for(kernels, "input_normalize", input, {kElementwiseGroup}),
+  recorder.dispatch_elements(kernel_for<NormalizePush>(kernels, vk::kernel::input_normalize, input, {kElementwiseGroup}),
                              {reads(*t.inputs[0]), writes(input)}, push,
                              static_cast<uint64_t>(input.count()), kElementwiseGroup);
 }
