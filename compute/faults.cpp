@@ -42,10 +42,10 @@ Faults Faults::from_environment() {
     faults.sigkill_rank = rank;
   } else if (starts_with(fault, "loss_scale:")) {
     faults.loss_scale = std::strtof(fault.c_str() + 11, nullptr);
-  } else {
+  } else if (fault != "skip_flush") {  // skip_flush: vk::Allocator reads it
     throw UsageError("TESSERA_FAULT=" + fault +
                      ": not a fault (leak:BYTES, segfault, hang, oom, nan, nan:TENSOR, wait:DIR, sigkill:EPOCH[:RANK], "
-                     "loss_scale:VALUE)");
+                     "loss_scale:VALUE, skip_flush)");
   }
   return faults;
 }

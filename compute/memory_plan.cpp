@@ -7,7 +7,7 @@ namespace tessera {
 
 void MemoryPlan::add(const vk::Allocator& allocator, const std::string& category, uint64_t size,
                      vk::MemoryUsage usage) {
-  bytes[category] += allocator.footprint(size);
+  bytes[category] += allocator.device_footprint(size, usage);
   buffers.push_back({size, usage});
 }
 

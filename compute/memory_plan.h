@@ -16,7 +16,7 @@ namespace tessera {
 struct MemoryPlan {
   std::map<std::string, uint64_t> bytes;   // "parameters", "gradients", "activations", ...
   std::vector<vk::PlannedBuffer> buffers;  // every buffer, in the order the run allocates it
-  // Adds a buffer of `bytes` (its footprint to `category`).
+  // Adds a buffer of `bytes` (its footprint in device memory to `category`).
   void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
            vk::MemoryUsage usage = vk::MemoryUsage::device);
   // Adds every buffer of `other` after these.

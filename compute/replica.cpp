@@ -226,13 +226,14 @@ void Replica::wait_all() {
 
 void Replica::reset_metrics() {
   wait_all();
-  std::memset(metrics_->buffer().mapped(), 0, 16);
+  const float zeros[4] = {};
+  metrics_->buffer().write(zeros, sizeof zeros);
 }
 
 std::array<double, 3> Replica::read_metrics() {
   wait_all();
   float m[4];
-  std::memcpy(m, metrics_->buffer().mapped(), 16);
+  metrics_->buffer().read(m, sizeof m);
   return {m[0], m[1], m[2]};
 }
 
@@ -409,9 +410,14 @@ std::vector<std::span<float>> Replica::segment_gradients(int slot, size_t s) {
   program.wait();
   std::vector<std::span<float>> gradients;
   for_each_gradient(segments_[s], [&](const Tensor&, const Tensor& host) {
+    host.buffer().invalidate();  // the device's copy reaches non-coherent host memory
     gradients.push_back({static_cast<float*>(host.buffer().mapped()), static_cast<size_t>(host.count())});
   });
   return gradients;
+}
+
+void Replica::flush_segment_gradients(size_t s) const {
+  for_each_gradient(segments_[s], [](const Tensor&, const Tensor& host) { host.buffer().flush(); });
 }
 
 // Ends the program being recorded with a copy of `values` for the host, and begins the next

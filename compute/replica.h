@@ -90,6 +90,8 @@ class Replica final : public ReplicaSync {
   // Waits for segment s of the last micro-batch's backward in `slot`; its gradients in host memory,
   // a span per parameter, in the same order on every replica.
   std::vector<std::span<float>> segment_gradients(int slot, size_t s);
+  // Makes the host's sums of segment `s`'s gradients visible to the device.
+  void flush_segment_gradients(size_t s) const;
   void submit_update() { update_program_->submit(); }
   vk::Program& eval_program(int slot) { return *eval_programs_[slot]; }
   void wait_all();

@@ -82,7 +82,10 @@ std::map<std::string, const Tensor*> ReplicaGroup::feed_target(int slot, int k) 
 }
 
 void ReplicaGroup::distribute(int slot, int k, bool training) {
-  if (!replicated()) return;
+  if (!replicated()) {  // the feed wrote the replica's own staging: make it visible to the device
+    for (auto& [name, tensor] : feed_target(slot, k)) tensor->buffer().flush();
+    return;
+  }
   uint32_t valid = 0;
   std::memcpy(&valid, whole_[valid_input_]->buffer().mapped(), 4);
   const auto* labels = static_cast<const uint32_t*>(whole_[labels_input_]->buffer().mapped());
@@ -109,9 +112,10 @@ void ReplicaGroup::distribute(int slot, int k, bool training) {
       std::memcpy(destination, static_cast<const uint8_t*>(from.buffer().mapped()) + part.first * per_sample,
                   part.count * per_sample);
       std::memset(destination + part.count * per_sample, 0, to.bytes() - part.count * per_sample);
+      to.buffer().flush();
     }
     auto replica_valid = static_cast<uint32_t>(std::clamp<int64_t>(valid - part.first, 0, part.count));
-    std::memcpy(staging.inputs[valid_input_]->buffer().mapped(), &replica_valid, 4);
+    staging.inputs[valid_input_]->buffer().write(&replica_valid, 4);
     if (!training) continue;
     // The loss is a weighted mean over its samples: scaled by their share of the batch's weight,
     // the replicas' gradients sum to the one of the whole batch.
@@ -120,6 +124,7 @@ void ReplicaGroup::distribute(int slot, int k, bool training) {
     auto scale = static_cast<float>(part_weight / batch_weight / settings_.accumulate);
     auto* loss_weight = static_cast<float*>(staging.loss_weight->buffer().mapped());
     std::fill(loss_weight, loss_weight + part.count, scale);
+    staging.loss_weight->buffer().flush();
   }
 }
 
@@ -143,6 +148,7 @@ void ReplicaGroup::combine(int slot, size_t k, size_t p) {
   for (auto& replica : replicas_) {
     auto& programs = replica->micro_batch(slot, micro_batch);
     programs.programs[p]->wait();
+    programs.exchanges[p].host->buffer().invalidate();
     values.push_back(static_cast<float*>(programs.exchanges[p].host->buffer().mapped()));
     counts.push_back(static_cast<double>(programs.exchanges[p].count));
   }
@@ -174,6 +180,7 @@ void ReplicaGroup::combine(int slot, size_t k, size_t p) {
   }
   for (float* v : values)
     for (size_t i = 0; i < size; ++i) v[i] = static_cast<float>(combined[i]);
+  for (auto& replica : replicas_) replica->micro_batch(slot, micro_batch).exchanges[p].host->buffer().flush();
 }
 
 void ReplicaGroup::exchange_gradients(int slot) {
@@ -190,6 +197,7 @@ void ReplicaGroup::exchange_gradients(int slot) {
     for (auto& parameter : copies) sum_gradients(parameter, processes_);
     exchange_seconds += std::chrono::duration<double>(Clock::now() - before).count();
     exchange_bytes += segments[s].count * sizeof(float);
+    for (auto& replica : replicas_) replica->flush_segment_gradients(s);  // the sums reach the devices
   }
   for (auto& replica : replicas_) replica->submit_update();
 }

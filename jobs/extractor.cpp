@@ -1,7 +1,6 @@
 #include "jobs/extractor.h"
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 
 #include "jobs/extract_plan.h"
@@ -62,7 +61,7 @@ FeatureFileLayout Extractor::layout(const nlohmann::json &entry) const {
 
 FeatureBatch Extractor::run(TileBatch &&tiles) {
   auto start = std::chrono::steady_clock::now();
-  std::memcpy(model_->input("images").buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
+  model_->input("images").upload(tiles.rgb.data(), tiles.rgb.size());
   model_->run();
   if (model_->output().dtype() == DType::f16)
     output_ = model_->output().download();

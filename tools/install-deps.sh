@@ -31,6 +31,7 @@ test_packages=(
   python3-pytest python3-openslide python3-tifffile libopenblas0-pthread python3-sqlalchemy python3-psycopg2
   postgresql chromium
   slurmctld slurmd slurm-client munge
+  patchelf xz-utils debootstrap  # bench/gpu/: the GPU bundle and its check in a bare Debian
 )
 packages=("${main_packages[@]}")
 ((tests)) && packages+=("${test_packages[@]}")
