@@ -3,6 +3,10 @@
 // of the forward and backward passes of convolutions from resnet18 and small-cnn. Each case
 // is recorded once into a Program and submitted repeatedly; the time is the mean over several
 // submits after a warm-up.
+//
+// --as-gpu: with the kernel variant and tiles this device would get were it a GPU (its own
+// limits, device type discrete-gpu): on lavapipe, the shared-memory tiles beside the register
+// blocks it keeps.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -90,13 +94,27 @@ nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   vk::Context context;
+  if (argc > 1 && std::string(argv[1]) == "--as-gpu") {
+    vk::TileTarget target = context.kernels().tile_target();
+    target.device_type = "discrete-gpu";
+    context.kernels().set_tile_target(target);
+  } else if (argc > 1) {
+    std::fprintf(stderr, "usage: bench_gemm [--as-gpu]\n");
+    return 2;
+  }
   GemmTiles tiles = gemm_tiles(context.kernels().tile_target(), 1024);
   nlohmann::json result;
   result["device"] = context.info().name;
-  result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns},
-                     {"reduction_unroll", tiles.reduction_unroll}};
+  result["tiles"] = {{"kind", tiles.kind == GemmKind::registers ? "registers" : "shared_memory"},
+                     {"group", tiles.group},
+                     {"rows", tiles.rows},
+                     {"columns", tiles.columns},
+                     {"reduction_unroll", tiles.reduction_unroll},
+                     {"block_rows", tiles.block_rows},
+                     {"block_columns", tiles.block_columns},
+                     {"depth", tiles.depth}};
   result["gemm_1024_gflops"] = gemm_gflops(context, 1024);
   for (bool a_transposed : {false, true})
     for (bool b_transposed : {false, true})

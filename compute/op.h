@@ -112,6 +112,14 @@ inline const vk::Kernel& kernel_for(vk::Kernels& kernels, const std::string& nam
   return kernels.get(activation.dtype() == DType::f16 ? name + "_f16" : name, constants);
 }
 
+// A reduction kernel's variant for the device (batch-norm statistics, bias gradients, the
+// loss): `subgroup`, which sums within each subgroup first (subgroupAdd, shaders/reduce.glsl),
+// where the tile target has subgroup arithmetic; else `shared`, a tree through shared memory.
+template <class Name>
+Name reduction_kernel(const vk::Kernels& kernels, Name shared, Name subgroup) {
+  return kernels.tile_target().subgroup_arithmetic ? subgroup : shared;
+}
+
 // The standard workgroup size of elementwise kernels.
 constexpr uint32_t kElementwiseGroup = 256;
 

@@ -409,7 +409,9 @@ struct Replica final : ReplicaSync {
       uint32_t classes;
     } push{static_cast<uint32_t>(logits.output_shape[1])};
     recorder.set_scope("metrics");
-    recorder.dispatch(kernel_for(context.kernels(), "metrics_accumulate", *logits.output),
+    auto& kernels = context.kernels();
+    recorder.dispatch(kernel_for(kernels, reduction_kernel(kernels, "metrics_accumulate", "metrics_accumulate_subgroup"),
+                                 *logits.output),
                       {reads(*logits.output), vk::reads(extra["labels" + suffix(slot, k)]->buffer()),
                        vk::reads(extra["valid" + suffix(slot, k)]->buffer()), vk::updates(extra["metrics"]->buffer())},
                       push, 1);

@@ -46,17 +46,22 @@ std::vector<float> cpu_forward(const Case& c, const test::OpCheck& check) {
   return std::vector<float>(y.begin(), y.end());
 }
 
-void expect_forward_matches(const Case& c) {
+// In fp16 (activations and their gradients stored fp16, sums float) the CPU reference takes the
+// same fp16 values, and what differs is the rounding of the stored results: 2^-11 relative.
+double tolerance(DType activations) { return activations == DType::f16 ? 1.0 / 1024 : 1e-4; }
+
+void expect_forward_matches(const Case& c, DType activations = DType::f32) {
   Conv2d conv = make(c);
-  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
-  test::expect_near(check.forward(), cpu_forward(c, check), 1e-4, "y");
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}}, 1, {}, {}, activations);
+  test::expect_near(check.forward(), cpu_forward(c, check), tolerance(activations), "y");
 }
 
 // dx, dweight and dbias from the device against the CPU's, for one upstream gradient.
-void expect_backward_matches(const Case& c) {
+void expect_backward_matches(const Case& c, DType activations = DType::f32) {
   Conv2d conv = make(c);
-  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}}, 1, {}, {}, activations);
   auto dy = test::random_values(static_cast<size_t>(element_count(check.output_shape)), 5);
+  if (activations == DType::f16) dy = from_half(to_half(dy));
   auto grads = check.backward(dy);
   const auto& x = check.inputs[0];
   const auto& weight = check.tensors[0];
@@ -67,7 +72,7 @@ void expect_backward_matches(const Case& c) {
   });
   int64_t pixels = check.output_shape[2] * check.output_shape[3];
   for (size_t i = 0; i < dy.size(); ++i) dbias[i / pixels % c.out_channels] += dy[i];
-  test::expect_near(grads[0], std::vector<float>(dx.begin(), dx.end()), 1e-4, "dx");
+  test::expect_near(grads[0], std::vector<float>(dx.begin(), dx.end()), tolerance(activations), "dx");
   test::expect_near(grads[1], std::vector<float>(dweight.begin(), dweight.end()), 1e-4, "dweight");
   if (c.bias) test::expect_near(grads[2], std::vector<float>(dbias.begin(), dbias.end()), 1e-4, "dbias");
 }
@@ -86,10 +91,11 @@ const Case k3_wide{1, 16, 5, 6, 24, 3, 3, 1, 1, false};
 // forward's and the weight gradient's products, 67 of the data gradient's.
 const Case k3_many_channels{1, 67, 4, 5, 70, 3, 3, 1, 1, true};
 
-// Both branches of the tile choice (a CPU's shapes and a GPU's) run on any device.
+// Every kernel variant that runs on this device (a CPU's register blocks, the reference GPUs'
+// shared-memory tiles: test::runnable_tile_targets), at sizes that are not multiples of their tiles.
 TEST(Conv2d, ForwardMatchesCpu) {
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
-    SCOPED_TRACE(target.device_type + " tiles");
+    SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide, k3_many_channels})
       expect_forward_matches(c);
@@ -98,7 +104,7 @@ TEST(Conv2d, ForwardMatchesCpu) {
 
 TEST(Conv2d, BackwardMatchesCpu) {
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
-    SCOPED_TRACE(target.device_type + " tiles");
+    SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_many_channels})
       expect_backward_matches(c);
@@ -114,9 +120,22 @@ TEST(Conv2d, SplitWeightGradientMatchesCpu) {
   ASSERT_EQ(specs.back().name, "weight_grad_partial");
   EXPECT_GT(specs.back().shape[0], 1);
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
-    SCOPED_TRACE(target.device_type + " tiles");
+    SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     expect_backward_matches(c);
+  }
+}
+
+// Every variant with fp16 activations and activation gradients against the CPU on the same
+// fp16 values: forward, dx, and the float weight and bias gradients.
+TEST(Conv2d, Fp16MatchesCpu) {
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(test::describe(target));
+    test::TileTargetScope scope(test::context(), target);
+    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k2x3_stride3, k3_many_channels}) {
+      expect_forward_matches(c, DType::f16);
+      expect_backward_matches(c, DType::f16);
+    }
   }
 }
 

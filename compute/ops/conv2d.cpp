@@ -97,6 +97,14 @@ std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles, bool relu, bool f
           tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock, relu ? 1 : 0, fold ? 1 : 0};
 }
 
+std::vector<int32_t> Conv2d::tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more) const {
+  std::vector<int32_t> all = tiles.tiled_constants();
+  all.insert(all.end(), {static_cast<int32_t>(shape_.kernel_h), static_cast<int32_t>(shape_.kernel_w),
+                         static_cast<int32_t>(shape_.stride)});
+  all.insert(all.end(), more);
+  return all;
+}
+
 namespace {
 uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>((count + per_block - 1) / per_block); }
 }  // namespace
@@ -104,7 +112,8 @@ uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
   GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
-  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns));
+  bool tiled = tiles.kind == GemmKind::shared_memory;
+  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns_per_group()));
   const vk::Buffer& weight = t.tensors[0]->buffer();
   // The weight in the layout that the forward kernel reads (a pass over the weight, a rounding
   // error beside the convolution).
@@ -128,13 +137,16 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
       {vk::reads(weight), vk::writes(blocked), vk::reads(folded(&FoldedBatchNorm::weight)),
        vk::reads(folded(&FoldedBatchNorm::running_var))},
       weight_push, weight_push.count, kElementwiseGroup);
-  recorder.dispatch(kernel_for(kernels, "conv2d_forward", *t.output, constants(tiles, t.relu, fold != nullptr)),
+  auto& kernel = tiled ? kernel_for(kernels, "conv2d_forward_tiled", *t.output,
+                                    tiled_constants(tiles, {kWeightBlock, t.relu ? 1 : 0, fold ? 1 : 0}))
+                       : kernel_for(kernels, "conv2d_forward", *t.output, constants(tiles, t.relu, fold != nullptr));
+  recorder.dispatch(kernel,
                     {reads(*t.inputs[0]), vk::reads(blocked),
                      vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), writes(*t.output),
                      vk::reads(folded(&FoldedBatchNorm::weight)), vk::reads(folded(&FoldedBatchNorm::bias)),
                      vk::reads(folded(&FoldedBatchNorm::running_mean)),
                      vk::reads(folded(&FoldedBatchNorm::running_var))},
-                    push(false, eps), blocks(s.out_channels, tiles.group * tiles.rows), groups_y, groups_z);
+                    push(false, eps), blocks(s.out_channels, tiles.rows_per_group()), groups_y, groups_z);
 }
 
 void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -147,7 +159,15 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
     const Tensor& dx = *t.input_grads[0];
-    auto& kernel = kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles));
+    // The tiled kernel takes each phase's taps (rows, columns) as constants.
+    auto phase_taps = [&](int64_t phase, int64_t kernel_size) {
+      return static_cast<int32_t>(phase < kernel_size ? (kernel_size - phase + s.stride - 1) / s.stride : 0);
+    };
+    auto kernel = [&](int64_t row, int64_t col) -> const vk::Kernel& {
+      if (tiles.kind != GemmKind::shared_memory) return kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles));
+      return kernel_for(kernels, "conv2d_backward_data_tiled", dx,
+                        tiled_constants(tiles, {phase_taps(row, s.kernel_h), phase_taps(col, s.kernel_w)}));
+    };
     // One dispatch per phase of the stride: the input pixels that only taps of that phase reach.
     // The count of a phase's rows (or columns): of size positions, those with (i + pad) % stride == phase.
     auto phase_count = [&](int64_t phase, int64_t size) {
@@ -161,9 +181,9 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
         if (columns == 0) continue;
         phase_push.phase_row = static_cast<uint32_t>(row);
         phase_push.phase_col = static_cast<uint32_t>(col);
-        auto [groups_y, groups_z] = column_groups(blocks(columns, tiles.columns));
-        recorder.dispatch(kernel, {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)}, phase_push,
-                          blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
+        auto [groups_y, groups_z] = column_groups(blocks(columns, tiles.columns_per_group()));
+        recorder.dispatch(kernel(row, col), {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)},
+                          phase_push, blocks(s.in_channels, tiles.rows_per_group()), groups_y, groups_z);
       }
   }
 
@@ -171,11 +191,13 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
-  recorder.dispatch(kernels.get("conv2d_backward_weight", constants(tiles)),
+  bool tiled = tiles.kind == GemmKind::shared_memory;
+  recorder.dispatch(tiled ? kernels.get("conv2d_backward_weight_tiled", tiled_constants(tiles))
+                          : kernels.get("conv2d_backward_weight", constants(tiles)),
                     {reads(dy), reads(*t.inputs[0]),
                      slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
-                    push(slices_ == 1), blocks(s.out_channels, tiles.group * tiles.rows),
-                    blocks(columns, tiles.columns), static_cast<uint32_t>(slices_));
+                    push(slices_ == 1), blocks(s.out_channels, tiles.rows_per_group()),
+                    blocks(columns, tiles.columns_per_group()), static_cast<uint32_t>(slices_));
   if (slices_ > 1) {
     struct ReducePush {
       uint32_t count, slices;

@@ -1,7 +1,9 @@
 // 2-D convolution, PyTorch's nn.Conv2d (groups = 1): x [N,C,H,W], weight [O,C,KH,KW],
 // optional bias [O], any kernel size, stride and zero padding. Every pass is an implicit GEMM
-// (shaders/gemm_block.glsl) that reads x in place: no unfolded copy of the input.
+// (shaders/gemm_block.glsl on CPU devices, gemm_tiled.glsl on GPUs) that reads x in place: no unfolded copy of the input.
 #pragma once
+#include <initializer_list>
+
 #include "compute/ops/gemm.h"
 #include "compute/ops/registry.h"
 
@@ -40,6 +42,9 @@ class Conv2d : public Op {
   // The specialization constants of the conv2d shaders: these tiles, kernel size and stride,
   // and forward's epilogue.
   std::vector<int32_t> constants(const GemmTiles& tiles, bool relu = false, bool fold = false) const;
+  // Those of the shared-memory tiled shaders (conv2d_tiled.glsl): the tiles', kernel size and
+  // stride, then the kernel's own.
+  std::vector<int32_t> tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more = {}) const;
 
   Conv2dShape shape_;
   bool has_bias_;
