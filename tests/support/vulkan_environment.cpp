@@ -55,9 +55,7 @@ std::vector<int32_t> variant_key(const vk::TileTarget& target) {
 
 std::vector<vk::TileTarget> runnable_tile_targets(vk::Context& context) {
   vk::TileTarget own = context.kernels().tile_target();
-  vk::TileTarget without_subgroup_arithmetic = own;
-  without_subgroup_arithmetic.subgroup_arithmetic = false;
-  std::vector<vk::TileTarget> candidates{own, without_subgroup_arithmetic};
+  std::vector<vk::TileTarget> candidates{own};
   for (const ReferenceDevice& device : reference_devices()) {
     vk::TileTarget target = device.target;
     if (target.device_type == "cpu") target.subgroup_size = own.subgroup_size;  // one subgroup per workgroup

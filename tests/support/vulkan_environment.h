@@ -22,8 +22,8 @@ std::vector<ReferenceDevice> reference_devices();
 // The tile targets (compute/ops/gemm.h) whose kernel variants run on `context`'s device, each
 // variant once: its own; a CPU device's register blocks with the device's subgroup size (a GPU
 // runs them as one subgroup per workgroup); every reference device's shared-memory tiles that fit
-// the device's limits (they use no subgroup operations); and reductions without subgroup
-// arithmetic.
+// the device's limits (they use no subgroup operations). The reductions without subgroup
+// arithmetic come with Vulkan's minimums.
 std::vector<vk::TileTarget> runnable_tile_targets(vk::Context& context);
 
 // A target as tests name it: "discrete-gpu, subgroup 32, 49152 B shared: shared-memory tiles
