@@ -150,12 +150,12 @@ TEST(Conv2d, Fp16MatchesCpu) {
 // has been seen to return zeros from kernels that loop this long around barrier()): forward
 // over 460 channels x 9 taps, the data gradient over 600 output channels x 9 taps, and the
 // weight gradient over 3200 pixels in one slice (its 263k weights make enough blocks without
-// split-K; the CPU's gradient is computed once). Every variant, fp32.
+// split-K; the CPU's gradient is computed once, no data gradient). Every variant, fp32.
 TEST(Conv2d, LongReductionsMatchCpu) {
   const Case long_forward{1, 460, 5, 6, 7, 3, 3, 1, 1, true}, long_data{1, 5, 5, 6, 600, 3, 3, 1, 1, false};
   const Case long_weight{1, 456, 40, 80, 64, 3, 3, 1, 1, false};
   Conv2d conv = make(long_weight);
-  test::OpCheck check(test::context(), conv, {{long_weight.batch, long_weight.channels, 40, 80}});
+  test::OpCheck check(test::context(), conv, {{long_weight.batch, long_weight.channels, 40, 80}}, 1, {}, {false});
   ASSERT_EQ(check.specs.back().name, "weight_blocked");  // no split-K partial sums: one slice
   auto dy = test::random_values(static_cast<size_t>(element_count(check.output_shape)), 5);
   std::vector<double> dweight(check.tensors[0].size(), 0.0);
