@@ -112,12 +112,18 @@ inline const vk::Kernel& kernel_for(vk::Kernels& kernels, const std::string& nam
   return kernels.get(activation.dtype() == DType::f16 ? name + "_f16" : name, constants);
 }
 
-// A reduction kernel's variant for the device (batch-norm statistics, bias gradients, the
-// loss): `subgroup`, which sums within each subgroup first (subgroupAdd, shaders/reduce.glsl),
-// where the tile target has subgroup arithmetic; else `shared`, a tree through shared memory.
+// Whether the sums over a channel or a batch (batch-norm statistics, bias gradients, the loss)
+// add within each subgroup first (subgroupAdd, shaders/reduce.glsl): on GPUs with subgroup
+// arithmetic. CPU devices (lavapipe) keep the tree through shared memory, which is faster there
+XX
+inline bool subgroup_reductions(const vk::TileTarget& target) {
+  return target.subgroup_arithmetic && target.device_type != "cpu";
+}
+
+// A reduction kernel's variant for the device: `subgroup` where subgroup_reductions, else `shared`.
 template <class Name>
 Name reduction_kernel(const vk::Kernels& kernels, Name shared, Name subgroup) {
-  return kernels.tile_target().subgroup_arithmetic ? subgroup : shared;
+  return subgroup_reductions(kernels.tile_target()) ? subgroup : shared;
 }
 
 // The standard workgroup size of elementwise kernels.

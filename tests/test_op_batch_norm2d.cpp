@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "compute/ops/batch_norm2d.h"
 #include "tests/support/op_check.h"
@@ -51,13 +53,20 @@ std::vector<float> normalize_cpu(const std::vector<float>& x, const Shape& shape
   return y;
 }
 
-// The device's own target, and without subgroup arithmetic where it has it: both variants of
-// every kernel that sums over a channel (op.h's reduction_kernel).
-std::vector<vk::TileTarget> reduction_targets() {
-  vk::TileTarget own = test::context().kernels().tile_target(), fallback = own;
-  fallback.subgroup_arithmetic = false;
-  if (!own.subgroup_arithmetic) return {own};
-  return {own, fallback};
+// The reduction variant from each reference device's properties (never its name): subgroup
+// sums on GPUs with subgroup arithmetic; lavapipe keeps the shared-memory tree, faster there.
+TEST(BatchNorm2d, ReductionVariantFollowsTheDevicesProperties) {
+  std::map<std::string, bool> subgroup = {
+      {"NVIDIA H100 (NVIDIA driver)", true}, {"AMD RDNA3, wave64 (RADV)", true},
+      {"AMD RDNA2, wave32", true},           {"Intel Xe (ANV)", true},
+      {"Apple M1 (MoltenVK)", true},         {"lavapipe", false},
+      {"lavapipe presented as a discrete GPU", true}, {"Vulkan's guaranteed minimums", false},
+  };
+  for (const test::ReferenceDevice& device : test::reference_devices()) {
+    SCOPED_TRACE(device.name);
+    ASSERT_TRUE(subgroup.count(device.name));
+    EXPECT_EQ(subgroup_reductions(device.target), subgroup[device.name]);
+  }
 }
 
 TEST(BatchNorm2d, RejectsOtherRanks) {
@@ -66,7 +75,7 @@ TEST(BatchNorm2d, RejectsOtherRanks) {
 }
 
 TEST(BatchNorm2d, TrainingForwardMatchesCpu) {
-  for (const vk::TileTarget& target : reduction_targets()) {
+  for (const vk::TileTarget& target : test::reduction_targets(test::context())) {
     SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     for (DType activations : {DType::f32, DType::f16})
@@ -86,7 +95,7 @@ TEST(BatchNorm2d, TrainingForwardMatchesCpu) {
 // dx = weight invstd (dy - (sum dy + xhat sum dy xhat) / count), dweight = sum dy xhat,
 // dbias = sum dy, per channel, in double; fp16 stores x, y, dy and dx.
 TEST(BatchNorm2d, TrainingBackwardMatchesCpu) {
-  for (const vk::TileTarget& target : reduction_targets()) {
+  for (const vk::TileTarget& target : test::reduction_targets(test::context())) {
     SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     for (DType activations : {DType::f32, DType::f16})
@@ -168,7 +177,7 @@ TEST(BatchNorm2d, RunningStatisticsMoveByMomentumWithUnbiasedVariance) {
 }
 
 TEST(BatchNorm2d, ParameterGradientsWithoutInputGradient) {
-  for (const vk::TileTarget& target : reduction_targets()) {
+  for (const vk::TileTarget& target : test::reduction_targets(test::context())) {
     SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     auto op = make();

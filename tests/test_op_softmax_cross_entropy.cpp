@@ -139,9 +139,7 @@ TEST(SoftmaxCrossEntropy, MetricsSumTheLossWithEitherReduction) {
   auto logits = test::random_values(samples * classes, 12, -4, 4);
   std::vector<uint32_t> labels(samples);
   for (uint32_t n = 0; n < samples; ++n) labels[n] = (n * 5 + 3) % classes;
-  vk::TileTarget own = context.kernels().tile_target(), fallback = own;
-  fallback.subgroup_arithmetic = false;
-  for (const vk::TileTarget& target : {own, fallback})
+  for (const vk::TileTarget& target : test::reduction_targets(context))
     for (DType dtype : {DType::f32, DType::f16}) {
       SCOPED_TRACE(test::describe(target) + (dtype == DType::f16 ? ", fp16" : ", fp32"));
       test::TileTargetScope scope(context, target);

@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "compute/op.h"
 #include "compute/ops/gemm.h"
 
 namespace tessera::test {
@@ -49,7 +50,7 @@ namespace {
 std::vector<int32_t> variant_key(const vk::TileTarget& target) {
   GemmTiles tiles = gemm_tiles(target, 1 << 20);
   return {static_cast<int32_t>(tiles.kind), tiles.group, tiles.rows, tiles.columns, tiles.share_columns ? 1 : 0,
-          tiles.reduction_unroll, tiles.block_rows, tiles.block_columns, tiles.depth, target.subgroup_arithmetic ? 1 : 0};
+          tiles.reduction_unroll, tiles.block_rows, tiles.block_columns, tiles.depth, subgroup_reductions(target) ? 1 : 0};
 }
 }  // namespace
 
@@ -86,7 +87,18 @@ std::string describe(const vk::TileTarget& target) {
   else
     text += "shared-memory tiles " + std::to_string(tiles.block_rows) + "x" + std::to_string(tiles.block_columns) +
             "x" + std::to_string(tiles.depth) + " over " + std::to_string(tiles.group) + " invocations";
-  return text + (target.subgroup_arithmetic ? ", subgroup reductions" : ", shared-memory reductions");
+  return text + (subgroup_reductions(target) ? ", subgroup reductions" : ", shared-memory reductions");
+}
+
+std::vector<vk::TileTarget> reduction_targets(vk::Context& context) {
+  vk::TileTarget own = context.kernels().tile_target(), other = own;
+  if (subgroup_reductions(own)) {
+    other.subgroup_arithmetic = false;
+  } else {
+    if (!own.subgroup_arithmetic) return {own};
+    other.device_type = "discrete-gpu";
+  }
+  return {own, other};
 }
 
 TileTargetScope::TileTargetScope(vk::Context& context, vk::TileTarget target)

@@ -26,6 +26,11 @@ std::vector<ReferenceDevice> reference_devices();
 // arithmetic come with Vulkan's minimums.
 std::vector<vk::TileTarget> runnable_tile_targets(vk::Context& context);
 
+// The device's own target and one with the other variant of the kernels that sum over a channel
+// or a batch (op.h's subgroup_reductions): a GPU's subgroup sums on a CPU device that has
+// subgroup arithmetic, the shared-memory tree on a GPU; the own alone without subgroup arithmetic.
+std::vector<vk::TileTarget> reduction_targets(vk::Context& context);
+
 // A target as tests name it: "discrete-gpu, subgroup 32, 49152 B shared: shared-memory tiles
 // 128x128x16 over 256 invocations, subgroup reductions".
 std::string describe(const vk::TileTarget& target);
