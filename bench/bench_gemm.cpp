@@ -5,9 +5,10 @@
 // submits after a warm-up.
 //
 // --as-gpu: with the kernel variant and tiles this device would get were it a GPU (its own
-// limits, device type discrete-gpu): on lavapipe, the shared-memory tiles beside the register
-// blocks it keeps. Last, a batch norm's training step and a bias gradient with each reduction
+// limits, device type discrete-gpu, subgroups of at least 32): on lavapipe, the shared-memory
+// tiles beside the register blocks it keeps. Last, a batch norm's training step and a bias gradient with each reduction
 // variant (subgroup sums where the device has them, shared memory alone), timed in one run.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -112,7 +113,10 @@ nlohmann::json reduction_milliseconds(vk::Context& context, const Shape& input) 
     for (bool subgroup : {true, false}) {
       if (subgroup && !own.subgroup_arithmetic) continue;
       vk::TileTarget target = own;  // subgroup sums as a GPU gets them (op.h's subgroup_reductions)
-      if (subgroup) target.device_type = "discrete-gpu";
+      if (subgroup) {
+        target.device_type = "discrete-gpu";
+        target.subgroup_size = std::max(target.subgroup_size, 32u);
+      }
       target.subgroup_arithmetic = subgroup;
       kernels.set_tile_target(target);
       double milliseconds = 1e3 * seconds_per_run(context, [&](vk::Recorder& r) {
@@ -135,6 +139,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--as-gpu") {
     vk::TileTarget target = context.kernels().tile_target();
     target.device_type = "discrete-gpu";
+    target.subgroup_size = std::max(target.subgroup_size, 32u);
     context.kernels().set_tile_target(target);
   } else if (argc > 1) {
     std::fprintf(stderr, "usage: bench_gemm [--as-gpu]\n");

@@ -114,11 +114,11 @@ inline const vk::Kernel& kernel_for(vk::Kernels& kernels, const std::string& nam
 
 // Whether the sums over a channel or a batch (batch-norm statistics, bias gradients, the loss)
 // add within each subgroup first (subgroupAdd, shaders/reduce.glsl): on GPUs with subgroup
-// arithmetic. CPU devices (lavapipe) keep the tree through shared memory, which is faster there
+// arithmetic. CPU-like devices (lavapipe) keep the tree through shared memory, faster there
 // (a batch norm's training step and a bias gradient: 1.75x on [16,256,14,14], 1.65x on
 // [64,512,7,7], 1.05x on [16,64,56,56]; bench_gemm's batch_norm_and_bias_backward).
 inline bool subgroup_reductions(const vk::TileTarget& target) {
-  return target.subgroup_arithmetic && target.device_type != "cpu";
+  return target.subgroup_arithmetic && !target.cpu_like();
 }
 
 // A reduction kernel's variant for the device: `subgroup` where subgroup_reductions, else `shared`.

@@ -78,7 +78,7 @@ std::vector<int32_t> GemmTiles::tiled_constants() const {
 }
 
 GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M) {
-  if (target.device_type == "cpu") return register_tiles(target, M);
+  if (target.cpu_like()) return register_tiles(target, M);
   GemmTiles tiles = shared_memory_tiles(target, M);
   if (uses_cooperative_matrix(target)) tiles.kind = GemmKind::cooperative_matrix;
   return tiles;

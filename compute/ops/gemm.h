@@ -13,7 +13,8 @@ namespace tessera {
 
 // Which kernels the GEMM-shaped ops record. registers: shaders/gemm_block.glsl, blocks in
 // registers shared by subgroup shuffles, no barriers (CPU devices: lavapipe, where loads cost
-// far more than FMAs and a barrier switches every lane's coroutine). shared_memory:
+// far more than FMAs and a barrier switches every lane's coroutine: 25x the GFLOPS of the
+// shared-memory tiles on lavapipe). shared_memory:
 // shaders/gemm_tiled.glsl, workgroup tiles through shared memory (GPUs). cooperative_matrix:
 // VK_KHR_cooperative_matrix (fp16 x fp16 -> fp32); chosen only once a kernel of that kind has
 // been checked on a GPU that offers it (none has yet: gemm_tiles never returns it).
@@ -40,8 +41,8 @@ struct GemmTiles {
   std::vector<int32_t> tiled_constants() const;
 };
 // The variant and tiles for a product with M rows on `target`, from the device's properties
-// alone. CPU devices get register blocks (large per invocation, since loads cost far more than
-// FMAs there). GPUs get shared-memory tiles: 256 invocations (a whole number of subgroups)
+// alone. CPU-like devices (TileTarget::cpu_like) get register blocks (large per invocation,
+// since loads cost far more than FMAs there). GPUs get shared-memory tiles: 256 invocations (a whole number of subgroups)
 // within the workgroup limits, each computing 8x8 outputs, the largest block and depth whose
 // tiles fit half the shared memory (so that two workgroups share a core). Fewer rows per
 // invocation where M is too small to fill a block (a 3-channel image), rounded up to a power of

@@ -41,7 +41,7 @@ std::vector<ReferenceDevice> reference_devices() {
       {"Apple M1 (MoltenVK)", {"integrated-gpu", 32, 32768, 1024, 1024, true, false}},
       {"lavapipe", {"cpu", 8, 32768, 1024, 1024, true, false}},
       {"lavapipe presented as a discrete GPU", {"discrete-gpu", 8, 32768, 1024, 1024, true, false}},
-      {"Vulkan's guaranteed minimums", {"other", 4, 16384, 128, 128, false, false}},
+      {"Vulkan's minimum limits, subgroups of 32", {"other", 32, 16384, 128, 128, false, false}},
   };
 }
 
@@ -96,7 +96,8 @@ std::vector<vk::TileTarget> reduction_targets(vk::Context& context) {
     other.subgroup_arithmetic = false;
   } else {
     if (!own.subgroup_arithmetic) return {own};
-    other.device_type = "discrete-gpu";
+    other.device_type = "discrete-gpu";  // as a GPU with subgroups of 32 gets them
+    other.subgroup_size = 32;
   }
   return {own, other};
 }

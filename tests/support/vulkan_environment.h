@@ -23,11 +23,11 @@ std::vector<ReferenceDevice> reference_devices();
 // variant once: its own; a CPU device's register blocks with the device's subgroup size (a GPU
 // runs them as one subgroup per workgroup); every reference device's shared-memory tiles that fit
 // the device's limits (they use no subgroup operations). The reductions without subgroup
-// arithmetic come with Vulkan's minimums.
+// arithmetic come with Vulkan's minimum limits.
 std::vector<vk::TileTarget> runnable_tile_targets(vk::Context& context);
 
 // The device's own target and one with the other variant of the kernels that sum over a channel
-// or a batch (op.h's subgroup_reductions): a GPU's subgroup sums on a CPU device that has
+// or a batch (op.h's subgroup_reductions): a GPU's subgroup sums on a CPU-like device that has
 // subgroup arithmetic, the shared-memory tree on a GPU; the own alone without subgroup arithmetic.
 std::vector<vk::TileTarget> reduction_targets(vk::Context& context);
 
