@@ -2,16 +2,21 @@
 // object: GFLOPS of a 1024^3 matrix product (row-major, and with each operand transposed) and
 // of the forward and backward passes of convolutions from resnet18 and small-cnn. Each case
 // is recorded once into a Program and submitted repeatedly; the time is the mean over several
-// submits after a warm-up.
+// submits after a warm-up. `--gemm N [--precision fp16]` times only a row-major N^3 product
+// (fp16: operands and result in fp16, sums in fp32), as bench/gpu/ compares with PyTorch.
 //
 // --as-gpu: with the kernel variant and tiles this device would get were it a GPU (its own
 // limits, device type discrete-gpu, subgroups of at least 32): on lavapipe, the shared-memory
-// tiles beside the register blocks it keeps. Last, a batch norm's training step and a bias gradient with each reduction
-// variant (subgroup sums where the device has them, shared memory alone), timed in one run.
+// tiles beside the register blocks it keeps. Last, a batch norm's training step and a bias
+// gradient with each reduction variant (subgroup sums where the device has them, shared memory
+// alone), timed in one run.
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -51,11 +56,16 @@ double seconds_per_run(vk::Context& context, Record record, int min_runs = 1) {
 
 // GFLOPS of c[n,n] = a[n,n] b[n,n] with each operand row-major ("n") or transposed, that is
 // column-major ("t"), as the backward passes of dense layers read them.
-double gemm_gflops(vk::Context& context, uint32_t n, bool a_transposed = false, bool b_transposed = false) {
-  std::vector<float> ones(static_cast<size_t>(n) * n, 1.0f);
-  Tensor a(context, "a", {n, n}), b(context, "b", {n, n}), c(context, "c", {n, n});
-  a.upload(ones);
-  b.upload(ones);
+double gemm_gflops(vk::Context& context, uint32_t n, bool a_transposed = false, bool b_transposed = false,
+                   DType dtype = DType::f32) {
+  // Random operands: zeros or ones could let a device skip work that real data needs.
+  std::vector<float> values(static_cast<size_t>(n) * n);
+  std::mt19937 random(1);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (auto& v : values) v = uniform(random);
+  Tensor a(context, "a", {n, n}, dtype), b(context, "b", {n, n}, dtype), c(context, "c", {n, n}, dtype);
+  a.upload(values);
+  b.upload(values);
   auto view = [n](const Tensor& t, bool transposed) {
     return transposed ? MatrixView{&t, 1, n} : MatrixView{&t, n, 1};
   };
@@ -135,15 +145,27 @@ nlohmann::json reduction_milliseconds(vk::Context& context, const Shape& input) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"GEMM and convolution GFLOPS of tessera's kernels (JSON on stdout)"};
+  uint32_t only_gemm = 0;
+  std::string precision = "fp32";
+  app.add_option("--gemm", only_gemm, "time only a row-major N x N x N product of random values");
+  app.add_option("--precision", precision, "of --gemm's operands and result")->check(CLI::IsMember({"fp32", "fp16"}));
+  bool as_gpu = false;
+  app.add_flag("--as-gpu", as_gpu, "with the kernel variant and tiles this device would get were it a GPU");
+  CLI11_PARSE(app, argc, argv);
   vk::Context context;
-  if (argc > 1 && std::string(argv[1]) == "--as-gpu") {
+  if (as_gpu) {
     vk::TileTarget target = context.kernels().tile_target();
     target.device_type = "discrete-gpu";
     target.subgroup_size = std::max(target.subgroup_size, 32u);
     context.kernels().set_tile_target(target);
-  } else if (argc > 1) {
-    std::fprintf(stderr, "usage: bench_gemm [--as-gpu]\n");
-    return 2;
+  }
+  if (only_gemm) {
+    double gflops = gemm_gflops(context, only_gemm, false, false, precision == "fp16" ? DType::f16 : DType::f32);
+    nlohmann::json result = {{"device", context.info().name}, {"driver", context.info().driver},
+                             {"n", only_gemm}, {"precision", precision}, {"tflops", gflops / 1e3}};
+    std::printf("%s\n", result.dump().c_str());
+    return 0;
   }
   GemmTiles tiles = gemm_tiles(context.kernels().tile_target(), 1024);
   nlohmann::json result;

@@ -19,7 +19,7 @@ while(i LESS hex_length)
   endif()
 endwhile()
 file(WRITE ${CPP} "// Generated from ${NAME}.spv by cmake/spirv_to_cpp.cmake.
-#include \"compute/vk/shader_registry.h\"
+#include \"compute/vk/kernel_source.h\"
 namespace tessera::vk {
 static const uint32_t words[${word_count}] = {
 ${words}};

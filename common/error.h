@@ -1,4 +1,4 @@
-// Errors that carry tessera's exit codes (ARCHITECTURE.md, "Exit codes").
+// Errors that carry tessera's exit codes (docs/architecture.md, "Exit codes").
 #pragma once
 #include <stdexcept>
 #include <string>

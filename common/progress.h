@@ -1,4 +1,5 @@
-// Progress of long work: a bar on a terminal, one JSON object per line otherwise.
+// Progress of long work for people and for programs: on a terminal, a bar and one readable line
+// per event; otherwise (or with --json) one JSON object per line, the record itself.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -23,19 +24,36 @@ class Progress {
   void event(const nlohmann::json& record);
   // Ends the bar.
   void finish();
-  // An event of `task` outside any bar (what a command found before its work starts).
-  static void note(const std::string& task, const nlohmann::json& record);
 
-  static bool stderr_is_terminal();
+  // --json: JSON lines even on a terminal (set before any Progress exists).
+  static void set_json(bool json);
+  static bool json();
+  // Whether people read stderr: a terminal, and no --json.
+  static bool human();
+  // Whether people read file descriptor `fd` (stdout for a command's result): as human().
+  static bool human(int fd);
 
  private:
   void draw(bool force);
+  double seconds_left() const;  // negative while unknown
 
   std::string task_;
-  uint64_t total_, done_ = 0;
+  uint64_t total_, done_ = 0, mark_done_ = 0;  // mark: the units done at the last event
   nlohmann::json fields_;
-  bool terminal_, finished_ = false;
-  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool human_, finished_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_, mark_time_;
 };
+
+// A record outside any bar (what a command found before its work starts, a run's result): a
+// readable line or a JSON line on stderr.
+void report(const std::string& task, const nlohmann::json& record);
+
+// The readable line of a record: an epoch summary ("epoch 2/10  loss 0.412 ..."), a checkpoint,
+// a split, a warning or error, else its fields in order. `seconds_left` (when not negative) ends an epoch line.
+std::string render_record(const std::string& task, const nlohmann::json& record, double seconds_left = -1);
+// A number for people: integers whole, others to 4 significant digits ("0.4213", "1.2e-05").
+std::string format_number(const nlohmann::json& value);
+// "45s", "3m05s", "2h10m".
+std::string format_duration(double seconds);
 
 }  // namespace tessera

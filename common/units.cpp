@@ -32,8 +32,14 @@ uint64_t parse_bytes(std::string_view text, std::string_view flag) {
       {"TB", 1e12},
       {"K", 1024.0},
   }};
-  for (auto [name, scale] : units)
-    if (unit == name) return static_cast<uint64_t>(std::llround(value * scale));
+  for (auto [name, scale] : units) {
+    if (unit != name) continue;
+    double bytes = std::round(value * scale);
+    // 2^64 is the first double past the largest uint64_t.
+    if (!(bytes < 18446744073709551616.0))
+      throw UsageError(std::string(flag) + ": '" + std::string(text) + "' is more bytes than can be counted (16 EiB)");
+    return static_cast<uint64_t>(bytes);
+  }
   throw fail();
 }
 

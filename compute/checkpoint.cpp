@@ -1,12 +1,16 @@
 #include "compute/checkpoint.h"
 
+#include <openssl/evp.h>
+
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/hdf5_lock.h"
 #include "compute/hdf5.h"
 
 namespace tessera {
@@ -41,22 +45,35 @@ struct ArrayVisit {
   std::exception_ptr failure;
 };
 
-void read_dataset(hid_t root, const char* name, ArrayVisit& v) {
-  Handle dataset(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
+// A numeric dataset as float32, its size checked against the bytes the file holds; `what`
+// names it in errors ("f.h5: dataset params/fc.weight").
+HostArray read_float_dataset(hid_t dataset, const std::string& what) {
+  Handle type(H5Dget_type(dataset), H5Tclose);
+  H5T_class_t type_class = type.valid() ? H5Tget_class(type) : H5T_NO_CLASS;
+  if (type_class != H5T_FLOAT && type_class != H5T_INTEGER)
+    throw BadInput(what + " does not hold numbers (HDF5 type class " + std::to_string(type_class) + ")");
+  uint64_t count = hdf5::held_elements(dataset, what);
   Handle space(H5Dget_space(dataset), H5Sclose);
   int rank = H5Sget_simple_extent_ndims(space);
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
   H5Sget_simple_extent_dims(space, dims.data(), nullptr);
   HostArray array;
-  size_t count = 1;
-  for (auto d : dims) {
-    array.shape.push_back(static_cast<int64_t>(d));
-    count *= d;
+  for (auto d : dims) array.shape.push_back(static_cast<int64_t>(d));
+  try {
+    array.values.resize(count);
+  } catch (const std::bad_alloc&) {
+    throw BadInput(what + ": " + std::to_string(count) + " values do not fit in memory");
   }
-  array.values.resize(count);
-  if (H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
-    throw BadInput(*v.path + ": dataset " + *v.group + "/" + name + " cannot be read (truncated or corrupt)");
-  (*v.arrays)[name] = std::move(array);
+  if (count > 0 && H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, array.values.data()) < 0)
+    throw BadInput(what + " cannot be read (truncated or corrupt)");
+  return array;
+}
+
+void read_dataset(hid_t root, const char* name, ArrayVisit& v) {
+  Handle dataset(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
+  std::string what = *v.path + ": dataset " + *v.group + "/" + name;
+  if (!dataset.valid()) throw BadInput(what + " cannot be opened (corrupt)");
+  (*v.arrays)[name] = read_float_dataset(dataset, what);
 }
 
 void read_arrays(hid_t file, const std::string& path, const std::string& group_name,
@@ -84,12 +101,12 @@ void read_arrays(hid_t file, const std::string& path, const std::string& group_n
 // Writes a new HDF5 file PATH.partial with `write`, then renames it over PATH durably; on any
 // failure removes PATH.partial (a full disk keeps the old PATH and no large leftover).
 void write_then_rename(const std::string& path, const std::function<void(hid_t, const std::string&)>& write) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::string partial = path + ".partial";
   try {
     {
-      Handle file(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-      if (!file.valid()) throw Error(ExitCode::runtime_error, partial + ": cannot create" + disk_full_hint());
+      Handle file(hdf5::create_file(partial), H5Fclose);
       write(file, partial);
       if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0)
         throw Error(ExitCode::runtime_error, partial + ": cannot flush" + disk_full_hint());
@@ -105,17 +122,22 @@ void write_then_rename(const std::string& path, const std::function<void(hid_t, 
 }  // namespace
 
 HostArray read_hdf5_array(const std::string& path, const std::string& dataset) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!std::filesystem::exists(path)) throw BadInput(path + ": no such file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
   if (H5Lexists(file, dataset.c_str(), H5P_DEFAULT) <= 0) throw BadInput(path + ": dataset " + dataset + " is missing");
-  std::map<std::string, HostArray> arrays;
-  read_arrays(file, path, "/", arrays);
-  return arrays.at(dataset);
+  H5O_info_t info{};
+  if (H5Oget_info_by_name(file, dataset.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5O_TYPE_DATASET)
+    throw BadInput(path + ": " + dataset + " is not a dataset (a group, or corrupt)");
+  Handle opened(H5Dopen2(file, dataset.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!opened.valid()) throw BadInput(path + ": dataset " + dataset + " cannot be opened (corrupt)");
+  return read_float_dataset(opened, path + ": dataset " + dataset);
 }
 
 void write_hdf5_arrays(const std::string& path, const std::map<std::string, HostArray>& arrays) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   write_then_rename(path, [&](hid_t file, const std::string& partial) { write_arrays(file, partial, "", arrays); });
 }
@@ -134,6 +156,27 @@ std::map<std::string, HostArray> download_tensors(const std::map<std::string, Te
     arrays[name] = std::move(array);
   }
   return arrays;
+}
+
+std::string weights_digest(const std::map<std::string, HostArray>& arrays) {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1)
+    throw Error(ExitCode::runtime_error, "cannot start a SHA-256 digest");
+  for (auto& [name, array] : arrays) {
+    std::string header = name + to_string(array.shape);
+    EVP_DigestUpdate(context.get(), header.c_str(), header.size() + 1);
+    EVP_DigestUpdate(context.get(), array.values.data(), array.values.size() * sizeof(float));
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(context.get(), digest, &length);
+  std::string text = "sha256:";
+  for (unsigned int i = 0; i < length; ++i) {
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", digest[i]);
+    text += hex;
+  }
+  return text;
 }
 
 bool is_checkpoint_path(const std::string& path) {
@@ -158,6 +201,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
 }
 
 nlohmann::json read_checkpoint_progress(const std::string& path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
@@ -172,19 +216,37 @@ nlohmann::json read_checkpoint_progress(const std::string& path) {
   }
 }
 
+namespace {
+
+nlohmann::json read_model_attribute(hid_t file, const std::string& path) {
+  auto model = read_string_attribute(file, "model");
+  if (!model) throw BadInput(path + ": attribute 'model' (the model description) is missing");
+  try {
+    return nlohmann::json::parse(*model);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw BadInput(path + ": attribute 'model' is not valid JSON: " + e.what());
+  }
+}
+
+}  // namespace
+
+nlohmann::json read_checkpoint_model(const std::string& path) {
+  const Hdf5Lock hdf5_lock;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (!std::filesystem::exists(path)) throw BadInput(path + ": no such checkpoint file");
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
+  return read_model_attribute(file, path);
+}
+
 Checkpoint read_checkpoint(const std::string& path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!std::filesystem::exists(path)) throw BadInput(path + ": no such checkpoint file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
   Checkpoint checkpoint;
-  auto model = read_string_attribute(file, "model");
-  if (!model) throw BadInput(path + ": attribute 'model' (the model description) is missing");
-  try {
-    checkpoint.model = nlohmann::json::parse(*model);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw BadInput(path + ": attribute 'model' is not valid JSON: " + e.what());
-  }
+  checkpoint.model = read_model_attribute(file, path);
   if (H5Lexists(file, "params", H5P_DEFAULT) <= 0) throw BadInput(path + ": group 'params' is missing");
   read_arrays(file, path, "params", checkpoint.params);
   read_arrays(file, path, "train", checkpoint.train);

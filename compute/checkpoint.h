@@ -1,4 +1,4 @@
-// Checkpoints in HDF5 with PyTorch's parameter names and layouts (ARCHITECTURE.md, "Formats"):
+// Checkpoints in HDF5 with PyTorch's parameter names and layouts (docs/architecture.md, "Formats"):
 // root attribute `model` (JSON), `params/<name>` float32 datasets, and under `train/` the
 // optimizer state, the step counter and where the run stood.
 #pragma once
@@ -32,6 +32,8 @@ Checkpoint read_checkpoint(const std::string& path);
 // The progress record alone (epoch, settings of the run), without the arrays; null when the
 // checkpoint has none.
 nlohmann::json read_checkpoint_progress(const std::string& path);
+// The model description alone; throws BadInput naming the file as read_checkpoint does.
+nlohmann::json read_checkpoint_model(const std::string& path);
 
 // Copies parameter and state values into device tensors by name, checking shapes; throws
 // BadInput naming the parameter (and the file) on a missing name or a shape mismatch.
@@ -43,6 +45,10 @@ void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map
 std::map<std::string, HostArray> download_tensors(const std::map<std::string, Tensor*>& tensors);
 
 bool is_checkpoint_path(const std::string& path);
+
+// "sha256:<hex>" of the arrays' names, shapes and float32 values in name order: the identity of
+// a model's weights that feature files record.
+std::string weights_digest(const std::map<std::string, HostArray>& arrays);
 
 // Plain float32 arrays in an HDF5 file (inputs and outputs of `tessera forward`).
 HostArray read_hdf5_array(const std::string& path, const std::string& dataset);

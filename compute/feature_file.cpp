@@ -1,13 +1,17 @@
 #include "compute/feature_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <utility>
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "common/files.h"
+#include "common/hdf5_lock.h"
 
 namespace tessera {
 
@@ -42,17 +46,123 @@ int64_t extent_rows(hid_t dataset) {
   return static_cast<int64_t>(dims[0]);
 }
 
+// The model's path is a record of where it came from; its weights' hash says what it is.
+nlohmann::json identity(nlohmann::json extraction) {
+  if (extraction.is_object()) extraction.erase("model");
+  return extraction;
+}
+
+nlohmann::json json_attribute(hid_t object, const char *name) {
+  auto text = hdf5::read_string_attribute(object, name);
+  return text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+}
+
+std::string describe_slide(const nlohmann::json &slide) {
+  if (!slide.is_object()) return "a slide it does not name";
+  return slide.value("path", "?") + " (" + slide.value("fingerprint", "no fingerprint") + ", " +
+         std::to_string(slide.value("tiles", 0)) + " tiles)";
+}
+
+// ---- CLAM and TRIDENT attributes ----------------------------------------------------------
+// The names, types and places their readers use, beside tessera's own: CLAM's create_patches_fp
+// (wsi_core/WholeSlideImage.py: coords' downsampled_level_dim, save_path) and TRIDENT's
+// coords_to_h5 and extract_features (trident/IO.py, wsi_objects/WSI.py: patch_size_level0,
+// level0_magnification, target_magnification, overlap, level0_width/height, savetodir on coords;
+// name, savetodir, encoder on features).
+
+// TRIDENT's magnification of a level-0 pixel size (WSI._fetch_magnification); 0 when unknown.
+int64_t trident_magnification(double mpp) {
+  if (!(mpp > 0) || mpp >= 2.4) return 0;
+  for (auto [below, magnification] : {std::pair{0.16, 80}, {0.2, 60}, {0.3, 40}, {0.6, 20}, {1.2, 10}})
+    if (mpp < below) return magnification;
+  return 5;
+}
+
+void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFileLayout &layout) {
+  // Where the file was written, as "." (its own directory): a file is the same bytes whatever
+  // --out it was written to, and stays true when moved. Neither tool reads these back.
+  const std::string here = ".";
+  int64_t level_dim[2] = {layout.level_width, layout.level_height};
+  hdf5::write_attribute(coords, "downsampled_level_dim", H5T_NATIVE_INT64, {2}, level_dim);
+  hdf5::write_string_attribute(coords, "save_path", here);
+  auto patch_size_level0 = static_cast<int64_t>(std::llround(static_cast<double>(layout.patch_size) * layout.downsample));
+  int64_t overlap = 0;
+  hdf5::write_attribute(coords, "patch_size_level0", H5T_NATIVE_INT64, {}, &patch_size_level0);
+  hdf5::write_attribute(coords, "overlap", H5T_NATIVE_INT64, {}, &overlap);
+  hdf5::write_attribute(coords, "level0_width", H5T_NATIVE_INT64, {}, &layout.level0_width);
+  hdf5::write_attribute(coords, "level0_height", H5T_NATIVE_INT64, {}, &layout.level0_height);
+  hdf5::write_string_attribute(coords, "savetodir", here);
+  // Magnifications only where the slide gives its pixel size; TRIDENT reads a file without them
+  // as CLAM's (patch_size, patch_level).
+  if (int64_t level0 = trident_magnification(layout.mpp)) {
+    hdf5::write_attribute(coords, "level0_magnification", H5T_NATIVE_INT64, {}, &level0);
+    double target = static_cast<double>(level0) / layout.downsample;
+    if (auto whole = static_cast<int64_t>(std::llround(target)); std::abs(target - static_cast<double>(whole)) < 1e-6)
+      hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_INT64, {}, &whole);
+    else
+      hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_DOUBLE, {}, &target);
+  }
+  hdf5::write_string_attribute(features, "name", layout.name);
+  hdf5::write_string_attribute(features, "savetodir", here);
+  hdf5::write_string_attribute(features, "encoder", layout.encoder);
+}
+// -------------------------------------------------------------------------------------------
+
 }  // namespace
 
-FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout)
-    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), width_(layout.width) {
+FeatureFileState feature_file_state(const std::string &path, const FeatureFileLayout &layout,
+                                    std::string *difference) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (!output_exists(path)) return FeatureFileState::absent;
+  auto other = [&](const std::string &why) {
+    if (difference) *difference = why;
+    return FeatureFileState::other;
+  };
+  if (!is_plain_file(path)) return other("something that is not a feature file (a link or a directory)");
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) return other("something that is not an HDF5 file (or a truncated one)");
+  nlohmann::json extraction, slide;
+  if (H5Lexists(file, "features", H5P_DEFAULT) > 0) {
+    Handle features(H5Dopen2(file, "features", H5P_DEFAULT), H5Dclose);
+    if (features.valid()) {
+      extraction = json_attribute(features, "extraction");
+      slide = json_attribute(features, "slide");
+    }
+  }
+  if (slide != layout.slide)
+    return other("the features of " + describe_slide(slide) + "; this run's slide is " + describe_slide(layout.slide));
+  if (identity(extraction) != identity(layout.extraction))
+    return other("features made with " + (extraction.is_null() ? "unknown settings" : extraction.dump()) +
+                 "; this run makes " + layout.extraction.dump());
+  return FeatureFileState::complete;
+}
+
+void check_feature_file_replaceable(const std::string &path, const FeatureFileLayout &layout, Existing existing) {
+  std::string difference;
+  if (existing == Existing::overwrite || feature_file_state(path, layout, &difference) != FeatureFileState::other)
+    return;
+  throw UsageError(path + " holds " + difference +
+                   ": write to another --out, or give --overwrite to replace it");
+}
+
+FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout, Existing existing)
+    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), lock_(path), width_(layout.width) {
+  const Hdf5Lock hdf5_lock;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  // Judged under the lock: another run may have finished the file since this one looked.
+  if (feature_file_state(path, layout) == FeatureFileState::complete) {
+    complete_ = true;
+    return;
+  }
+  check_feature_file_replaceable(path, layout, existing);
   if (!resume(layout)) create(layout);
 }
 
 FeatureFileWriter::~FeatureFileWriter() { close(); }
 
 void FeatureFileWriter::close() {
+  const Hdf5Lock hdf5_lock;
   for (hid_t *dataset : {&features_, &coords_})
     if (*dataset >= 0) H5Dclose(std::exchange(*dataset, -1));
   if (file_ >= 0) H5Fclose(std::exchange(file_, -1));
@@ -63,7 +173,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
   // written by a killed run.
   std::ifstream rows_file(rows_path_);
   int64_t flushed = -1;
-  if (!fs::exists(partial_) || !(rows_file >> flushed) || flushed < 0) return false;
+  if (!is_plain_file(partial_) || !is_plain_file(rows_path_) || !(rows_file >> flushed) || flushed < 0) return false;
   file_ = H5Fopen(partial_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   if (file_ < 0) return false;
   features_ = H5Dopen2(file_, "features", H5P_DEFAULT);
@@ -75,6 +185,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
     H5Sget_simple_extent_dims(space, dims, nullptr);
     same = static_cast<int64_t>(dims[1]) == layout.width &&
            hdf5::read_string_attribute(features_, "extraction") == layout.extraction.dump() &&
+           hdf5::read_string_attribute(features_, "slide") == layout.slide.dump() &&
            std::min(extent_rows(features_), extent_rows(coords_)) >= flushed;
   }
   if (!same) {
@@ -90,8 +201,7 @@ bool FeatureFileWriter::resume(const FeatureFileLayout &layout) {
 }
 
 void FeatureFileWriter::create(const FeatureFileLayout &layout) {
-  file_ = H5Fcreate(partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (file_ < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "create"));
+  file_ = hdf5::create_file(partial_);
   // Chunks of about 256 KiB of features: small enough to append, large enough
   // to read fast.
   hsize_t chunk_rows = static_cast<hsize_t>(std::clamp<int64_t>((256 << 10) / (4 * layout.width), 16, 4096));
@@ -112,6 +222,7 @@ void FeatureFileWriter::create(const FeatureFileLayout &layout) {
   features_ = make("features", layout.fp16 ? static_cast<hid_t>(half) : H5T_IEEE_F32LE, static_cast<hsize_t>(width_));
   coords_ = make("coords", H5T_STD_I64LE, 2);
   hdf5::write_string_attribute(features_, "extraction", layout.extraction.dump());
+  hdf5::write_string_attribute(features_, "slide", layout.slide.dump());
   hdf5::write_string_attribute(features_, "pooling", layout.extraction.value("pooling", ""));
   hdf5::write_attribute(coords_, "patch_size", H5T_NATIVE_INT64, {}, &layout.patch_size);
   hdf5::write_attribute(coords_, "patch_level", H5T_NATIVE_INT64, {}, &layout.patch_level);
@@ -120,17 +231,18 @@ void FeatureFileWriter::create(const FeatureFileLayout &layout) {
   int64_t level_dim[2] = {layout.level_width, layout.level_height};
   hdf5::write_attribute(coords_, "level_dim", H5T_NATIVE_INT64, {2}, level_dim);
   hdf5::write_string_attribute(coords_, "name", layout.name);
+  write_interchange_attributes(features_, coords_, layout);
   if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
   rows_ = 0;
   record_rows();
 }
 
 void FeatureFileWriter::record_rows() {
-  std::string temporary = rows_path_ + ".new";
+  std::string temporary = rows_path_ + ".new", text = std::to_string(rows_) + "\n";
   {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << rows_ << '\n';
-    if (!out.flush()) throw Error(ExitCode::runtime_error, disk_message(temporary, "write"));
+    UniqueFd out = create_new_file(temporary);
+    if (::write(out.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      throw Error(ExitCode::runtime_error, disk_message(temporary, "write"));
   }
   std::error_code error;
   fs::rename(temporary, rows_path_, error);
@@ -138,6 +250,7 @@ void FeatureFileWriter::record_rows() {
 }
 
 void FeatureFileWriter::append(const float *features, const int64_t *coords, int64_t count) {
+  const Hdf5Lock hdf5_lock;
   if (count == 0) return;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread: appends run on the writer thread
   auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type, const void *data, const char *name) {
@@ -158,6 +271,7 @@ void FeatureFileWriter::append(const float *features, const int64_t *coords, int
 }
 
 void FeatureFileWriter::finish() {
+  const Hdf5Lock hdf5_lock;
   close();
   durable_rename(partial_, path_);
   std::error_code error;
@@ -165,6 +279,7 @@ void FeatureFileWriter::finish() {
 }
 
 FeatureFileTiles read_feature_tiles(const std::string &path) {
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (!fs::exists(path)) throw BadInput(path + ": no such file");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -179,6 +294,7 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
   if (dims[1] != 2) throw BadInput(path + ": coords must be [N,2], got [" + std::to_string(rows) + "," +
                                    std::to_string(dims[1]) + "]");
   FeatureFileTiles tiles;
+  hdf5::held_elements(coords, path + ": dataset coords");
   tiles.coords.resize(static_cast<size_t>(rows) * 2);
   if (rows > 0 && H5Dread(coords, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, tiles.coords.data()) < 0)
     throw BadInput(path + ": dataset coords cannot be read (truncated or corrupt)");
@@ -191,21 +307,12 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
     throw BadInput(path + ": coords has patch_size " + std::to_string(tiles.patch_size) + ", patch_level " +
                    std::to_string(tiles.patch_level) + ", downsample " + std::to_string(downsample[0]));
   tiles.downsample = downsample[0];
-  return tiles;
-}
-
-void check_same_extraction(const std::string &path, const nlohmann::json &extraction) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) throw BadInput(path + ": not an HDF5 file (or truncated)");
-  std::optional<std::string> stored;
-  if (H5Lexists(file, "features", H5P_DEFAULT) > 0) {
-    Handle features(H5Dopen2(file, "features", H5P_DEFAULT), H5Dclose);
-    stored = hdf5::read_string_attribute(features, "extraction");
+  tiles.name = hdf5::read_string_attribute(coords, "name").value_or("");
+  if (int64_t level_dim[2] = {0, 0}; hdf5::read_attribute(coords, "level_dim", H5T_NATIVE_INT64, 2, level_dim)) {
+    tiles.level_width = level_dim[0];
+    tiles.level_height = level_dim[1];
   }
-  if (stored && *stored == extraction.dump()) return;
-  throw UsageError(path + " holds features made with " + stored.value_or("unknown settings") + "; this run makes " +
-                   extraction.dump() + ": write to another --out directory, or remove the file to redo it");
+  return tiles;
 }
 
 }  // namespace tessera

@@ -21,7 +21,7 @@ void LossScale::record_loss_gradient(vk::Recorder& recorder, vk::Kernels& kernel
     float weight;
     uint32_t per_sample;
   } push{static_cast<uint32_t>(dloss.count()), weight.value_or(0.0f), weight ? 0u : 1u};
-  recorder.dispatch_elements(kernels.get("loss_scale_gradient", {kElementwiseGroup}),
+  recorder.dispatch_elements(kernels.get<Push>(vk::kernel::loss_scale_gradient, {kElementwiseGroup}),
                              {reads(state_), weight ? writes(dloss) : updates(dloss)}, push, dloss.count(),
                              kElementwiseGroup);
 }
@@ -30,7 +30,7 @@ void LossScale::record_check(vk::Recorder& recorder, vk::Kernels& kernels, const
   struct Push {
     uint32_t count;
   } push{static_cast<uint32_t>(grad.count())};
-  recorder.dispatch_elements(kernels.get("loss_scale_check", {kElementwiseGroup}), {reads(grad), updates(state_)},
+  recorder.dispatch_elements(kernels.get<Push>(vk::kernel::loss_scale_check, {kElementwiseGroup}), {reads(grad), updates(state_)},
                              push, grad.count(), kElementwiseGroup);
 }
 
@@ -39,7 +39,7 @@ void LossScale::record_update(vk::Recorder& recorder, vk::Kernels& kernels) cons
     float growth, backoff;
     uint32_t interval;
   } push{kGrowth, kBackoff, kGrowthInterval};
-  recorder.dispatch(kernels.get("loss_scale_update"), {updates(state_)}, push, 1);
+  recorder.dispatch(kernels.get<Push>(vk::kernel::loss_scale_update), {updates(state_)}, push, 1);
 }
 
 }  // namespace tessera

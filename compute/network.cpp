@@ -7,23 +7,11 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <string_view>
 
-#include "compute/ops/batch_norm2d.h"
 #include "compute/ops/registry.h"
 
 namespace tessera {
-
-void MemoryPlan::add(const vk::Allocator& allocator, const std::string& category, uint64_t size,
-                     vk::MemoryUsage usage) {
-  bytes[category] += allocator.footprint(size);
-  buffers.push_back({size, usage});
-}
-
-uint64_t MemoryPlan::total() const {
-  uint64_t sum = 0;
-  for (auto& [category, size] : bytes) sum += size;
-  return sum;
-}
 
 namespace {
 
@@ -138,6 +126,40 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (small-cnn, resnet18, resnet50)");
 }
 
+nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source) {
+  std::string where = "the model";
+  // Messages of the layer checks start "model: "; here the file says whose model it is.
+  auto fail = [&](std::string problem) {
+    if (problem.rfind("model: ", 0) == 0) problem.erase(0, 7);
+    return ModelError(source + ": " + where + ": " + problem);
+  };
+  try {
+    nlohmann::json graph = expand_presets(description);
+    if (!graph.is_object())
+      throw fail(std::string("must be a JSON object with 'layers' (or 'preset'), not ") + graph.type_name());
+    where = "/layers";
+    auto layers = graph.find("layers");
+    if (layers == graph.end() || !layers->is_array() || layers->empty())
+      throw fail("must be a non-empty array of layers");
+    for (size_t i = 0; i < layers->size(); ++i) {
+      where = "/layers/" + std::to_string(i);
+      const nlohmann::json& entry = (*layers)[i];
+      LayerConfig config(entry);
+      make_op(config);
+      if (auto inputs = entry.find("inputs"); inputs != entry.end())
+        if (!inputs->is_array() || inputs->empty() ||
+            std::any_of(inputs->begin(), inputs->end(), [](auto& name) { return !name.is_string(); }))
+          throw fail("field 'inputs' must be a non-empty array of layer names, got " + inputs->dump());
+    }
+    return graph;
+  } catch (const ModelError& e) {
+    if (std::string_view(e.what()).rfind(source + ": ", 0) == 0) throw;
+    throw fail(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(e.what());
+  }
+}
+
 nlohmann::json load_model_description(const std::string& model, int classes, int width) {
   if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
@@ -150,11 +172,11 @@ nlohmann::json load_model_description(const std::string& model, int classes, int
   } catch (const nlohmann::json::parse_error& e) {
     throw ModelError(model + ": not valid JSON: " + e.what());
   }
-  if (description.contains("preset")) {
-    description["classes"] = description.value("classes", classes);
-    description["width"] = description.value("width", width);
+  if (description.is_object() && description.contains("preset")) {
+    description.emplace("classes", classes);
+    description.emplace("width", width);
   }
-  return expand_presets(description);
+  return check_model_description(description, model);
 }
 
 Network::Network(const nlohmann::json& description, const Shape& input_shape, bool with_gradients)
@@ -276,11 +298,11 @@ void Network::plan_fusion() {
       int producer = sole_producer(l);
       if (producer < 0) continue;
       auto host = static_cast<size_t>(computed_by[static_cast<size_t>(producer)]);
-      std::string type = layers_[l].op->type(), host_type = layers_[host].op->type();
-      bool fold = !training && type == "batch_norm2d" && host_type == "conv2d" && fused[host].folded_batch_norm < 0 &&
-                  !fused[host].relu;
-      bool relu = type == "relu" && !fused[host].relu &&
-                  (host_type == "conv2d" || host_type == "linear" || host_type == "batch_norm2d" || host_type == "add");
+      Epilogue::Kind kind = layers_[l].op->as_epilogue().kind;
+      Fusions can = layers_[host].op->fusions();
+      bool fold = !training && kind == Epilogue::Kind::batch_norm && can.batch_norm &&
+                  fused[host].folded_batch_norm < 0 && !fused[host].relu;
+      bool relu = kind == Epilogue::Kind::relu && can.relu && !fused[host].relu;
       if (!fold && !relu) continue;
       fused[l].skipped = true;
       fused[host].writes_output_of = static_cast<int>(l);
@@ -352,10 +374,13 @@ GraphLayout Network::layout() const {
     for (size_t s = 0; s < layer.specs.size(); ++s) {
       const TensorSpec& spec = layer.specs[s];
       std::string full = layer.name + "." + spec.name;
-      bool saved = spec.role == TensorRole::saved;
-      if (saved && reuse && fused[l].skipped) continue;
-      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
-                            saved ? "activations" : "parameters", saved && reuse);
+      bool saved = spec.role == TensorRole::saved, prepared = spec.role == TensorRole::prepared;
+      if ((saved || prepared) && reuse && fused[l].skipped) continue;
+      // Inference keeps what prepare() wrote for every pass; training rewrites it each forward.
+      std::string category = in_checkpoint(spec.role) ? "parameters"
+                             : prepared && reuse      ? "prepared weights"
+                                                      : "activations";
+      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s}, category, saved && reuse);
       if (saved && reuse) scratch.push_back(buffer);
       if (spec.role == TensorRole::parameter && with_gradients_)
         place({full + ".grad", spec.shape, DType::f32, GraphLayout::Kind::grad, l, s}, "gradients", false);
@@ -419,7 +444,7 @@ void Network::initialise(uint32_t seed) {
   for (auto& l : layers_)
     for (size_t s = 0; s < l.specs.size(); ++s) {
       const TensorSpec& spec = l.specs[s];
-      if (spec.role == TensorRole::saved) continue;
+      if (!in_checkpoint(spec.role)) continue;
       std::string name = l.name + "." + spec.name;
       std::vector<float> values(static_cast<size_t>(element_count(spec.shape)));
       std::mt19937 generator(seed ^ name_hash(name));
@@ -442,6 +467,22 @@ void Network::initialise(uint32_t seed) {
     }
 }
 
+void Network::prepare(vk::Context& context) {
+  if (with_gradients_) throw std::logic_error("only an inference network keeps prepared weights");
+  vk::Program program(context);
+  vk::Recorder recorder(context, program);
+  Bound none;  // prepare() reads parameters only: the graph inputs stay unbound (nullptr)
+  for (auto& input : inputs_) none[input.name] = nullptr;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (fusion_[false][l].skipped) continue;
+    recorder.set_scope(layers_[l].name + " prepare");
+    layers_[l].op->prepare(recorder, context.kernels(), bindings(l, none, Pass{}, false));
+  }
+  recorder.finish();
+  program.run();
+  prepared_ = true;
+}
+
 Network::Layer& Network::layer(const std::string& name) {
   for (auto& l : layers_)
     if (l.name == name) return l;
@@ -458,7 +499,7 @@ std::vector<Network::Named> Network::named_tensors() {
   for (auto& l : layers_) {
     if (!l.from_model) continue;
     for (size_t s = 0; s < l.specs.size(); ++s) {
-      if (l.specs[s].role == TensorRole::saved) continue;
+      if (!in_checkpoint(l.specs[s].role)) continue;
       named.push_back({l.name + "." + l.specs[s].name, l.tensors[s].get(), l.grads[s].get(), l.specs[s]});
     }
   }
@@ -475,8 +516,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
     if (producer < 0) {
       auto input = static_cast<size_t>(-1 - producer);
       auto bound = inputs.find(inputs_[input].name);
-      if (bound == inputs.end() || !bound->second)
-        throw std::logic_error("graph input " + inputs_[input].name + " is not bound");
+      if (bound == inputs.end()) throw std::logic_error("graph input " + inputs_[input].name + " is not bound");
       value = bound->second;
       if (input < input_grads_.size()) grad = input_grads_[input].get();
     } else {
@@ -497,7 +537,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
   if (fused.folded_batch_norm >= 0) {
     const Layer& bn = layers_[static_cast<size_t>(fused.folded_batch_norm)];
     folded_[index] = {bn.tensors[0].get(), bn.tensors[1].get(), bn.tensors[2].get(), bn.tensors[3].get(),
-                      static_cast<const BatchNorm2d&>(*bn.op).eps()};
+                      bn.op->as_epilogue().eps};
     t.folded_batch_norm = &folded_[index];
   }
   for (size_t s = 0; s < l.tensors.size(); ++s) {
@@ -505,6 +545,7 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
     t.grads.push_back(l.grads[s].get());
   }
   t.training = pass.training;
+  t.prepared = prepared_ && !pass.training;
   t.seed = pass.seed ^ name_hash(l.name);
   t.step = pass.step;
   t.sample_offset = pass.sample_offset;

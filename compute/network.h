@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compute/memory_plan.h"
 #include "compute/op.h"
 #include "compute/vk/context.h"
 #include "compute/vk/memory.h"
@@ -21,24 +22,15 @@ class LayerConfig;
 nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
 // Expands {"preset": NAME, "classes": K, "width": W} to a graph; returns graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
+// The description expanded (expand_presets) and checked before any graph is built: an object
+// whose `layers` is a non-empty array of layers, each an object with a name, a type that is an
+// op, only fields that op reads and `inputs` an array of names. Throws ModelError (exit 5)
+// naming `source` (the file, or a checkpoint's attribute) and where in it ("/layers/3").
+nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source);
 
 // Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
 // cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).
 void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command);
-
-// Per-category device bytes, computed from shapes alone (before anything is allocated).
-struct MemoryPlan {
-  std::map<std::string, uint64_t> bytes;  // "parameters", "gradients", "activations", ...
-  std::vector<vk::PlannedBuffer> buffers;  // every buffer, in the order the run allocates it
-  // Adds a buffer of `bytes` (its footprint to `category`).
-  void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
-           vk::MemoryUsage usage = vk::MemoryUsage::device);
-  // The bytes of the buffers.
-  uint64_t total() const;
-  // What the allocator will take from the device for them on top of what it holds: its blocks,
-  // with the rest of a block that the next buffer did not fit (what the budget bounds).
-  uint64_t device_bytes(const vk::Allocator& allocator) const { return allocator.reserved_after(buffers); }
-};
 
 // A tensor the graph reads from outside, bound when a pass is recorded: the images, the
 // labels, a bag's features and its instance count.
@@ -109,6 +101,10 @@ class Network {
   void allocate(vk::Context& context);
   // Parameters and state get PyTorch's default initialisation from the seed.
   void initialise(uint32_t seed);
+  // Inference, once the weights are loaded: runs every op's prepare() (conv2d's blocked and
+  // batch-norm-scaled weight), which forward passes then read instead of redoing it. Weights
+  // loaded afterwards need another prepare().
+  void prepare(vk::Context& context);
 
   // Graph inputs by name, as a pass reads them.
   using Bound = std::map<std::string, const Tensor*>;
@@ -161,10 +157,11 @@ class Network {
   void add_layers(const nlohmann::json& layers, bool from_model);
   void finish();
 
-  // Fusion, decided once per mode (inference, training) from the graph alone, so that
-  // checkpoints and layer names stay PyTorch's: a ReLU whose input has no other consumer runs
-  // in the epilogue of the conv2d, linear, batch_norm2d or add before it; in inference a batch norm
-  // whose input is a conv2d with no other consumer is folded into that convolution.
+  // Fusion, decided once per mode (inference, training) from the graph and what its ops
+  // declare (Op::fusions, Op::as_epilogue), so that checkpoints and layer names stay PyTorch's:
+  // a ReLU whose input has no other consumer runs in the epilogue of the op before it where that
+  // op takes one; in inference a batch norm whose input has no other consumer is folded into an op
+  // that takes it (a convolution).
   struct Fused {
     bool skipped = false;         // runs inside an earlier layer: records nothing
     int writes_output_of = -1;    // writes the output (and reads the gradient) of this later layer
@@ -184,17 +181,18 @@ class Network {
   // (layer, input) -> whether its backward adds to the input's gradient rather than writing it.
   std::map<std::pair<size_t, size_t>, bool> accumulate_input_grad_;
   std::array<std::vector<Fused>, 2> fusion_;  // [training]
+  bool prepared_ = false;
   mutable std::vector<FoldedBatchNorm> folded_;  // per layer, bound while folded
 };
 
-// A forward pass in evaluation mode, recorded once and run any number of times (forward,
-// extract, tile scores), with the optimizer step count that ops read (a u32 [2] of zeros).
+// A forward pass in evaluation mode, recorded once and run any number of times (the recorded
+// part of compute/inference.h), with the optimizer step count that ops read (a u32 [2] of zeros).
 class InferenceProgram {
  public:
   InferenceProgram(vk::Context& context, Network& network, const Network::Bound& inputs);
   void run() { program_.run(); }
-  // The device bytes it adds to the network's plan.
-  static uint64_t planned_bytes(const vk::Allocator& allocator) { return allocator.footprint(8); }
+  // The bytes of the step count it allocates.
+  static constexpr uint64_t step_bytes = 8;
 
  private:
   Tensor step_;

@@ -17,7 +17,13 @@ enum class TensorRole {
   parameter,  // trained; has a gradient; saved in checkpoints (conv.weight)
   state,      // not trained but saved in checkpoints (bn.running_mean)
   saved,      // written by forward, read by backward, not saved (bn batch mean, pool argmax)
+  // Derived from the parameters alone (conv2d's blocked weight): an inference network computes
+  // it once, when its weights are loaded (Op::prepare); training recomputes it in every forward.
+  prepared,
 };
+
+// Parameters and state: what checkpoints hold and initialisation fills.
+inline bool in_checkpoint(TensorRole role) { return role == TensorRole::parameter || role == TensorRole::state; }
 
 // How a parameter or state tensor starts. PyTorch's defaults, so that a model trained here
 // starts from the same distribution as the same model in PyTorch.
@@ -81,6 +87,20 @@ struct OpTensors {
   // convolution applies the batch norm in its weights and epilogue.
   bool relu = false;
   const FoldedBatchNorm* folded_batch_norm = nullptr;
+  // Inference after Op::prepare: the prepared tensors hold what it wrote; forward reads them.
+  bool prepared = false;
+};
+
+// Fusion, as ops declare it: what an op can apply in its own epilogue, and what it is when it
+// runs as the epilogue of the op before it. The graph decides from these alone (Network's
+// fusion plan), so that a layer's name, parameters and checkpoint stay PyTorch's.
+struct Fusions {
+  bool relu = false;        // applies max(y, 0) to its output (OpTensors::relu), and masks dy
+  bool batch_norm = false;  // inference: applies a batch norm in its weights and epilogue
+};
+struct Epilogue {
+  enum class Kind { none, relu, batch_norm } kind = Kind::none;
+  float eps = 0;  // batch_norm: its epsilon; its tensors are weight, bias, running_mean, running_var
 };
 
 class Op {
@@ -95,6 +115,17 @@ class Op {
   virtual DType output_dtype(DType activations) const { return activations; }
   virtual void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
   virtual void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) = 0;
+  // Writes the prepared tensors (TensorRole::prepared) from the parameters, with forward's
+  // bindings: an inference network records it once, after its weights are loaded, and its
+  // forward passes then skip that work (OpTensors::prepared).
+  virtual void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+    (void)recorder;
+    (void)kernels;
+    (void)t;
+  }
+  // What this op can apply in its epilogue, and what it is as the epilogue of another.
+  virtual Fusions fusions() const { return {}; }
+  virtual Epilogue as_epilogue() const { return {}; }
   // Floating-point operations of one forward pass, for benchmarks.
   virtual double forward_flops() const { return 0; }
 };
@@ -104,12 +135,13 @@ struct ShapeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The kernel `name` in the variant for activations of `activation`'s type: "<name>_f16" where
-// they are fp16 (cmake/shaders.cmake compiles both from one source; the recorder checks that
-// every storage binding gets a buffer of its type).
-inline const vk::Kernel& kernel_for(vk::Kernels& kernels, const std::string& name, const Tensor& activation,
-                                    const std::vector<int32_t>& constants = {}) {
-  return kernels.get(activation.dtype() == DType::f16 ? name + "_f16" : name, constants);
+// The pipeline of `kernel` in its variant for activations of `activation`'s type (fp16 or float;
+// cmake/shaders.cmake compiles both from one source, and the recorder checks that every storage
+// binding gets a buffer of its type), for push constants of type Push.
+template <class Push = vk::NoPush>
+vk::Pipeline<Push> kernel_for(vk::Kernels& kernels, const vk::ActivationKernel& kernel, const Tensor& activation,
+                              const std::vector<int32_t>& constants = {}) {
+  return kernels.get<Push>(activation.dtype() == DType::f16 ? kernel.f16 : kernel.f32, constants);
 }
 
 // Whether the sums over a channel or a batch (batch-norm statistics, bias gradients, the loss)
@@ -122,8 +154,8 @@ inline bool subgroup_reductions(const vk::TileTarget& target) {
 }
 
 // A reduction kernel's variant for the device: `subgroup` where subgroup_reductions, else `shared`.
-template <class Name>
-Name reduction_kernel(const vk::Kernels& kernels, Name shared, Name subgroup) {
+template <class Kernel>
+const Kernel& reduction_kernel(const vk::Kernels& kernels, const Kernel& shared, const Kernel& subgroup) {
   return subgroup_reductions(kernels.tile_target()) ? subgroup : shared;
 }
 

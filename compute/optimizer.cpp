@@ -44,14 +44,14 @@ class Sgd : public Optimizer {
     } push{count_of(parameter), config_.lr, config_.momentum, config_.weight_decay, config_.grad_scale,
            config_.nesterov ? 1u : 0u};
     if (config_.momentum == 0) {
-      recorder.dispatch_elements(kernels.get("optimizer_sgd", constants(loss_scale)),
+      recorder.dispatch_elements(kernels.get<Push>(vk::kernel::optimizer_sgd, constants(loss_scale)),
                                  {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
                                   scale_arg(parameter, loss_scale)},
                                  push,
                                  parameter.count(), kElementwiseGroup);
       return;
     }
-    recorder.dispatch_elements(kernels.get("optimizer_sgd_momentum", constants(loss_scale)),
+    recorder.dispatch_elements(kernels.get<Push>(vk::kernel::optimizer_sgd_momentum, constants(loss_scale)),
                                {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
                                 vk::updates(state.at(0)->buffer()), scale_arg(parameter, loss_scale)},
                                push, parameter.count(), kElementwiseGroup);
@@ -80,7 +80,7 @@ class Adam : public Optimizer {
       uint32_t decoupled;
     } push{count_of(parameter), config_.lr,         config_.beta1, config_.beta2, config_.eps.value_or(1e-8f),
            config_.weight_decay, config_.grad_scale, decoupled_ ? 1u : 0u};
-    recorder.dispatch_elements(kernels.get("optimizer_adam", constants(loss_scale)),
+    recorder.dispatch_elements(kernels.get<Push>(vk::kernel::optimizer_adam, constants(loss_scale)),
                                {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
                                 vk::updates(state.at(0)->buffer()), vk::updates(state.at(1)->buffer()),
                                 vk::reads(step.buffer()), scale_arg(parameter, loss_scale)},
@@ -106,7 +106,7 @@ class Adagrad : public Optimizer {
       uint32_t count;
       float lr, eps, weight_decay, grad_scale;
     } push{count_of(parameter), config_.lr, config_.eps.value_or(1e-10f), config_.weight_decay, config_.grad_scale};
-    recorder.dispatch_elements(kernels.get("optimizer_adagrad", constants(loss_scale)),
+    recorder.dispatch_elements(kernels.get<Push>(vk::kernel::optimizer_adagrad, constants(loss_scale)),
                                {vk::updates(parameter.buffer()), vk::updates(grad.buffer()),
                                 vk::updates(state.at(0)->buffer()), scale_arg(parameter, loss_scale)},
                                push, parameter.count(), kElementwiseGroup);
@@ -129,7 +129,7 @@ std::unique_ptr<Optimizer> Optimizer::make(const OptimizerConfig& config) {
 }
 
 void Optimizer::record_step_advance(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& step) {
-  recorder.dispatch_raw(kernels.get("optimizer_step"), {vk::updates(step.buffer())}, nullptr, 0, 1, 1, 1);
+  recorder.dispatch(kernels.get(vk::kernel::optimizer_step), {vk::updates(step.buffer())}, 1);
 }
 
 }  // namespace tessera

@@ -1,13 +1,10 @@
-// Checks the training loop makes on what it is about to save, and the settings a resumed run
-// must share; kept apart from the loop so that it calls each in one line.
+// Checks the training loop makes on what it is about to save; kept apart from the loop so that
+// it calls each in one line.
 #pragma once
 #include <map>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "compute/checkpoint.h"
-#include "compute/trainer.h"
 
 namespace tessera {
 
@@ -16,10 +13,5 @@ namespace tessera {
 // good checkpoint.
 void check_finite_state(const std::map<std::string, HostArray>& params, const std::map<std::string, HostArray>& train,
                         int epoch);
-
-// The settings of a run that a resumed run must share (ARCHITECTURE.md: a resumed run
-// continues exactly), the job's own among them, saved in the checkpoint's progress record
-// beside the epoch.
-nlohmann::json run_settings(const TrainOptions& options);
 
 }  // namespace tessera

@@ -47,15 +47,13 @@ Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype,
 void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
   if (offset + size > buffer_->size())
     throw Error(ExitCode::runtime_error, "upload of " + std::to_string(size) + " bytes overruns " + name_);
-  if (buffer_->mapped()) {
-    std::memcpy(static_cast<char*>(buffer_->mapped()) + offset, data, size);
-    return;
-  }
+  if (buffer_->mapped()) return buffer_->write(data, size, offset);
   auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (upload)");
-  std::memcpy(staging.mapped(), data, size);
+  staging.write(data, size);
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);
+    recorder.set_scope("upload");
     recorder.copy(staging, 0, *buffer_, offset, size);
     recorder.finish();
   }
@@ -65,19 +63,17 @@ void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
 void Tensor::download(void* data, uint64_t size, uint64_t offset) const {
   if (offset + size > buffer_->size())
     throw Error(ExitCode::runtime_error, "download of " + std::to_string(size) + " bytes overruns " + name_);
-  if (buffer_->mapped()) {
-    std::memcpy(data, static_cast<const char*>(buffer_->mapped()) + offset, size);
-    return;
-  }
+  if (buffer_->mapped()) return buffer_->read(data, size, offset);
   auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (download)");
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);
+    recorder.set_scope("download");
     recorder.copy(*buffer_, offset, staging, 0, size);
     recorder.finish();
   }
   program.run();
-  std::memcpy(data, staging.mapped(), size);
+  staging.read(data, size);
 }
 
 void Tensor::upload(std::span<const float> values) const {

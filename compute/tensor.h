@@ -40,7 +40,9 @@ class Tensor {
   explicit operator bool() const { return buffer_ && *buffer_; }
 
   // Blocking copies between host and device (through a staging buffer where the memory is
-  // not host-visible). For set-up, checkpoints and tests, not for the training loop.
+  // not host-visible). For set-up, checkpoints and tests, not for the training loop. On a mapped
+  // tensor they flush and invalidate (vk::Buffer::write and read): a download there drops what
+  // the host wrote to it and did not flush.
   void upload(const void* data, uint64_t bytes, uint64_t offset = 0) const;
   void download(void* data, uint64_t bytes, uint64_t offset = 0) const;
   // Float values, converted to and from fp16 for an f16 tensor (rounded to nearest even).

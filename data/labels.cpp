@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <limits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,161 +16,6 @@
 namespace tessera::data {
 
 namespace {
-
-// Samples per side of the grid that estimates a tile's coverage by polygons.
-constexpr int coverage_samples = 8;
-
-struct Point {
-  double x, y;
-};
-
-// One GeoJSON polygon: an exterior ring and its holes, tested with the even-odd rule.
-class Polygon {
- public:
-  explicit Polygon(std::vector<std::vector<Point>> rings) : rings_(std::move(rings)) {
-    for (const Point& p : rings_.front()) {
-      min_x_ = std::min(min_x_, p.x);
-      max_x_ = std::max(max_x_, p.x);
-      min_y_ = std::min(min_y_, p.y);
-      max_y_ = std::max(max_y_, p.y);
-    }
-  }
-
-  double min_x() const { return min_x_; }
-  double max_x() const { return max_x_; }
-  double min_y() const { return min_y_; }
-  double max_y() const { return max_y_; }
-
-  bool overlaps_box(double x0, double y0, double x1, double y1) const {
-    return x0 <= max_x_ && x1 >= min_x_ && y0 <= max_y_ && y1 >= min_y_;
-  }
-
-  bool contains(double x, double y) const {
-    if (x < min_x_ || x > max_x_ || y < min_y_ || y > max_y_) return false;
-    bool inside = false;
-    for (const auto& ring : rings_)
-      for (size_t i = 0, j = ring.size() - 1; i < ring.size(); j = i++)
-        if ((ring[i].y > y) != (ring[j].y > y) &&
-            x < (ring[j].x - ring[i].x) * (y - ring[i].y) / (ring[j].y - ring[i].y) + ring[i].x)
-          inside = !inside;
-    return inside;
-  }
-
- private:
-  std::vector<std::vector<Point>> rings_;
-  double min_x_ = std::numeric_limits<double>::max(), max_x_ = std::numeric_limits<double>::lowest();
-  double min_y_ = std::numeric_limits<double>::max(), max_y_ = std::numeric_limits<double>::lowest();
-};
-
-class GeoJsonLabeler final : public TileLabeler {
- public:
-  GeoJsonLabeler(const std::string& path, LabelRule rule, double coverage, const std::string& label_class)
-      : path_(path), rule_(rule), coverage_(coverage), label_class_(label_class) {
-    std::ifstream file(path);
-    if (!file) throw BadInput(path + ": cannot open the annotations");
-    nlohmann::json document;
-    try {
-      document = nlohmann::json::parse(file);
-    } catch (const nlohmann::json::exception& e) {
-      throw BadInput(path + ": not valid JSON: " + e.what());
-    }
-    if (!document.is_object()) throw BadInput(path + ": not a GeoJSON object");
-    std::string type = document.value("type", "");
-    if (type == "FeatureCollection") {
-      if (!document.contains("features") || !document["features"].is_array())
-        throw BadInput(path + ": a FeatureCollection without a `features` array");
-      for (size_t i = 0; i < document["features"].size(); ++i) add_feature(document["features"][i], i);
-    } else if (type == "Feature") {
-      add_feature(document, 0);
-    } else {
-      throw BadInput(path + ": GeoJSON type '" + type + "' (expected FeatureCollection or Feature)");
-    }
-  }
-
-  uint32_t label(double x0, double y0, double x1, double y1) const override {
-    if (rule_ == LabelRule::centre) return inside((x0 + x1) / 2, (y0 + y1) / 2) ? 1 : 0;
-    std::vector<const Polygon*> nearby;
-    for (auto& polygon : polygons_)
-      if (polygon.overlaps_box(x0, y0, x1, y1)) nearby.push_back(&polygon);
-    if (nearby.empty()) return 0;
-    int covered = 0;
-    for (int sy = 0; sy < coverage_samples; ++sy)
-      for (int sx = 0; sx < coverage_samples; ++sx) {
-        double x = x0 + (x1 - x0) * (sx + 0.5) / coverage_samples, y = y0 + (y1 - y0) * (sy + 0.5) / coverage_samples;
-        covered += std::any_of(nearby.begin(), nearby.end(), [&](auto* polygon) { return polygon->contains(x, y); });
-      }
-    return covered >= coverage_ * coverage_samples * coverage_samples ? 1 : 0;
-  }
-
-  std::string description() const override {
-    std::string text = path_ + ": " + std::to_string(polygons_.size()) + " polygons classified " + label_class_;
-    if (polygons_.empty()) return text;
-    double x0 = polygons_[0].min_x(), x1 = polygons_[0].max_x(), y0 = polygons_[0].min_y(), y1 = polygons_[0].max_y();
-    for (auto& polygon : polygons_) {
-      x0 = std::min(x0, polygon.min_x());
-      x1 = std::max(x1, polygon.max_x());
-      y0 = std::min(y0, polygon.min_y());
-      y1 = std::max(y1, polygon.max_y());
-    }
-    return text + " spanning x " + std::to_string(std::lround(x0)) + " to " + std::to_string(std::lround(x1)) +
-           ", y " + std::to_string(std::lround(y0)) + " to " + std::to_string(std::lround(y1));
-  }
-
- private:
-  bool inside(double x, double y) const {
-    return std::any_of(polygons_.begin(), polygons_.end(), [&](auto& polygon) { return polygon.contains(x, y); });
-  }
-
-  [[noreturn]] void invalid(size_t feature, const std::string& what) const {
-    throw BadInput(path_ + ": feature " + std::to_string(feature) + ": " + what);
-  }
-
-  std::vector<Point> parse_ring(const nlohmann::json& ring, size_t feature) const {
-    if (!ring.is_array() || ring.size() < 4) invalid(feature, "a ring needs at least 4 positions");
-    std::vector<Point> points;
-    for (auto& position : ring) {
-      if (!position.is_array() || position.size() < 2 || !position[0].is_number() || !position[1].is_number())
-        invalid(feature, "a position is not [x, y]");
-      points.push_back({position[0].get<double>(), position[1].get<double>()});
-    }
-    return points;
-  }
-
-  void add_polygon(const nlohmann::json& coordinates, size_t feature) {
-    if (!coordinates.is_array() || coordinates.empty()) invalid(feature, "a Polygon without rings");
-    std::vector<std::vector<Point>> rings;
-    for (auto& ring : coordinates) rings.push_back(parse_ring(ring, feature));
-    polygons_.emplace_back(std::move(rings));
-  }
-
-  void add_feature(const nlohmann::json& feature, size_t index) {
-    if (!feature.is_object() || feature.value("type", "") != "Feature") invalid(index, "not a Feature");
-    const auto& properties = feature.contains("properties") ? feature["properties"] : nlohmann::json();
-    std::string name;
-    if (properties.is_object() && properties.contains("classification") && properties["classification"].is_object())
-      name = properties["classification"].value("name", "");
-    if (name != label_class_) return;
-    if (!feature.contains("geometry") || !feature["geometry"].is_object()) invalid(index, "no geometry");
-    const auto& geometry = feature["geometry"];
-    std::string type = geometry.value("type", "");
-    if (!geometry.contains("coordinates")) invalid(index, type + " without coordinates");
-    const auto& coordinates = geometry["coordinates"];
-    if (type == "Polygon") {
-      add_polygon(coordinates, index);
-    } else if (type == "MultiPolygon") {
-      if (!coordinates.is_array()) invalid(index, "MultiPolygon coordinates are not an array");
-      for (auto& polygon : coordinates) add_polygon(polygon, index);
-    } else {
-      invalid(index, "geometry type '" + type + "' (expected Polygon or MultiPolygon)");
-    }
-  }
-
-  std::string path_;
-  LabelRule rule_;
-  double coverage_;
-  std::string label_class_;
-  std::vector<Polygon> polygons_;
-};
 
 class MaskLabeler final : public TileLabeler {
  public:
@@ -324,11 +167,12 @@ class MaskLabeler final : public TileLabeler {
 }  // namespace
 
 std::unique_ptr<TileLabeler> open_labels(const std::string& path, int64_t slide_width, int64_t slide_height,
-                                         LabelRule rule, double coverage, const std::string& label_class) {
+                                         LabelRule rule, double coverage, const std::string& label_class,
+                                         const std::string& unclassified_as) {
   if (!std::filesystem::is_regular_file(path)) throw BadInput(path + ": no such label file");
   auto extension = std::filesystem::path(path).extension().string();
   if (extension == ".geojson" || extension == ".json")
-    return std::make_unique<GeoJsonLabeler>(path, rule, coverage, label_class);
+    return open_geojson_labels(path, slide_width, slide_height, rule, coverage, label_class, unclassified_as);
   return std::make_unique<MaskLabeler>(path, slide_width, slide_height, rule, coverage);
 }
 

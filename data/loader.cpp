@@ -10,13 +10,14 @@
 
 namespace tessera::data {
 
-void augment_patch(uint8_t* rgb, int size, uint64_t random_bits) {
+void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels) {
   bool flip = random_bits & 1;
   int rotation = static_cast<int>((random_bits >> 1) & 3);
   // Brightness and contrast within +-10%, saturation within +-20%, as mild H&E stain variation.
   auto unit = [&](int shift) { return static_cast<float>((random_bits >> shift) & 0xff) / 255.0f * 2 - 1; };
   float brightness = 1 + 0.1f * unit(8), contrast = 1 + 0.1f * unit(16), saturation = 1 + 0.2f * unit(24);
-  std::vector<uint8_t> source(rgb, rgb + static_cast<size_t>(size) * size * 3);
+  const auto samples = static_cast<size_t>(channels);
+  std::vector<uint8_t> source(pixels, pixels + static_cast<size_t>(size) * size * samples);
   for (int y = 0; y < size; ++y)
     for (int x = 0; x < size; ++x) {
       int sx = flip ? size - 1 - x : x, sy = y;
@@ -25,11 +26,12 @@ void augment_patch(uint8_t* rgb, int size, uint64_t random_bits) {
         sx = sy;
         sy = size - 1 - t;
       }
-      const uint8_t* from = &source[(static_cast<size_t>(sy) * size + sx) * 3];
-      float grey = 0.299f * from[0] + 0.587f * from[1] + 0.114f * from[2];
-      uint8_t* to = rgb + (static_cast<size_t>(y) * size + x) * 3;
-      for (int c = 0; c < 3; ++c) {
-        float v = grey + saturation * (from[c] - grey);
+      const uint8_t* from = &source[(static_cast<size_t>(sy) * size + sx) * samples];
+      bool rgb = channels == 3;
+      float grey = rgb ? 0.299f * from[0] + 0.587f * from[1] + 0.114f * from[2] : 0.0f;
+      uint8_t* to = pixels + (static_cast<size_t>(y) * size + x) * samples;
+      for (int c = 0; c < channels; ++c) {
+        float v = rgb ? grey + saturation * (from[c] - grey) : static_cast<float>(from[c]);
         v = (v - 128.0f) * contrast + 128.0f;
         to[c] = static_cast<uint8_t>(std::clamp(v * brightness, 0.0f, 255.0f) + 0.5f);
       }
@@ -58,7 +60,8 @@ void Loader::stop() {
 }
 
 Batch Loader::make_batch(const std::vector<size_t>& order, size_t batch_index, uint32_t epoch) const {
-  const size_t b = options_.batch, patch = static_cast<size_t>(source_.height()) * source_.width() * 3;
+  const size_t b = options_.batch,
+               patch = static_cast<size_t>(source_.height()) * source_.width() * static_cast<size_t>(source_.channels());
   Batch batch;
   batch.images.assign(b * patch, 0);
   batch.labels.assign(b, 0);
@@ -70,7 +73,7 @@ Batch Loader::make_batch(const std::vector<size_t>& order, size_t batch_index, u
     batch.labels[i] = source_.read(index, decoded ? &batch.images[i * patch] : nullptr);
     if (decoded && options_.augment && source_.height() == source_.width()) {
       std::mt19937_64 generator(options_.seed * 0x9e3779b97f4a7c15ull + epoch * 0x632be59bd9b4e019ull + index);
-      augment_patch(&batch.images[i * patch], source_.width(), generator());
+      augment_patch(&batch.images[i * patch], source_.width(), generator(), source_.channels());
     }
   }
   return batch;

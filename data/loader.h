@@ -14,7 +14,7 @@
 namespace tessera::data {
 
 struct Batch {
-  std::vector<uint8_t> images;    // count x height x width x 3, RGB
+  std::vector<uint8_t> images;    // count x height x width x channels (RGB: 3)
   std::vector<uint32_t> labels;   // count
   size_t count = 0;               // real patches; the rest of a fixed-size batch is padding
 };
@@ -69,7 +69,8 @@ class Loader {
 };
 
 // Applies a flip, a rotation by a multiple of 90 degrees and a colour jitter, all chosen from
-// `random_bits`, to a square RGB patch in place.
-void augment_patch(uint8_t* rgb, int size, uint64_t random_bits);
+// `random_bits`, to a square patch of `channels` samples a pixel in place (the jitter's saturation
+// part only to RGB; other channels take its brightness and contrast).
+void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels = 3);
 
 }  // namespace tessera::data

@@ -1,4 +1,4 @@
-// Labelled RGB patches by index: the interface between patch storage (a PCam-layout HDF5
+// Labelled patches (RGB, or a multiplex slide's channels) by index: the interface between patch storage (a PCam-layout HDF5
 // file, an LMDB tile store) and the training loader.
 #pragma once
 #include <cstddef>
@@ -15,6 +15,8 @@ class PatchSource {
   virtual size_t size() const = 0;
   virtual int height() const = 0;
   virtual int width() const = 0;
+  // Samples a pixel: 3 (RGB), or a multiplex slide's channels.
+  virtual int channels() const { return 3; }
   // One more than the largest label.
   virtual uint32_t class_count() const = 0;
   // The group a patch belongs to (its slide): training and validation never share a group.
@@ -28,7 +30,7 @@ class PatchSource {
     (void)group;
     return {};
   }
-  // Writes the patch as height x width x 3 uint8 (RGB, row-major) and returns its label; with
+  // Writes the patch as height x width x channels() uint8 (row-major) and returns its label; with
   // `rgb` null, returns the label alone and decodes nothing. Safe to call from several threads
   // at once. Throws BadInput naming the file and patch.
   virtual uint32_t read(size_t index, uint8_t* rgb) const = 0;

@@ -3,10 +3,10 @@
 #include <hdf5.h>
 
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
 #include "common/error.h"
+#include "common/hdf5_lock.h"
 
 namespace tessera::data {
 
@@ -14,16 +14,10 @@ namespace {
 
 constexpr hsize_t max_patch_side = 65535;
 
-// Debian's HDF5 is built without thread safety: every call goes through this lock.
-std::mutex& hdf5_lock() {
-  static std::mutex lock;
-  return lock;
-}
-
 class PcamFile : public PatchSource {
  public:
   explicit PcamFile(const std::string& path) : path_(path) {
-    std::lock_guard guard(hdf5_lock());
+    const Hdf5Lock hdf5_lock;
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file_ < 0) throw BadInput(path + ": cannot open as HDF5 (missing, unreadable or not an HDF5 file)");
@@ -53,7 +47,7 @@ class PcamFile : public PatchSource {
   }
 
   ~PcamFile() override {
-    std::lock_guard guard(hdf5_lock());
+    const Hdf5Lock hdf5_lock;
     if (x_ >= 0) H5Dclose(x_);
     if (y_ >= 0) H5Dclose(y_);
     if (file_ >= 0) H5Fclose(file_);
@@ -73,7 +67,7 @@ class PcamFile : public PatchSource {
 
   uint32_t read(size_t index, uint8_t* rgb) const override {
     if (!rgb) return labels_.at(index);
-    std::lock_guard guard(hdf5_lock());
+    const Hdf5Lock hdf5_lock;
     hid_t space = H5Dget_space(x_);
     hsize_t start[4] = {index, 0, 0, 0};
     hsize_t count[4] = {1, static_cast<hsize_t>(height_), static_cast<hsize_t>(width_), 3};

@@ -354,6 +354,20 @@ class OpenSlideSlide final : public Slide {
 };
 
 
+// Olympus VSI keeps only an overview image in the .vsi; the pyramid is in .ets files in a folder
+// beside it, which neither OpenSlide 3.4 nor libvips reads (the .vsi alone would tile as the
+// overview, silently).
+void refuse_unread_formats(const std::string& path) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (extension == ".vsi" || extension == ".ets")
+    throw BadInput(path + ": an Olympus VSI slide, whose pyramid lives in the .ets files of the _" +
+                   std::filesystem::path(path).stem().string() +
+                   "_ folder beside it; tessera does not read .ets (nor do OpenSlide 3.4 and libvips): convert it, "
+                   "e.g. bfconvert -pyramid-resolutions 6 " + std::filesystem::path(path).filename().string() +
+                   " slide.ome.tiff");
+}
+
 bool is_tiled_tiff(const std::string& path) {
   install_tiff_handlers();
   TIFF* tiff = TIFFOpen(path.c_str(), "r");
@@ -371,11 +385,16 @@ std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_b
   // What a TIFF declares is checked against its bytes first, whatever reader follows (NDPI
   // stores offsets past 4 GiB outside the TIFF structure, which libtiff cannot follow).
   if (has_tiff_signature(path) && !has_extension(path, ".ndpi")) check_tiff_structure(path);
+  refuse_unread_formats(path);
   if (reader == SlideReader::libtiff) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
   bool automatic = reader == SlideReader::automatic;
   if (automatic && has_dicom_signature(path)) return open_dicom_slide(path);
   const char* vendor = openslide_detect_vendor(path.c_str());
   bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
+  if (automatic && has_tiff_signature(path)) {
+    install_tiff_handlers();
+    if (auto planes = open_plane_slide(path, tile_cache_bytes)) return planes;  // multiplex; refuses z-stacks
+  }
   if (automatic && generic && has_tiff_signature(path)) {
     if (is_tiled_tiff(path)) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
     return open_vips_slide(path);  // strips: plain TIFF, OME-TIFF without tiles

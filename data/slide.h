@@ -26,9 +26,15 @@ class Slide {
   // Microns per level-0 pixel; 0 when the file does not say.
   virtual double mpp_x() const = 0;
   virtual double mpp_y() const = 0;
-  // Writes [x, x + width) x [y, y + height) of `level` (in that level's pixels) as RGB, row-major;
-  // what lies outside the image is white. Safe from several threads. Throws BadInput naming the
-  // file and the tile when a tile is corrupt.
+  // Samples per pixel that read_region writes: 3 (RGB) for bright-field and for fluorescence
+  // read as a colour image; a multiplex slide's channel count otherwise (slide_planes.cpp).
+  virtual int channels() const { return 3; }
+  // The channels' names where the file gives them (OME-TIFF, QPTIFF: "DAPI", "CD8"...); else empty.
+  virtual std::vector<std::string> channel_names() const { return {}; }
+  // Writes [x, x + width) x [y, y + height) of `level` (in that level's pixels) as RGB (or
+  // channels() samples a pixel), row-major; what lies outside the image is white (0 for a
+  // multiplex slide). Safe from several threads. Throws BadInput naming the file and the tile
+  // when a tile is corrupt.
   virtual void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const = 0;
   // The file's own tile (column, row) of `level` as a complete JPEG stream that decodes to RGB,
   // when the file stores it that way (so it can be copied without decoding); else nothing.
@@ -49,7 +55,10 @@ enum class SlideReader {
 };
 
 // Opens a slide. Throws BadInput naming the file when it is missing, truncated, not tiled or not
-// a slide. Decoded tiles of a TIFF are cached up to `tile_cache_bytes`.
+// a slide, or a kind tessera does not read (an Olympus .vsi, whose pyramid lives in .ets files;
+// a z-stack, a time series, or signed, floating-point or wider than 8-bit samples, named as the
+// file's OME-XML or QPTIFF description gives them). Decoded tiles of a TIFF are cached up to
+// `tile_cache_bytes`.
 std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes = uint64_t{64} << 20,
                                   SlideReader reader = SlideReader::automatic);
 

@@ -145,8 +145,9 @@ void check_tiff_structure(const std::string& path) {
   if (!tiff) throw BadInput(path + ": not a readable TIFF (" + error + ")");
   uint64_t file_size = std::filesystem::file_size(path);
   DirectoryEntries entries(path, file_size, TIFFIsBigTIFF(tiff.get()), TIFFIsBigEndian(tiff.get()));
-  uint32_t largest_width = 0;
-  uint64_t largest_tiles = 0, largest_with_data = 0;
+  // A sparse TIFF may leave whole levels unstored (read as background); a file whose every tiled
+  // level stores nothing holds no image.
+  uint64_t tiles = 0, tiles_with_data = 0;
   tdir_t directory = 0;
   for (;; ++directory) {
     std::string where = path + ": directory " + std::to_string(directory);
@@ -183,19 +184,17 @@ void check_tiff_structure(const std::string& path) {
                        std::to_string(bytes) + " bytes of uncompressed pixels, its " + std::to_string(width) + "x" +
                        std::to_string(height) + " image needs " + std::to_string(expected) + " (a corrupt file)");
     }
-    if (tiled && width > largest_width) {
-      largest_width = width;
-      largest_tiles = pieces.count;
-      largest_with_data = with_data;
+    if (tiled) {
+      tiles += pieces.count;
+      tiles_with_data += with_data;
     }
     if (TIFFLastDirectory(tiff.get())) break;
     if (!TIFFReadDirectory(tiff.get()))
       throw BadInput(path + ": truncated or corrupt: the directory after directory " + std::to_string(directory) +
                      " cannot be read (" + error + ")");
   }
-  if (largest_tiles && !largest_with_data)
-    throw BadInput(path + ": holds no image data: all " + std::to_string(largest_tiles) +
-                   " tiles of its full-resolution level are empty");
+  if (tiles && !tiles_with_data)
+    throw BadInput(path + ": holds no image data: all " + std::to_string(tiles) + " tiles of its levels are empty");
 }
 
 void check_levels_nest(const std::string& path, const std::vector<SlideLevel>& levels) {

@@ -1,355 +1,39 @@
 #include "data/synthetic_slide.h"
 
 #include <tiffio.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <memory>
-#include <numbers>
-#include <random>
 #include <vector>
 
 #include "common/error.h"
+#include "common/files.h"
+#include "common/output.h"
 #include "common/progress.h"
 #include "data/jpeg.h"
 #include "data/ordered_parallel.h"
+#include "data/synthetic_tissue.h"
 
 namespace tessera::data {
 
 namespace {
-
-constexpr double two_pi = 2 * std::numbers::pi;
-
-uint32_t mix(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
-uint32_t hash_cell(int64_t i, int64_t j, uint32_t salt) {
-  return mix(static_cast<uint32_t>(i) * 0x9e3779b1U ^ mix(static_cast<uint32_t>(j) + salt));
-}
-
-double unit(uint32_t h) { return static_cast<double>(h) * (1.0 / 4294967296.0); }
-
-// atan2 in [0, 2 pi) to within about 1e-5 radians (a fraction of a pixel on any slide), several
-// times faster than std::atan2; the per-pixel polygon test runs on it.
-double fast_angle(double y, double x) {
-  double ax = std::abs(x), ay = std::abs(y), high = std::max(ax, ay);
-  if (high == 0) return 0;
-  double a = std::min(ax, ay) / high, s = a * a;
-  double angle = ((-0.0464964749 * s + 0.15931422) * s - 0.327622764) * s * a + a;
-  if (ay > ax) angle = std::numbers::pi / 2 - angle;
-  if (x < 0) angle = std::numbers::pi - angle;
-  if (y < 0) angle = two_pi - angle;
-  return angle;
-}
-
-// Smooth noise in [0, 1): a seeded 256 x 256 lattice of values, bilinearly interpolated with a
-// smoothstep, repeating every 256 lattice cells.
-class ValueNoise {
- public:
-  explicit ValueNoise(uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> uniform(0, 1);
-    for (auto& value : lattice_) value = uniform(rng);
-  }
-
-  // x, y >= 0; `frequency` is lattice cells per pixel.
-  double at(double x, double y, double frequency) const {
-    double fx = x * frequency, fy = y * frequency;
-    auto i = static_cast<uint32_t>(fx), j = static_cast<uint32_t>(fy);
-    double tx = fx - i, ty = fy - j;
-    tx = tx * tx * (3 - 2 * tx);
-    ty = ty * ty * (3 - 2 * ty);
-    auto value = [&](uint32_t a, uint32_t b) { return static_cast<double>(lattice_[(b & 255) * 256 + (a & 255)]); };
-    double top = value(i, j) + (value(i + 1, j) - value(i, j)) * tx;
-    double bottom = value(i, j + 1) + (value(i + 1, j + 1) - value(i, j + 1)) * tx;
-    return top + (bottom - top) * ty;
-  }
-
- private:
-  std::array<float, 256 * 256> lattice_{};
-};
-
-// sin over one period in 1024 steps, for the stroma's fibres.
-class SineTable {
- public:
-  SineTable() {
-    for (size_t i = 0; i < values_.size(); ++i) values_[i] = std::sin(two_pi * static_cast<double>(i) / values_.size());
-  }
-  double operator()(double radians) const {
-    auto step = static_cast<int64_t>(radians * (static_cast<double>(values_.size()) / two_pi));
-    return values_[static_cast<size_t>(step) & (values_.size() - 1)];
-  }
-
- private:
-  std::array<double, 1024> values_{};
-};
-
-// A polygon whose vertices lie at evenly spaced angles around a centre, so a point's wedge is
-// found from its angle and containment is one edge test.
-class StarPolygon {
- public:
-  // The radius varies by at most `roughness` times `radius` around the centre.
-  StarPolygon(double cx, double cy, double radius, std::mt19937_64& rng, double roughness) : cx_(cx), cy_(cy) {
-    constexpr int vertex_count = 96;
-    constexpr double harmonic_sum = 1 + 1 / 2.0 + 1 / 3.0 + 1 / 4.0;
-    std::uniform_real_distribution<double> phase(0, two_pi), amplitude(0.3, 1.0);
-    std::array<double, 4> amplitudes{}, phases{};
-    for (size_t k = 0; k < amplitudes.size(); ++k) {
-      amplitudes[k] = roughness * amplitude(rng) / static_cast<double>(k + 1) / harmonic_sum;
-      phases[k] = phase(rng);
-    }
-    for (int v = 0; v < vertex_count; ++v) {
-      double angle = two_pi * v / vertex_count, scale = 1;
-      for (size_t k = 0; k < amplitudes.size(); ++k)
-        scale += amplitudes[k] * std::cos(static_cast<double>(k + 1) * angle + phases[k]);
-      xs_.push_back(cx + radius * scale * std::cos(angle));
-      ys_.push_back(cy + radius * scale * std::sin(angle));
-    }
-    inner_ = outer_ = std::hypot(xs_[0] - cx, ys_[0] - cy);
-    for (size_t v = 0; v < xs_.size(); ++v) {
-      size_t next = (v + 1) % xs_.size();
-      outer_ = std::max(outer_, std::hypot(xs_[v] - cx, ys_[v] - cy));
-      inner_ = std::min(inner_, segment_distance(cx, cy, xs_[v], ys_[v], xs_[next], ys_[next]));
-    }
-  }
-
-  bool contains(double x, double y) const {
-    size_t v = wedge(fast_angle(y - cy_, x - cx_));
-    size_t next = (v + 1) % xs_.size();
-    return (xs_[next] - xs_[v]) * (y - ys_[v]) - (ys_[next] - ys_[v]) * (x - xs_[v]) >= 0;
-  }
-
-  enum class Overlap { outside, inside, partial };
-  // How the rectangle [x0, x1] x [y0, y1] lies relative to the polygon, from the distance bounds
-  // of the boundary within the wedges the rectangle spans.
-  Overlap overlap(double x0, double y0, double x1, double y1) const {
-    double near_x = std::clamp(cx_, x0, x1) - cx_, near_y = std::clamp(cy_, y0, y1) - cy_;
-    double far_x = std::max(std::abs(x0 - cx_), std::abs(x1 - cx_));
-    double far_y = std::max(std::abs(y0 - cy_), std::abs(y1 - cy_));
-    double near = std::hypot(near_x, near_y), far = std::hypot(far_x, far_y);
-    if (near > outer_) return Overlap::outside;
-    if (far < inner_) return Overlap::inside;
-    if (near == 0) return Overlap::partial;
-    // The rectangle does not hold the centre, so its corners span an arc under half a turn:
-    // the arc starts after the largest gap between the corner angles.
-    std::array<double, 4> angles{fast_angle(y0 - cy_, x0 - cx_), fast_angle(y0 - cy_, x1 - cx_),
-                                 fast_angle(y1 - cy_, x0 - cx_), fast_angle(y1 - cy_, x1 - cx_)};
-    std::sort(angles.begin(), angles.end());
-    size_t start = 0;
-    double largest_gap = angles[0] + two_pi - angles[3];
-    for (size_t i = 1; i < angles.size(); ++i)
-      if (angles[i] - angles[i - 1] > largest_gap) {
-        largest_gap = angles[i] - angles[i - 1];
-        start = i;
-      }
-    size_t first = wedge(angles[start]), last = wedge(angles[(start + 3) % 4]);
-    double local_inner = outer_, local_outer = 0;
-    for (size_t v = first;; v = (v + 1) % xs_.size()) {
-      size_t next = (v + 1) % xs_.size();
-      local_inner = std::min(local_inner, segment_distance(cx_, cy_, xs_[v], ys_[v], xs_[next], ys_[next]));
-      local_outer =
-          std::max({local_outer, std::hypot(xs_[v] - cx_, ys_[v] - cy_), std::hypot(xs_[next] - cx_, ys_[next] - cy_)});
-      if (v == last) break;
-    }
-    if (near > local_outer) return Overlap::outside;
-    if (far < local_inner) return Overlap::inside;
-    return Overlap::partial;
-  }
-
-  double area() const {
-    double twice = 0;
-    for (size_t v = 0; v < xs_.size(); ++v) {
-      size_t next = (v + 1) % xs_.size();
-      twice += xs_[v] * ys_[next] - xs_[next] * ys_[v];
-    }
-    return std::abs(twice) / 2;
-  }
-
-  nlohmann::json ring() const {
-    auto coordinates = nlohmann::json::array();
-    for (size_t v = 0; v <= xs_.size(); ++v) coordinates.push_back({xs_[v % xs_.size()], ys_[v % ys_.size()]});
-    return coordinates;
-  }
-
-  double cx() const { return cx_; }
-  double cy() const { return cy_; }
-  double inner() const { return inner_; }
-
- private:
-  size_t wedge(double angle) const {
-    return std::min(xs_.size() - 1, static_cast<size_t>(angle * (static_cast<double>(xs_.size()) / two_pi)));
-  }
-
-  static double segment_distance(double px, double py, double ax, double ay, double bx, double by) {
-    double dx = bx - ax, dy = by - ay;
-    double t = std::clamp(((px - ax) * dx + (py - ay) * dy) / (dx * dx + dy * dy), 0.0, 1.0);
-    return std::hypot(px - ax - t * dx, py - ay - t * dy);
-  }
-
-  double cx_, cy_, inner_ = 0, outer_ = 0;
-  std::vector<double> xs_, ys_;
-};
-
-struct Rgb {
-  double r, g, b;
-};
-
-Rgb mix_colour(const Rgb& a, const Rgb& b, double t) {
-  return {a.r + (b.r - a.r) * t, a.g + (b.g - a.g) * t, a.b + (b.b - a.b) * t};
-}
-
-uint8_t to_byte(double value) { return static_cast<uint8_t>(std::clamp(value, 0.0, 255.0)); }
-
-// Nuclei sit one per cell of a square grid (some cells empty), each inside its cell, so a pixel
-// only looks at its own cell.
-struct NucleusStyle {
-  double cell, presence, min_radius, max_radius;
-  Rgb colour;
-  uint32_t salt;
-};
-
-class TissueModel {
- public:
-  TissueModel(int64_t width, int64_t height, uint64_t seed, bool with_tumour)
-      : seed_(mix(static_cast<uint32_t>(seed)) ^ static_cast<uint32_t>(seed >> 32)), noise_(seed_) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<double> uniform(0, 1);
-    double aspect = static_cast<double>(width) / static_cast<double>(height);
-    int columns = std::max(1, static_cast<int>(std::lround(2 * aspect)));
-    int rows = std::max(1, static_cast<int>(std::lround(2 / aspect)));
-    double cell_width = static_cast<double>(width) / columns, cell_height = static_cast<double>(height) / rows;
-    double cell_size = std::min(cell_width, cell_height);
-    std::vector<std::pair<int, int>> cells;
-    for (int row = 0; row < rows; ++row)
-      for (int column = 0; column < columns; ++column)
-        if (uniform(rng) < 0.8 || (row == rows - 1 && column == columns - 1 && cells.size() < 2))
-          cells.emplace_back(column, row);
-    for (auto [column, row] : cells) {
-      double cx = (column + 0.5 + 0.16 * (uniform(rng) - 0.5)) * cell_width;
-      double cy = (row + 0.5 + 0.16 * (uniform(rng) - 0.5)) * cell_height;
-      tissue_.emplace_back(cx, cy, cell_size * (0.26 + 0.07 * uniform(rng)), rng, 0.2);
-    }
-    for (size_t blob = 0; blob < tissue_.size(); ++blob) {
-      if (uniform(rng) > 0.75 && !(blob + 1 == tissue_.size() && tumour_.empty())) continue;
-      // Inside its host: the tumour reaches at most 1.2 times its radius from its centre.
-      const StarPolygon& host = tissue_[blob];
-      double angle = two_pi * uniform(rng), offset = 0.15 * host.inner() * uniform(rng);
-      double room = host.inner() - offset;
-      tumour_.emplace_back(host.cx() + offset * std::cos(angle), host.cy() + offset * std::sin(angle),
-                           room * (0.6 + 0.25 * uniform(rng)) / 1.2, rng, 0.2);
-    }
-    // Drawn and dropped, so that the tint after them is the one the seed gives with tumour.
-    if (!with_tumour) tumour_.clear();
-    std::uniform_real_distribution<double> tint(0.95, 1.05);
-    tint_ = {tint(rng), tint(rng), tint(rng)};
-  }
-
-  const std::vector<StarPolygon>& tumours() const { return tumour_; }
-
-  double tissue_area() const { return total_area(tissue_); }
-  double tumour_area() const { return total_area(tumour_); }
-
-  bool in_tumour(double x, double y) const {
-    return std::any_of(tumour_.begin(), tumour_.end(), [&](auto& polygon) { return polygon.contains(x, y); });
-  }
-
-  // Renders the size x size tile at (x0, y0) of the level with `downsample`; returns false
-  // (leaving `rgb` alone) when the tile holds background only.
-  bool render(double downsample, int64_t x0, int64_t y0, int size, uint8_t* rgb) const {
-    double left = static_cast<double>(x0) * downsample, top = static_cast<double>(y0) * downsample;
-    double right = left + size * downsample, bottom = top + size * downsample;
-    std::vector<std::pair<const StarPolygon*, bool>> tissue, tumour;  // polygon, partially covered
-    for (auto& polygon : tissue_)
-      if (auto overlap = polygon.overlap(left, top, right, bottom); overlap != StarPolygon::Overlap::outside)
-        tissue.emplace_back(&polygon, overlap == StarPolygon::Overlap::partial);
-    if (tissue.empty()) return false;
-    for (auto& polygon : tumour_)
-      if (auto overlap = polygon.overlap(left, top, right, bottom); overlap != StarPolygon::Overlap::outside)
-        tumour.emplace_back(&polygon, overlap == StarPolygon::Overlap::partial);
-    auto covers = [](const std::vector<std::pair<const StarPolygon*, bool>>& polygons, double x, double y) {
-      for (auto& [polygon, partial] : polygons)
-        if (!partial || polygon->contains(x, y)) return true;
-      return false;
-    };
-    for (int row = 0; row < size; ++row) {
-      double y = (static_cast<double>(y0 + row) + 0.5) * downsample;
-      for (int column = 0; column < size; ++column) {
-        double x = (static_cast<double>(x0 + column) + 0.5) * downsample;
-        uint8_t* out = rgb + (static_cast<size_t>(row) * size + column) * 3;
-        if (!covers(tissue, x, y)) {
-          out[0] = out[1] = out[2] = background;
-          continue;
-        }
-        Rgb colour = tissue_colour(x, y, !tumour.empty() && covers(tumour, x, y));
-        out[0] = to_byte(colour.r * tint_.r);
-        out[1] = to_byte(colour.g * tint_.g);
-        out[2] = to_byte(colour.b * tint_.b);
-      }
-    }
-    return true;
-  }
-
-  static constexpr uint8_t background = 245;
-
- private:
-  static double total_area(const std::vector<StarPolygon>& polygons) {
-    double area = 0;
-    for (auto& polygon : polygons) area += polygon.area();
-    return area;
-  }
-
-  Rgb tissue_colour(double x, double y, bool tumour) const {
-    static constexpr Rgb pale_stroma{244, 190, 215}, dense_stroma{222, 128, 178}, cellular_stroma{205, 130, 190};
-    static constexpr NucleusStyle normal{28, 0.55, 4.5, 7.0, {118, 68, 162}, 0x51ed27U};
-    static constexpr NucleusStyle cancer{19, 0.92, 7.0, 8.5, {72, 32, 118}, 0x2c1b3cU};
-    uint32_t grain_hash = hash_cell(static_cast<int64_t>(x), static_cast<int64_t>(y), seed_);
-    double grain = (unit(grain_hash) - 0.5) * 14;
-    const NucleusStyle& style = tumour ? cancer : normal;
-    auto ci = static_cast<int64_t>(x / style.cell), cj = static_cast<int64_t>(y / style.cell);
-    uint32_t h = hash_cell(ci, cj, seed_ ^ style.salt);
-    if (unit(h) < style.presence) {
-      uint32_t h2 = mix(h), h3 = mix(h2), h4 = mix(h3);
-      double radius = style.min_radius + (style.max_radius - style.min_radius) * unit(h2);
-      double stretch = 0.8 + 0.45 * unit(h4), reach = radius * 1.25;
-      double nx = static_cast<double>(ci) * style.cell + reach + (style.cell - 2 * reach) * unit(h3);
-      double ny = static_cast<double>(cj) * style.cell + reach + (style.cell - 2 * reach) * unit(mix(h4));
-      double dx = (x - nx) * stretch, dy = (y - ny) / stretch;
-      double d2 = (dx * dx + dy * dy) / (radius * radius);
-      if (d2 < 1) {
-        double shade = 0.82 + 0.18 * d2;
-        return {style.colour.r * shade + grain, style.colour.g * shade + grain, style.colour.b * shade + grain};
-      }
-    }
-    double fibre = 0.5 + 0.5 * sine_((x * 0.9 + y * 0.4) / 9.0 + 7 * noise_.at(x, y, 1 / 160.0));
-    Rgb stroma = mix_colour(pale_stroma, dense_stroma, 0.35 * fibre + 0.4 * noise_.at(x + 5e4, y, 1 / 700.0));
-    if (tumour) stroma = mix_colour(stroma, cellular_stroma, 0.5);
-    return {stroma.r + grain, stroma.g + grain, stroma.b + grain};
-  }
-
-  uint32_t seed_;
-  ValueNoise noise_;
-  SineTable sine_;
-  std::vector<StarPolygon> tissue_, tumour_;
-  Rgb tint_{1, 1, 1};
-};
 
 struct TiffCloser {
   void operator()(TIFF* tiff) const { TIFFClose(tiff); }
 };
 using TiffFile = std::unique_ptr<TIFF, TiffCloser>;
 
+// libtiff writes the file this run created new (never through a link at `path`).
 TiffFile create_tiff(const std::string& path, const char* mode) {
-  TiffFile tiff(TIFFOpen(path.c_str(), mode));
+  UniqueFd file = create_new_file(path);
+  TiffFile tiff(TIFFFdOpen(file.get(), path.c_str(), mode));
   if (!tiff) throw Error(ExitCode::runtime_error, path + ": cannot create the file");
+  file.release();  // TIFFClose closes it
   return tiff;
 }
 
@@ -366,7 +50,7 @@ std::vector<std::pair<int64_t, int64_t>> pyramid(int64_t width, int64_t height) 
   return levels;
 }
 
-void write_mask(const TissueModel& model, int64_t width, int64_t height, const std::string& path, int64_t downsample) {
+void write_mask(const SyntheticTissue& model, int64_t width, int64_t height, const std::string& path, int64_t downsample) {
   int64_t mask_width = (width + downsample - 1) / downsample, mask_height = (height + downsample - 1) / downsample;
   TiffFile tiff = create_tiff(path, "w");
   TIFFSetField(tiff.get(), TIFFTAG_IMAGEWIDTH, static_cast<uint32_t>(mask_width));
@@ -390,84 +74,179 @@ void write_mask(const TissueModel& model, int64_t width, int64_t height, const s
   write_directory(tiff.get(), path);
 }
 
-void write_geojson(const TissueModel& model, const std::string& path) {
+void write_geojson(const SyntheticTissue& model, const std::string& path) {
   auto features = nlohmann::json::array();
-  for (auto& polygon : model.tumours())
+  for (size_t tumour = 0; tumour < model.tumour_count(); ++tumour)
     features.push_back(
         {{"type", "Feature"},
-         {"geometry", {{"type", "Polygon"}, {"coordinates", {polygon.ring()}}}},
+         {"geometry", {{"type", "Polygon"}, {"coordinates", {model.tumour_ring(tumour)}}}},
          {"properties",
           {{"objectType", "annotation"}, {"classification", {{"name", "Tumor"}, {"color", {200, 0, 0}}}}}}});
-  std::ofstream file(path);
-  file << nlohmann::json{{"type", "FeatureCollection"}, {"features", features}}.dump() << "\n";
-  if (!file) throw Error(ExitCode::runtime_error, path + ": cannot write the annotations");
+  write_new_file(path, nlohmann::json{{"type", "FeatureCollection"}, {"features", features}}.dump() + "\n");
 }
 
 
-nlohmann::json write_files(const SyntheticSlideOptions& options, const SyntheticSlidePaths& paths) {
+using Levels = std::vector<std::pair<int64_t, int64_t>>;
+using Encoded = std::shared_ptr<const std::vector<uint8_t>>;
+
+// The tags of a level's directory: its size, tiling, samples, compression and resolution.
+void set_level_tags(TIFF* out, const SyntheticSlideOptions& options, int64_t width, int64_t height, size_t level,
+                    uint16_t samples, uint16_t compression, uint16_t photometric) {
+  double downsample = static_cast<double>(int64_t{1} << level);
+  TIFFSetField(out, TIFFTAG_SUBFILETYPE, level > 0 ? FILETYPE_REDUCEDIMAGE : 0);
+  TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, samples);
+  TIFFSetField(out, TIFFTAG_COMPRESSION, compression);
+  TIFFSetField(out, TIFFTAG_PHOTOMETRIC, photometric);
+  TIFFSetField(out, TIFFTAG_IMAGEWIDTH, static_cast<uint32_t>(width));
+  TIFFSetField(out, TIFFTAG_IMAGELENGTH, static_cast<uint32_t>(height));
+  TIFFSetField(out, TIFFTAG_TILEWIDTH, static_cast<uint32_t>(options.tile_size));
+  TIFFSetField(out, TIFFTAG_TILELENGTH, static_cast<uint32_t>(options.tile_size));
+  TIFFSetField(out, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(out, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  TIFFSetField(out, TIFFTAG_RESOLUTIONUNIT, RESUNIT_CENTIMETER);
+  TIFFSetField(out, TIFFTAG_XRESOLUTION, 1e4 / (options.mpp * downsample));
+  TIFFSetField(out, TIFFTAG_YRESOLUTION, 1e4 / (options.mpp * downsample));
+  TIFFSetField(out, TIFFTAG_SOFTWARE, "tessera synth");
+}
+
+// Writes one level's tiles, rendered and compressed on the workers and written in order;
+// `encode` turns a tile's pixels (channels() bytes a pixel) into the bytes the file stores.
+// Returns how many tiles held tissue.
+uint64_t write_level_tiles(TIFF* out, const SyntheticTissue& model, const SyntheticSlideOptions& options,
+                           const std::string& path, int64_t width, int64_t height, size_t level, const Encoded& empty,
+                           const std::function<Encoded(std::vector<uint8_t>&&)>& encode, Progress& progress,
+                           uint64_t& done) {
+  const int size = options.tile_size;
+  double downsample = static_cast<double>(int64_t{1} << level);
+  int64_t columns = (width + size - 1) / size, rows = (height + size - 1) / size;
+  uint64_t tissue_tiles = 0;
+  ordered_parallel<Encoded>(
+      static_cast<size_t>(columns * rows), options.workers, static_cast<size_t>(options.workers) * 16,
+      [&](size_t tile) -> Encoded {
+        int64_t x0 = static_cast<int64_t>(tile) % columns * size, y0 = static_cast<int64_t>(tile) / columns * size;
+        std::vector<uint8_t> pixels(static_cast<size_t>(size) * size * static_cast<size_t>(model.channels()));
+        if (!model.render(downsample, x0, y0, size, pixels.data())) return empty;
+        return encode(std::move(pixels));
+      },
+      [&](size_t tile, Encoded&& bytes) {
+        tissue_tiles += bytes != empty;
+        if (TIFFWriteRawTile(out, static_cast<uint32_t>(tile), const_cast<uint8_t*>(bytes->data()),
+                             static_cast<tmsize_t>(bytes->size())) < 0)
+          throw Error(ExitCode::runtime_error, path + ": cannot write level " + std::to_string(level) + " tile " +
+                                                   std::to_string(tile) + " (disk full?)");
+        progress.update(++done, {{"level", level}});
+      });
+  write_directory(out, path);
+  return tissue_tiles;
+}
+
+// Bright-field, or fluorescence as a scanner's RGB composite: a pyramidal JPEG BigTIFF, each
+// level a directory. Returns level 0's tissue tiles.
+uint64_t write_rgb_pyramid(const SyntheticTissue& model, const SyntheticSlideOptions& options, const Levels& levels,
+                           const std::string& path, Progress& progress) {
+  const int size = options.tile_size;
+  std::vector<uint8_t> background(static_cast<size_t>(size) * size * 3, model.background());
+  auto empty = std::make_shared<const std::vector<uint8_t>>(encode_jpeg(background.data(), size, size, options.quality));
+  auto encode = [&](std::vector<uint8_t>&& pixels) -> Encoded {
+    return std::make_shared<const std::vector<uint8_t>>(encode_jpeg(pixels.data(), size, size, options.quality));
+  };
+  TiffFile tiff = create_tiff(path, "w8");
+  uint64_t done = 0, tissue_tiles = 0;
+  for (size_t level = 0; level < levels.size(); ++level) {
+    TIFF* out = tiff.get();
+    set_level_tags(out, options, levels[level].first, levels[level].second, level, 3, COMPRESSION_JPEG,
+                   PHOTOMETRIC_YCBCR);
+    TIFFSetField(out, TIFFTAG_YCBCRSUBSAMPLING, 2, 2);
+    if (level == 0) {
+      std::string description = std::string("tessera synthetic slide seed=") + std::to_string(options.seed) +
+                                " mpp=" + std::to_string(options.mpp) + (options.fluorescence ? " fluorescence" : "");
+      TIFFSetField(out, TIFFTAG_IMAGEDESCRIPTION, description.c_str());
+    }
+    uint64_t tissue = write_level_tiles(out, model, options, path, levels[level].first, levels[level].second, level,
+                                        empty, encode, progress, done);
+    if (level == 0) tissue_tiles = tissue;
+  }
+  return tissue_tiles;
+}
+
+// The channel names of a panel of `channels` (synthetic_tissue.h), for the OME-XML.
+std::string channel_name(int channel) {
+  static const char* const names[] = {"DAPI", "panCK", "Autofluorescence", "CD8", "CD20", "CD68", "FOXP3", "CD31"};
+  return channel < 8 ? names[channel] : "Marker " + std::to_string(channel);
+}
+
+std::string ome_xml(const SyntheticSlideOptions& options, const std::string& name) {
+  std::string xml =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?><OME xmlns=\"http://www.openmicroscopy.org/Schemas/OME/2016-06\" "
+      "Creator=\"tessera synth\"><Image ID=\"Image:0\" Name=\"" + name + "\"><Pixels ID=\"Pixels:0\" "
+      "DimensionOrder=\"XYCZT\" Type=\"uint8\" BigEndian=\"false\" SizeX=\"" + std::to_string(options.width) +
+      "\" SizeY=\"" + std::to_string(options.height) + "\" SizeC=\"" + std::to_string(options.channels) +
+      "\" SizeZ=\"1\" SizeT=\"1\" PhysicalSizeX=\"" + std::to_string(options.mpp) + "\" PhysicalSizeY=\"" +
+      std::to_string(options.mpp) + "\">";
+  for (int c = 0; c < options.channels; ++c)
+    xml += "<Channel ID=\"Channel:0:" + std::to_string(c) + "\" Name=\"" + channel_name(c) + "\" SamplesPerPixel=\"1\"/>";
+  return xml + "<TiffData IFD=\"0\" PlaneCount=\"" + std::to_string(options.channels) + "\"/></Pixels></Image></OME>";
+}
+
+// A multiplex slide as OME-TIFF writes one (Bio-Formats, QuPath): each channel a grey plane,
+// its level 0 a directory of the main chain and its smaller levels that directory's SubIFDs,
+// the OME-XML in the first directory; tiles deflate-compressed. Each channel renders the
+// pyramid again and keeps its own samples. Returns level 0's tissue tiles.
+uint64_t write_ome_planes(const SyntheticTissue& model, const SyntheticSlideOptions& options, const Levels& levels,
+                          const std::string& path, const std::string& name, Progress& progress) {
+  const int size = options.tile_size;
+  const auto channels = static_cast<size_t>(options.channels);
+  auto deflate = [](const uint8_t* data, size_t input_bytes) {
+    auto bytes = std::make_shared<std::vector<uint8_t>>(compressBound(static_cast<uLong>(input_bytes)));
+    uLongf length = static_cast<uLongf>(bytes->size());
+    if (compress2(bytes->data(), &length, data, static_cast<uLong>(input_bytes), Z_BEST_SPEED) != Z_OK)
+      throw Error(ExitCode::runtime_error, "zlib: cannot compress a tile");
+    bytes->resize(length);
+    return Encoded(std::move(bytes));
+  };
+  std::vector<uint8_t> background(static_cast<size_t>(size) * size, model.background());
+  Encoded empty = deflate(background.data(), background.size());
+  TiffFile tiff = create_tiff(path, "w8");
+  uint64_t done = 0, tissue_tiles = 0;
+  std::string xml = ome_xml(options, name);
+  for (size_t channel = 0; channel < channels; ++channel) {
+    auto encode = [&](std::vector<uint8_t>&& pixels) {
+      for (size_t i = 0; i < pixels.size() / channels; ++i) pixels[i] = pixels[i * channels + channel];
+      return deflate(pixels.data(), pixels.size() / channels);
+    };
+    for (size_t level = 0; level < levels.size(); ++level) {
+      TIFF* out = tiff.get();
+      set_level_tags(out, options, levels[level].first, levels[level].second, level, 1, COMPRESSION_ADOBE_DEFLATE,
+                     PHOTOMETRIC_MINISBLACK);
+      if (level == 0 && levels.size() > 1) {
+        std::vector<uint64_t> subifds(levels.size() - 1, 0);  // filled in as the next directories are written
+        TIFFSetField(out, TIFFTAG_SUBIFD, static_cast<uint16_t>(subifds.size()), subifds.data());
+      }
+      if (level == 0 && channel == 0) TIFFSetField(out, TIFFTAG_IMAGEDESCRIPTION, xml.c_str());
+      uint64_t tissue = write_level_tiles(out, model, options, path, levels[level].first, levels[level].second, level,
+                                          empty, encode, progress, done);
+      if (level == 0 && channel == 0) tissue_tiles = tissue;
+    }
+  }
+  return tissue_tiles;
+}
+
+nlohmann::json write_files(const SyntheticSlideOptions& options, const SyntheticSlidePaths& paths,
+                           const std::string& name) {
   auto start = std::chrono::steady_clock::now();
   const int64_t width = options.width, height = options.height;
   const int size = options.tile_size;
-  TissueModel model(width, height, options.seed, options.tumour);
+  SyntheticTissue model(width, height, options.seed, options.tumour, options.fluorescence, options.channels);
   auto levels = pyramid(width, height);
+  bool planes = options.channels != 3;
 
   uint64_t total_tiles = 0;
   for (auto [level_width, level_height] : levels)
     total_tiles += static_cast<uint64_t>((level_width + size - 1) / size) *
                    static_cast<uint64_t>((level_height + size - 1) / size);
-  Progress progress("synth", total_tiles);
-
-  std::vector<uint8_t> white_pixels(static_cast<size_t>(size) * size * 3, TissueModel::background);
-  auto white_tile =
-      std::make_shared<const std::vector<uint8_t>>(encode_jpeg(white_pixels.data(), size, size, options.quality));
-
-  TiffFile tiff = create_tiff(paths.slide, "w8");
-  uint64_t done = 0, tissue_tiles = 0;
-  for (size_t level = 0; level < levels.size(); ++level) {
-    auto [level_width, level_height] = levels[level];
-    double downsample = static_cast<double>(int64_t{1} << level);
-    TIFF* out = tiff.get();
-    TIFFSetField(out, TIFFTAG_SUBFILETYPE, level == 0 ? 0 : FILETYPE_REDUCEDIMAGE);
-    TIFFSetField(out, TIFFTAG_IMAGEWIDTH, static_cast<uint32_t>(level_width));
-    TIFFSetField(out, TIFFTAG_IMAGELENGTH, static_cast<uint32_t>(level_height));
-    TIFFSetField(out, TIFFTAG_TILEWIDTH, static_cast<uint32_t>(size));
-    TIFFSetField(out, TIFFTAG_TILELENGTH, static_cast<uint32_t>(size));
-    TIFFSetField(out, TIFFTAG_BITSPERSAMPLE, 8);
-    TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, 3);
-    TIFFSetField(out, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
-    TIFFSetField(out, TIFFTAG_COMPRESSION, COMPRESSION_JPEG);
-    TIFFSetField(out, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_YCBCR);
-    TIFFSetField(out, TIFFTAG_YCBCRSUBSAMPLING, 2, 2);
-    TIFFSetField(out, TIFFTAG_RESOLUTIONUNIT, RESUNIT_CENTIMETER);
-    TIFFSetField(out, TIFFTAG_XRESOLUTION, 1e4 / (options.mpp * downsample));
-    TIFFSetField(out, TIFFTAG_YRESOLUTION, 1e4 / (options.mpp * downsample));
-    TIFFSetField(out, TIFFTAG_SOFTWARE, "tessera synth");
-    if (level == 0) {
-      std::string description =
-          "tessera synthetic slide seed=" + std::to_string(options.seed) + " mpp=" + std::to_string(options.mpp);
-      TIFFSetField(out, TIFFTAG_IMAGEDESCRIPTION, description.c_str());
-    }
-    int64_t columns = (level_width + size - 1) / size, rows = (level_height + size - 1) / size;
-    using Encoded = std::shared_ptr<const std::vector<uint8_t>>;
-    ordered_parallel<Encoded>(
-        static_cast<size_t>(columns * rows), options.workers, static_cast<size_t>(options.workers) * 16,
-        [&](size_t tile) -> Encoded {
-          int64_t x0 = static_cast<int64_t>(tile) % columns * size, y0 = static_cast<int64_t>(tile) / columns * size;
-          std::vector<uint8_t> pixels(static_cast<size_t>(size) * size * 3);
-          if (!model.render(downsample, x0, y0, size, pixels.data())) return white_tile;
-          return std::make_shared<const std::vector<uint8_t>>(encode_jpeg(pixels.data(), size, size, options.quality));
-        },
-        [&](size_t tile, Encoded&& jpeg) {
-          if (jpeg != white_tile && level == 0) ++tissue_tiles;
-          if (TIFFWriteRawTile(out, static_cast<uint32_t>(tile), const_cast<uint8_t*>(jpeg->data()),
-                               static_cast<tmsize_t>(jpeg->size())) < 0)
-            throw Error(ExitCode::runtime_error, paths.slide + ": cannot write level " + std::to_string(level) +
-                                                     " tile " + std::to_string(tile) + " (disk full?)");
-          progress.update(++done, {{"level", level}});
-        });
-    write_directory(out, paths.slide);
-  }
-  tiff.reset();
+  Progress progress("synth", total_tiles * (planes ? static_cast<uint64_t>(options.channels) : 1));
+  uint64_t tissue_tiles = planes ? write_ome_planes(model, options, levels, paths.slide, name, progress)
+                                 : write_rgb_pyramid(model, options, levels, paths.slide, progress);
   progress.finish();
 
   int64_t mask_downsample = 1;
@@ -484,13 +263,16 @@ nlohmann::json write_files(const SyntheticSlideOptions& options, const Synthetic
           {"width", width},
           {"height", height},
           {"seed", options.seed},
+          {"stain", options.fluorescence ? "fluorescence" : "brightfield"},
+          {"channels", options.channels},
+          {"format", planes ? "ome-tiff" : "tiff"},
           {"levels", level_list},
           {"tile_size", size},
           {"mpp", options.mpp},
           {"mask_downsample", mask_downsample},
           {"tissue_fraction", model.tissue_area() / area},
           {"tumour_fraction", model.tumour_area() / area},
-          {"tumour_regions", model.tumours().size()},
+          {"tumour_regions", model.tumour_count()},
           {"level0_tissue_tiles", tissue_tiles},
           {"tiles", total_tiles},
           {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
@@ -504,10 +286,10 @@ nlohmann::json write_synthetic_slide(const SyntheticSlideOptions& options, const
   SyntheticSlidePaths partial{paths.slide + ".partial", paths.mask + ".partial", paths.geojson + ".partial"};
   nlohmann::json summary;
   try {
-    summary = write_files(options, partial);
+    summary = write_files(options, partial, std::filesystem::path(paths.slide).filename().string());
     for (auto [from, to] : {std::pair{&partial.mask, &paths.mask}, std::pair{&partial.geojson, &paths.geojson},
                             std::pair{&partial.slide, &paths.slide}})
-      std::filesystem::rename(*from, *to);
+      durable_rename(*from, *to);
   } catch (...) {
     std::error_code ignored;
     for (auto* path : {&partial.slide, &partial.mask, &partial.geojson}) std::filesystem::remove(*path, ignored);

@@ -1,8 +1,6 @@
-// Synthetic H&E-like whole-slide images with known tumour regions (or none), written in bounded memory.
-//
-// Tissue and tumour regions are star-shaped polygons drawn from the seed; every pixel of every
-// pyramid level is computed from them and from hashed cell grids (stroma texture, nuclei), so
-// no level is ever held in memory and the GeoJSON polygons are the exact tumour boundaries.
+// Synthetic whole-slide images with known tumour regions (or none), written in bounded memory:
+// H&E-like bright-field, or fluorescence on a dark background (synthetic_tissue.h) as an RGB
+// composite or as a multiplex OME-TIFF of one grey plane a channel.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,10 +19,14 @@ struct SyntheticSlideOptions {
   // false: no tumour regions (an empty mask and GeoJSON); tissue and stain are those the seed
   // gives with tumour, so two such slides differ only in the tumour.
   bool tumour = true;
+  bool fluorescence = false;
+  // 3: an RGB JPEG BigTIFF pyramid; any other count (fluorescence only): an OME-TIFF of one
+  // deflate-compressed 8-bit plane a channel, each with its pyramid in SubIFDs.
+  int channels = 3;
 };
 
 struct SyntheticSlidePaths {
-  std::string slide;    // pyramidal JPEG-compressed tiled BigTIFF
+  std::string slide;    // pyramidal tiled BigTIFF (JPEG RGB, or OME-TIFF planes)
   std::string mask;     // uint8 TIFF at low resolution: 1 tumour, 0 elsewhere
   std::string geojson;  // FeatureCollection of the tumour polygons, level-0 pixels
 };

@@ -100,7 +100,8 @@ TileValue parse_tile_value(const void* data, size_t size, const std::string& whe
                    std::to_string(size - tile_header_size));
   if (get_little_endian<uint32_t>(in + 24) != checksum(in, value.pixels, value.pixel_bytes))
     throw BadInput(where + ": checksum mismatch (the value is corrupt)");
-  if (value.header.channels != 3 || value.header.encoding > TileEncoding::jpeg)
+  if (value.header.channels == 0 || value.header.encoding > TileEncoding::jpeg ||
+      (value.header.encoding == TileEncoding::jpeg && value.header.channels != 3))
     throw BadInput(where + ": unsupported tile (channels " + std::to_string(value.header.channels) + ", encoding " +
                    std::to_string(in[1]) + ")");
   return value;
@@ -108,7 +109,7 @@ TileValue parse_tile_value(const void* data, size_t size, const std::string& whe
 
 void decode_tile_pixels(const TileValue& value, uint8_t* rgb, const std::string& where) {
   const TileHeader& header = value.header;
-  size_t expected = size_t{header.width} * header.height * 3;
+  size_t expected = size_t{header.width} * header.height * header.channels;
   if (header.encoding == TileEncoding::raw) {
     if (value.pixel_bytes != expected)
       throw BadInput(where + ": raw tile has " + std::to_string(value.pixel_bytes) + " bytes, expected " +

@@ -1,9 +1,10 @@
-// Keys and values of the LMDB tile store (ARCHITECTURE.md, "Formats").
+// Keys and values of the LMDB tile store (docs/architecture.md, "Formats").
 //
 // Key (16 bytes): slide, level, row, column as big-endian uint32, so keys sort by slide, level,
 // row, column and a slide's tiles are contiguous.
 // Value: a 28-byte little-endian header, then the pixels.
-//   0 u8 version (1)   1 u8 encoding (0 raw RGB, 1 JPEG)   2 u8 channels (3)   3 u8 zero
+//   0 u8 version (1)   1 u8 encoding (0 raw, 1 JPEG)   2 u8 channels (3: RGB; a multiplex
+//   slide's channel count, raw, interleaved)   3 u8 zero
 //   4 u16 width   6 u16 height   8 u32 label   12 u32 level-0 x   16 u32 level-0 y
 //   20 u32 pixel byte count   24 u32 CRC-32 (zlib) of bytes 0..23 and the pixels
 #pragma once
@@ -52,7 +53,8 @@ struct TileValue {
 // is corrupt.
 TileValue parse_tile_value(const void* data, size_t size, const std::string& where);
 
-// Writes the tile as width x height x 3 RGB; throws BadInput naming `where` when it is corrupt.
+// Writes the tile as width x height x channels (RGB for 3); throws BadInput naming `where` when it
+// is corrupt.
 void decode_tile_pixels(const TileValue& value, uint8_t* rgb, const std::string& where);
 
 }  // namespace tessera::data

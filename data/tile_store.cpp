@@ -191,25 +191,37 @@ bool is_tile_store_path(const std::string& path) {
   return fs::path(path).extension() == ".lmdb";
 }
 
-TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size) : path_(path) {
+namespace {
+
+// The store's parent directory exists, so that its lock can be made beside it.
+const std::string& with_parent_directory(const std::string& path) {
+  std::error_code error;
+  fs::path parent = fs::absolute(path).parent_path();
+  fs::create_directories(parent, error);
+  if (error)
+    throw Error(ExitCode::runtime_error,
+                path + ": cannot create the directory " + parent.string() + ": " + error.message());
+  return path;
+}
+
+}  // namespace
+
+TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size)
+    : path_(path), lock_(with_parent_directory(path)) {
+  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
+  // the next slide id. The lock is taken before anything in the store is read or written.
   unsigned flags = env_flags_for(path);
   if (!(flags & MDB_NOSUBDIR)) {
     std::error_code error;
     fs::create_directories(path, error);
     if (error) throw Error(ExitCode::runtime_error, path + ": cannot create the tile store: " + error.message());
   }
-  // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
-  // the next slide id. The lock is taken before anything in the store is read or written.
-  std::string lock = (flags & MDB_NOSUBDIR) ? path + ".tessera-lock" : (fs::path(path) / "tessera.lock").string();
-  lock_.fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0664);
-  if (lock_.fd < 0) throw Error(ExitCode::runtime_error, lock + ": cannot open the store's lock: " + std::strerror(errno));
-  if (::flock(lock_.fd, LOCK_EX | LOCK_NB) != 0) {
-    int error = errno;
-    throw Error(ExitCode::runtime_error,
-                path + ": the tile store is in use by another tessera run (" +
-                    (error == EWOULDBLOCK ? std::string("locked: ") + lock : std::strerror(error)) +
-                    "); wait for it to end, or use another --out");
-  }
+  // LMDB opens its files by name and would write through a link planted at one.
+  for (const std::string& file : (flags & MDB_NOSUBDIR) ? std::vector<std::string>{path, path + "-lock"}
+                                                        : std::vector<std::string>{(fs::path(path) / "data.mdb").string(),
+                                                                                   (fs::path(path) / "lock.mdb").string()})
+    if (fs::is_symlink(file))
+      throw Error(ExitCode::runtime_error, file + ": a link inside the tile store; tessera never writes through links");
   check_data_file(path, flags);
   if (int rc = mdb_env_create(&env_)) fail(path, "creating the environment", rc);
   mdb_env_set_maxdbs(env_, 2);
@@ -236,10 +248,6 @@ TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_s
 
 TileStoreWriter::~TileStoreWriter() {
   if (env_) mdb_env_close(env_);
-}
-
-TileStoreWriter::Lock::~Lock() {
-  if (fd >= 0) ::close(fd);
 }
 
 std::map<uint32_t, nlohmann::json> TileStoreWriter::slides() const {
@@ -327,6 +335,11 @@ class TileStores final : public PatchSource {
           throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
                          std::to_string(tile_size) + " in " + describe_paths());
         tile_size_ = tile_size;
+        int channels = entry.value("channels", 3);
+        if (slide_count_ > 1 && channels != channels_)
+          throw BadInput(path + ": slide " + std::to_string(id) + " has " + std::to_string(channels) +
+                         " channels, other slides " + std::to_string(channels_) + " in " + describe_paths());
+        channels_ = channels;
         auto counts = label_counts_of(entry, path + ": slide " + std::to_string(id));
         for (uint32_t label = 0; label < counts.size(); ++label)
           if (counts[label]) class_count_ = std::max(class_count_, label + 1);
@@ -375,6 +388,7 @@ class TileStores final : public PatchSource {
   size_t size() const override { return tiles_.size(); }
   int height() const override { return tile_size_; }
   int width() const override { return tile_size_; }
+  int channels() const override { return channels_; }
   uint32_t class_count() const override { return class_count_; }
   uint64_t group(size_t index) const override { return tiles_.at(index).group; }
   std::vector<uint64_t> class_counts(uint64_t group) const override { return group_counts_.at(group); }
@@ -395,6 +409,9 @@ class TileStores final : public PatchSource {
       throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
                      std::to_string(tile_value.header.height) + ", the store's slides say " +
                      std::to_string(tile_size_));
+    if (tile_value.header.channels != channels_)
+      throw BadInput(where + ": tile has " + std::to_string(tile_value.header.channels) + " channels, its slide " +
+                     std::to_string(channels_));
     // A label its slide's entry does not count would reach the loss as an out-of-range class.
     uint32_t label = tile_value.header.label;
     const std::vector<uint64_t>& counts = group_counts_[tile.group];
@@ -432,7 +449,7 @@ class TileStores final : public PatchSource {
   std::vector<Tile> tiles_;
   std::vector<std::string> group_names_;              // by group: the slide's path
   std::vector<std::vector<uint64_t>> group_counts_;  // by group: tiles by label
-  int tile_size_ = 0;
+  int tile_size_ = 0, channels_ = 3;
   uint32_t class_count_ = 1;
   size_t slide_count_ = 0;
 };

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/output.h"
 #include "data/patches.h"
 #include "data/tile_format.h"
 
@@ -21,8 +22,9 @@ namespace tessera::data {
 class TileStoreWriter {
  public:
   // Opens or creates the store at `path` (a directory, or a single file if one exists there),
-  // locked for this writer: a second writer fails at once, naming the store. Throws BadInput
-  // when the store's data file is truncated or not LMDB's.
+  // locked for this writer (common/output.h): a second writer fails at once, naming the store
+  // and the run that holds it. Throws BadInput when the store's data file is truncated or not
+  // LMDB's, and Error when one of its files is a link (LMDB would write through it).
   explicit TileStoreWriter(const std::string& path, uint64_t initial_map_size = uint64_t{1} << 30);
   ~TileStoreWriter();
   TileStoreWriter(const TileStoreWriter&) = delete;
@@ -45,13 +47,8 @@ class TileStoreWriter {
  private:
   int try_commit(uint32_t slide, const std::string& entry, const std::vector<Tile>& tiles);
 
-  struct Lock {  // an open file holding the store's flock; closing it releases the lock
-    int fd = -1;
-    ~Lock();
-  };
-
   std::string path_;
-  Lock lock_;  // before env_, so it is released after the environment closes, and on a failed open
+  OutputLock lock_;  // before env_, so it is released after the environment closes, and on a failed open
   MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
   uint64_t map_size_ = 0;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "common/error.h"
 #include "common/progress.h"
@@ -39,7 +40,7 @@ struct TileResult {
 
 // The settings that must match for a run to continue a slide an earlier run started.
 nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
-  return {{"level", options.level},
+  nlohmann::json settings = {{"level", options.level},
           {"tile_size", options.size},
           {"encoding", encoding_name(options.encoding)},
           {"quality", options.quality},
@@ -49,6 +50,10 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
           {"label_coverage", options.label_coverage},
           {"label_class", options.label_class}};
+  // Recorded only when not the default, so that stores tiled before these settings existed resume.
+  if (options.tissue != Stain::automatic) settings["tissue"] = stain_name(options.tissue);
+  if (!options.unclassified_as.empty()) settings["unclassified_as"] = options.unclassified_as;
+  return settings;
 }
 
 // A slide is known by its content, not its path: the file's size and CRC-32s of its first 4 MiB
@@ -75,9 +80,16 @@ std::string fingerprint_of(const std::string& path) {
          crc_of(size > tail ? size - tail : 0, tail);
 }
 
+// A slide and its labels, opened and checked once, before any tile is written.
+struct OpenedSlide {
+  std::unique_ptr<Slide> slide;
+  std::unique_ptr<TileLabeler> labeler;  // none without labels: every tile gets label 0
+};
+
 // Where a job's slide goes in the store: a new id, or the id of the same content tiled before.
 struct SlidePlan {
   uint32_t id = 0;
+  std::string fingerprint;
   nlohmann::json entry;  // null for a new slide
 };
 
@@ -91,7 +103,7 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
   for (const SlideJob& job : jobs) {
     std::string path = canonical_path(job.slide), fingerprint = fingerprint_of(job.slide);
     nlohmann::json settings = settings_of(job, options);
-    SlidePlan plan;
+    SlidePlan plan{.fingerprint = fingerprint};
     for (auto& [existing_id, existing] : slides) {
       if (existing.value("tile_size", options.size) != options.size)
         throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.value("tile_size", 0)) +
@@ -106,7 +118,7 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
       if (existing["settings"] != settings)
         throw UsageError("--out: " + store + " already holds " + path + " tiled with other settings (" +
                          existing["settings"].dump() + "); use another --out");
-      plan = {existing_id, existing};
+      plan = {existing_id, fingerprint, existing};
     }
     if (!given.emplace(fingerprint, job.slide).second)
       throw UsageError("SLIDE: " + given[fingerprint] + " and " + job.slide + " are the same slide (same content)");
@@ -118,14 +130,18 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
 
 class SlideTiler {
  public:
-  SlideTiler(const SlideJob& job, const TilerOptions& options, TileStoreWriter& store)
-      : job_(job), options_(options), store_(store), slide_(open_slide(job.slide, options.tile_cache_bytes)) {}
+  SlideTiler(const SlideJob& job, OpenedSlide opened, const TilerOptions& options, TileStoreWriter& store)
+      : job_(job),
+        options_(options),
+        store_(store),
+        slide_(std::move(opened.slide)),
+        labeler_(std::move(opened.labeler)) {}
 
   nlohmann::json run(const SlidePlan& plan) {
     auto start = Clock::now();
     std::string path = canonical_path(job_.slide);
     uint32_t id = plan.id;
-    nlohmann::json entry = plan.entry.is_null() ? describe_slide(path, settings_of(job_, options_)) : plan.entry;
+    nlohmann::json entry = plan.entry.is_null() ? describe_slide(path, plan.fingerprint) : plan.entry;
     nlohmann::json summary = {{"slide", path}, {"id", id}};
     if (entry.value("complete", false)) {
       summary.update({{"status", "already complete"}, {"tiles", entry["tiles"]}});
@@ -134,20 +150,18 @@ class SlideTiler {
 
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
     double tile_extent = options_.size * level.downsample;
-    TissueMask tissue(*slide_, tile_extent, options_.tissue_threshold);
-    std::unique_ptr<TileLabeler> labeler;
-    if (!job_.labels.empty())
-      labeler = open_labels(job_.labels, slide_->levels()[0].width, slide_->levels()[0].height, options_.label_rule,
-                            options_.label_coverage, options_.label_class);
+    std::optional<TissueMask> tissue;  // none with --tissue none: every tile is kept
+    if (options_.tissue != Stain::none)
+      tissue.emplace(*slide_, tile_extent, options_.tissue_threshold, options_.tissue);
     int64_t columns = level.width / options_.size, rows = level.height / options_.size;
     std::vector<uint32_t> candidates;
     uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
     for (int64_t row = 0; row < rows; ++row)
       for (int64_t column = 0; column < columns; ++column) {
         double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
-        double fraction = tissue.tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent);
+        double fraction = tissue ? tissue->tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) : 1.0;
         if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
-        if (labeler && labeler->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
+        if (labeler_ && labeler_->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
           ++labelled;
           labelled_on_tissue += fraction > 0;
         }
@@ -156,17 +170,18 @@ class SlideTiler {
     if (auto empty = why_empty(columns * rows, candidates.size(), level); !empty.empty()) {
       progress.event({{"warning", empty}, {"slide", path}});
       summary["warning"] = empty;
-    } else if (labeler) {
-      check_labels_fit(*labeler, labelled, labelled_on_tissue, progress, summary);
+    } else if (labeler_) {
+      check_labels_fit(*labeler_, labelled, labelled_on_tissue, progress, summary);
     }
     entry["grid"] = {columns, rows};
-    entry["tissue_level"] = tissue.level();
+    entry["tissue"] = tissue ? tissue->report() : nlohmann::json{{"stain", "none"}, {"chosen", "given"}};
+    if (tissue) entry["tissue_level"] = tissue->level();
     entry["candidates"] = candidates.size();
     size_t done = entry.value("done", size_t{0});
     size_t resumed_from = done;
     if (done == 0) store_.commit(id, entry, {});
 
-    bool aligned = options_.encoding == TileEncoding::jpeg && level.tile_width == options_.size &&
+    bool aligned = encoding() == TileEncoding::jpeg && level.tile_width == options_.size &&
                    level.tile_height == options_.size;
     uint64_t copied = 0, written = 0;
     std::vector<TileStoreWriter::Tile> batch;
@@ -180,7 +195,7 @@ class SlideTiler {
     };
     ordered_parallel<TileResult>(
         candidates.size() - done, options_.workers, static_cast<size_t>(options_.workers) * 32,
-        [&](size_t i) { return make_tile(id, candidates[done + i], columns, level, aligned, labeler.get()); },
+        [&](size_t i) { return make_tile(id, candidates[done + i], columns, level, aligned); },
         [&](size_t i, TileResult&& result) {
           size_t processed = done + i + 1;
           if (!result.corrupt.empty()) {
@@ -216,6 +231,9 @@ class SlideTiler {
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", entry["grid"]},
+                    {"channels", slide_->channels()},
+                    {"encoding", encoding_name(encoding())},
+                    {"tissue", entry["tissue"]},
                     {"candidates", candidates.size()},
                     {"resumed_from", resumed_from},
                     {"written", written},
@@ -248,6 +266,10 @@ class SlideTiler {
                         nlohmann::json& summary) const {
     const SlideLevel& base = slide_->levels()[0];
     std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
+    if (std::string warning = labeler.warning(); !warning.empty()) {
+      progress.event({{"warning", warning}});
+      summary["warning"] = warning;
+    }
     if (labelled == 0) {
       std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
                             labeler.description() + ")";
@@ -261,12 +283,13 @@ class SlideTiler {
     }
   }
 
-  nlohmann::json describe_slide(const std::string& path, const nlohmann::json& settings) const {
+  nlohmann::json describe_slide(const std::string& path, const std::string& fingerprint) const {
     const SlideLevel& base = slide_->levels()[0];
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
-    return {{"path", path},
+    nlohmann::json entry = {{"path", path},
             {"name", std::filesystem::path(path).filename().string()},
             {"format", slide_->format()},
+            {"channels", slide_->channels()},
             {"width", base.width},
             {"height", base.height},
             {"level", options_.level},
@@ -276,28 +299,30 @@ class SlideTiler {
             {"tile_size", options_.size},
             {"mpp_x", slide_->mpp_x()},
             {"mpp_y", slide_->mpp_y()},
-            {"fingerprint", fingerprint_of(job_.slide)},
-            {"settings", settings},
+            {"fingerprint", fingerprint},
+            {"settings", settings_of(job_, options_)},
             {"done", 0},
             {"tiles", 0},
             {"corrupt_tiles", 0},
             {"label_counts", nlohmann::json::object()},
             {"complete", false}};
+    if (auto names = slide_->channel_names(); !names.empty()) entry["channel_names"] = names;
+    return entry;
   }
 
-  TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned,
-                       const TileLabeler* labeler) const {
+  TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned) const {
     const int size = options_.size;
     int64_t column = position % columns, row = position / columns;
     double x0 = static_cast<double>(column * size) * level.downsample;
     double y0 = static_cast<double>(row * size) * level.downsample;
     double extent = size * level.downsample;
     TileResult result;
-    result.label = labeler ? labeler->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    result.label = labeler_ ? labeler_->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    const auto channels = static_cast<size_t>(slide_->channels());
     TileHeader header{static_cast<uint16_t>(size),
                       static_cast<uint16_t>(size),
-                      3,
-                      options_.encoding,
+                      static_cast<uint8_t>(channels),
+                      encoding(),
                       result.label,
                       static_cast<uint32_t>(level0_position(column * size, level.downsample)),
                       static_cast<uint32_t>(level0_position(row * size, level.downsample))};
@@ -316,14 +341,14 @@ class SlideTiler {
         return result;
       }
     }
-    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * 3);
+    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * channels);
     try {
       slide_->read_region(options_.level, column * size, row * size, size, size, rgb.data());
     } catch (const BadInput& e) {
       result.corrupt = e.what();
       return result;
     }
-    if (options_.encoding == TileEncoding::raw) {
+    if (header.encoding == TileEncoding::raw) {
       result.tile.value = encode_tile_value(header, rgb.data(), rgb.size());
     } else {
       auto jpeg = encode_jpeg(rgb.data(), size, size, options_.quality);
@@ -332,10 +357,14 @@ class SlideTiler {
     return result;
   }
 
+  // JPEG holds a colour image; a slide of other than 3 channels is stored raw.
+  TileEncoding encoding() const { return slide_->channels() == 3 ? options_.encoding : TileEncoding::raw; }
+
   const SlideJob& job_;
   const TilerOptions& options_;
   TileStoreWriter& store_;
   std::unique_ptr<Slide> slide_;
+  std::unique_ptr<TileLabeler> labeler_;
 };
 
 }  // namespace
@@ -370,9 +399,12 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();
-  // Every input is checked before the first tile is written.
+  // Every input is opened and checked once, before the first tile is written; each slide is
+  // tiled from what was opened, and closed once it is done.
   std::string too_small;  // slides the tile size does not fit
   size_t too_small_count = 0;
+  std::vector<OpenedSlide> opened;
+  opened.reserve(jobs.size());
   for (const SlideJob& job : jobs) {
     auto slide = open_slide(job.slide, options.tile_cache_bytes);
     if (options.level < 0 || static_cast<size_t>(options.level) >= slide->levels().size())
@@ -383,9 +415,12 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
                    std::to_string(level.height);
       ++too_small_count;
     }
+    check_stain_fits(options.tissue, *slide);
+    std::unique_ptr<TileLabeler> labeler;
     if (!job.labels.empty())
-      open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
-                  options.label_coverage, options.label_class);
+      labeler = open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
+                            options.label_coverage, options.label_class, options.unclassified_as);
+    opened.push_back({std::move(slide), std::move(labeler)});
   }
   if (!jobs.empty() && too_small_count == jobs.size())
     throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
@@ -396,7 +431,7 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
   uint64_t written = 0, corrupt = 0, tiles = 0;
   std::string reasons;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    auto summary = SlideTiler(jobs[i], options, writer).run(plans[i]);
+    auto summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
     written += summary.value("written", uint64_t{0});
     corrupt += summary.value("corrupt_tiles", uint64_t{0});
     tiles += summary.value("tiles", uint64_t{0});

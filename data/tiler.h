@@ -18,10 +18,12 @@ struct TilerOptions {
   int size = 256;
   int level = 0;
   double min_tissue = 0.5;
-  int tissue_threshold = default_tissue_threshold;  // saturation 0-255
+  int tissue_threshold = default_tissue_threshold;  // saturation 0-255, or signal above the background
+  Stain tissue = Stain::automatic;
   LabelRule label_rule = LabelRule::centre;
   double label_coverage = 0.5;
   std::string label_class = "Tumor";
+  std::string unclassified_as;  // GeoJSON shapes without a class take this one (empty: none)
   bool allow_empty_labels = false;  // labels that give no tile a class: a warning, not an error
   TileEncoding encoding = TileEncoding::jpeg;
   int quality = 90;

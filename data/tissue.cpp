@@ -17,7 +17,8 @@ constexpr int64_t mask_pixels_per_tile = 16;
 constexpr int close_side = 5;
 // Holes enclosed by tissue up to this many tiles' area are tissue (fat lobules, lumens, tears).
 constexpr double max_hole_tiles = 16;
-// A slide whose median mask pixel is darker than this (brightest channel) has a dark background.
+// A slide whose median mask pixel is darker than this (brightest channel) has a dark background:
+// fluorescence when the stain is chosen automatically.
 constexpr int darkest_bright_field_median = 64;
 
 uint8_t saturation_of(int red, int green, int blue) {
@@ -25,9 +26,10 @@ uint8_t saturation_of(int red, int green, int blue) {
   return high == 0 ? 0 : static_cast<uint8_t>((high - low) * 255 / high);
 }
 
-std::vector<uint8_t> median_blur(const std::vector<uint8_t>& image, int width, int height) {
-  std::vector<uint8_t> blurred(image.size());
-  std::array<uint8_t, 25> window{};
+template <typename Value>
+std::vector<Value> median_blur(const std::vector<Value>& image, int width, int height) {
+  std::vector<Value> blurred(image.size());
+  std::array<Value, 25> window{};
   for (int y = 0; y < height; ++y)
     for (int x = 0; x < width; ++x) {
       size_t n = 0;
@@ -108,7 +110,32 @@ void fill_holes(std::vector<uint8_t>& tissue, int width, int height, size_t max_
 
 }  // namespace
 
-TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold) : threshold_(threshold) {
+const char* stain_name(Stain stain) {
+  switch (stain) {
+    case Stain::automatic: return "automatic";
+    case Stain::brightfield: return "brightfield";
+    case Stain::fluorescence: return "fluorescence";
+    case Stain::none: return "none";
+  }
+  return "?";
+}
+
+Stain parse_stain(const std::string& text) {
+  for (Stain stain : {Stain::automatic, Stain::brightfield, Stain::fluorescence, Stain::none})
+    if (text == stain_name(stain)) return stain;
+  throw UsageError("--tissue: automatic, brightfield, fluorescence or none, not '" + text + "'");
+}
+
+void check_stain_fits(Stain stain, const Slide& slide) {
+  if (stain == Stain::brightfield && slide.channels() != 3)
+    throw UsageError("--tissue brightfield: " + slide.path() + " has " + std::to_string(slide.channels()) +
+                     " channels, not RGB (saturation needs colour): use --tissue fluorescence or none");
+}
+
+TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold, Stain stain)
+    : threshold_(threshold), channels_(slide.channels()) {
+  if (stain == Stain::none) throw UsageError("--tissue none: every tile is kept, there is no mask to make");
+  check_stain_fits(stain, slide);
   const auto& levels = slide.levels();
   level_ = 0;
   for (size_t l = 0; l < levels.size(); ++l)
@@ -121,55 +148,103 @@ TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold) : 
   height_ = static_cast<int>((level.height + reduction - 1) / reduction);
   scale_x_ = static_cast<double>(levels[0].width) / static_cast<double>(level.width) * static_cast<double>(reduction);
   scale_y_ = static_cast<double>(levels[0].height) / static_cast<double>(level.height) * static_cast<double>(reduction);
+  tile_area_ = (tile_extent / scale_x_) * (tile_extent / scale_y_);
 
-  // Reads bands of whole mask rows, blocks about 512 level pixels a side, and averages the colour
-  // of each mask pixel (as a pyramid level would), so JPEG noise on glass averages out.
+  // Reads bands of whole mask rows, blocks about 512 level pixels a side, and averages each
+  // channel over each mask pixel (as a pyramid level would), so JPEG noise on glass averages out.
+  // Kept per mask pixel: the saturation of its mean colour and the sum of its channels' means.
+  const auto channels = static_cast<size_t>(channels_);
   int64_t block = reduction * std::max<int64_t>(1, 512 / reduction);
   int64_t band_rows = block / reduction;
-  std::vector<uint32_t> sums(static_cast<size_t>(band_rows * width_) * 4);
-  std::vector<uint8_t> rgb(static_cast<size_t>(block * block * 3));
+  std::vector<uint32_t> sums(static_cast<size_t>(band_rows * width_) * (channels + 1));
+  std::vector<uint8_t> pixels(static_cast<size_t>(block * block) * channels);
   std::vector<uint8_t> saturation(static_cast<size_t>(width_) * height_);
+  std::vector<uint16_t> signal(saturation.size());
   std::array<uint64_t, 256> brightness{};
+  std::vector<uint32_t> mean(channels);
   for (int64_t band_y = 0; band_y < level.height; band_y += block) {
     std::fill(sums.begin(), sums.end(), 0);
     int block_height = static_cast<int>(std::min(block, level.height - band_y));
     for (int64_t block_x = 0; block_x < level.width; block_x += block) {
       int block_width = static_cast<int>(std::min(block, level.width - block_x));
-      slide.read_region(level_, block_x, band_y, block_width, block_height, rgb.data());
+      slide.read_region(level_, block_x, band_y, block_width, block_height, pixels.data());
       for (int y = 0; y < block_height; ++y)
         for (int x = 0; x < block_width; ++x) {
-          uint32_t* cell = &sums[(static_cast<size_t>(y / reduction) * width_ + static_cast<size_t>((block_x + x) / reduction)) * 4];
-          const uint8_t* pixel = &rgb[(static_cast<size_t>(y) * block_width + x) * 3];
-          cell[0] += pixel[0];
-          cell[1] += pixel[1];
-          cell[2] += pixel[2];
-          ++cell[3];
+          uint32_t* cell =
+              &sums[(static_cast<size_t>(y / reduction) * width_ + static_cast<size_t>((block_x + x) / reduction)) *
+                    (channels + 1)];
+          const uint8_t* pixel = &pixels[(static_cast<size_t>(y) * block_width + x) * channels];
+          for (size_t c = 0; c < channels; ++c) cell[c] += pixel[c];
+          ++cell[channels];
         }
     }
     int64_t first_row = band_y / reduction, rows = std::min<int64_t>(band_rows, height_ - first_row);
     for (int64_t row = 0; row < rows; ++row)
       for (int column = 0; column < width_; ++column) {
-        const uint32_t* cell = &sums[(static_cast<size_t>(row) * width_ + column) * 4];
-        int count = static_cast<int>(std::max<uint32_t>(1, cell[3]));
-        int red = static_cast<int>(cell[0]) / count, green = static_cast<int>(cell[1]) / count,
-            blue = static_cast<int>(cell[2]) / count;
-        saturation[static_cast<size_t>(first_row + row) * width_ + column] = saturation_of(red, green, blue);
-        ++brightness[static_cast<size_t>(std::max({red, green, blue}))];
+        const uint32_t* cell = &sums[(static_cast<size_t>(row) * width_ + column) * (channels + 1)];
+        uint32_t count = std::max<uint32_t>(1, cell[channels]), sum = 0;
+        for (size_t c = 0; c < channels; ++c) sum += mean[c] = cell[c] / count;
+        size_t at = static_cast<size_t>(first_row + row) * width_ + column;
+        if (channels == 3)
+          saturation[at] =
+              saturation_of(static_cast<int>(mean[0]), static_cast<int>(mean[1]), static_cast<int>(mean[2]));
+        signal[at] = static_cast<uint16_t>(sum);
+        ++brightness[*std::max_element(mean.begin(), mean.end())];
       }
   }
   uint64_t below = 0, median = 0;
-  while (median < 255 && (below += brightness[median]) * 2 < saturation.size()) ++median;
-  if (median < darkest_bright_field_median)
-    throw BadInput(slide.path() + ": most of the slide is dark (median brightness " + std::to_string(median) +
-                   " of 255): a fluorescence image? Tissue detection works on bright-field slides (stained tissue "
-                   "on bright glass)");
-
-  tissue_ = median_blur(saturation, width_, height_);
-  for (uint8_t& value : tissue_) value = value >= threshold_;
+  while (median < 255 && (below += brightness[median]) * 2 < static_cast<uint64_t>(width_) * height_) ++median;
+  // A dark background is fluorescence; so is a slide of channels that are not a colour image.
+  bool dark = median < darkest_bright_field_median || channels_ != 3;
+  stain_ = stain == Stain::automatic ? (dark ? Stain::fluorescence : Stain::brightfield) : stain;
+  report_ = {{"stain", stain_name(stain_)},
+             {"chosen", stain == Stain::automatic ? "automatic" : "given"},
+             {"median_brightness", median}};
+  if (stain_ == Stain::brightfield)
+    detect_brightfield(saturation);
+  else
+    detect_fluorescence(signal);
   filter_square(tissue_, width_, height_, true);
   filter_square(tissue_, width_, height_, false);
-  double tile_area = (tile_extent / scale_x_) * (tile_extent / scale_y_);
-  fill_holes(tissue_, width_, height_, static_cast<size_t>(max_hole_tiles * tile_area));
+  fill_holes(tissue_, width_, height_, static_cast<size_t>(max_hole_tiles * tile_area_));
+}
+
+void TissueMask::detect_brightfield(const std::vector<uint8_t>& saturation) {
+  tissue_ = median_blur(saturation, width_, height_);
+  for (uint8_t& value : tissue_) value = value >= threshold_;
+}
+
+// Tissue shines above the background: the background's level is the commonest signal among the
+// darker half of the mask (zero, where a scanner wrote no data, left out), and tissue is what
+// lies `threshold` above it.
+void TissueMask::detect_fluorescence(const std::vector<uint16_t>& raw_signal) {
+  std::vector<uint16_t> signal = median_blur(raw_signal, width_, height_);
+  std::vector<uint64_t> histogram(size_t{255} * static_cast<size_t>(channels_) + 1);
+  uint64_t counted = 0;
+  for (uint16_t value : signal)
+    if (value > 0) {
+      ++histogram[value];
+      ++counted;
+    }
+  uint64_t below = 0;
+  size_t median = 0;
+  while (median + 1 < histogram.size() && (below += histogram[median]) * 2 < counted) ++median;
+  // The mode over a window of 5, so that the noise of one level does not decide it.
+  size_t background = 0;
+  uint64_t best = 0;
+  for (size_t value = 1; value <= median; ++value) {
+    uint64_t around = 0;
+    for (size_t v = value > 2 ? value - 2 : 0; v <= std::min(value + 2, histogram.size() - 1); ++v) around += histogram[v];
+    if (around > best) {
+      best = around;
+      background = value;
+    }
+  }
+  auto from = static_cast<uint32_t>(background) + static_cast<uint32_t>(threshold_);
+  tissue_.resize(signal.size());
+  for (size_t i = 0; i < signal.size(); ++i) tissue_[i] = signal[i] >= from;
+  report_["background"] = background;
+  report_["signal_threshold"] = from;
 }
 
 double TissueMask::tissue_fraction(double x0, double y0, double x1, double y1) const {

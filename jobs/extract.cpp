@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -17,12 +15,11 @@
 
 #include "common/error.h"
 #include "common/progress.h"
-#include "compute/checkpoint.h"
 #include "compute/feature_file.h"
-#include "compute/hdf5.h"
-#include "compute/network.h"
+#include "compute/inference.h"
 #include "compute/vk/context.h"
 #include "data/tile_store.h"
+#include "jobs/channel.h"
 
 namespace tessera {
 
@@ -32,51 +29,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A bounded queue between two threads. close() ends it after what is queued; stop() ends it at
-// once, dropping what is queued.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-  // False once the channel has ended (the reader is gone): the writer stops.
-  bool push(T &&item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
-    if (closed_) return false;
-    items_.push_back(std::move(item));
-    changed_.notify_all();
-    return true;
-  }
-  // False at the end.
-  bool pop(T &item) {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return closed_ || !items_.empty(); });
-    if (items_.empty()) return false;
-    item = std::move(items_.front());
-    items_.pop_front();
-    changed_.notify_all();
-    return true;
-  }
-  void close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    changed_.notify_all();
-  }
-  void stop() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    items_.clear();
-    changed_.notify_all();
-  }
-
- private:
-  size_t capacity_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<T> items_;
-  bool closed_ = false;
-};
 
 struct TileBatch {
   std::vector<uint8_t> rgb;     // batch x size x size x 3
@@ -100,21 +52,12 @@ struct Message {
   TileBatch tiles;
   FeatureBatch features;
   std::string error;
+  bool in_use = false;  // failed: another run holds the slide's file
 };
 
 // Thrown inside the store's cursor walk when the device side has stopped
 // reading.
 struct ReaderStopped {};
-
-nlohmann::json truncated_after(nlohmann::json description, const std::string &layer) {
-  auto &layers = description["layers"];
-  for (size_t i = 0; i < layers.size(); ++i)
-    if (layers[i]["name"] == layer) {
-      layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1, layers.end());
-      break;
-    }
-  return description;
-}
 
 std::string slide_name(const nlohmann::json &entry) {
   return fs::path(entry.value("name", entry.value("path", ""))).stem().string();
@@ -126,56 +69,39 @@ struct SlideWork {
   nlohmann::json entry;
 };
 
-// One device's model: the network up to the layer, the staged images and the program that runs it.
+// One device's model: the network up to the layer over the staged images.
 class Extractor {
  public:
-  Extractor(const ExtractOptions &options, int tile_size, int device)
-      : options_(options), tile_size_(tile_size), context_(context_options(device)) {
-    nlohmann::json description;
-    std::optional<Checkpoint> checkpoint;
-    if (is_checkpoint_path(options.model)) {
-      checkpoint = read_checkpoint(options.model);
-      description = expand_presets(checkpoint->model);
-    } else {
-      description = load_model_description(options.model, 2);
-    }
-    // uint8 RGB as read from the store becomes the layer the model reads as "input".
-    std::vector<GraphInput> inputs{{"images", {options.batch, tile_size, tile_size, 3}, DType::u8}};
-    nlohmann::json prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
-    // The whole graph resolves the name (a module's output is its last
-    // sublayer's); only the layers up to it run.
-    std::string layer = Network(description, inputs, false, prologue).layer(options.layer).name;
-    network_ = std::make_unique<Network>(truncated_after(description, layer), inputs, false, prologue);
-    // The graph's buffers (in inference an activation's is handed on once read), the staged
-    // images and the step count.
-    auto &allocator = context_.allocator();
-    planned_bytes_ = network_->plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(element_count(inputs[0].shape))) +
-                     InferenceProgram::planned_bytes(allocator);
-    network_->allocate(context_);
-    network_->initialise(0);
-    if (checkpoint) {
-      std::map<std::string, Tensor *> tensors;
-      for (auto &named : network_->named_tensors()) tensors[named.name] = named.tensor;
-      load_tensors(checkpoint->params, tensors, options.model, "params");
-    }
-    const Shape &out = network_->output_shape();
+  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int channels, int device)
+      : options_(options), tile_size_(tile_size), channels_(channels), context_(context_options(options, device)) {
+    // uint8 pixels as read from the store (RGB, or a multiplex slide's channels) become the layer
+    // the model reads as "input".
+    InferenceOptions inference;
+    inference.inputs = {{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
+    inference.prologue =
+        nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+    inference.layer = options.layer;
+    inference.advice = "lower --batch, or raise --device-memory-limit";
+    inference.weights_digest = true;
+    model_ = std::make_unique<Inference>(context_, model, inference);
+    const Shape &out = model_->output_shape();
     width_ = out[1];
     spatial_ = element_count(out) / (out[0] * out[1]);
     extraction_ = {{"model", options.model},
-                   {"layer", layer},
+                   {"weights", model_->weights_digest()},
+                   {"random_weights", !model.checkpoint},
+                   {"layer", model_->layer()},
                    {"output_shape", Shape(out.begin() + 1, out.end())},
                    {"pooling", out.size() > 2 ? "global_average" : "none"},
                    {"precision", options.fp16 ? "fp16" : "fp32"},
                    {"tile_size", tile_size}};
-
-    images_ = std::make_unique<Tensor>(context_, "images", inputs[0].shape, DType::u8, vk::MemoryUsage::staging);
-    program_ = std::make_unique<InferenceProgram>(context_, *network_, Network::Bound{{"images", images_.get()}});
+    if (channels != 3) extraction_["channels"] = channels;  // RGB files keep the settings they always had
     output_.resize(static_cast<size_t>(element_count(out)));
   }
 
   const nlohmann::json &extraction() const { return extraction_; }
   int tile_size() const { return tile_size_; }
+  int channels() const { return channels_; }
 
   // The feature file of a slide (its tile store entry) as this model writes it.
   FeatureFileLayout layout(const nlohmann::json &entry) const {
@@ -188,15 +114,24 @@ class Extractor {
             width_,
             options_.fp16,
             options_.gzip,
-            extraction_};
+            extraction_,
+            {{"path", entry.value("path", "")},
+             {"fingerprint", entry.value("fingerprint", "")},
+             {"settings", entry.value("settings", nlohmann::json())},
+             {"tiles", entry.value("tiles", 0)}},
+
+            entry.value("width", int64_t{0}),
+            entry.value("height", int64_t{0}),
+            entry.value("mpp_x", 0.0),
+            extraction_.value("model", "") + ":" + extraction_.value("layer", "")};
   }
 
   // Runs a batch of tiles through the network; rows are the pooled features.
   FeatureBatch run(TileBatch &&tiles) {
     auto start = Clock::now();
-    std::memcpy(images_->buffer().mapped(), tiles.rgb.data(), tiles.rgb.size());
-    program_->run();
-    network_->output().download(output_.data(), output_.size() * sizeof(float));
+    model_->input("images").upload(tiles.rgb.data(), tiles.rgb.size());
+    model_->run();
+    model_->output().download(output_.data(), output_.size() * sizeof(float));
     FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
                        tiles.count};
     for (int64_t row = 0; row < tiles.count * width_; ++row) {
@@ -213,28 +148,26 @@ class Extractor {
     return {{"index", context_.info().index},
             {"name", context_.info().name},
             {"device_seconds", device_seconds_},
-            {"planned_device_bytes", planned_bytes_},
+            {"planned_device_bytes", model_->plan().total()},
             {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
   }
 
  private:
-  static vk::ContextOptions context_options(int device) {
+  static vk::ContextOptions context_options(const ExtractOptions &options, int device) {
     vk::ContextOptions context = vk::options_from_environment();
     context.device_index = device;
+    context.memory_budget = options.memory_budget;
     return context;
   }
 
   const ExtractOptions &options_;
-  int tile_size_;
+  int tile_size_, channels_;
   vk::Context context_;
-  std::unique_ptr<Network> network_;
-  std::unique_ptr<Tensor> images_;
-  std::unique_ptr<InferenceProgram> program_;
+  std::unique_ptr<Inference> model_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;
   nlohmann::json extraction_;
   double device_seconds_ = 0;
-  uint64_t planned_bytes_ = 0;
 };
 
 // What the devices share: the next slide nobody has taken, the progress, each slide's summary
@@ -262,7 +195,7 @@ class SharedRun {
 
   void record(size_t slide, nlohmann::json summary) {
     std::lock_guard lock(mutex_);
-    if (summary["status"] == "failed")
+    if (summary["status"] == "failed" || summary["status"] == "in use")
       progress_.event({{"error", summary["error"]}, {"slide", summary["slide"]}});
     summaries_[slide] = std::move(summary);
   }
@@ -339,16 +272,17 @@ class DevicePipeline {
     for (auto slide = run_.take_first(position_); slide; slide = run_.take()) {
       const SlideWork &work = run_.slides()[*slide];
       std::string name = slide_name(work.entry);
-      if (fs::exists(file_path(work))) {
-        run_.advance(work.entry.value("tiles", uint64_t{0}), name);
-        run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
-        continue;
-      }
       try {
         if (!work.entry.value("complete", false))
           throw BadInput(work.store->path() + ": slide " + name + " is not completely tiled (run tessera tile again)");
         Message opened{Message::Kind::opened, *slide};
-        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry));
+        opened.file = std::make_unique<FeatureFileWriter>(file_path(work), extractor_.layout(work.entry),
+                                                          options_.overwrite ? Existing::overwrite : Existing::refuse);
+        if (opened.file->complete()) {  // this slide's features, made as this run makes them
+          run_.advance(work.entry.value("tiles", uint64_t{0}), name);
+          run_.record(*slide, {{"slide", name}, {"file", file_path(work)}, {"status", "already complete"}});
+          continue;
+        }
         auto resumed_from = static_cast<uint64_t>(opened.file->rows());
         run_.advance(resumed_from, name);
         if (!tiles_.push(std::move(opened))) return;
@@ -356,10 +290,14 @@ class DevicePipeline {
         if (!tiles_.push({Message::Kind::read, *slide})) return;
       } catch (const ReaderStopped &) {
         return;
-      } catch (const BadInput &e) {
-        // A slide whose tiles cannot be read fails alone; its partial file stays for a later run.
+      } catch (const Error &e) {
+        // A slide whose tiles cannot be read, or whose file another run writes (it is left to
+        // that run) or has since filled with something else, fails alone; its partial file stays.
+        bool in_use = dynamic_cast<const OutputInUse *>(&e) != nullptr;
+        if (!in_use && e.code() != ExitCode::bad_input && e.code() != ExitCode::bad_usage) throw;
         Message failed{Message::Kind::failed, *slide};
         failed.error = e.what();
+        failed.in_use = in_use;
         if (!tiles_.push(std::move(failed))) return;
       }
     }
@@ -375,7 +313,8 @@ class DevicePipeline {
     };
     std::vector<Encoded> pending;
     const int tile_size = extractor_.tile_size();
-    const size_t tile_bytes = static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * 3;
+    const size_t tile_bytes =
+        static_cast<size_t>(tile_size) * static_cast<size_t>(tile_size) * static_cast<size_t>(extractor_.channels());
     auto emit = [&] {
       Message message{Message::Kind::batch, slide};
       TileBatch &batch = message.tiles;
@@ -467,7 +406,7 @@ class DevicePipeline {
         }
         case Message::Kind::failed:
           file.reset();
-          summary.update({{"status", "failed"}, {"error", message.error}});
+          summary.update({{"status", message.in_use ? "in use" : "failed"}, {"error", message.error}});
           run_.record(message.slide, std::move(summary));
           break;
       }
@@ -485,21 +424,29 @@ class DevicePipeline {
   std::vector<std::jthread> threads_;  // the last member: joined before the rest is destroyed
 };
 
+void create_out_directory(const std::string &out) {
+  std::error_code error;
+  fs::create_directories(out, error);
+  if (error) throw Error(ExitCode::runtime_error, out + ": cannot create the directory: " + error.message());
+}
+
 }  // namespace
 
 void extract_features(const ExtractOptions &options) {
-  // A feature file that the disk refused to flush cannot be closed; HDF5's exit handler would then
-  // crash closing it again. Its flushed rows are known (FeatureFileWriter::rows), so skip that handler.
-  H5dont_atexit();
   if (options.slides.empty() == options.tiles.empty()) throw UsageError("give either --slides or --tiles");
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
   if (options.workers < 1) throw UsageError("--workers must be at least 1");
   // Checked before any work: --slides tiles first.
   std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
   if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
-  std::error_code error;
-  fs::create_directories(options.out, error);
-  if (error) throw Error(ExitCode::runtime_error, options.out + ": cannot create the directory: " + error.message());
+  const ResolvedModel model = resolve_model(options.model, 2);
+  // A model per device, each planned and checked against its device's budget before any work.
+  std::vector<std::unique_ptr<Extractor>> extractors;
+  auto build_extractors = [&](int tile_size, int channels) {
+    extractors.clear();
+    for (int device : devices)
+      extractors.push_back(std::make_unique<Extractor>(options, model, tile_size, channels, device));
+  };
   nlohmann::json summary = nlohmann::json::object();
   std::vector<std::string> store_paths;
   data::Shard shard = options.shard;
@@ -511,6 +458,8 @@ void extract_features(const ExtractOptions &options) {
     store_paths = {(fs::path(options.out) / name).string()};
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(options.slides, shard, "--slides")) jobs.push_back({options.slides[i], ""});
+    if (!jobs.empty()) build_extractors(options.tiler.size, 3);  // rebuilt if the slides have other channels
+    create_out_directory(options.out);
     summary["tiling"] = data::tile_slides(jobs, store_paths[0], options.tiler);
     shard = {};  // that store holds this shard's slides only
   } else {
@@ -543,19 +492,27 @@ void extract_features(const ExtractOptions &options) {
     return;
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
+  int channels = selected.front().entry.value("channels", 3);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
     if (work.entry.value("tile_size", 0) != tile_size)
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
+    if (work.entry.value("channels", 3) != channels)
+      throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
+                     std::to_string(work.entry.value("channels", 3)) + " channels, other slides " +
+                     std::to_string(channels) + ": one model input per run");
   }
 
-  std::vector<std::unique_ptr<Extractor>> extractors;
-  for (int device : devices) extractors.push_back(std::make_unique<Extractor>(options, tile_size, device));
+  if (extractors.empty() || extractors.front()->tile_size() != tile_size || extractors.front()->channels() != channels)
+    build_extractors(tile_size, channels);
+  create_out_directory(options.out);
+  // Before any work: a file another slide or other settings made is not replaced unasked.
   for (const SlideWork &work : selected)
-    if (auto done = fs::path(options.out) / (slide_name(work.entry) + ".h5"); fs::exists(done))
-      check_same_extraction(done.string(), extractors.front()->extraction());
+    check_feature_file_replaceable((fs::path(options.out) / (slide_name(work.entry) + ".h5")).string(),
+                                   extractors.front()->layout(work.entry),
+                                   options.overwrite ? Existing::overwrite : Existing::refuse);
   // Throughput counts from here: building the network and its pipelines is a fixed cost.
   auto start = Clock::now();
   SharedRun run(selected, total, extractors.size());
@@ -578,9 +535,11 @@ void extract_features(const ExtractOptions &options) {
     peak = std::max(peak, report["peak_device_bytes"].get<uint64_t>());
     per_device.push_back(std::move(report));
   }
-  std::vector<std::string> failures;
-  for (const nlohmann::json &slide : per_slide)
+  std::vector<std::string> failures, in_use;
+  for (const nlohmann::json &slide : per_slide) {
     if (slide["status"] == "failed") failures.push_back(slide["error"]);
+    if (slide["status"] == "in use") in_use.push_back(slide["error"]);
+  }
   // Device seconds and write seconds add up over the devices; the device bytes are each device's.
   summary.update({{"extraction", extractors.front()->extraction()},
                   {"device", per_device.front()["name"]},
@@ -600,6 +559,13 @@ void extract_features(const ExtractOptions &options) {
     std::string message = std::to_string(failures.size()) + " slide(s) failed (the others are complete):";
     for (auto &failure : failures) message += "\n  " + failure;
     throw BadInput(message);
+  }
+  if (!in_use.empty()) {
+    std::string message = std::to_string(in_use.size()) +
+                          " slide(s) were being written by another run, and were left to it (the others are "
+                          "complete; run again once it ends):";
+    for (auto &slide : in_use) message += "\n  " + slide;
+    throw Error(ExitCode::runtime_error, message);
   }
 }
 

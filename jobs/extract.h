@@ -21,7 +21,9 @@ struct ExtractOptions {
   int device = -1;             // --device (-1: the default one)
   std::vector<int> devices;    // --devices: slides spread over these, one model each
   int workers = 2;  // threads decoding tiles
+  uint64_t memory_budget = 0;  // --device-memory-limit per device (0: what the device reports)
   bool fp16 = false, gzip = false;
+  bool overwrite = false;  // --overwrite: replace feature files that hold something else
   data::TilerOptions tiler;  // for `slides`
 };
 

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 
@@ -12,7 +11,9 @@
 #include "common/progress.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
+#include "compute/inference.h"
 #include "compute/tensor.h"
+#include "jobs/slide_labels.h"
 
 namespace tessera {
 
@@ -42,34 +43,6 @@ struct Bag {
   }
 };
 
-std::string trim(const std::string& text) {
-  auto first = text.find_first_not_of(" \t\r");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
-}
-
-// `slide,label` rows, an optional header first. Classes are the distinct labels in sorted
-// order ("0" < "1", "normal" < "tumor").
-std::vector<std::pair<std::string, std::string>> read_labels(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw BadInput(path + ": cannot read the labels file");
-  std::vector<std::pair<std::string, std::string>> rows;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
-    auto comma = line.find(',');
-    if (comma == std::string::npos || line.find(',', comma + 1) != std::string::npos)
-      throw BadInput(path + ":" + std::to_string(number) + ": expected 'slide,label', got '" + trim(line) + "'");
-    std::string slide = trim(line.substr(0, comma)), label = trim(line.substr(comma + 1));
-    if (number == 1 && slide == "slide" && label == "label") continue;
-    if (slide.empty() || label.empty())
-      throw BadInput(path + ":" + std::to_string(number) + ": empty slide or label");
-    rows.emplace_back(slide, label);
-  }
-  if (rows.empty()) throw BadInput(path + ": holds no slides");
-  return rows;
-}
-
 // One feature file as a bag; `width` is the other bags' D (0: none read yet), and becomes this one's.
 // With `fp16` the bag holds its features rounded to fp16, as --precision fp16 stages them.
 Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16) {
@@ -85,10 +58,6 @@ Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& wi
   Bag bag{slide, 0, array.shape[0], std::move(array.values), {}};
   if (fp16) bag.to_fp16(path);
   return bag;
-}
-
-Bag read_bag(const std::string& directory, const std::string& slide, int64_t& width, bool fp16) {
-  return read_bag_file((std::filesystem::path(directory) / (slide + ".h5")).string(), slide, width, fp16);
 }
 
 // The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
@@ -182,6 +151,7 @@ class MilJob {
         throw BadInput(options_.checkpoint + ": holds a head " + job.start->model.dump() + ", not " +
                        job.model.dump());
     }
+    job.settings = run_settings(options_);
     job.report = {{"head", mil_.head}, {"train_slides", train_.size()}, {"val_slides", val_.size()},
                   {"split", split_report_}};
     job.advice = "lower --attention-hidden, or raise --device-memory-limit";
@@ -193,14 +163,14 @@ class MilJob {
 
  private:
   void load_bags() {
-    auto rows = read_labels(mil_.labels);
-    for (auto& [slide, label] : rows) classes_.push_back(label);
+    auto rows = read_slide_labels(mil_.labels, mil_.features);
+    for (auto& row : rows) classes_.push_back(row.label);
     std::sort(classes_.begin(), classes_.end());
     classes_.erase(std::unique(classes_.begin(), classes_.end()), classes_.end());
     if (classes_.size() < 2) throw BadInput(mil_.labels + ": needs at least two distinct labels");
-    for (auto& [slide, label] : rows) {
-      Bag bag = read_bag(mil_.features, slide, width_, options_.fp16);
-      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), label) - classes_.begin());
+    for (auto& row : rows) {
+      Bag bag = read_bag_file(row.path, row.slide, width_, options_.fp16);
+      bag.label = static_cast<uint32_t>(std::lower_bound(classes_.begin(), classes_.end(), row.label) - classes_.begin());
       bags_.push_back(std::move(bag));
     }
   }
@@ -261,8 +231,8 @@ class MilJob {
     nlohmann::json record = {{"event", "split"}};
     record.update(split_report_);
     for (size_t b : val_) record["held_out_slides"].push_back(bags_[b].slide);
-    Progress::note("train", record);
-    for (auto& warning : split_report_["warnings"]) Progress::note("train", {{"warning", warning}});
+    report("train", record);
+    for (auto& warning : split_report_["warnings"]) report("train", {{"warning", warning}});
   }
 
  private:
@@ -321,41 +291,27 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   if (width != description.width)
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
-  bool mean = description.kind == "mean";
-  // A mean head's classifier on every instance; an attention head up to its scores.
-  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, mean);
-  if (!mean) {
-    auto& layers = graph["layers"];
-    while (layers.back()["name"] != "attention_w") layers.erase(layers.size() - 1);
-  }
-  Network head(graph, std::vector<GraphInput>{{"features", {bag.instances, width}}}, false);
-  head.allocate(context);
-  std::map<std::string, Tensor*> tensors;
-  for (auto& named : head.named_tensors()) tensors[named.name] = named.tensor;
-  load_tensors(checkpoint.params, tensors, checkpoint_path, "params");
-  Tensor features(context, "features", {bag.instances, width});
-  features.upload(bag.features);
-  InferenceProgram(context, head, {{"features", &features}}).run();
+  // The head's classifier on each instance alone: an attention pool of one instance is that
+  // instance, so either head gives the probability it would give a bag of this one tile.
+  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
+  InferenceOptions setup;
+  setup.inputs = {{"features", {bag.instances, width}}};
+  setup.input_memory = vk::MemoryUsage::device;
+  setup.advice = "the slide's tile count and the head's width set it";
+  Inference head(context, {std::move(graph), std::move(checkpoint), checkpoint_path}, setup);
+  head.input("features").upload(bag.features);
+  head.run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
-  if (mean) {
-    // Softmax of each instance's logits on the host: C numbers a row, for the last class.
-    auto classes = static_cast<size_t>(description.classes);
-    for (size_t n = 0; n < scores.size(); ++n) {
-      const float* row = logits.data() + n * classes;
-      float top = *std::max_element(row, row + classes);
-      double sum = 0;
-      for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
-      scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
-    }
-    return scores;
+  // Softmax of each instance's logits on the host: C numbers a row, for the last class.
+  auto classes = static_cast<size_t>(description.classes);
+  for (size_t n = 0; n < scores.size(); ++n) {
+    const float* row = logits.data() + n * classes;
+    float top = *std::max_element(row, row + classes);
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c] - top));
+    scores[n] = static_cast<float>(std::exp(static_cast<double>(row[classes - 1] - top)) / sum);
   }
-  // The weights a_n taken on a log scale: their logits s_n (log a_n up to a constant), since
-  // a softmax over many tiles leaves all but the top few near 0. Min-max rescaled, so that
-  // maps of slides of any size share one colour scale.
-  auto [low, high] = std::minmax_element(logits.begin(), logits.end());
-  float range = *high - *low;
-  for (size_t n = 0; n < scores.size(); ++n) scores[n] = range > 0 ? (logits[n] - *low) / range : 0.0f;
   return scores;
 }
 
@@ -370,7 +326,7 @@ nlohmann::json mil_settings(const MilOptions& mil) {
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
-  return TrainingLoop(context, job.options(), job.job()).plan();
+  return TrainingLoop(context, loop_settings(job.options()), job.job()).plan();
 }
 
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
@@ -378,7 +334,7 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
   check_mil_flags(options, mil);
   MilJob job(options, mil);
   if (reporting.progress) job.report_split();
-  TrainingLoop loop(context, job.options(), job.job());
+  TrainingLoop loop(context, loop_settings(job.options()), job.job());
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
   loop.run(train_feed, val_feed, reporting);
 }

@@ -6,12 +6,13 @@
 #include <vector>
 
 #include "compute/trainer.h"
+#include "jobs/train_options.h"
 
 namespace tessera {
 
 struct MilOptions {
   std::string features;      // DIR of <slide>.h5 feature files
-  std::string labels;        // CSV of `slide,label` rows
+  std::string labels;        // CSV of `slide,label` rows, or CLAM's `case_id,slide_id,label` (slide_labels.h)
   std::string head = "attention";  // mean or attention
   int attention_hidden = 128;      // L, the width of the attention branches V and U
 };
@@ -32,10 +33,11 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
                const TrainReporting& reporting);
 
 // Per-tile scores of one slide's feature file under a head that train_mil saved, from the
-// head's own ops on the device, in the file's row order. Attention head: the attention
-// weights a_n on a log scale (the logits of their softmax) rescaled to [0, 1]; mean head: each instance's probability of the last class
-// ("1", "tumor") under the classifier. Throws BadInput naming the feature file or the
-// checkpoint when either is missing or corrupt, or when they do not fit each other.
+// head's own ops on the device, in the file's row order: each tile's probability of the last
+// class ("1", "tumor") under the head's classifier, as the head would score a bag of that tile
+// alone (for either head: attention over one instance is that instance). Throws BadInput naming
+// the feature file or the checkpoint when either is missing or corrupt, or when they do not fit
+// each other.
 std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,
                                const std::string& checkpoint_path);
 

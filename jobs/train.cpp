@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/progress.h"
 #include "common/units.h"
+#include "compute/ops/registry.h"
 #include "compute/run_checks.h"
 #include "data/loader.h"
 #include "data/split.h"
@@ -47,6 +48,16 @@ void check_two_classes(const data::PatchSource& source, const std::vector<uint64
                    ": a classifier needs patches of at least two classes (were the slides tiled without --labels?)");
 }
 
+// Throws ModelError naming `model` when it has no parameters: nothing to train, and no gradient
+// for the loss to send back.
+void check_trainable(const TrainingJob& job, const std::string& model) {
+  Network network(job.graph, job.staged, true, job.prologue);
+  for (auto& layer : network.layers())
+    for (auto& spec : layer.specs)
+      if (spec.role == TensorRole::parameter) return;
+  throw ModelError(model + ": the model has no parameters to train");
+}
+
 // The data and the model as the run will use them.
 struct Setup {
   std::unique_ptr<data::PatchSource> source;
@@ -60,8 +71,8 @@ void report_split(const Setup& setup) {
   nlohmann::json record = {{"event", "split"}};
   record.update(setup.job.report.at("split"));
   if (!setup.held_out.empty()) record["held_out_slides"] = setup.held_out;
-  Progress::note("train", record);
-  for (auto& warning : record["warnings"]) Progress::note("train", {{"warning", warning}});
+  report("train", record);
+  for (auto& warning : record["warnings"]) report("train", {{"warning", warning}});
 }
 
 Setup prepare(const TrainOptions& options) {
@@ -101,15 +112,18 @@ Setup prepare(const TrainOptions& options) {
   } else {
     job.model = load_model_description(options.model, classes, options.width);
   }
-  job.graph = expand_presets(job.model);
-  // uint8 RGB as loaded becomes the layer the model reads as "input".
+  job.graph = job.start_path.empty() ? expand_presets(job.model)
+                                     : check_model_description(job.model, job.start_path + " (attribute 'model')");
+  // uint8 pixels as loaded (RGB, or a multiplex slide's channels) become the layer the model reads as "input".
   job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   int64_t n = options.batch;
-  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), 3}, DType::u8},
+  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), setup.source->channels()}, DType::u8},
                 {"labels", {n}, DType::u32},
                 {"valid", {1}, DType::u32}};
+  job.settings = run_settings(options);
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
   job.report["split"] = split.report;
+  check_trainable(job, job.start_path.empty() ? options.model : job.start_path);
   return setup;
 }
 
@@ -141,7 +155,7 @@ class PatchFeed : public Feed {
 
 std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options) {
   Setup setup = prepare(options);
-  TrainingLoop loop(devices, options, std::move(setup.job));
+  TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   return loop.plans();
 }
@@ -150,7 +164,7 @@ void train(const std::vector<vk::Context*>& devices, const TrainOptions& options
   Setup setup = prepare(options);
   if (reporting.progress) report_split(setup);
   // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
-  TrainingLoop loop(devices, options, std::move(setup.job));
+  TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   data::LoaderOptions train_loading{static_cast<size_t>(options.batch), true, true, options.augment,
                                     options.seed, options.workers, 4};

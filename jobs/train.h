@@ -2,6 +2,7 @@
 // through the shared training loop (compute/trainer.h).
 #pragma once
 #include "compute/trainer.h"
+#include "jobs/train_options.h"
 
 namespace tessera {
 

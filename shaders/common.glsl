@@ -18,9 +18,12 @@
 #define ACT4 vec4
 #endif
 
-uint global_index() {
-  return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-}
+// A macro, not a function: gl_WorkGroupSize is the size a shader declares only after its
+// layout(local_size_x_id) line, and a function in this file, included before that line, was
+// compiled with the default size 1. A dispatch of more than 32768 workgroups (y > 1: 8.4M
+// elements at 256 a group) then had its rows overlap, two invocations racing on one element,
+// and left most elements out (an optimizer never updated most of a 128x262144 weight).
+#define global_index() (gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x)
 
 // A counter-based random number in [0, 1): the same (seed, stream, index) always gives the
 // same number, on every device, so dropout masks are recomputed in backward instead of stored.

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -42,20 +44,25 @@ Pipe make_pipe() {
   return {ends[0], moved};
 }
 
-// Reads everything available without blocking; closes and sets `fd` to -1 at end of file.
-void drain(int& fd, std::string& into) {
+// What one call reads from a pipe at most: a child that writes without end cannot keep the
+// sweep from its other children.
+constexpr size_t read_budget = size_t{4} << 20;
+
+// Reads what is available without blocking, up to `budget` bytes, handing each chunk to `take`;
+// closes and sets `fd` to -1 at end of file.
+template <class Take>
+void drain(int& fd, size_t budget, Take&& take) {
   char buffer[65536];
-  while (fd >= 0) {
-    ssize_t count = read(fd, buffer, sizeof buffer);
-    if (count > 0) into.append(buffer, static_cast<size_t>(count));
-    else if (count == 0) {
+  while (fd >= 0 && budget > 0) {
+    ssize_t count = read(fd, buffer, std::min(sizeof buffer, budget));
+    if (count > 0) {
+      budget -= static_cast<size_t>(count);
+      take(std::string_view(buffer, static_cast<size_t>(count)));
+    } else if (count == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
       close(fd);
       fd = -1;
-    } else if (errno == EINTR) continue;
-    else if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    else {
-      close(fd);
-      fd = -1;
+    } else if (errno != EINTR) {
+      return;
     }
   }
 }
@@ -94,6 +101,7 @@ ChildProcess::ChildProcess(const std::vector<std::string>& command, const Enviro
     // Only async-signal-safe calls from here on.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    setpgid(0, 0);
     dup2(null, STDIN_FILENO);
     dup2(output == Output::report ? report.write : null, STDOUT_FILENO);
     dup2(errors.write, STDERR_FILENO);
@@ -113,40 +121,80 @@ ChildProcess::ChildProcess(const std::vector<std::string>& command, const Enviro
     errno = fork_errno;
     system_error("fork");
   }
+  setpgid(pid_, pid_);  // as the child does: whichever runs first, signals reach the group
   report_fd_ = report.read;
   stderr_fd_ = errors.read;
+  exit_fd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
 }
 
 ChildProcess::~ChildProcess() {
-  if (report_fd_ >= 0) close(report_fd_);
-  if (stderr_fd_ >= 0) close(stderr_fd_);
+  for (int fd : {report_fd_, stderr_fd_, exit_fd_})
+    if (fd >= 0) close(fd);
+  // The group outlives its leader while a member lives, so its id is not reused meanwhile.
+  if (!group_killed_) kill(-pid_, SIGKILL);
   if (!reaped_) {
     kill(pid_, SIGKILL);
     waitpid(pid_, &wait_status_, 0);
   }
 }
 
-std::vector<std::string> ChildProcess::read_report() {
-  drain(report_fd_, report_buffer_);
-  std::vector<std::string> lines;
-  size_t start = 0, newline;
-  while ((newline = report_buffer_.find('\n', start)) != std::string::npos) {
-    lines.push_back(report_buffer_.substr(start, newline - start));
-    start = newline + 1;
+void ChildProcess::take_lines(std::vector<std::string>& lines) {
+  std::string_view chunk(report_buffer_);
+  std::string pending;
+  while (!chunk.empty()) {
+    size_t newline = chunk.find('\n');
+    if (skipping_line_) {
+      if (newline == std::string_view::npos) break;
+      skipping_line_ = false;
+      ++report_lines_;
+      chunk.remove_prefix(newline + 1);
+      continue;
+    }
+    std::string_view part = chunk.substr(0, newline);
+    if (pending.size() + part.size() > max_report_line) {
+      if (protocol_errors_.size() < 1024)
+        protocol_errors_ += "tessera sweep: report line " + std::to_string(report_lines_ + 1) +
+                            " is longer than " + std::to_string(max_report_line) +
+                            " bytes: a protocol error, skipped\n";
+      pending.clear();
+      if (newline == std::string_view::npos) {
+        skipping_line_ = true;
+        break;
+      }
+      ++report_lines_;
+      chunk.remove_prefix(newline + 1);
+      continue;
+    }
+    pending.append(part);
+    if (newline == std::string_view::npos) break;
+    lines.push_back(std::move(pending));
+    pending.clear();
+    ++report_lines_;
+    chunk.remove_prefix(newline + 1);
   }
-  report_buffer_.erase(0, start);
+  report_buffer_ = std::move(pending);
+}
+
+std::vector<std::string> ChildProcess::read_report() {
+  std::vector<std::string> lines;
+  drain(report_fd_, read_budget, [&](std::string_view chunk) {
+    report_buffer_.append(chunk);
+    take_lines(lines);
+  });
   // A last line without its newline counts once the child has closed the pipe.
-  if (report_fd_ < 0 && !report_buffer_.empty()) lines.push_back(std::exchange(report_buffer_, {}));
+  if (report_fd_ < 0 && !report_buffer_.empty() && !skipping_line_) lines.push_back(std::exchange(report_buffer_, {}));
   return lines;
 }
 
 void ChildProcess::read_stderr() {
-  drain(stderr_fd_, stderr_tail_);
-  if (stderr_tail_.size() > stderr_tail_bytes) stderr_tail_.erase(0, stderr_tail_.size() - stderr_tail_bytes);
+  drain(stderr_fd_, read_budget, [&](std::string_view chunk) {
+    stderr_tail_.append(chunk);
+    if (stderr_tail_.size() > stderr_tail_bytes) stderr_tail_.erase(0, stderr_tail_.size() - stderr_tail_bytes);
+  });
 }
 
 void ChildProcess::send(int signal) const {
-  if (!reaped_) kill(pid_, signal);
+  if (kill(-pid_, signal) != 0 && !reaped_) kill(pid_, signal);
 }
 
 bool ChildProcess::try_reap() {
@@ -154,6 +202,19 @@ bool ChildProcess::try_reap() {
   pid_t result = waitpid(pid_, &wait_status_, WNOHANG);
   reaped_ = result == pid_;
   return reaped_;
+}
+
+std::vector<std::string> ChildProcess::finish_output() {
+  kill(-pid_, SIGKILL);
+  group_killed_ = true;
+  // What the child wrote before it exited is in the pipes; a process that left the group and
+  // writes on is cut off after one bounded read.
+  std::vector<std::string> lines = read_report();
+  read_stderr();
+  for (int* fd : {&report_fd_, &stderr_fd_})
+    if (*fd >= 0) close(std::exchange(*fd, -1));
+  if (!report_buffer_.empty() && !skipping_line_) lines.push_back(std::exchange(report_buffer_, {}));
+  return lines;
 }
 
 void ChildProcess::wait() {
@@ -167,13 +228,14 @@ void ChildProcess::wait() {
 CapturedRun run_captured(const std::vector<std::string>& command, const Environment& environment) {
   ChildProcess child(command, environment, ChildProcess::Output::report);
   CapturedRun run;
-  while (child.report_fd() >= 0 || child.stderr_fd() >= 0) {
-    pollfd fds[2] = {{child.report_fd(), POLLIN, 0}, {child.stderr_fd(), POLLIN, 0}};
-    poll(fds, 2, -1);
+  while (!child.try_reap()) {
+    pollfd fds[3] = {{child.report_fd(), POLLIN, 0}, {child.stderr_fd(), POLLIN, 0}, {child.exit_fd(), POLLIN, 0}};
+    // Without a pidfd, look for the child's exit every 100 ms.
+    poll(fds, 3, child.exit_fd() >= 0 ? -1 : 100);
     for (auto& line : child.read_report()) run.output += line + "\n";
     child.read_stderr();
   }
-  child.wait();
+  for (auto& line : child.finish_output()) run.output += line + "\n";
   run.wait_status = child.wait_status();
   run.errors = child.stderr_tail();
   return run;

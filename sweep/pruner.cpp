@@ -1,7 +1,10 @@
 #include "sweep/pruner.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <optional>
+#include <unordered_map>
 
 #include "common/error.h"
 
@@ -9,16 +12,12 @@ namespace tessera::sweep {
 
 namespace {
 
-std::optional<double> value_at(const Trial& trial, int64_t step) {
-  for (auto& [s, v] : trial.intermediate())
-    if (s == step) return v;
-  return std::nullopt;
-}
-
 class MedianPruner : public Pruner {
  public:
   MedianPruner(Direction direction, MedianOptions options) : direction_(direction), options_(options) {}
 
+  // Asked on every report line: the trial's best so far and the others' values by step are
+  // kept up to date as lines come, so that a long report costs no more per line than a short one.
   bool should_prune(const Trial& trial, const std::vector<Trial>& trials) const override {
     if (trial.intermediate().empty()) return false;
     int64_t step = trial.intermediate().back().first;
@@ -28,21 +27,49 @@ class MedianPruner : public Pruner {
     for (auto& other : trials) {
       if (other.state != TrialState::complete || other.number == trial.number) continue;
       ++complete;
-      if (auto v = value_at(other, step)) others.push_back(*v);
+      auto& values = view(other).first_at;
+      if (auto found = values.find(step); found != values.end()) others.push_back(found->second);
     }
     if (complete < options_.startup_trials || others.empty()) return false;
     std::sort(others.begin(), others.end());
     size_t half = others.size() / 2;
     double median = others.size() % 2 ? others[half] : 0.5 * (others[half - 1] + others[half]);
-    double best = trial.intermediate().front().second;
-    for (auto& [s, v] : trial.intermediate())
-      if (better(direction_, v, best)) best = v;
-    return better(direction_, median, best);
+    return better(direction_, median, view(trial).best);
   }
 
  private:
+  // What the pruner knows of a trial's latest attempt: the first value at each step, its best
+  // value, how many values it has taken in and the last of them (values are appended; any other
+  // change starts the view again).
+  struct View {
+    size_t attempts = 0, taken = 0;
+    std::unordered_map<int64_t, double> first_at;
+    double best = 0;
+    std::pair<int64_t, double> last;
+  };
+
+  static bool same(std::pair<int64_t, double> a, std::pair<int64_t, double> b) {
+    return a.first == b.first && (a.second == b.second || (std::isnan(a.second) && std::isnan(b.second)));
+  }
+
+  const View& view(const Trial& trial) const {
+    View& known = views_[trial.number];
+    const auto& values = trial.intermediate();
+    bool appended = known.attempts == trial.attempts.size() && known.taken <= values.size() &&
+                    (known.taken == 0 || same(values[known.taken - 1], known.last));
+    if (!appended) known = {trial.attempts.size()};
+    for (; known.taken < values.size(); ++known.taken) {
+      known.last = values[known.taken];
+      auto [step, value] = values[known.taken];
+      known.first_at.emplace(step, value);
+      if (known.taken == 0 || better(direction_, value, known.best)) known.best = value;
+    }
+    return known;
+  }
+
   Direction direction_;
   MedianOptions options_;
+  mutable std::map<int, View> views_;  // by trial number
 };
 
 class AshaPruner : public Pruner {

@@ -230,6 +230,40 @@ nlohmann::json from_internal(const Param& param, double internal) {
   return number;
 }
 
+bool holds(const Param& param, const nlohmann::json& value) {
+  if (param.distribution == Distribution::choice)
+    return std::find(param.choices.begin(), param.choices.end(), value) != param.choices.end();
+  if (!value.is_number() || (is_integer(param.distribution) && !value.is_number_integer())) return false;
+  double number = value.get<double>();
+  return number >= param.low && number <= param.high;
+}
+
+void check_stored_space(const SearchSpace& space, const std::string& study, const std::set<std::string>& allowed) {
+  for (const Param& param : space) {
+    std::string given = param.name + "=" + spec_text(param);
+    try {
+      parse_param(given);
+    } catch (const UsageError& e) {
+      throw BadInput(study + ": the study's search space holds a parameter the command line would refuse: " +
+                     e.what());
+    }
+    if (param.is_environment() && !allowed.count(param.target()))
+      throw UsageError(study + ": the study's search space sets " + param.target() +
+                       " in the environment of every trial (--param " + given +
+                       "); a run that takes the study's settings sets only the variables it is given: add "
+                       "--allow-env " + param.target() + " if you trust that setting, or give the whole command");
+  }
+}
+
+void check_trial_values(const SearchSpace& space, const nlohmann::json& params, const std::string& trial) {
+  for (const Param& param : space) {
+    const nlohmann::json value = params.contains(param.name) ? params[param.name] : nlohmann::json();
+    if (!holds(param, value))
+      throw BadInput(trial + " holds " + param.name + "=" + value.dump() + ", outside the study's search space (" +
+                     spec_text(param) + ")");
+  }
+}
+
 std::vector<nlohmann::json> grid_values(const Param& param) {
   if (param.distribution == Distribution::choice) return param.choices;
   if (!is_integer(param.distribution))

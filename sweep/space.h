@@ -4,6 +4,7 @@
 // An empty choice of an environment variable (env:TESSERA_FAULT=choice:,nan) leaves it unset.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,19 @@ std::pair<double, double> internal_bounds(const Param& param);
 double to_internal(const Param& param, const nlohmann::json& value);
 // Clamps into the bounds and rounds integers and choices.
 nlohmann::json from_internal(const Param& param, double internal);
+
+// True when `value` is one the parameter can take: one of its choices, or a number within its
+// bounds (a whole one for an integer distribution).
+bool holds(const Param& param, const nlohmann::json& value);
+
+// A search space a run takes from a study, which anyone who can write the study may have
+// edited, checked as --param is: a parameter the command line would refuse is BadInput naming
+// `study`; and since an env: parameter can load code into every trial (LD_PRELOAD), one whose
+// variable is not in `allowed` (--allow-env) is UsageError.
+void check_stored_space(const SearchSpace& space, const std::string& study, const std::set<std::string>& allowed);
+// Throws BadInput naming `trial` ("s.sqlite: trial 3") when one of its values is not one the
+// space holds.
+void check_trial_values(const SearchSpace& space, const nlohmann::json& params, const std::string& trial);
 
 // Every value of a choice or integer parameter; throws UsageError for a continuous one.
 std::vector<nlohmann::json> grid_values(const Param& param);

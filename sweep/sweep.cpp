@@ -17,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -26,6 +27,7 @@
 #include "common/progress.h"
 #include "sweep/child.h"
 #include "sweep/database.h"
+#include "sweep/process_scope.h"
 #include "sweep/pruner.h"
 #include "sweep/report.h"
 #include "sweep/sampler.h"
@@ -58,49 +60,6 @@ std::string worker_name() {
   return std::string(host) + "/" + std::to_string(getpid()) + "/" +
          std::to_string(static_cast<int64_t>(now_seconds() * 1000) % 100000000);
 }
-
-// SIGINT, SIGTERM and SIGHUP wake the run loop through a pipe; the sweep then stops its trials,
-// records them as interrupted, and ends with the signal.
-class StopSignals {
- public:
-  StopSignals() {
-    if (pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw Error(ExitCode::runtime_error, "pipe failed");
-    write_end_ = pipe_[1];
-    struct sigaction action {};
-    action.sa_handler = [](int signal) {
-      received_ = signal;
-      char byte = 0;
-      [[maybe_unused]] auto written = write(write_end_, &byte, 1);
-    };
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;  // the pipe wakes poll(); other calls carry on
-    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &action, &saved_[i]);
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &saved_[i], nullptr);
-    close(pipe_[0]);
-    close(pipe_[1]);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  int fd() const { return pipe_[0]; }
-  int received() const { return received_; }
-  // Ends the process with the signal, as if it had not been caught.
-  [[noreturn]] void die() {
-    int signal = received_;
-    for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &saved_[i], nullptr);
-    std::signal(signal, SIG_DFL);
-    raise(signal);
-    std::_Exit(128 + signal);
-  }
-
- private:
-  static constexpr std::array<int, 3> signals{SIGINT, SIGTERM, SIGHUP};
-  static inline volatile sig_atomic_t received_ = 0;
-  static inline int write_end_ = -1;
-  int pipe_[2] = {-1, -1};
-  std::array<struct sigaction, 3> saved_{};
-};
 
 // A trial running as a child process.
 struct Running {
@@ -174,6 +133,7 @@ class SweepRun {
       }
     } else {
       config_ = store_->study();
+      check_stored_space(config_.space, store_->name(), options_.allowed_environment);
       if (options_.config.target_trials > 0) config_.target_trials = options_.config.target_trials;
       prepare();
     }
@@ -271,6 +231,7 @@ class SweepRun {
   }
 
   Attempt start_attempt(Trial& trial) {
+    check_trial_values(config_.space, trial.params, store_->name() + ": trial " + std::to_string(trial.number));
     Attempt attempt;
     attempt.index = static_cast<int>(trial.attempts.size());
     std::tie(attempt.batch, attempt.accumulate) = initial_batch(trial);
@@ -295,6 +256,10 @@ class SweepRun {
     if (attempt.batch) set_flag(flags, "--batch", std::to_string(attempt.batch));
     if (attempt.accumulate) set_flag(flags, "--accumulate", std::to_string(attempt.accumulate));
     if (attempt.device_index >= 0) set_flag(flags, "--device", std::to_string(attempt.device_index));
+    // A later attempt of a trial starts it again over the checkpoint its earlier attempt left.
+    auto has = [&](const char* flag) { return std::find(flags.begin(), flags.end(), flag) != flags.end(); };
+    if (attempt.index > 0 && flag_value(flags, "--checkpoint") && !has("--resume") && !has("--overwrite"))
+      flags.emplace_back("--overwrite");
     if (!options_.in_process) set_flag(flags, "--report-fd", std::to_string(ChildProcess::report_descriptor));
     attempt.command = options_.tessera;
     attempt.command.push_back("train");
@@ -342,7 +307,8 @@ class SweepRun {
       auto value = objective_of(record);
       if (!value) return false;
       attempt.intermediate.emplace_back(field("step").get<int64_t>(), *value);
-      store_->record_intermediate(number, attempt);
+      unrecorded_.insert(number);
+      record_intermediate(number);
       return pruner_ && pruner_->should_prune(trial, trials_);
     }
     if (type == "final") {
@@ -352,6 +318,19 @@ class SweepRun {
       if (field("device").is_string()) attempt.device = field("device").get<std::string>();
     }
     return false;
+  }
+
+  // Writes a trial's new intermediate values to the study, at most every record_interval
+  // (finish() writes them all with the attempt): each write holds every value so far, so
+  // writing each line as it came would make a long report quadratic.
+  void record_intermediate(int number) {
+    if (!unrecorded_.count(number)) return;
+    auto time = Clock::now();
+    auto last = recorded_at_.find(number);
+    if (last != recorded_at_.end() && time < last->second + record_interval) return;
+    unrecorded_.erase(number);
+    recorded_at_[number] = time;
+    store_->record_intermediate(number, trials_[static_cast<size_t>(number)].attempts.back());
   }
 
   // A final report without the objective is a failed trial (every trial would fail the same
@@ -391,6 +370,8 @@ class SweepRun {
     attempt.finished = now_seconds();
     attempt.sweep_rss_bytes = resident_bytes();
     bool retry = smaller_batch(attempt).has_value();
+    unrecorded_.erase(number);  // the attempt's record below holds them all
+    recorded_at_.erase(number);
     trial.state = retry ? TrialState::running : state;
     trial.value = state == TrialState::complete ? attempt.value : std::nullopt;
     if (!store_->finish_attempt(number, attempt, trial.state, trial.value)) {
@@ -479,17 +460,18 @@ class SweepRun {
         std::chrono::duration<double>(std::min(options_.heartbeat_grace / 4, 10.0)));
   }
 
-  // Sleeps until a child has output, a deadline or the next heartbeat comes, an exited child can
-  // be reaped, or a stop signal arrives.
-  void wait_for_children(const std::vector<Running>& running) const {
+  // Sleeps until a child has output or has exited, a deadline or the next heartbeat comes, a
+  // trial's intermediate values are due in the study, or a stop signal arrives.
+  void wait_for_children(const std::vector<Running>& running) {
     std::vector<pollfd> fds = {{signals_->fd(), POLLIN, 0}};
     auto now = Clock::now();
     auto wake = next_beat_;
     for (auto& r : running) {
-      if (r.child->report_fd() >= 0) fds.push_back({r.child->report_fd(), POLLIN, 0});
-      if (r.child->stderr_fd() >= 0) fds.push_back({r.child->stderr_fd(), POLLIN, 0});
-      // Pipes closed: the child is exiting; look again shortly.
-      if (r.child->report_fd() < 0 && r.child->stderr_fd() < 0) wake = std::min(wake, now + std::chrono::milliseconds(2));
+      for (int fd : {r.child->report_fd(), r.child->stderr_fd(), r.child->exit_fd()})
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      // Without a pidfd the child's exit wakes nothing: look again shortly.
+      if (r.child->exit_fd() < 0) wake = std::min(wake, now + std::chrono::milliseconds(100));
+      if (unrecorded_.count(r.number)) wake = std::min(wake, recorded_at_[r.number] + record_interval);
       wake = std::min({wake, r.stop == Running::Stop::none ? r.deadline : Clock::time_point::max(), r.kill_at});
     }
     auto timeout_ms = static_cast<int>(std::max<int64_t>(
@@ -497,10 +479,10 @@ class SweepRun {
     poll(fds.data(), fds.size(), timeout_ms);
   }
 
-  // Reads a child's output and acts on it; returns true once its trial is finished.
+  // Reads a child's output and acts on it; returns true once its trial is finished. A trial
+  // ends when its child exits, not when its pipes close: a grandchild may hold them open.
   bool service(Running& r) {
-    for (auto& line : r.child->read_report())
-      if (take_report(r.number, line, r.final_seen) && r.stop == Running::Stop::none) stop(r, Running::Stop::pruned);
+    take_reports(r, r.child->read_report());
     r.child->read_stderr();
     auto now = Clock::now();
     if (r.stop == Running::Stop::none && now >= r.deadline) stop(r, Running::Stop::timeout);
@@ -508,14 +490,21 @@ class SweepRun {
       r.child->send(SIGKILL);
       r.kill_at = Clock::time_point::max();
     }
-    if (r.child->report_fd() >= 0 || r.child->stderr_fd() >= 0 || !r.child->try_reap()) return false;
+    record_intermediate(r.number);
+    if (!r.child->try_reap()) return false;
+    take_reports(r, r.child->finish_output());
     int status = r.child->wait_status();
     std::optional<int> exit_code, signal;
     if (WIFEXITED(status)) exit_code = WEXITSTATUS(status);
     else if (WIFSIGNALED(status)) signal = WTERMSIG(status);
     finish(r.number, state_of(r.stop, exit_code, r.final_seen, current_value(r.number)), exit_code, signal,
-           r.child->stderr_tail(), r.final_seen);
+           r.child->protocol_errors() + r.child->stderr_tail(), r.final_seen);
     return true;
+  }
+
+  void take_reports(Running& r, const std::vector<std::string>& lines) {
+    for (auto& line : lines)
+      if (take_report(r.number, line, r.final_seen) && r.stop == Running::Stop::none) stop(r, Running::Stop::pruned);
   }
 
   void stop(Running& r, Running::Stop why) {
@@ -554,69 +543,6 @@ class SweepRun {
     }
   }
 
-  // Sets (or, when empty, removes) variables for a trial in this process and puts the old
-  // values back afterwards.
-  class ScopedEnvironment {
-   public:
-    explicit ScopedEnvironment(const Environment& variables) {
-      for (auto& [name, value] : variables) {
-        const char* old = std::getenv(name.c_str());
-        saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
-        if (value.empty()) unsetenv(name.c_str());
-        else setenv(name.c_str(), value.c_str(), 1);
-      }
-    }
-    ~ScopedEnvironment() {
-      for (auto& [name, old] : saved_) {
-        if (old) setenv(name.c_str(), old->c_str(), 1);
-        else unsetenv(name.c_str());
-      }
-    }
-    ScopedEnvironment(const ScopedEnvironment&) = delete;
-    ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
-   private:
-    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-  };
-
-  // Sends this process's stderr to a temporary file for the length of a trial.
-  class StderrCapture {
-   public:
-    StderrCapture() : file_(std::tmpfile()) {
-      std::fflush(stderr);
-      saved_ = dup(STDERR_FILENO);
-      if (file_) dup2(fileno(file_), STDERR_FILENO);
-    }
-    ~StderrCapture() {
-      restore();
-      if (file_) std::fclose(file_);
-    }
-    StderrCapture(const StderrCapture&) = delete;
-    StderrCapture& operator=(const StderrCapture&) = delete;
-    std::string tail() {
-      restore();
-      if (!file_) return {};
-      std::fseek(file_, 0, SEEK_END);
-      long size = std::ftell(file_);
-      long start = std::max<long>(0, size - static_cast<long>(ChildProcess::stderr_tail_bytes));
-      std::fseek(file_, start, SEEK_SET);
-      std::string text(static_cast<size_t>(size - start), '\0');
-      text.resize(std::fread(text.data(), 1, text.size(), file_));
-      return text;
-    }
-
-   private:
-    void restore() {
-      if (saved_ < 0) return;
-      std::fflush(stderr);
-      dup2(saved_, STDERR_FILENO);
-      close(saved_);
-      saved_ = -1;
-    }
-    std::FILE* file_;
-    int saved_ = -1;
-  };
-
   const SweepOptions& options_;
   StudyConfig config_;
   std::unique_ptr<StudyStore> store_;
@@ -624,6 +550,11 @@ class SweepRun {
   std::unique_ptr<Pruner> pruner_;
   std::vector<Trial> trials_;  // the whole study, as of this worker's last claim
   std::set<int> mine_;         // the trials this worker runs
+  // Trials whose latest intermediate values are not in the study yet, and when each was last
+  // written there.
+  static constexpr Clock::duration record_interval = std::chrono::seconds(1);
+  std::set<int> unrecorded_;
+  std::map<int, Clock::time_point> recorded_at_;
   std::deque<int> rerun_;
   const std::string worker_ = worker_name();
   StopSignals* signals_ = nullptr;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct SweepOptions {
   // False: take the study's settings (--resume alone); only target_trials counts (0: the study's).
   bool settings_given = true;
   bool resume = false;  // the study must exist
+  // Variables the study's stored search space may set in trials' environments (--allow-env):
+  // the space a run takes from the study (settings_given false) is checked as the command line
+  // is, and an env: parameter it did not give is refused unless named here.
+  std::set<std::string> allowed_environment;
   TrainFlags train;     // train's flags, from the code that defines them
   // A running trial whose worker has not beaten for this long is interrupted and run again.
   double heartbeat_grace = 60;

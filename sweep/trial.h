@@ -12,7 +12,7 @@
 
 namespace tessera::sweep {
 
-// ARCHITECTURE.md, "Study": the states a trial or one of its attempts ends in; `interrupted`
+// docs/architecture.md, "Formats", Study: the states a trial or one of its attempts ends in; `interrupted`
 // marks an attempt that was running when its sweep was stopped, died, or stopped beating (its
 // trial is run again).
 enum class TrialState { running, complete, pruned, oom, diverged, crashed, timeout, failed, interrupted };

@@ -1,5 +1,5 @@
 """Shared helpers of the tests/test_data_*.py scripts: run tessera, read a tile store with
-python3-lmdb and nothing of tessera's (an independent reader of the format in ARCHITECTURE.md)."""
+python3-lmdb and nothing of tessera's (an independent reader of the format in docs/architecture.md)."""
 import io
 import json
 import os
@@ -40,6 +40,14 @@ def run_with_report(binary, args, check=True, env=None):
 def summary(result):
     """The JSON summary a command prints as its last stdout line."""
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def patch_task(path, count, size, seed=1):
+    """A PCam-layout patch file from tools/make_patch_task.py."""
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "make_patch_task.py")
+    subprocess.run(["/usr/bin/python3", tool, "--out", str(path), "--count", str(count), "--size", str(size),
+                    "--seed", str(seed)], check=True, capture_output=True)
+    return path
 
 
 def synth(binary, path, width, height, seed, *flags):

@@ -81,3 +81,24 @@ def test_forward_propagates_nan_like_pytorch(tmp_path, model):
         logits = f["logits"][()]
     assert np.isfinite(logits[0]).all()
     assert np.isnan(logits[1]).all()
+
+
+@pytest.mark.parametrize("command", ["forward", "extract"])
+def test_plan_over_the_memory_limit_is_exit_3_before_any_work(tmp_path, command):
+    """The inference path checks its plan against --device-memory-limit before it allocates,
+    tiles or writes anything, naming the plan and the budget."""
+    if command == "forward":
+        write_images(tmp_path / "images.h5", np.zeros((4, 3, 64, 64), np.float32))
+        args = ["forward", "--input", str(tmp_path / "images.h5"), "--output", str(tmp_path / "out")]
+    else:
+        slide = tmp_path / "slide.tiff"
+        synth = tessera("synth", str(slide), "--width", "512", "--height", "512", "--seed", "3")
+        assert synth.returncode == 0, synth.stderr
+        args = ["extract", "--layer", "layer3", "--slides", str(slide), "--size", "64", "--out", str(tmp_path / "out")]
+    result = tessera(*args, "--model", "resnet18", "--random-weights", "--device-memory-limit", "4MiB")
+    assert result.returncode == 3, result.stderr
+    assert "the run needs" in result.stderr and "the budget is 4.0 MiB" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists(), os.listdir(tmp_path)
+    # Within the limit the same command runs.
+    result = tessera(*args, "--model", "resnet18", "--random-weights", "--device-memory-limit", "1GiB")
+    assert result.returncode == 0, result.stderr

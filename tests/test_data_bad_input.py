@@ -1,4 +1,4 @@
-"""Bad input to `tessera tile` and `tessera synth`: the exit codes of ARCHITECTURE.md (5 bad
+"""Bad input to `tessera tile` and `tessera synth`: the exit codes of docs/architecture.md (5 bad
 input, 2 bad usage) and messages that name the file, the tile or the flag."""
 import json
 import os
@@ -55,14 +55,22 @@ def main(binary):
     expect(run(binary, "tile", truncated, "--out", store, check=False), 5, "truncated.tiff")
 
 
-    # Fluorescence: tissue glowing on a dark background is refused, not taken for all tissue.
+    # Fluorescence: tissue glowing on a dark background is found as fluorescence, not taken for
+    # all tissue: the tiles kept are those of the glowing square [200, 700) x [300, 800) (128 px).
     fluorescence = os.path.join(work, "fluorescence.png")
     glow = Image.new("RGB", (1024, 1024), (4, 6, 8))
     for x in range(200, 700, 3):
         for y in range(300, 800, 3):
             glow.putpixel((x, y), (20, 220, 60))
     glow.save(fluorescence)
-    expect(run(binary, "tile", fluorescence, "--out", store, check=False), 5, "fluorescence.png: most of the slide is dark")
+    glowing = os.path.join(work, "glow.lmdb")
+    entry = summary(run(binary, "tile", fluorescence, "--out", glowing, "--size", 128))["slides"][0]
+    assert entry["tissue"]["stain"] == "fluorescence", entry
+    tiles, _ = read_store(glowing)
+    kept = {(key[2], key[3]) for key in tiles}
+    inside = {(r, c) for r in range(2, 6) for c in range(2, 5)}  # wholly in the square
+    edge = {(r, c) for r in range(2, 6) for c in (1, 5)}  # 44% and 47% in it: within a mask pixel of half
+    assert inside <= kept <= inside | edge, sorted(kept)
 
     geojson = os.path.join(work, "broken.geojson")
     with open(geojson, "w") as f:
@@ -74,7 +82,7 @@ def main(binary):
         json.dump({"type": "FeatureCollection", "features": [{"type": "Feature", "properties": {
             "classification": {"name": "Tumor"}}, "geometry": {"type": "Point", "coordinates": [1, 2]}}]}, f)
     expect(run(binary, "tile", slide, "--out", store, "--labels", not_geojson, check=False), 5,
-           "points.geojson: feature 0: geometry type 'Point'")
+           "points.geojson: 1 feature: 0 polygons, 1 point or line (not areas, unused); none is Tumor")
 
     # Labels that do not fit the slide: another slide's mask (given in the wrong order), GeoJSON
     # beside the slide, mask values that are not classes.
@@ -91,7 +99,7 @@ def main(binary):
     with open(beside, "w") as f:
         json.dump(document, f)
     expect(run(binary, "tile", slide, "--out", store, "--labels", beside, check=False), 5,
-           "beside.geojson: labels no tile", "--allow-empty-labels")
+           "beside.geojson: 1 feature", "spanning x", "of the slide's 2048x2048: none of them lies on the slide")
     assert not read_store(store)[0], "no tile written"
     mask = Image.open(os.path.join(work, "slide.mask.tiff"))
     description = mask.tag_v2[270]

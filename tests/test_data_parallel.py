@@ -77,7 +77,7 @@ def params(path):
 def train(work, name, *flags, mpi=0, env=None):
     checkpoint = os.path.join(work, name + ".h5")
     result = run([TESSERA, "train", "--data", os.path.join(work, "task.h5"), *COMMON, *flags,
-                  "--checkpoint", checkpoint], mpi=mpi, env=env)
+                  "--checkpoint", checkpoint, "--overwrite"], mpi=mpi, env=env)
     records = epochs(result.stderr)
     assert [r["epoch"] for r in records] == [1, 2], result.stderr[-3000:]
     return records, params(checkpoint)
@@ -276,9 +276,12 @@ def test_flags_and_plans():
     plans = run([TESSERA, *data, "--devices", "0,0", "--batch", 33, "--dry-run"])
     lines = [json.loads(line) for line in plans.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 2 and all(line["fits"] for line in lines), plans.stdout
-    # The first device also stages whole batches; both hold a gradient exchange buffer.
+    # The first device takes 17 samples of 33 and also stages whole batches; both hold a gradient
+    # exchange buffer. On a discrete GPU (two heaps) those two are host memory, which a device's
+    # plan leaves out.
     assert lines[0]["total_bytes"] > lines[1]["total_bytes"] > 0
-    assert all(line["bytes"]["gradient exchange"] > 0 for line in lines)
+    one_heap = len(json.loads(run([TESSERA, "info", "--json"]).stdout)["devices"][0]["heaps"]) == 1
+    assert all((line["bytes"]["gradient exchange"] > 0) == one_heap for line in lines), lines
     small = run([TESSERA, *data, "--devices", "0,0", "--dry-run", "--device-memory-limit", "64KiB"], check=False)
     assert small.returncode == 3, small.stderr
 

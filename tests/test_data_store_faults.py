@@ -25,7 +25,10 @@ def expect(result, code, *words):
 
 
 def holds_flock(pid, path):
-    """Whether process `pid` holds a flock on `path` (from /proc/locks, without taking the lock)."""
+    """Whether process `pid` holds a flock on `path` (from /proc/locks, without taking the lock); the
+    lock file exists only while a run holds it."""
+    if not os.path.exists(path):
+        return False
     inode = os.stat(path).st_ino
     with open("/proc/locks") as f:
         for line in f:
@@ -97,7 +100,7 @@ def main(binary):
     blocker = env.begin(write=True)
     writer = subprocess.Popen([binary, "tile", second, "--out", shared, *TILE_FLAGS], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    lock = os.path.join(shared, "tessera.lock")
+    lock = os.path.join(work, ".shared.lmdb.lock")
     while not holds_flock(writer.pid, lock):
         assert writer.poll() is None, writer.communicate()
         time.sleep(0.01)

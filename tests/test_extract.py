@@ -45,11 +45,6 @@ def reference_features(model, images):
         return x.mean(dim=(2, 3)).numpy()
 
 
-def text(attribute):
-    """A fixed-length string attribute, which h5py reads as bytes."""
-    return attribute.decode() if isinstance(attribute, bytes) else attribute
-
-
 def read_features(path):
     with h5py.File(path, "r") as f:
         return f["features"][:], f["coords"][:], dict(f["coords"].attrs), dict(f["features"].attrs)
@@ -60,6 +55,26 @@ def extract(store, out, *flags, check=True):
                  check=check)
     assert "vulkan validation" not in result.stderr, result.stderr
     return result
+
+
+def check_clam_and_trident_attributes(coords, features, entry, name):
+    """Every attribute under the name, type and dataset CLAM's and TRIDENT's readers use (read
+    from their source: CLAM wsi_core/WholeSlideImage.py process_contour, TRIDENT trident/IO.py
+    coords_to_h5 and wsi_objects/WSI.py extract_features); strings come back as str, not bytes."""
+    for attrs, key in [(coords, "name"), (coords, "save_path"), (coords, "savetodir"), (features, "name"),
+                       (features, "savetodir"), (features, "encoder"), (features, "pooling")]:
+        assert type(attrs[key]) is str, (key, type(attrs[key]))
+    integer = lambda value: np.asarray(value).dtype == np.int64 and np.asarray(value).shape == ()
+    # CLAM
+    assert list(coords["downsampled_level_dim"]) == [entry["level_width"], entry["level_height"]], coords
+    assert np.asarray(coords["downsampled_level_dim"]).dtype == np.int64
+    assert coords["save_path"] == "." and coords["savetodir"] == "." and features["savetodir"] == ".", coords
+    # TRIDENT: the synthetic slides are 0.25 um/px, TRIDENT's 40x; tiles at level 0 are read at 40x.
+    for key, value in [("patch_size", SIZE), ("patch_size_level0", SIZE), ("level0_magnification", 40),
+                       ("target_magnification", 40), ("overlap", 0), ("level0_width", entry["width"]),
+                       ("level0_height", entry["height"])]:
+        assert integer(coords[key]) and coords[key] == value, (key, coords[key])
+    assert features["name"] == name and features["encoder"] == MODEL + ":pool2", features
 
 
 def check_layout_coords_and_features(store, tiles, slides, model):
@@ -77,8 +92,9 @@ def check_layout_coords_and_features(store, tiles, slides, model):
         assert coords.tolist() == [[v["x"], v["y"]] for v in values], name
         assert coord_attrs["patch_size"] == SIZE and coord_attrs["patch_level"] == 0, coord_attrs
         assert list(coord_attrs["level_dim"]) == [entry["level_width"], entry["level_height"]], coord_attrs
-        assert list(coord_attrs["downsample"]) == [1.0, 1.0] and text(coord_attrs["name"]) == name, coord_attrs
-        assert text(feature_attrs["pooling"]) == "global_average", feature_attrs
+        assert list(coord_attrs["downsample"]) == [1.0, 1.0] and coord_attrs["name"] == name, coord_attrs
+        assert feature_attrs["pooling"] == "global_average", feature_attrs
+        check_clam_and_trident_attributes(coord_attrs, feature_attrs, entry, name)
         images = np.stack([np.asarray(v["image"]) for v in values])
         expected = reference_features(model, images)
         np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-4, err_msg=name)

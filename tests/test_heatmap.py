@@ -1,10 +1,12 @@
 """tessera heatmap: a synthetic slide, a feature file on its tile grid (h5py) whose tiles inside
-the slide's tumour polygons are shifted along one direction, and an attention head trained on
-it among synthetic bags. The PNG has the thumbnail's size, and the colour map over tumour tiles
-differs from that over normal tiles (viridis: yellow-green for high attention, purple for low);
-a mean head's scores lie in [0, 1].
-Bad input exits 5 and names the file: a missing feature file, a truncated checkpoint, coords
-outside the slide (named with the slide)."""
+the slide's tumour polygons are shifted from the normal tiles' cluster, and an attention head trained on
+it among synthetic bags. Each tile's colour is viridis at the head's probability of "tumor" for
+that tile alone (computed here from the checkpoint's parameters), on the fixed 0..1 scale; the
+legend band under the thumbnail holds the colour bar from viridis(0) to viridis(1) and its text.
+A tumour-free synthetic slide is dark under the fixed scale and has a bright spot only under
+--scale slide. Bad input exits 5 and names the file: a missing feature file, a truncated
+checkpoint, coords outside the slide, and the features of another slide (by the name and size
+the feature file records), named with the slide."""
 import json
 import os
 import shutil
@@ -21,6 +23,9 @@ from data_tools import tumour_polygons
 TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
     "TESSERA_BINARY", "build/tools/tessera")
 SIZE, TILE, WIDTH, BAGS = 2048, 128, 16, 24
+# matplotlib's viridis at nine even steps (the colour map the legend names).
+VIRIDIS = np.array([[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141], [39, 173, 129],
+                    [92, 200, 99], [170, 220, 50], [253, 231, 37]], dtype=np.float64)
 
 
 def run(args):
@@ -46,26 +51,53 @@ def inside(points, ring):
     return np.sum(crosses & (x < at), axis=1) % 2 == 1
 
 
-def attention_logits(checkpoint, features_path):
-    """The attention head's logit per tile, in float64 from the checkpoint's parameters."""
+def viridis(position):
+    at = np.clip(position, 0, 1) * 8
+    low = np.minimum(at.astype(int), 7)
+    t = (at - low)[..., None]
+    return VIRIDIS[low] + t * (VIRIDIS[low + 1] - VIRIDIS[low])
+
+
+def tumour_probability(checkpoint, features_path):
+    """The head's probability of its last class for each tile alone, in float64 from the checkpoint."""
     with h5py.File(checkpoint, "r") as f:
-        p = {name: f["params"][name][()].astype(np.float64) for name in f["params"]}
+        weight, bias = f["params/classifier.weight"][()].astype(np.float64), f["params/classifier.bias"][()]
     with h5py.File(features_path, "r") as f:
         x = f["features"][()].astype(np.float64)
-    v = np.tanh(x @ p["attention_V.weight"].T + p["attention_V.bias"])
-    u = 1 / (1 + np.exp(-(x @ p["attention_U.weight"].T + p["attention_U.bias"])))
-    return ((v * u) @ p["attention_w.weight"].T + p["attention_w.bias"])[:, 0]
+    logits = x @ weight.T + bias
+    logits -= logits.max(axis=1, keepdims=True)
+    return (np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True))[:, -1]
 
 
-def write_features(path, features, coords, patch_size=TILE):
+def tile_means(image, coords, scale):
+    """Each tile's mean colour over its inner pixels of the thumbnail."""
+    return np.array([image[int(y * scale) + 2:int((y + TILE) * scale) - 2,
+                           int(x * scale) + 2:int((x + TILE) * scale) - 2].reshape(-1, 3).mean(axis=0)
+                     for x, y in coords])
+
+
+def check_legend(image, height):
+    """Under the thumbnail: text (black pixels), then the colour bar from viridis(0) to viridis(1)."""
+    band = image[height:]
+    assert band.shape[0] >= 30, band.shape
+    black = np.all(band < 30, axis=2)
+    assert black[:12].sum() > 50, "no legend text"
+    rows = [r for r in range(band.shape[0]) if np.abs(band[r, 8] - VIRIDIS[0]).max() <= 3]
+    assert rows, "no colour bar"
+    bar = band[rows[0] + 1]
+    assert np.abs(bar[band.shape[1] - 5] - VIRIDIS[-1]).max() <= 6, bar[-5]
+    assert np.all(np.diff(bar[8:band.shape[1] - 5, 1]) >= -1), "the bar's green must rise"
+
+
+def write_features(path, features, coords, patch_size=TILE, name="s", level_dim=(SIZE, SIZE)):
     with h5py.File(path, "w") as f:
         f["features"] = features.astype(np.float32)
         f["coords"] = coords.astype(np.int64)
         f["coords"].attrs["patch_size"] = patch_size
         f["coords"].attrs["patch_level"] = 0
         f["coords"].attrs["downsample"] = np.array([1.0, 1.0])
-        f["coords"].attrs["level_dim"] = np.array([SIZE, SIZE])
-        f["coords"].attrs["name"] = "s"
+        f["coords"].attrs["level_dim"] = np.array(level_dim)
+        f["coords"].attrs["name"] = name
 
 
 def main():
@@ -83,19 +115,23 @@ def main():
             tumour |= inside(centres, ring)
         assert 4 <= tumour.sum() < len(coords) // 2, tumour.sum()
 
+        # Features of like tiles cluster, as a CNN's do: normal tiles spread around one point,
+        # tumour tiles shifted from it along one direction.
         generator = np.random.default_rng(5)
         direction = generator.normal(size=WIDTH)
         direction /= np.linalg.norm(direction)
+        centre = generator.normal(size=WIDTH)
+        normal = lambda count: centre + 0.3 * generator.normal(size=(count, WIDTH))
         features_dir = os.path.join(work, "features")
         os.makedirs(features_dir)
-        slide_features = generator.normal(size=(len(coords), WIDTH))
+        slide_features = normal(len(coords))
         slide_features[tumour] += 4.0 * direction
         slide_file = os.path.join(features_dir, "s.h5")
         write_features(slide_file, slide_features, coords)
         rows = ["slide,label", "s,tumor"]
         for b in range(BAGS):
             count = int(generator.integers(20, 81))
-            bag = generator.normal(size=(count, WIDTH))
+            bag = normal(count)
             if b % 2:
                 bag[generator.choice(count, size=int(generator.integers(3, 7)), replace=False)] += 4.0 * direction
             write_features(os.path.join(features_dir, f"bag{b:02d}.h5"), bag, np.zeros((count, 2)))
@@ -105,49 +141,41 @@ def main():
             f.write("\n".join(rows) + "\n")
 
         model = os.path.join(work, "attention.h5")
-        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "attention", "--epochs", 15,
+        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "attention", "--epochs", 30,
                        "--optimizer", "adam", "--lr", "0.002", "--seed", 1, "--val-fraction", 0,
                        "--checkpoint", model])
         assert process.returncode == 0, process.stderr
 
-        def heatmap(out, alpha, features=slide_file, checkpoint=model):
-            return run(["heatmap", "--features", features, "--model", checkpoint, "--slide", slide, "--out", out,
-                        "--max-size", 512, "--alpha", alpha])
+        def heatmap(out, alpha, features=slide_file, checkpoint=model, on=slide, *flags):
+            return run(["heatmap", "--features", features, "--model", checkpoint, "--slide", on, "--out", out,
+                        "--max-size", 512, "--alpha", alpha, *flags])
 
         painted, plain = os.path.join(work, "heat.png"), os.path.join(work, "plain.png")
         process = heatmap(painted, 0.5)
         assert process.returncode == 0, process.stderr
         summary = json.loads(process.stdout.strip().splitlines()[-1])
         assert summary["tiles"] == len(coords), summary
+        assert summary["colour_map"] == "viridis" and summary["scale"] == "fixed", summary
+        assert summary["scale_range"] == [0, 1] and summary["score"] == "probability of class 'tumor'", summary
         assert heatmap(plain, 0.0).returncode == 0
 
         image = np.asarray(Image.open(painted).convert("RGB"), dtype=np.float64)
         base = np.asarray(Image.open(plain).convert("RGB"), dtype=np.float64)
-        assert image.shape == (512, 512, 3) and base.shape == image.shape, (image.shape, base.shape)
-        assert (summary["width"], summary["height"]) == (512, 512), summary
+        assert summary["thumbnail"] == [512, 512], summary
+        assert image.shape == (512 + summary["legend_height"], 512, 3) and base.shape == image.shape, image.shape
+        check_legend(image.astype(np.uint8), 512)
 
-        # What the colour map added, averaged over tumour and over normal tiles (their inner pixels).
+        # Each tile: (1 - alpha) * thumbnail + alpha * viridis(p), p the head's probability of "tumor"
+        # for that tile alone, computed here from the checkpoint's parameters.
         scale = 512 / SIZE
-        masks = {True: np.zeros((512, 512), dtype=bool), False: np.zeros((512, 512), dtype=bool)}
-        for (x, y), is_tumour in zip(coords, tumour):
-            x0, y0 = int(x * scale) + 2, int(y * scale) + 2
-            masks[bool(is_tumour)][y0:y0 + int(TILE * scale) - 4, x0:x0 + int(TILE * scale) - 4] = True
-        overlay = image - 0.5 * base
-        high, low = overlay[masks[True]].mean(axis=0), overlay[masks[False]].mean(axis=0)
-        print(f"colour map over tumour tiles {np.round(high, 1)}, over normal tiles {np.round(low, 1)}")
-        # Viridis: high scores are yellow-green (more green, less blue) than low scores' purple.
-        assert high[1] - low[1] > 25 and low[2] - high[2] > 5, (high, low)
-
-        # Each tile's colour follows the attention logit computed here from the checkpoint's
-        # parameters (Ilse et al.: w . (tanh(V x) * sigmoid(U x))): viridis's green rises with
-        # the score, so the tiles' greens must rank as the logits do.
-        expected = attention_logits(model, slide_file)
-        greens = np.array([overlay[int(y * scale) + 2:int((y + TILE) * scale) - 2,
-                                   int(x * scale) + 2:int((x + TILE) * scale) - 2, 1].mean() for x, y in coords])
-        ranks = lambda v: np.argsort(np.argsort(v))
-        correlation = np.corrcoef(ranks(expected), ranks(greens))[0, 1]
-        assert correlation > 0.98, correlation
-        assert np.argmax(greens) == np.argmax(expected) and np.argmin(greens) == np.argmin(expected)
+        expected = tumour_probability(model, slide_file)
+        painted_tiles = tile_means(image[:512], coords, scale)
+        predicted = 0.5 * tile_means(base[:512], coords, scale) + 0.5 * viridis(expected)
+        error = np.abs(painted_tiles - predicted).max()
+        print(f"tumour tiles p {expected[tumour].mean():.3f}, normal {expected[~tumour].mean():.3f}; "
+              f"largest colour error {error:.2f}")
+        assert error < 2.0, error
+        assert expected[tumour].mean() > 0.7 and expected[~tumour].mean() < 0.3, expected
 
         # A mean head scores each tile by its tumour probability, within [0, 1].
         mean_model = os.path.join(work, "mean.h5")
@@ -159,6 +187,40 @@ def main():
         assert process.returncode == 0, process.stderr
         summary = json.loads(process.stdout.strip().splitlines()[-1])
         assert 0 <= summary["score_min"] < summary["score_max"] <= 1, summary
+
+        # A slide without tumour, its tiles' features all from the normal distribution: dark under the
+        # fixed scale; --scale slide stretches its own small range so that its top tile is yellow.
+        free = os.path.join(work, "free.tiff")
+        process = run(["synth", free, "--width", SIZE, "--height", SIZE, "--seed", 2, "--no-tumour"])
+        assert process.returncode == 0, process.stderr
+        free_features = os.path.join(work, "free.h5")
+        write_features(free_features, normal(len(coords)), coords, name="free")
+        colours = {}
+        for mode in ("fixed", "slide"):
+            out = os.path.join(work, f"free-{mode}.png")
+            process = heatmap(out, 1.0, free_features, model, free, "--scale", mode)
+            assert process.returncode == 0, process.stderr
+            summary = json.loads(process.stdout.strip().splitlines()[-1])
+            picture = np.asarray(Image.open(out).convert("RGB"), dtype=np.float64)
+            check_legend(picture.astype(np.uint8), 512)
+            colours[mode] = tile_means(picture[:512], coords, scale)
+        print(f"tumour-free slide: p up to {summary['score_max']:.3f}; mean tile colour fixed "
+              f"{np.round(colours['fixed'].mean(axis=0), 1)}, brightest green fixed {colours['fixed'][:, 1].max():.0f}, "
+              f"stretched {colours['slide'][:, 1].max():.0f}")
+        assert summary["score_max"] < 0.5 and summary["scale"] == "slide", summary
+        # Dark: viridis below 0.25 (green under 82) on average and for nine tiles in ten.
+        assert colours["fixed"][:, 1].mean() < 60 and np.percentile(colours["fixed"][:, 1], 90) < 82, colours["fixed"]
+        assert colours["slide"][:, 1].max() > 220, colours["slide"].max(axis=0)
+
+        # The features of one slide over another: refused by the name, and by the size, each recorded.
+        process = heatmap(os.path.join(work, "x.png"), 0.5, slide_file, model, free)
+        assert process.returncode == 5, process.stderr
+        assert "s.h5" in process.stderr and "free.tiff" in process.stderr, process.stderr
+        resized = os.path.join(work, "resized.h5")
+        write_features(resized, slide_features, coords, name="free", level_dim=(SIZE, SIZE // 2))
+        process = heatmap(os.path.join(work, "x.png"), 0.5, resized, model, free)
+        assert process.returncode == 5, process.stderr
+        assert "resized.h5" in process.stderr and "free.tiff" in process.stderr and "2048x1024" in process.stderr
 
         # Bad input: each names the file, exit 5.
         missing = os.path.join(work, "absent.h5")

@@ -241,6 +241,37 @@ TEST(Loader, AugmentationChangesImagesNotLabels) {
   EXPECT_GT(changed, seen / 2);
 }
 
+// A multiplex patch: rotations and flips move whole pixels, all their channels together, and the
+// jitter keeps the channels apart (no saturation mixing, which is for RGB).
+TEST(Loader, AugmentationMovesEveryChannelOfAPixelTogether) {
+  constexpr int size = 6, channels = 5;
+  std::vector<uint8_t> patch(size * size * channels);
+  for (size_t p = 0; p < size * size; ++p)
+    for (size_t c = 0; c < channels; ++c) patch[p * channels + c] = static_cast<uint8_t>(100 + 20 * c + (p == 1 ? 7 : 0));
+  for (uint64_t bits : {0x0ull, 0x3ull, 0x5ull, 0x7ull, 0x80808080ull}) {
+    auto augmented = patch;
+    augment_patch(augmented.data(), size, bits, channels);
+    // In each channel one pixel differs from the rest (their median): the same pixel in all.
+    std::vector<size_t> marked(channels, SIZE_MAX);
+    std::vector<uint8_t> common(channels);
+    for (size_t c = 0; c < channels; ++c) {
+      std::vector<uint8_t> values;
+      for (size_t p = 0; p < size * size; ++p) values.push_back(augmented[p * channels + c]);
+      std::nth_element(values.begin(), values.begin() + size * size / 2, values.end());
+      common[c] = values[size * size / 2];
+      for (size_t p = 0; p < size * size; ++p)
+        if (augmented[p * channels + c] != common[c]) {
+          EXPECT_EQ(marked[c], SIZE_MAX) << "one marked pixel, bits " << bits;
+          marked[c] = p;
+        }
+    }
+    for (size_t c = 1; c < channels; ++c) {
+      EXPECT_EQ(marked[c], marked[0]) << "channel " << c << " moved with channel 0, bits " << bits;
+      EXPECT_GT(common[c], common[c - 1]) << "channels keep their order, bits " << bits;
+    }
+  }
+}
+
 TEST(Loader, DecodeOnlyReadsThePixelsOfItsPartAndEveryLabel) {
   MemoryPatches source(40, 40);
   LoaderOptions options;

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "compute/network.h"
+#include "compute/trainer.h"
 #include "compute/vk/memory.h"
 #include "tests/support/vulkan_environment.h"
 
@@ -35,10 +36,18 @@ TEST(MemoryBudget, OneBufferOverTheLimitIsRefused) {
   EXPECT_EQ(allocator.stats().reserved_bytes, before);
 }
 
-TEST(MemoryBudget, TransfersNeedStagingOnlyWithoutMappedDeviceMemory) {
-  auto& context = test::context();
-  bool mapped = context.info().heaps.size() == 1;
-  EXPECT_EQ(context.allocator().transfer_footprint(1000), mapped ? 0 : context.allocator().footprint(1000));
+// One heap (lavapipe): device memory is mapped, so transfers need no staging, and staging
+// buffers (the loop's inputs) are device memory. Two (a discrete GPU, or lavapipe under the
+// discrete-gpu test layer): staging is the host's memory, which the device budget leaves out.
+TEST(MemoryBudget, StagingTakesDeviceMemoryOnlyWithOneHeap) {
+  auto& allocator = test::context().allocator();
+  bool one_heap = test::context().info().heaps.size() == 1;
+  EXPECT_EQ(allocator.transfer_footprint(1000), 0u);
+  EXPECT_EQ(allocator.device_footprint(1000, vk::MemoryUsage::staging), one_heap ? allocator.footprint(1000) : 0);
+  EXPECT_EQ(allocator.device_footprint(1000, vk::MemoryUsage::device), allocator.footprint(1000));
+  uint64_t live = allocator.stats().live_bytes;
+  vk::Buffer staging = allocator.allocate(1000, vk::MemoryUsage::staging, "staging");
+  EXPECT_EQ(allocator.stats().live_bytes - live, one_heap ? allocator.footprint(1000) : 0);
 }
 
 // A linear layer of 2560 -> 4096 in training: a 40 MiB weight and its 40 MiB gradient. The
@@ -92,6 +101,36 @@ TEST(MemoryBudget, PlanPlacesBuffersInTheRoomLeftInBlocks) {
   for (auto& buffer : planned) buffers.push_back(allocator.allocate(buffer.bytes, buffer.usage, "planned"));
   EXPECT_EQ(allocator.stats().reserved_bytes, expected);
   EXPECT_EQ(context.validation_messages(), 0u);
+}
+
+// Every byte a plan reports is in the buffer list that the budget check places: a data-parallel
+// plan counts the whole micro-batch the Feed writes before the replicas take their parts
+// (it once added those bytes to its categories only, and they escaped the budget).
+TEST(MemoryBudget, ReplicatedPlanPlacesItsWholeBatchStaging) {
+  vk::ContextOptions options = vk::options_from_environment();
+  options.device_index = 0;
+  vk::Context first(options), second(options);  // one device opened twice: two replicas
+  LoopSettings settings;
+  settings.accumulate = 2;
+  TrainingJob job;
+  job.model = load_model_description("small-cnn", 2, 8);
+  job.graph = job.model;
+  job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+  const int64_t batch = 10;  // 5 samples each, so the two replicas plan alike
+  job.staged = {{"images", {batch, 32, 32, 3}, DType::u8}, {"labels", {batch}, DType::u32}, {"valid", {1}, DType::u32}};
+  TrainingLoop loop({&first, &second}, settings, job);
+  std::vector<MemoryPlan> plans = loop.plans();
+  ASSERT_EQ(plans.size(), 2u);
+  for (size_t d = 0; d < plans.size(); ++d) {
+    uint64_t placed = 0;
+    for (auto& buffer : plans[d].buffers) placed += first.allocator().footprint(buffer.bytes);
+    EXPECT_EQ(placed, plans[d].total()) << "device " << d;
+  }
+  // The first device also holds the whole micro-batch: images, labels and the valid count.
+  uint64_t whole = first.allocator().footprint(batch * 32 * 32 * 3) + first.allocator().footprint(batch * 4) +
+                   first.allocator().footprint(4);
+  EXPECT_EQ(plans[0].total(), plans[1].total() + whole);
+  EXPECT_EQ(first.validation_messages() + second.validation_messages(), 0u);
 }
 
 }  // namespace

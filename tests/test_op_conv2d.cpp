@@ -187,7 +187,7 @@ TEST(Conv2d, InitialisesLikePyTorch) {
   ASSERT_EQ(specs.size(), 3u);
   EXPECT_EQ(specs[0].shape, (Shape{8, 4, 3, 3}));
   EXPECT_EQ(specs[2].shape, (Shape{3, 8, 16}));  // the weight as forward reads it
-  EXPECT_EQ(specs[2].role, TensorRole::saved);
+  EXPECT_EQ(specs[2].role, TensorRole::prepared);
   EXPECT_EQ(specs[0].init.kind, Init::uniform);
   EXPECT_FLOAT_EQ(specs[0].init.scale, 1.0f / 6.0f);  // 1/sqrt(4*3*3)
   EXPECT_FLOAT_EQ(specs[1].init.scale, 1.0f / 6.0f);

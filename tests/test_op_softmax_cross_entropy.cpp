@@ -166,7 +166,9 @@ TEST(SoftmaxCrossEntropy, MetricsSumTheLossWithEitherReduction) {
           uint32_t classes;
         };
         recorder.dispatch(
-            kernel_for(kernels, reduction_kernel(kernels, "metrics_accumulate", "metrics_accumulate_subgroup"), t_logits),
+            kernel_for<Push>(kernels,
+                             reduction_kernel(kernels, vk::kernel::metrics_accumulate, vk::kernel::metrics_accumulate_subgroup),
+                             t_logits),
             {reads(t_logits), reads(t_labels), reads(t_valid), updates(t_metrics)}, Push{classes}, 1);
         recorder.finish();
       }

@@ -141,6 +141,28 @@ TEST(Optimizer, MatchesCpuReferenceOverSteps) {
   }
 }
 
+// A parameter of more than 32768 workgroups of 256 elements: the dispatch spreads over y, which
+// once overlapped rows and left most elements out (global_index() saw a workgroup size of 1):
+// small-cnn's fc1 on 256 px tiles (128 x 262144) kept most of its weights and gradients, and two
+// runs differed where rows raced. Every element must take exactly the one update.
+TEST(Optimizer, UpdatesEveryElementOfAParameterOverManyWorkgroups) {
+  const size_t count = size_t{128} * 131072;
+  std::vector<float> initial(count), grad(count);
+  for (size_t i = 0; i < count; ++i) {
+    initial[i] = static_cast<float>(i % 1000) * 0.001f;
+    grad[i] = 1.0f + static_cast<float>(i % 7);
+  }
+  auto c = config("sgd", 0.5f, 0.9f);
+  auto device = run_device(c, initial, {grad});
+  size_t wrong = 0, first_wrong = count;
+  for (size_t i = 0; i < count; ++i) {
+    float expected = initial[i] - 0.5f * grad[i];
+    bool ok = device.parameter[i] == expected && device.grad[i] == 0.0f && device.state[0][i] == grad[i];
+    if (!ok && wrong++ == 0) first_wrong = i;
+  }
+  EXPECT_EQ(wrong, 0u) << "elements without their one update, the first at " << first_wrong;
+}
+
 TEST(Optimizer, MatchesTorchOptim) {
   // torch.optim 1.13, five steps from these parameters with grad[i] at step t =
   // sin(1 + i + 1.3 t) * (1 + i % 3), times the gradient scale.

@@ -122,7 +122,7 @@ class TrainTest(unittest.TestCase):
         checkpoint = os.path.join(self.dir, "diverging.h5")
         run(self.base("--epochs", "1", "--checkpoint", checkpoint))
         before = digest(checkpoint)
-        code, _, err, report = run(self.base("--epochs", "1", "--checkpoint", checkpoint, "--lr", "1e30"),
+        code, _, err, report = run(self.base("--epochs", "1", "--checkpoint", checkpoint, "--lr", "1e30", "--overwrite"),
                                    check=False)
         self.assertEqual(code, 4, err)
         self.assertIn("diverged", err)
@@ -147,7 +147,7 @@ class TrainTest(unittest.TestCase):
         run(self.base("--model", model, "--epochs", "1", "--checkpoint", checkpoint, "--val-fraction", "0"))
         before = digest(checkpoint)
         code, _, err, report = run(self.base("--model", model, "--epochs", "1", "--checkpoint", checkpoint,
-                                             "--val-fraction", "0"), check=False,
+                                             "--val-fraction", "0", "--overwrite"), check=False,
                                    env=dict(os.environ, TESSERA_FAULT="nan:bn1.running_var"))
         self.assertEqual(code, 4, err)
         self.assertIn("bn1.running_var holds NaN", err)
@@ -218,7 +218,7 @@ class TrainTest(unittest.TestCase):
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
 
-        command = [TESSERA] + self.base("--epochs", "1", "--checkpoint", checkpoint, "--seed", "8")
+        command = [TESSERA] + self.base("--epochs", "1", "--checkpoint", checkpoint, "--seed", "8", "--overwrite")
         process = subprocess.run(command, capture_output=True, text=True, preexec_fn=small_files)
         self.assertEqual(process.returncode, 1, process.stderr)
         self.assertIn(checkpoint, process.stderr)
@@ -299,7 +299,7 @@ class TrainTest(unittest.TestCase):
     def test_augment_class_weights_and_weight_decay_take_effect(self):
         def final_params(*flags):
             path = os.path.join(self.dir, "effect_" + "_".join(f.strip("-") for f in flags) + ".h5")
-            _, _, err, _ = run(self.base("--epochs", "1", "--checkpoint", path, *flags))
+            _, _, err, _ = run(self.base("--epochs", "1", "--checkpoint", path, "--overwrite", *flags))
             return params(path), epochs(err)[-1]
 
         plain, plain_epoch = final_params()

@@ -37,7 +37,7 @@ def patch_file(path, x, y):
 
 
 def tile_value(label, x, y, pixels):
-    """A raw tile value as ARCHITECTURE.md's tile store format lays it out (CRC-32 over the header's
+    """A raw tile value as docs/architecture.md's tile store format lays it out (CRC-32 over the header's
     first 24 bytes and the pixels)."""
     header = struct.pack("<BBBBHHIIII", 1, 0, 3, 0, 8, 8, label, x, y, len(pixels))
     return header + struct.pack("<I", zlib.crc32(header + pixels)) + pixels

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tessera needs and builds it in build/ (Release with debug info),
 # warnings as errors as in CI.
+#   bash tools/build.sh           the tessera binary alone (what tools/demo.sh runs)
+#   bash tools/build.sh --tests   everything: tessera, the tests and the benchmarks
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/install-deps.sh
+targets=(--target tessera)
+if [ "${1:-}" = --tests ]; then
+  bash tools/install-deps.sh --tests
+  targets=()
+else
+  bash tools/install-deps.sh
+fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON >/dev/null
-cmake --build build --parallel "$(nproc)"
+cmake --build build --parallel "$(nproc)" "${targets[@]}"

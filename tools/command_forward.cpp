@@ -5,6 +5,9 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/units.h"
+#include "compute/inference.h"
+#include "common/output.h"
 #include "compute/checkpoint.h"
 #include "compute/network.h"
 #include "tools/commands.h"
@@ -15,51 +18,36 @@ namespace tessera::cli {
 namespace {
 
 struct ForwardFlags {
-  std::string model, input, output, precision = "fp32";
+  std::string model, input, output, precision = "fp32", memory_limit;
   int batch = 16, device = -1, classes = 2;
-  bool random_weights = false;
+  bool random_weights = false, overwrite = false;
 };
 
 void run_forward(const ForwardFlags& f) {
   refuse_untrained_model(f.model, f.random_weights);
   refuse_output_over_inputs("--output", f.output, {{"--input", f.input}, {"--model", f.model}});
+  OutputLock lock(f.output);
+  check_replaceable(f.output, "--output", f.overwrite ? Existing::overwrite : Existing::refuse);
   HostArray x = read_hdf5_array(f.input, "x");
   if (x.shape.size() != 4 || x.shape[1] != 3)
     throw BadInput(f.input + ": dataset x must be float32 [N,3,H,W] (normalised images), got " + to_string(x.shape));
   if (x.shape[0] == 0) throw BadInput(f.input + ": dataset x holds no images (shape " + to_string(x.shape) + ")");
-  std::optional<Checkpoint> checkpoint;
-  nlohmann::json description;
-  if (is_checkpoint_path(f.model)) {
-    checkpoint = read_checkpoint(f.model);
-    description = checkpoint->model;
-  } else {
-    description = load_model_description(f.model, f.classes);
-  }
+  const ResolvedModel model = resolve_model(f.model, f.classes);
   const int64_t n = x.shape[0], batch = std::min<int64_t>(f.batch, n);
   const int64_t per_image = x.shape[1] * x.shape[2] * x.shape[3];
   vk::ContextOptions options = vk::options_from_environment();
   options.device_index = f.device;
+  if (!f.memory_limit.empty()) options.memory_budget = parse_bytes(f.memory_limit, "--device-memory-limit");
   vk::Context context(options);
   // In fp16 the images are converted as they are uploaded and every activation is fp16.
   const DType activations = f.precision == "fp16" ? DType::f16 : DType::f32;
   if (activations == DType::f16) require_fp16_storage(context.info(), "forward");
-  const Shape input_shape{batch, 3, x.shape[2], x.shape[3]};
-  Network network(description, {{"input", input_shape, activations}}, false);
-  network.set_activation_dtype(activations);
-  // The graph's buffers (activations handed on once read), the input and the step count.
-  auto& allocator = context.allocator();
-  uint64_t planned = network.plan(allocator).total() +
-                     allocator.footprint(static_cast<uint64_t>(batch * per_image) * element_size(activations)) +
-                     InferenceProgram::planned_bytes(allocator);
-  network.allocate(context);
-  network.initialise(0);
-  if (checkpoint) {
-    std::map<std::string, Tensor*> tensors;
-    for (auto& named : network.named_tensors()) tensors[named.name] = named.tensor;
-    load_tensors(checkpoint->params, tensors, f.model, "params");
-  }
-  Tensor input(context, "input", input_shape, activations);
-  InferenceProgram program(context, network, {{"input", &input}});
+  InferenceOptions setup;
+  setup.inputs = {{"input", {batch, 3, x.shape[2], x.shape[3]}, activations}};
+  setup.input_memory = vk::MemoryUsage::device;
+  setup.activations = activations;
+  Inference network(context, model, setup);
+  const Tensor& input = network.input("input");
   const int64_t classes = network.output_shape()[1];
   HostArray logits{{n, classes}, std::vector<float>(static_cast<size_t>(n * classes))};
   std::vector<float> chunk(static_cast<size_t>(batch * per_image));
@@ -72,7 +60,7 @@ void run_forward(const ForwardFlags& f) {
     std::copy_n(x.values.begin() + first * per_image, count * per_image, chunk.begin());
     input.upload(chunk);
     auto start = std::chrono::steady_clock::now();
-    program.run();
+    network.run();
     device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (first == 0) first_batch_seconds = device_seconds;
     auto out = network.output().download();
@@ -84,8 +72,8 @@ void run_forward(const ForwardFlags& f) {
                             {"device", context.info().name},
                             {"precision", f.precision},
                             {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds},
-                            {"planned_device_bytes", planned},
-                            {"peak_device_bytes", allocator.stats().peak_bytes}};
+                            {"planned_device_bytes", network.plan().total()},
+                            {"peak_device_bytes", context.allocator().stats().peak_bytes}};
   if (n > batch) summary["steady_images_per_second"] = (n - batch) / (device_seconds - first_batch_seconds);
   std::fprintf(stderr, "%s\n", summary.dump().c_str());
 }
@@ -100,9 +88,12 @@ void add_forward_command(CLI::App& app) {
   command->add_option("--output", flags->output, "HDF5 file to write dataset logits [N,K] to")->required();
   command->add_flag("--random-weights", flags->random_weights,
                     "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
+  command->add_flag("--overwrite", flags->overwrite, "Replace an existing --output (otherwise refused)");
   command->add_option("--classes", flags->classes, "Classes of a preset (not of a checkpoint)")->capture_default_str();
   command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(CLI::PositiveNumber);
   command->add_option("--device", flags->device, "Vulkan device index");
+  command->add_option("--device-memory-limit", flags->memory_limit,
+                      "Device memory budget, e.g. 2GiB; a plan over it is exit 3 before any work");
   command->add_option("--precision", flags->precision, "fp32, or fp16 activations (weights stay fp32)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16"}));
   command->callback([flags] { run_forward(*flags); });

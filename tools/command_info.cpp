@@ -11,6 +11,7 @@
 
 #include "common/units.h"
 #include "compute/vk/context.h"
+#include "common/progress.h"
 #include "tools/commands.h"
 
 namespace tessera::cli {
@@ -24,9 +25,8 @@ std::string version_text(uint32_t v) {
 
 void add_info_command(CLI::App& app) {
   auto* command = app.add_subcommand("info", "List Vulkan devices and library versions");
-  auto as_json = std::make_shared<bool>(false);
-  command->add_flag("--json", *as_json, "Print one JSON object instead of text");
-  command->callback([as_json] {
+  // tessera's --json (which may follow the command): one JSON object instead of text.
+  command->callback([] {
     auto devices = vk::list_devices();
     unsigned h5_major, h5_minor, h5_release;
     H5get_libversion(&h5_major, &h5_minor, &h5_release);
@@ -38,7 +38,7 @@ void add_info_command(CLI::App& app) {
         {"openslide", openslide_get_version()},
         {"libtiff", std::to_string(TIFFLIB_VERSION)},
     };
-    if (*as_json) {
+    if (Progress::json()) {
       nlohmann::json out = {{"devices", nlohmann::json::array()}, {"libraries", libraries}};
       for (auto& d : devices) {
         nlohmann::json heaps = nlohmann::json::array();

@@ -1,10 +1,10 @@
 // tessera sweep: isolated hyperparameter search over any train flag (sweep/README.md).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "common/error.h"
+#include "common/output.h"
 #include "sweep/report.h"
 #include "sweep/sweep.h"
 #include "tools/commands.h"
@@ -17,34 +17,36 @@ namespace {
 struct SweepFlags {
   std::string study, sampler = "tpe", pruner = "none", direction, objective = "val_loss", isolation = "process";
   std::string export_format, output;
-  std::vector<std::string> params, train_flags;
+  std::vector<std::string> params, train_flags, allow_env;
   std::vector<int> devices;
   int trials = 0, parallel = 1;
   int64_t min_batch = 1;
   uint64_t seed = 0;
   double trial_timeout = 0, timeout_grace = 10, heartbeat_grace = 60;
-  bool oom_retry = false, resume = false, show = false;
+  bool oom_retry = false, resume = false, show = false, overwrite = false;
 };
 
-void write_output(const std::string& text, const std::string& path) {
+// Stdout, or --output under the writer discipline (common/output.h): locked, never written
+// through a link, an existing file replaced only with --overwrite.
+void write_output(const std::string& text, const std::string& path, bool overwrite) {
   if (path.empty()) {
     std::fputs(text.c_str(), stdout);
     return;
   }
-  std::ofstream file(path, std::ios::binary);
-  file << text;
-  if (!file.good()) throw UsageError("--output: cannot write " + path);
+  OutputLock lock(path);
+  check_replaceable(path, "--output", overwrite ? Existing::overwrite : Existing::refuse);
+  write_file_replacing(path, text);
 }
 
 void show_or_export(const SweepFlags& f) {
   sweep::StudyStore store(f.study, sweep::StudyStore::Mode::read_only);
   auto config = store.study();
   auto trials = store.trials();
-  if (f.show) write_output(sweep::format_table(trials, config), f.export_format.empty() ? f.output : "");
-  if (f.export_format == "csv") write_output(sweep::export_csv(trials, config), f.output);
-  else if (f.export_format == "json") write_output(sweep::export_json(trials, config), f.output);
-  else if (f.export_format == "svg") write_output(sweep::export_svg(trials, config), f.output);
-  else if (f.export_format == "html") write_output(sweep::export_html(trials, config, store.name()), f.output);
+  if (f.show) write_output(sweep::format_table(trials, config), f.export_format.empty() ? f.output : "", f.overwrite);
+  if (f.export_format == "csv") write_output(sweep::export_csv(trials, config), f.output, f.overwrite);
+  else if (f.export_format == "json") write_output(sweep::export_json(trials, config), f.output, f.overwrite);
+  else if (f.export_format == "svg") write_output(sweep::export_svg(trials, config), f.output, f.overwrite);
+  else if (f.export_format == "html") write_output(sweep::export_html(trials, config, store.name()), f.output, f.overwrite);
 }
 
 // train's flags as `tessera train` defines them: its CLI11 app, built here and read.
@@ -95,6 +97,7 @@ void run(const SweepFlags& f, bool settings_given) {
   options.timeout_grace = f.timeout_grace;
   options.oom_retry = f.oom_retry;
   options.min_batch = f.min_batch;
+  options.allowed_environment.insert(f.allow_env.begin(), f.allow_env.end());
   options.tessera = {std::filesystem::read_symlink("/proc/self/exe").string()};
   if (f.isolation == "none") options.in_process = run_train_in_process;
   sweep::run_sweep(options);
@@ -152,11 +155,17 @@ void add_sweep_command(CLI::App& app) {
   command->add_flag("--resume", f->resume,
                     "Continue the study (which must exist): rerun interrupted trials, then run the rest; alone, "
                     "with the study's settings");
+  command->add_option("--allow-env", f->allow_env,
+                      "With --resume alone: a variable the study's env: parameters may set in trials (e.g. "
+                      "TESSERA_FAULT); others are refused, since anyone who can write the study could set them")
+      ->delimiter(',')
+      ->allow_extra_args(false);
   auto* show = command->add_flag("--show", f->show, "Print the trials, the best parameters and checkpoint");
   auto* export_format =
       command->add_option("--export", f->export_format, "Write the study as csv, json, svg or html (one page to read)")
           ->check(CLI::IsMember({"csv", "json", "svg", "html"}));
   command->add_option("--output", f->output, "File for --show or --export (default: stdout)");
+  command->add_flag("--overwrite", f->overwrite, "Replace an existing --output (otherwise refused)");
   command->add_option("train_flags", f->train_flags, "Fixed train flags, after --");
   show->excludes(param);
   export_format->excludes(param);

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/output.h"
 #include "data/synthetic_slide.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
@@ -14,8 +15,8 @@ namespace tessera::cli {
 namespace {
 
 struct SynthFlags {
-  std::string out, mask, geojson;
-  bool no_tumour = false;
+  std::string out, mask, geojson, stain = "brightfield";
+  bool no_tumour = false, overwrite = false;
   data::SyntheticSlideOptions options;
 };
 
@@ -30,7 +31,8 @@ void add_synth_command(CLI::App& app) {
   auto flags = std::make_shared<SynthFlags>();
   flags->options.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto* command = app.add_subcommand(
-      "synth", "Write a synthetic pyramidal JPEG BigTIFF slide with tumour regions, a label mask and GeoJSON");
+      "synth", "Write a synthetic pyramidal slide (bright-field or fluorescence) with tumour regions, a label mask "
+               "and GeoJSON");
   command->add_option("OUT", flags->out, "Slide to write (.tiff)")->required();
   command->add_option("--width", flags->options.width, "Level-0 width in pixels")->required()->check(finite_in(1, 2147483648.0));
   command->add_option("--height", flags->options.height, "Level-0 height in pixels")->required()->check(finite_in(1, 2147483648.0));
@@ -47,14 +49,33 @@ void add_synth_command(CLI::App& app) {
   command->add_option("--workers", flags->options.workers, "Threads rendering and compressing tiles")
       ->capture_default_str()
       ->check(finite_in(1, 1024));
+  command->add_option("--stain", flags->stain,
+                      "brightfield (H&E-like on bright glass) or fluorescence (a multiplex panel on a dark background)")
+      ->capture_default_str();
+  auto* channels = command->add_option("--channels", flags->options.channels,
+                                       "With --stain fluorescence: 3 writes the RGB composite; any other count an "
+                                       "OME-TIFF of one plane a channel (DAPI, panCK, autofluorescence, immune cells)")
+                       ->capture_default_str()
+                       ->check(finite_in(1, 64));
+  command->add_flag("--overwrite", flags->overwrite, "Replace OUT, its mask and GeoJSON where they exist (otherwise refused)");
   command->add_flag("--no-tumour", flags->no_tumour,
                     "Tissue without tumour (empty mask and GeoJSON): the seed's slide with its tumour left out");
-  command->callback([flags] {
+  command->callback([flags, channels] {
     auto& options = flags->options;
     options.tumour = !flags->no_tumour;
+    if (flags->stain != "brightfield" && flags->stain != "fluorescence")
+      throw UsageError("--stain: brightfield or fluorescence, not '" + flags->stain + "'");
+    options.fluorescence = flags->stain == "fluorescence";
+    if (!options.fluorescence && channels->count() > 0 && options.channels != 3)
+      throw UsageError("--channels: a bright-field slide is RGB (3); other counts need --stain fluorescence");
     if (options.tile_size % 16) throw UsageError("--tile-size: a multiple of 16 (TIFF tiles)");
     data::SyntheticSlidePaths paths{flags->out, flags->mask.empty() ? beside(flags->out, ".mask.tiff") : flags->mask,
                                     flags->geojson.empty() ? beside(flags->out, ".geojson") : flags->geojson};
+    OutputLock lock(paths.slide);  // the three files are written together
+    Existing existing = flags->overwrite ? Existing::overwrite : Existing::refuse;
+    check_replaceable(paths.slide, "OUT", existing);
+    check_replaceable(paths.mask, "--mask", existing);
+    check_replaceable(paths.geojson, "--geojson", existing);
     auto summary = data::write_synthetic_slide(options, paths);
     std::printf("%s\n", summary.dump().c_str());
   });

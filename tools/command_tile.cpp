@@ -43,6 +43,8 @@ void add_tile_command(CLI::App& app) {
       ->check(finite_in(0, 1));
   command->add_option("--label-class", flags->options.label_class, "GeoJSON classification name of label 1")
       ->capture_default_str();
+  command->add_option("--unclassified-as", flags->options.unclassified_as,
+                      "GeoJSON shapes without a classification take this class (e.g. Tumor, as --label-class)");
   command->add_flag("--allow-empty-labels", flags->options.allow_empty_labels,
                     "Labels that give no tile a class are a warning, not an error (slides without tumour)");
   command->add_option("--encoding", flags->encoding, "Pixels in the store: jpeg or raw")->capture_default_str();
@@ -74,6 +76,8 @@ void add_tile_command(CLI::App& app) {
     if (options.label_coverage == 0) throw UsageError("--label-coverage: a fraction above 0");
     options.commit_bytes = parse_bytes(flags->commit_bytes, "--commit-bytes");
     options.tile_cache_bytes = parse_bytes(flags->tile_cache, "--tile-cache");
+    if (flags->labels.empty() && !options.unclassified_as.empty())
+      throw UsageError("--unclassified-as applies to GeoJSON --labels, and none are given");
     if (!flags->labels.empty() && flags->labels.size() != flags->slides.size())
       throw UsageError("--labels: one per slide (" + std::to_string(flags->slides.size()) + "), got " +
                        std::to_string(flags->labels.size()));

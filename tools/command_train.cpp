@@ -3,21 +3,26 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/output.h"
+#include "common/progress.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/data_parallel.h"
-#include "compute/run_checks.h"
 #include "jobs/mil.h"
 #include "jobs/train.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/parse_errors.h"
 
 namespace tessera::cli {
 
@@ -34,6 +39,8 @@ struct TrainFlags {
   std::string precision = "fp32";
   // --resume of a checkpoint that already holds --epochs epochs: its last epoch's record.
   nlohmann::json finished;
+  bool overwrite = false;
+  std::optional<OutputLock> checkpoint_lock;  // held for the run by the process that writes it
 };
 
 void add_train_flags(CLI::App& command, TrainFlags& f) {
@@ -46,7 +53,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   auto* features = source->add_option(
       "--features", f.mil.features, "Directory of per-slide feature files (tessera extract): train a slide-level head");
   source->require_option(1);
-  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem)")
+  command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem), or CLAM's case_id,slide_id,label")
       ->needs(features);
   command.add_option("--head", f.mil.head, "With --features: mean or attention (gated, Ilse et al. 2018)")
       ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
@@ -78,7 +85,9 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--workers", o.workers, "Loader threads")->capture_default_str()->check(CLI::PositiveNumber)
       ->excludes(features);
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
-  command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
+  auto* resume = command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
+  command.add_flag("--overwrite", f.overwrite, "Train a new run over an existing --checkpoint (without it, refused)")
+      ->excludes(resume);
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
   command.add_option("--precision", f.precision,
                      "fp32, or fp16: activations and their gradients in fp16 with dynamic loss scaling "
@@ -124,12 +133,32 @@ std::vector<float> parse_weights(const std::string& text) {
   return weights;
 }
 
-// A setting as its flag is written: "--data a.lmdb b.lmdb", not a JSON list.
+// A saved setting as its flag would be written: "--data a.lmdb b.lmdb", not a JSON list; a float
+// setting (saved as a double) as its shortest text, "0.01" rather than 0.009999999776482582.
 std::string shown(const nlohmann::json& value) {
   if (value.is_string()) return value.get<std::string>();
-  if (!value.is_array() || value.empty() || !value[0].is_string()) return value.dump();
+  if (value.is_number_float()) {
+    double number = value.get<double>();
+    auto single = static_cast<float>(number);
+    std::array<char, 64> text{};
+    auto end = static_cast<double>(single) == number ? std::to_chars(text.begin(), text.end(), single).ptr
+                                                     : std::to_chars(text.begin(), text.end(), number).ptr;
+    return std::string(text.data(), end);
+  }
+  if (!value.is_array()) return value.dump();
+  if (value.empty()) return "none";
   std::string text;
-  for (auto& item : value) text += (text.empty() ? "" : " ") + item.get<std::string>();
+  const char* separator = value[0].is_string() ? " " : ",";  // --data a b, --class-weights 1,3
+  for (auto& item : value) text += (text.empty() ? "" : separator) + shown(item);
+  return text;
+}
+
+// A flag as the user typed it on this command line: "--lr 1e-2", "--augment".
+std::string as_typed(const CLI::App& command, const char* flag) {
+  const CLI::Option* option = command.get_option(flag);
+  if (option->get_type_size() == 0) return flag;
+  std::string text = flag;
+  for (const std::string& value : option->results()) text += " " + value;
   return text;
 }
 
@@ -163,8 +192,9 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
     if (command.count(flag) == 0) {
       settings[key] = saved[key];
     } else if (settings[key] != saved[key]) {
-      differences += std::string(differences.empty() ? "" : "; ") + flag + " " + shown(settings[key]) +
-                     " (the checkpoint's run: " + shown(saved[key]) + ")";
+      std::string before = saved[key].is_boolean() ? (saved[key].get<bool>() ? flag : "without it") : shown(saved[key]);
+      differences += std::string(differences.empty() ? "" : "; ") + as_typed(command, flag) +
+                     " (the checkpoint's run: " + before + ")";
     }
   }
   if (!differences.empty())
@@ -196,9 +226,19 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
   f.finished = saved["metrics"];
 }
 
+// --device-memory-limit in bytes (0: not given).
+uint64_t memory_limit(const TrainFlags& f) {
+  if (f.memory_limit.empty()) return 0;
+  uint64_t bytes = parse_bytes(f.memory_limit, "--device-memory-limit");
+  if (bytes == 0)
+    throw UsageError("--device-memory-limit: must be above 0 (leave it out to use the whole device)");
+  return bytes;
+}
+
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
+  memory_limit(f);
   f.options.fp16 = f.precision == "fp16";
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
@@ -208,12 +248,25 @@ void check_flags(const CLI::App& command, TrainFlags& f) {
   settle_resume(command, f);
 }
 
+// Locks the checkpoint for the run, before any work: a second run on it is refused naming this
+// one, a directory that cannot be written is named with the reason, and an existing checkpoint
+// is replaced only by --overwrite (or continued by --resume).
+void lock_checkpoint(TrainFlags& f) {
+  const TrainOptions& o = f.options;
+  if (o.checkpoint.empty() || o.dry_run) return;
+  f.checkpoint_lock.emplace(o.checkpoint);
+  check_replaceable(o.checkpoint, "--checkpoint",
+                    o.resume ? Existing::resume : f.overwrite ? Existing::overwrite : Existing::refuse,
+                    "give --resume to continue the run that wrote it, or --overwrite to train a new one in its place");
+}
+
 // The final report of a run that had nothing left to do: the checkpoint's last epoch.
 void report_finished(vk::Context& context, const TrainFlags& f,
                      const std::function<void(const nlohmann::json&)>& protocol) {
   const nlohmann::json& last = f.finished;
+  std::string record = Progress::human() ? render_record("train", last) : last.dump();
   std::fprintf(stderr, "%s: already trained %d epochs (--epochs %d); nothing to do. Its last epoch: %s\n",
-               f.options.checkpoint.c_str(), last.value("epoch", 0), f.options.epochs, last.dump().c_str());
+               f.options.checkpoint.c_str(), last.value("epoch", 0), f.options.epochs, record.c_str());
   protocol({{"type", "final"},
             {"value", last["val_loss"].is_number() ? last["val_loss"] : last["train_loss"]},
             {"metrics", last},
@@ -221,10 +274,27 @@ void report_finished(vk::Context& context, const TrainFlags& f,
             {"device", context.info().name}});
 }
 
-vk::ContextOptions context_options(const TrainFlags& f, int device_index) {
+// A limit above what the device has cannot be met: the device bounds the run, and it says so.
+void cap_to_device(vk::Context& context, uint64_t limit) {
+  uint64_t device_bytes = 0;
+  for (auto& heap : context.info().heaps)
+    if (heap.device_local) device_bytes = std::max(device_bytes, heap.size);
+  if (limit == 0 || limit <= device_bytes) {
+    if (limit) context.allocator().set_budget(limit);
+    return;
+  }
+  context.allocator().set_budget(device_bytes);
+  std::string warning = "--device-memory-limit " + format_bytes(limit) + " is more than " + context.info().name +
+                        " has (" + format_bytes(device_bytes) + "): the run is bounded by the device";
+  if (isatty(STDERR_FILENO))
+    std::fprintf(stderr, "tessera train: warning: %s\n", warning.c_str());
+  else
+    std::fprintf(stderr, "%s\n", nlohmann::json{{"task", "train"}, {"warning", warning}}.dump().c_str());
+}
+
+vk::ContextOptions context_options(int device_index) {
   vk::ContextOptions options = vk::options_from_environment();
   options.device_index = device_index;
-  if (!f.memory_limit.empty()) options.memory_budget = parse_bytes(f.memory_limit, "--device-memory-limit");
   return options;
 }
 
@@ -244,25 +314,31 @@ std::vector<std::unique_ptr<vk::Context>> open_devices(const TrainFlags& f, cons
     indices.push_back(f.device);
   }
   std::vector<std::unique_ptr<vk::Context>> contexts;
-  for (int index : indices) contexts.push_back(std::make_unique<vk::Context>(context_options(f, index)));
+  for (int index : indices) {
+    contexts.push_back(std::make_unique<vk::Context>(context_options(index)));
+    cap_to_device(*contexts.back(), memory_limit(f));
+  }
   return contexts;
 }
 
+// --dry-run: the plan as a table on a terminal, else as one JSON line.
 void print_plan(vk::Context& context, const MemoryPlan& plan) {
-  uint64_t device_bytes = plan.device_bytes(context.allocator());
+  uint64_t device_bytes = plan.device_bytes(context.allocator()), budget = context.allocator().stats().budget_bytes;
   nlohmann::json out = {{"device", context.info().name},
-                        {"budget_bytes", context.allocator().stats().budget_bytes},
+                        {"budget_bytes", budget},
                         {"total_bytes", plan.total()},
                         {"device_bytes", device_bytes},
-                        {"fits", device_bytes <= context.allocator().stats().budget_bytes},
+                        {"fits", device_bytes <= budget},
                         {"bytes", plan.bytes}};
-  std::printf("%s\n", out.dump().c_str());
-  if (isatty(STDOUT_FILENO)) {
-    for (auto& [category, bytes] : plan.bytes) std::printf("  %-22s %s\n", category.c_str(), format_bytes(bytes).c_str());
-    std::printf("  %-22s %s\n", "total", format_bytes(plan.total()).c_str());
-    std::printf("  %-22s %s of %s\n", "in blocks", format_bytes(device_bytes).c_str(),
-                format_bytes(context.allocator().stats().budget_bytes).c_str());
+  if (!Progress::human(STDOUT_FILENO)) {
+    std::printf("%s\n", out.dump().c_str());
+    return;
   }
+  std::printf("Device memory plan on %s\n", context.info().name.c_str());
+  for (auto& [category, bytes] : plan.bytes) std::printf("  %-24s %12s\n", category.c_str(), format_bytes(bytes).c_str());
+  std::printf("  %-24s %12s\n", "total", format_bytes(plan.total()).c_str());
+  std::printf("  %-24s %12s of the budget's %s: %s\n", "in the allocator's blocks", format_bytes(device_bytes).c_str(),
+              format_bytes(budget).c_str(), device_bytes <= budget ? "fits" : "does NOT fit");
 }
 
 void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
@@ -290,6 +366,8 @@ void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
     train_mil(context, f.options, f.mil, reporting);
   else
     train(devices, f.options, reporting);
+  if (!f.options.checkpoint.empty() && Processes::world().rank() == 0)
+    report("train", {{"event", "checkpoint"}, {"path", f.options.checkpoint}, {"epoch", f.options.epochs}});
 }
 
 }  // namespace
@@ -307,6 +385,7 @@ void add_train_command(CLI::App& app) {
     check_flags(*command, *flags);
     // Under mpirun or srun, MPI starts here: the rank on this machine picks the default device.
     Processes& processes = Processes::world();
+    if (processes.rank() == 0) lock_checkpoint(*flags);
     {
       auto contexts = open_devices(*flags, processes);
       std::vector<vk::Context*> devices;
@@ -321,6 +400,7 @@ void add_train_command(CLI::App& app) {
       });
     }
     processes.finish();
+    flags->checkpoint_lock.reset();
   });
 }
 
@@ -328,23 +408,23 @@ int run_train_in_process(const std::vector<std::string>& args,
                          const std::function<void(const std::string& json_line)>& report) {
   // One device for every trial of the process, as an in-process search would have it.
   static std::unique_ptr<vk::Context> shared;
-  CLI::App app{"tessera train (in process)"};
+  CLI::App app{"tessera train (in process)", "train"};
   TrainFlags flags;
   add_train_flags(app, flags);
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
     check_flags(app, flags);
+    lock_checkpoint(flags);
     if (!flags.devices.empty())
       throw UsageError("--devices: an in-process trial (--isolation none) shares one device; leave --isolation at its default");
-    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags, flags.device));
+    if (!shared) shared = std::make_unique<vk::Context>(context_options(flags.device));
     if (flags.options.fp16) require_fp16_storage(shared->info(), "train");
-    if (!flags.memory_limit.empty())
-      shared->allocator().set_budget(parse_bytes(flags.memory_limit, "--device-memory-limit"));
+    cap_to_device(*shared, memory_limit(flags));
     run({shared.get()}, flags, [&](const nlohmann::json& line) { report(line.dump()); });
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "tessera train: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", explain_parse_error(app, e).c_str());
     return static_cast<int>(ExitCode::bad_usage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera train: %s\n", e.what());

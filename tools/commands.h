@@ -18,7 +18,7 @@ void add_extract_command(CLI::App& app);
 void add_heatmap_command(CLI::App& app);
 
 // Runs `tessera train ARGS...` inside this process and returns its exit code; each trial
-// protocol line (ARCHITECTURE.md, "Trial protocol") goes to `report` instead of a file
+// protocol line (docs/architecture.md, "Trial protocol") goes to `report` instead of a file
 // descriptor. Trials run this way share one Vulkan device for the life of the process (the
 // sweep's --isolation none).
 int run_train_in_process(const std::vector<std::string>& args,

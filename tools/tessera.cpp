@@ -3,12 +3,19 @@
 #include <exception>
 
 #include "common/error.h"
+#include "common/progress.h"
 #include "tools/commands.h"
+#include "tools/parse_errors.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tessera: CNN training for gigapixel histopathology on Vulkan compute shaders"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessera 0.1.0");
+  // Progress and results: readable on a terminal, JSON lines otherwise or with --json (before or after the command).
+  bool json = false;
+  app.add_flag("--json", json, "JSON lines on stderr (and a command's result on stdout), even on a terminal");
+  app.fallthrough();
+  app.parse_complete_callback([&json] { tessera::Progress::set_json(json); });
   tessera::cli::add_info_command(app);
   tessera::cli::add_train_command(app);
   tessera::cli::add_forward_command(app);
@@ -21,8 +28,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // CLI11 exits 0 for --help and 106+ for errors; tessera's contract is 2 for bad usage.
-    int code = app.exit(e);
-    return code == 0 ? 0 : static_cast<int>(tessera::ExitCode::bad_usage);
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "%s\n", tessera::cli::explain_parse_error(app, e).c_str());
+    return static_cast<int>(tessera::ExitCode::bad_usage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera: %s\n", e.what());
     return tessera::exit_code_of(e);

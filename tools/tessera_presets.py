@@ -53,8 +53,11 @@ def preset_reference(name, classes, width=SMALL_CNN_DEFAULT_WIDTH):
 
 
 def normalise(images_uint8_nhwc):
-    """uint8 RGB [N,H,W,3] -> float32 NCHW, x/255 then per-channel ImageNet mean/std."""
+    """uint8 [N,H,W,C] -> float32 NCHW, x/255 then per-channel ImageNet mean/std for RGB (C = 3);
+    other channel counts (a multiplex slide's) (x/255 - 0.5) / 0.5, as tessera's input_normalize."""
     x = torch.as_tensor(images_uint8_nhwc).permute(0, 3, 1, 2).float().div_(255.0)
+    if x.shape[1] != 3:
+        return (x - 0.5) / 0.5
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return (x - mean) / std

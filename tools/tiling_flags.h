@@ -6,8 +6,9 @@
 
 namespace tessera::cli {
 
-// Adds --size, --level, --min-tissue and --tissue-threshold, each refusing NaN and values out of
-// range with exit 2 before anything is read or written.
+// Adds --size, --level, --tissue, --min-tissue and --tissue-threshold, each refusing NaN and
+// values out of range with exit 2 before anything is read or written (and the last two with
+// --tissue none, which makes no mask). Takes the command's parse-complete callback.
 void add_tiling_flags(CLI::App& command, data::TilerOptions& options);
 
 // Adds --shard K/N (the K-th of N parts of the slides; data/tiler.h's shard_members), refused

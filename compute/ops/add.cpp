@@ -25,7 +25,7 @@ Shape Add::infer(const std::vector<Shape>& inputs) {
 }
 
 void Add::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernel_for(kernels, "add_forward", *t.output, {kElementwiseGroup, t.relu ? 1 : 0});
+  auto kernel = kernel_for<ForwardPush>(kernels, vk::kernel::add_forward, *t.output, {kElementwiseGroup, t.relu ? 1 : 0});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               writes(*t.output)},
@@ -43,7 +43,7 @@ void Add::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors
 void record_pass_through_grad(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,
                               int64_t count) {
   if (!t.input_grads[input]) return;
-  auto& kernel = kernel_for(kernels, "add_backward", *t.output_grad, {kElementwiseGroup});
+  auto kernel = kernel_for<BackwardPush>(kernels, vk::kernel::add_backward, *t.output_grad, {kElementwiseGroup});
   recorder.dispatch_elements(kernel, {reads(*t.output_grad), input_grad_arg(t, input)},
                              BackwardPush{static_cast<uint32_t>(count), accumulates(t, input)}, count,
                              kElementwiseGroup);

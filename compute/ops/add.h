@@ -12,6 +12,7 @@ class Add : public Op {
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // da[i] (+)= dy[i], db[i] (+)= dy[i] (where y > 0 with a fused ReLU)
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  Fusions fusions() const override { return {.relu = true}; }
 
  private:
   int64_t count_ = 0;

@@ -25,7 +25,7 @@ Shape AttentionGate::infer(const std::vector<Shape>& inputs) {
 }
 
 void AttentionGate::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernel_for(kernels, "attention_gate_forward", *t.output, {kElementwiseGroup});
+  auto kernel = kernel_for<ForwardPush>(kernels, vk::kernel::attention_gate_forward, *t.output, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               writes(*t.output)},
@@ -35,7 +35,7 @@ void AttentionGate::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
 // Both input gradients in one dispatch; the head always trains both branches.
 void AttentionGate::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0] || !t.input_grads[1]) throw ShapeError("attention_gate needs the gradients of both inputs");
-  auto& kernel = kernel_for(kernels, "attention_gate_backward", *t.output_grad, {kElementwiseGroup});
+  auto kernel = kernel_for<BackwardPush>(kernels, vk::kernel::attention_gate_backward, *t.output_grad, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               reads(*t.output_grad), input_grad_arg(t, 0), input_grad_arg(t, 1)},

@@ -33,10 +33,10 @@ void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
   const vk::Buffer& weights = t.tensors[0]->buffer();
   // The softmax in one invocation: three passes over a bag of at most some thousands of scores
   // cost less than a workgroup reduction's set-up.
-  recorder.dispatch(kernel_for(kernels, "attention_pool_softmax", *t.inputs[0]),
+  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_softmax, *t.inputs[0]),
                     {reads(*t.inputs[0]), vk::reads(count), vk::writes(weights)},
                     Push{rows, width, 0}, 1);
-  recorder.dispatch_elements(kernel_for(kernels, "attention_pool_forward", *t.output, {kElementwiseGroup}),
+  recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_forward, *t.output, {kElementwiseGroup}),
                              {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count),
                               writes(*t.output)},
                              Push{rows, width, 0}, width_, kElementwiseGroup);
@@ -49,16 +49,16 @@ void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const
   const vk::Buffer& instance_grad = t.tensors[1]->buffer();
   const Tensor& dz = *t.output_grad;
   if (t.input_grads[0]) {
-    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_dot", *t.output_grad, {kElementwiseGroup}),
+    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_dot, *t.output_grad, {kElementwiseGroup}),
                                {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
                                Push{rows, width, 0}, rows_, kElementwiseGroup);
-    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_scores", *t.input_grads[0],
+    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_scores, *t.input_grads[0],
                                           {kElementwiseGroup}),
                                {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
                                Push{rows, width, accumulates(t, 0)}, rows_, kElementwiseGroup);
   }
   if (t.input_grads[1]) {
-    recorder.dispatch_elements(kernel_for(kernels, "attention_pool_backward_features", *t.input_grads[1],
+    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_features, *t.input_grads[1],
                                           {kElementwiseGroup}),
                                {vk::reads(weights), reads(dz), input_grad_arg(t, 1)},
                                Push{rows, width, accumulates(t, 1)}, rows_ * width_, kElementwiseGroup);

@@ -64,19 +64,20 @@ void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
   const Tensor& statistics = *t.tensors[exchanged];
   if (t.sync) {
     MomentsPush moments{push.batch, push.channels, push.plane};
-    recorder.dispatch(kernel_for(kernels, "batch_norm2d_moments", *t.inputs[0], {kChannelGroup}),
+    recorder.dispatch(kernel_for<MomentsPush>(kernels, vk::kernel::batch_norm2d_moments, *t.inputs[0], {kChannelGroup}),
                       {reads(*t.inputs[0]), writes(statistics)}, moments, groups);
     t.sync->exchange(recorder, statistics, ReplicaSync::Combine::moments, elements);
     push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
-    recorder.dispatch(kernel_for(kernels, "batch_norm2d_forward_synced", *t.output, constants),
+    recorder.dispatch(kernel_for<ForwardPush>(kernels, vk::kernel::batch_norm2d_forward_synced, *t.output, constants),
                       {reads(*t.inputs[0]), reads(*t.tensors[weight]), reads(*t.tensors[bias]), running(running_mean),
                        running(running_var), writes(*t.tensors[mean]), writes(*t.tensors[invstd]), writes(*t.output),
                        reads(statistics)},
                       push, groups);
     return;
   }
-  const char* forward = reduction_kernel(kernels, "batch_norm2d_forward", "batch_norm2d_forward_subgroup");
-  recorder.dispatch(kernel_for(kernels, forward, *t.output, constants),
+  const auto& forward =
+      reduction_kernel(kernels, vk::kernel::batch_norm2d_forward, vk::kernel::batch_norm2d_forward_subgroup);
+  recorder.dispatch(kernel_for<ForwardPush>(kernels, forward, *t.output, constants),
                     {reads(*t.inputs[0]), reads(*t.tensors[weight]), reads(*t.tensors[bias]), running(running_mean),
                      running(running_var), writes(*t.tensors[mean]), writes(*t.tensors[invstd]), writes(*t.output)},
                     push, groups);
@@ -94,22 +95,23 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
   auto groups = static_cast<uint32_t>(channels_);
   std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
   // This device's variant of a kernel that sums over the channel (op.h's reduction_kernel).
-  auto summing = [&](const std::string& name) -> const vk::Kernel& {
-    return kernel_for(kernels, reduction_kernel(kernels, name, name + "_subgroup"), *t.output_grad, constants);
+  auto summing = [&](const vk::ActivationKernel& shared, const vk::ActivationKernel& subgroup) {
+    return kernel_for<BackwardPush>(kernels, reduction_kernel(kernels, shared, subgroup), *t.output_grad, constants);
   };
   if (input_grad && t.sync) {
     const Tensor& sums = *t.tensors[exchanged];
-    recorder.dispatch(summing("batch_norm2d_backward_sums"),
+    recorder.dispatch(summing(vk::kernel::batch_norm2d_backward_sums, vk::kernel::batch_norm2d_backward_sums_subgroup),
                       {x, w, m, s, dy, dw, db, y, writes(sums)}, push, groups);
     t.sync->exchange(recorder, sums, ReplicaSync::Combine::sum, elements);
     push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
-    recorder.dispatch(kernel_for(kernels, "batch_norm2d_backward_synced", *t.output_grad, constants),
+    recorder.dispatch(kernel_for<BackwardPush>(kernels, vk::kernel::batch_norm2d_backward_synced, *t.output_grad, constants),
                       {x, w, m, s, dy, y, reads(sums), input_grad_arg(t, 0)}, push, groups);
   } else if (input_grad) {
-    recorder.dispatch(summing("batch_norm2d_backward"),
+    recorder.dispatch(summing(vk::kernel::batch_norm2d_backward, vk::kernel::batch_norm2d_backward_subgroup),
                       {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)}, push, groups);
   } else {
-    recorder.dispatch(summing("batch_norm2d_backward_parameters"),
+    recorder.dispatch(summing(vk::kernel::batch_norm2d_backward_parameters,
+                              vk::kernel::batch_norm2d_backward_parameters_subgroup),
                       {x, w, m, s, dy, dw, db, y}, push, groups);
   }
 }

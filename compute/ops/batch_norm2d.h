@@ -15,12 +15,14 @@ class BatchNorm2d : public Op {
   // saved: mean [C] and invstd [C], the statistics that forward normalised with; exchanged
   // [2,C], what replicas combine with --sync-bn (see ReplicaSync)
   std::vector<TensorSpec> tensors() const override;
-  float eps() const { return eps_; }
   // x [N,C,(H,W)] -> y, one workgroup per channel (then max(y, 0) with a fused ReLU); with a
   // ReplicaSync, the statistics of every replica's batch together (PyTorch's SyncBatchNorm)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dy -> dx, dweight, dbias, one workgroup per channel
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  Fusions fusions() const override { return {.relu = true}; }
+  // In inference, folded into the convolution before it (Conv2d::fusions).
+  Epilogue as_epilogue() const override { return {Epilogue::Kind::batch_norm, eps_}; }
 
  private:
   float eps_, momentum_;

@@ -70,7 +70,7 @@ std::vector<TensorSpec> Conv2d::tensors() const {
                                  TensorRole::parameter, DType::f32, {Init::uniform, bound}}};
   if (has_bias_) specs.push_back({"bias", {s.out_channels}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
   int64_t weight_blocks = (s.in_channels * s.kernel_h * s.kernel_w + kWeightBlock - 1) / kWeightBlock;
-  specs.push_back({"weight_blocked", {weight_blocks, s.out_channels, kWeightBlock}, TensorRole::saved});
+  specs.push_back({"weight_blocked", {weight_blocks, s.out_channels, kWeightBlock}, TensorRole::prepared});
   if (slices_ > 1)
     specs.push_back({"weight_grad_partial", {slices_, s.out_channels, s.in_channels * s.kernel_h * s.kernel_w},
                      TensorRole::saved});
@@ -91,10 +91,16 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
           0,              0};
 }
 
-std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles, bool relu, bool fold) const {
+std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return {tiles.group,          tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
-          tiles.share_columns ? 1 : 0, tiles.reduction_unroll, kWeightBlock, relu ? 1 : 0, fold ? 1 : 0};
+  return {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
+          tiles.share_columns ? 1 : 0, tiles.reduction_unroll};
+}
+
+std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, bool relu, bool fold) const {
+  std::vector<int32_t> all = constants(tiles);
+  all.insert(all.end(), {kWeightBlock, relu ? 1 : 0, fold ? 1 : 0});
+  return all;
 }
 
 std::vector<int32_t> Conv2d::tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more) const {
@@ -109,44 +115,51 @@ namespace {
 uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>((count + per_block - 1) / per_block); }
 }  // namespace
 
-void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+// Without a folded batch norm, its bindings take the weight, which the kernels leave unread.
+const vk::Buffer& Conv2d::folded(const OpTensors& t, const Tensor* FoldedBatchNorm::*member) const {
+  return t.folded_batch_norm ? (t.folded_batch_norm->*member)->buffer() : t.tensors[0]->buffer();
+}
+
+void Conv2d::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
-  GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
-  bool tiled = tiles.kind == GemmKind::shared_memory;
-  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns_per_group()));
-  const vk::Buffer& weight = t.tensors[0]->buffer();
-  // The weight in the layout that the forward kernel reads (a pass over the weight, a rounding
-  // error beside the convolution).
-  const Tensor& blocked_tensor = *t.tensors[has_bias_ ? 2 : 1];
-  const vk::Buffer& blocked = blocked_tensor.buffer();
+  // The weight in the layout that the forward kernel reads, scaled by a folded batch norm.
+  const Tensor& blocked = *t.tensors[has_bias_ ? 2 : 1];
   struct WeightPush {
     uint32_t rows, columns, count;
     float eps;
   };
   const FoldedBatchNorm* fold = t.folded_batch_norm;
-  float eps = fold ? fold->eps : 0.0f;
-  WeightPush weight_push{static_cast<uint32_t>(s.out_channels),
-                         static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
-                         static_cast<uint32_t>(blocked_tensor.count()), eps};
-  // Without a folded batch norm, its bindings take the weight, which the kernels leave unread.
-  auto folded = [&](const Tensor* FoldedBatchNorm::*member) -> const vk::Buffer& {
-    return fold ? (fold->*member)->buffer() : weight;
-  };
+  WeightPush push{static_cast<uint32_t>(s.out_channels), static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
+                  static_cast<uint32_t>(blocked.count()), fold ? fold->eps : 0.0f};
   recorder.dispatch_elements(
-      kernels.get("conv2d_forward_weight", {static_cast<int32_t>(kElementwiseGroup), kWeightBlock, fold ? 1 : 0}),
-      {vk::reads(weight), vk::writes(blocked), vk::reads(folded(&FoldedBatchNorm::weight)),
-       vk::reads(folded(&FoldedBatchNorm::running_var))},
-      weight_push, weight_push.count, kElementwiseGroup);
-  auto& kernel = tiled ? kernel_for(kernels, "conv2d_forward_tiled", *t.output,
-                                    tiled_constants(tiles, {kWeightBlock, t.relu ? 1 : 0, fold ? 1 : 0}))
-                       : kernel_for(kernels, "conv2d_forward", *t.output, constants(tiles, t.relu, fold != nullptr));
+      kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {static_cast<int32_t>(kElementwiseGroup), kWeightBlock, fold ? 1 : 0}),
+      {vk::reads(t.tensors[0]->buffer()), vk::writes(blocked.buffer()), vk::reads(folded(t, &FoldedBatchNorm::weight)),
+       vk::reads(folded(t, &FoldedBatchNorm::running_var))},
+      push, push.count, kElementwiseGroup);
+}
+
+void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  const Conv2dShape& s = shape_;
+  GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
+  bool tiled = tiles.kind == GemmKind::shared_memory;
+  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns_per_group()));
+  // Training re-blocks the weight every pass (a pass over the weight, a rounding error beside
+  // the convolution); inference did it once, when the weights were loaded.
+  if (!t.prepared) prepare(recorder, kernels, t);
+  const vk::Buffer& weight = t.tensors[0]->buffer();
+  const vk::Buffer& blocked = t.tensors[has_bias_ ? 2 : 1]->buffer();
+  const FoldedBatchNorm* fold = t.folded_batch_norm;
+  auto kernel = tiled ? kernel_for<Push>(kernels, vk::kernel::conv2d_forward_tiled, *t.output,
+                                         tiled_constants(tiles, {kWeightBlock, t.relu ? 1 : 0, fold ? 1 : 0}))
+                      : kernel_for<Push>(kernels, vk::kernel::conv2d_forward, *t.output,
+                                         forward_constants(tiles, t.relu, fold != nullptr));
   recorder.dispatch(kernel,
-                    {reads(*t.inputs[0]), vk::reads(blocked),
-                     vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight), writes(*t.output),
-                     vk::reads(folded(&FoldedBatchNorm::weight)), vk::reads(folded(&FoldedBatchNorm::bias)),
-                     vk::reads(folded(&FoldedBatchNorm::running_mean)),
-                     vk::reads(folded(&FoldedBatchNorm::running_var))},
-                    push(false, eps), blocks(s.out_channels, tiles.rows_per_group()), groups_y, groups_z);
+                    {reads(*t.inputs[0]), vk::reads(blocked), vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight),
+                     writes(*t.output), vk::reads(folded(t, &FoldedBatchNorm::weight)),
+                     vk::reads(folded(t, &FoldedBatchNorm::bias)), vk::reads(folded(t, &FoldedBatchNorm::running_mean)),
+                     vk::reads(folded(t, &FoldedBatchNorm::running_var))},
+                    push(false, fold ? fold->eps : 0.0f), blocks(s.out_channels, tiles.rows_per_group()), groups_y,
+                    groups_z);
 }
 
 void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -163,10 +176,11 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     auto phase_taps = [&](int64_t phase, int64_t kernel_size) {
       return static_cast<int32_t>(phase < kernel_size ? (kernel_size - phase + s.stride - 1) / s.stride : 0);
     };
-    auto kernel = [&](int64_t row, int64_t col) -> const vk::Kernel& {
-      if (tiles.kind != GemmKind::shared_memory) return kernel_for(kernels, "conv2d_backward_data", dx, constants(tiles));
-      return kernel_for(kernels, "conv2d_backward_data_tiled", dx,
-                        tiled_constants(tiles, {phase_taps(row, s.kernel_h), phase_taps(col, s.kernel_w)}));
+    auto kernel = [&](int64_t row, int64_t col) {
+      if (tiles.kind != GemmKind::shared_memory)
+        return kernel_for<Push>(kernels, vk::kernel::conv2d_backward_data, dx, constants(tiles));
+      return kernel_for<Push>(kernels, vk::kernel::conv2d_backward_data_tiled, dx,
+                              tiled_constants(tiles, {phase_taps(row, s.kernel_h), phase_taps(col, s.kernel_w)}));
     };
     // One dispatch per phase of the stride: the input pixels that only taps of that phase reach.
     // The count of a phase's rows (or columns): of size positions, those with (i + pad) % stride == phase.
@@ -192,8 +206,8 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
   bool tiled = tiles.kind == GemmKind::shared_memory;
-  recorder.dispatch(tiled ? kernels.get("conv2d_backward_weight_tiled", tiled_constants(tiles))
-                          : kernels.get("conv2d_backward_weight", constants(tiles)),
+  recorder.dispatch(tiled ? kernels.get<Push>(vk::kernel::conv2d_backward_weight_tiled, tiled_constants(tiles))
+                          : kernels.get<Push>(vk::kernel::conv2d_backward_weight, constants(tiles)),
                     {reads(dy), reads(*t.inputs[0]),
                      slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
                     push(slices_ == 1), blocks(s.out_channels, tiles.rows_per_group()),
@@ -202,7 +216,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     struct ReducePush {
       uint32_t count, slices;
     };
-    auto& reduce = kernels.get("conv2d_backward_weight_reduce", {static_cast<int32_t>(kElementwiseGroup)});
+    auto reduce = kernels.get<ReducePush>(vk::kernel::conv2d_backward_weight_reduce, {static_cast<int32_t>(kElementwiseGroup)});
     int64_t count = s.out_channels * columns;
     recorder.dispatch_elements(reduce, {vk::reads(partial), vk::updates(dweight)},
                                ReducePush{static_cast<uint32_t>(count), static_cast<uint32_t>(slices_)}, count,

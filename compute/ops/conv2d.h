@@ -22,15 +22,18 @@ class Conv2d : public Op {
   // x [N,C,H,W] -> y [N,O,OH,OW], OH = (H + 2p - KH) / s + 1
   Shape infer(const std::vector<Shape>& inputs) override;
   // weight, bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch; the weight blocked for
-  // the forward kernel (shaders/conv2d_forward_weight.comp), saved by forward; where the
+  // the forward kernel (shaders/conv2d_forward_weight.comp), prepared; where the
   // weight gradient's reduction is split, a saved buffer for the partial sums of the slices.
   std::vector<TensorSpec> tensors() const override;
   // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw],
   // then the batch norm and ReLU fused in (OpTensors::folded_batch_norm, relu)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // The blocked weight, scaled by a folded batch norm's gamma / sqrt(var + eps)
+  void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= the transposed convolution of dy; dweight += dy (*) x; dbias += sum dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   double forward_flops() const override;
+  Fusions fusions() const override { return {.relu = true, .batch_norm = true}; }
 
  private:
   struct Push {
@@ -39,12 +42,15 @@ class Conv2d : public Op {
     uint32_t phase_row = 0, phase_col = 0;
   };
   Push push(bool accumulate, float eps = 0) const;
-  // The specialization constants of the conv2d shaders: these tiles, kernel size and stride,
-  // and forward's epilogue.
-  std::vector<int32_t> constants(const GemmTiles& tiles, bool relu = false, bool fold = false) const;
+  // The specialization constants of the conv2d shaders: these tiles, kernel size and stride;
+  // forward's also its weight's block and its epilogue.
+  std::vector<int32_t> constants(const GemmTiles& tiles) const;
+  std::vector<int32_t> forward_constants(const GemmTiles& tiles, bool relu, bool fold) const;
   // Those of the shared-memory tiled shaders (conv2d_tiled.glsl): the tiles', kernel size and
   // stride, then the kernel's own.
   std::vector<int32_t> tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more = {}) const;
+  // A folded batch norm's tensor, or the weight in its place (bound, never read).
+  const vk::Buffer& folded(const OpTensors& t, const Tensor* FoldedBatchNorm::*member) const;
 
   Conv2dShape shape_;
   bool has_bias_;

@@ -51,7 +51,7 @@ void Dropout::record(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
             p,
             1.0f / (1.0f - p),
             accumulate ? 1u : 0u};
-  auto& kernel = kernel_for(kernels, "dropout_apply", source, {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::dropout_apply, source, {kElementwiseGroup});
   recorder.dispatch_elements(kernel, {reads(*t.step), reads(source), destination}, push, count_,
                              kElementwiseGroup);
 }

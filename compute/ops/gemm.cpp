@@ -98,7 +98,7 @@ void record_tiled_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmT
   std::vector<int32_t> constants = tiles.tiled_constants();
   constants.insert(constants.end(), {a.col_stride == 1 ? 1 : 0, b.col_stride == 1 ? 1 : 0, bias ? 1 : 0, relu ? 1 : 0});
   auto [groups_y, groups_z] = column_groups((push.N + tiles.block_columns - 1) / tiles.block_columns);
-  recorder.dispatch(kernel_for(kernels, "gemm_tiled", *c.tensor, constants),
+  recorder.dispatch(kernel_for<GemmPush>(kernels, vk::kernel::gemm_tiled, *c.tensor, constants),
                     {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
                      push.accumulate ? updates(*c.tensor) : writes(*c.tensor)},
                     push, (push.M + tiles.block_rows - 1) / tiles.block_rows, groups_y, groups_z);
@@ -126,7 +126,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
                     tiles.reduction_unroll == tiles.group;
-  auto& kernel = kernel_for(kernels, "gemm", *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
+  auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm, *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
                                       tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
                                       share_rows ? 1 : 0, relu ? 1 : 0});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
@@ -142,7 +142,9 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
 
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
                           const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
-  recorder.dispatch(kernel_for(kernels, reduction_kernel(kernels, "bias_backward", "bias_backward_subgroup"), dy),
+  recorder.dispatch(kernel_for<BiasPush>(kernels,
+                                         reduction_kernel(kernels, vk::kernel::bias_backward, vk::kernel::bias_backward_subgroup),
+                                         dy),
                     {reads(dy), updates(dbias)},
                     BiasPush{batch, channels, pixels}, channels);
 }

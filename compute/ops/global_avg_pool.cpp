@@ -24,7 +24,7 @@ Shape GlobalAvgPool::infer(const std::vector<Shape>& inputs) {
 // One invocation per plane: N*C planes keep a device busy, and the planes are small (7x7 in
 // resnet18).
 void GlobalAvgPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernel_for(kernels, "global_avg_pool_forward", *t.output, {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::global_avg_pool_forward, *t.output, {kElementwiseGroup});
   recorder.dispatch_elements(kernel, {reads(*t.inputs[0]), writes(*t.output)},
                              Push{static_cast<uint32_t>(planes_), static_cast<uint32_t>(plane_), 0}, planes_,
                              kElementwiseGroup);
@@ -32,7 +32,7 @@ void GlobalAvgPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
 
 void GlobalAvgPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernel_for(kernels, "global_avg_pool_backward", *t.output_grad, {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::global_avg_pool_backward, *t.output_grad, {kElementwiseGroup});
   int64_t count = planes_ * plane_;
   recorder.dispatch_elements(kernel, {reads(*t.output_grad), input_grad_arg(t, 0)},
                              Push{static_cast<uint32_t>(count), static_cast<uint32_t>(plane_), accumulates(t, 0)},

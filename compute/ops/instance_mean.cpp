@@ -23,7 +23,7 @@ Shape InstanceMean::infer(const std::vector<Shape>& inputs) {
 
 // One invocation per feature: D is a few hundred at most, and each sums one column.
 void InstanceMean::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernel_for(kernels, "instance_mean_forward", *t.output, {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_mean_forward, *t.output, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               writes(*t.output)},
@@ -33,7 +33,7 @@ void InstanceMean::forward(vk::Recorder& recorder, vk::Kernels& kernels, const O
 
 void InstanceMean::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernel_for(kernels, "instance_mean_backward", *t.output_grad, {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_mean_backward, *t.output_grad, {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
                              {reads(*t.output_grad), reads(*t.inputs[1]),
                               input_grad_arg(t, 0)},

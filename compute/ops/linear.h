@@ -16,6 +16,7 @@ class Linear : public Op {
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  Fusions fusions() const override { return {.relu = true}; }
   double forward_flops() const override;
 
  private:

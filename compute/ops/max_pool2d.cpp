@@ -9,7 +9,7 @@ std::unique_ptr<Op> make_max_pool2d(const LayerConfig& layer) { return std::make
 std::vector<TensorSpec> MaxPool2d::tensors() const { return {{"argmax", output_, TensorRole::saved, DType::u32}}; }
 
 void MaxPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& pool_kernel = kernel(kernels, "max_pool2d_forward", *t.output);
+  auto pool_kernel = kernel(kernels, vk::kernel::max_pool2d_forward, *t.output, false);
   int64_t count = element_count(output_);
   recorder.dispatch_elements(
       pool_kernel,
@@ -22,7 +22,7 @@ void MaxPool2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
 // windows need no atomics and the sum has a fixed order.
 void MaxPool2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& pool_kernel = kernel(kernels, "max_pool2d_backward", *t.output_grad);
+  auto pool_kernel = kernel(kernels, vk::kernel::max_pool2d_backward, *t.output_grad, true);
   int64_t count = backward_count();
   recorder.dispatch_elements(
       pool_kernel, {reads(*t.tensors[0]), reads(*t.output_grad), input_grad_arg(t, 0)},

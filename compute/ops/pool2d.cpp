@@ -29,11 +29,13 @@ bool Pool2d::windows_tile_input() const {
 
 int64_t Pool2d::backward_count() const { return element_count(windows_tile_input() ? output_ : input_); }
 
-const vk::Kernel& Pool2d::kernel(vk::Kernels& kernels, const char* name, const Tensor& activation) const {
+vk::Pipeline<Pool2d::Push> Pool2d::kernel(vk::Kernels& kernels, const vk::ActivationKernel& kernel,
+                                          const Tensor& activation, bool backward) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return kernel_for(kernels, name, activation,
-                    {i(kElementwiseGroup), i(input_[2]), i(input_[3]), i(output_[2]), i(output_[3]), i(kernel_size_),
-                     i(stride_), i(padding_), windows_tile_input() ? 1 : 0});
+  std::vector<int32_t> constants{i(kElementwiseGroup), i(input_[2]),      i(input_[3]), i(output_[2]),
+                                 i(output_[3]),        i(kernel_size_), i(stride_),   i(padding_)};
+  if (backward) constants.push_back(windows_tile_input() ? 1 : 0);
+  return kernel_for<Push>(kernels, kernel, activation, constants);
 }
 
 }  // namespace tessera

@@ -11,11 +11,13 @@ class Pool2d : public Op {
   Shape infer(const std::vector<Shape>& inputs) override;
 
  protected:
-  // Match the specialization and push constants of shaders/pool2d.glsl.
-  const vk::Kernel& kernel(vk::Kernels& kernels, const char* name, const Tensor& activation) const;
+  // Match the specialization and push constants of shaders/pool2d.glsl; backward kernels also
+  // take whether the windows tile the input.
   struct Push {
     uint32_t count, accumulate;
   };
+  vk::Pipeline<Push> kernel(vk::Kernels& kernels, const vk::ActivationKernel& kernel, const Tensor& activation,
+                            bool backward) const;
   // The windows cover the input exactly once (stride = kernel, no padding, no remainder):
   // backward then scatters per window instead of gathering per input element.
   bool windows_tile_input() const;

@@ -22,7 +22,7 @@ Shape Relu::infer(const std::vector<Shape>& inputs) {
 }
 
 void Relu::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernel_for(kernels, "relu_forward", *t.output, {kElementwiseGroup});
+  auto kernel = kernel_for<ForwardPush>(kernels, vk::kernel::relu_forward, *t.output, {kElementwiseGroup});
   recorder.dispatch_elements(kernel, {reads(*t.inputs[0]), writes(*t.output)},
                              ForwardPush{static_cast<uint32_t>(count_)}, (count_ + 3) / 4, kElementwiseGroup);
 }
@@ -34,7 +34,7 @@ void Relu::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensor
 void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, size_t input,
                           int64_t count) {
   if (!t.input_grads[input]) return;
-  recorder.dispatch_elements(kernel_for(kernels, "relu_backward", *t.output_grad, {kElementwiseGroup}),
+  recorder.dispatch_elements(kernel_for<BackwardPush>(kernels, vk::kernel::relu_backward, *t.output_grad, {kElementwiseGroup}),
                              {reads(*t.output), reads(*t.output_grad), input_grad_arg(t, input)},
                              BackwardPush{static_cast<uint32_t>(count), accumulates(t, input)}, (count + 3) / 4,
                              kElementwiseGroup);
@@ -43,7 +43,7 @@ void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
 void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
                                    const Tensor& output_grad) {
   int64_t count = output.count();
-  recorder.dispatch_elements(kernel_for(kernels, "relu_backward_in_place", output_grad, {kElementwiseGroup}),
+  recorder.dispatch_elements(kernel_for<ForwardPush>(kernels, vk::kernel::relu_backward_in_place, output_grad, {kElementwiseGroup}),
                              {reads(output), updates(output_grad)},
                              ForwardPush{static_cast<uint32_t>(count)}, (count + 3) / 4, kElementwiseGroup);
 }

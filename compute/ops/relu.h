@@ -12,6 +12,7 @@ class Relu : public Op {
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx[i] (+)= y[i] > 0 ? dy[i] : 0
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  Epilogue as_epilogue() const override { return {Epilogue::Kind::relu}; }
 
  private:
   int64_t count_ = 0;

@@ -31,7 +31,7 @@ std::vector<TensorSpec> SoftmaxCrossEntropy::tensors() const {
 // One invocation per sample: N is a batch and C a class count, both small, and each sample
 // needs its whole row for the log-sum-exp.
 void SoftmaxCrossEntropy::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto& kernel = kernel_for(kernels, "softmax_cross_entropy_forward", *t.inputs[0], {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::softmax_cross_entropy_forward, *t.inputs[0], {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               reads(*t.tensors[0]), writes(*t.output)},
@@ -41,7 +41,7 @@ void SoftmaxCrossEntropy::forward(vk::Recorder& recorder, vk::Kernels& kernels, 
 
 void SoftmaxCrossEntropy::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   if (!t.input_grads[0]) return;
-  auto& kernel = kernel_for(kernels, "softmax_cross_entropy_backward", *t.inputs[0], {kElementwiseGroup});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::softmax_cross_entropy_backward, *t.inputs[0], {kElementwiseGroup});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               reads(*t.tensors[0]), reads(*t.output_grad),

@@ -99,6 +99,8 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   info.name = properties.properties.deviceName;
   info.type = type_name(properties.properties.deviceType);
   info.driver = std::string(driver.driverName) + " " + driver.driverInfo;
+  info.host_cores = properties.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ||
+                    driver.driverID == VK_DRIVER_ID_MESA_LLVMPIPE;
   info.api_version = properties.properties.apiVersion;
   for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
     info.heaps.push_back({memory.memoryHeaps[h].size,
@@ -174,7 +176,7 @@ std::vector<DeviceInfo> named_devices(const std::vector<int>& indices, const std
                        std::to_string(devices.size() - 1) + ", see `tessera info`)");
     const DeviceInfo& device = devices[static_cast<size_t>(index)];
     for (const DeviceInfo& earlier : named)
-      if (earlier.index == device.index && device.type != "cpu")
+      if (earlier.index == device.index && !device.host_cores)
         throw UsageError(flag + ": device " + std::to_string(index) + " (" + device.name +
                          ") is given twice; a GPU is opened once");
     named.push_back(device);

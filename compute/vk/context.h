@@ -25,6 +25,9 @@ struct DeviceInfo {
   std::string name;
   std::string type;  // "discrete-gpu", "integrated-gpu", "virtual-gpu", "cpu", "other"
   std::string driver;
+  // lavapipe (whatever type a layer presents it as): it computes on the host's cores, so it
+  // may be opened more than once (--devices 0,0).
+  bool host_cores = false;
   uint32_t api_version;
   std::vector<MemoryHeapInfo> heaps;
   bool fp16_arithmetic;
@@ -51,7 +54,7 @@ void check(VkResult result, const char* what);
 std::vector<DeviceInfo> list_devices();
 
 // The devices a list flag names (`--devices 0,1`), in its order. Throws UsageError naming `flag`
-// for an empty list, an index that does not exist, or a GPU given twice; a CPU device (lavapipe)
+// for an empty list, an index that does not exist, or a GPU given twice; lavapipe (host_cores)
 // may be given more than once: opened twice, it stands in for two devices.
 std::vector<DeviceInfo> named_devices(const std::vector<int>& indices, const std::string& flag);
 

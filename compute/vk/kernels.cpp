@@ -5,61 +5,100 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <set>
 
 #include "common/error.h"
 #include "compute/vk/context.h"
-#include "compute/vk/shader_registry.h"
 
 namespace tessera::vk {
 
 namespace {
 
-constexpr uint32_t kPushConstantBytes = 128;
-
-// Per binding a module declares (bindings 0..n-1): a uniform texel buffer where the variable is
-// a sampled buffer image (samplerBuffer), else a storage buffer; and whether that storage
-// buffer's array holds 16-bit floats (scalars or vectors).
-struct Bindings {
+// What a module declares: per binding (0..n-1) a uniform texel buffer where the variable is a
+// sampled buffer image (samplerBuffer), else a storage buffer, and whether that storage buffer's
+// array holds 16-bit floats (scalars or vectors); the size of its push-constant block; the number
+// of specialization constants it reads (the highest SpecId + 1).
+struct Reflection {
   std::vector<VkDescriptorType> types;
   std::vector<bool> half_storage;
+  uint32_t push_bytes = 0;
+  uint32_t specialization_constants = 0;
 };
-Bindings bindings_of(const ShaderBinary& spirv) {
-  constexpr uint32_t kOpTypeFloat = 22, kOpTypeVector = 23, kOpTypeImage = 25, kOpTypeSampledImage = 27,
-                     kOpTypeRuntimeArray = 29, kOpTypeStruct = 30, kOpTypePointer = 32, kOpVariable = 59,
-                     kOpDecorate = 71, kDecorationBinding = 33, kDimBuffer = 5;
-  std::map<uint32_t, uint32_t> binding_of, type_of, pointee_of, image_of, element_of, first_member_of;
+Reflection reflect(const ShaderBinary& spirv) {
+  constexpr uint32_t kOpTypeInt = 21, kOpTypeFloat = 22, kOpTypeVector = 23, kOpTypeImage = 25,
+                     kOpTypeSampledImage = 27, kOpTypeArray = 28, kOpTypeRuntimeArray = 29, kOpTypeStruct = 30,
+                     kOpTypePointer = 32, kOpConstant = 43, kOpVariable = 59, kOpDecorate = 71,
+                     kOpMemberDecorate = 72, kDecorationSpecId = 1, kDecorationArrayStride = 6,
+                     kDecorationBinding = 33, kDecorationOffset = 35, kDimBuffer = 5, kStoragePushConstant = 9;
+  std::map<uint32_t, uint32_t> binding_of, type_of, pointee_of, image_of, element_of, first_member_of, scalar_bytes,
+      constant_value, array_stride;
+  std::map<uint32_t, std::pair<uint32_t, uint32_t>> vector_of, array_of;  // (element, count or length id)
+  std::map<uint32_t, std::vector<uint32_t>> members_of;
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> member_offset;
   std::set<uint32_t> buffer_images, halves;
+  uint32_t push_variable_type = 0, specialization_constants = 0;
   for (size_t i = 5; i < spirv.word_count;) {
     const uint32_t* op = spirv.words + i;
     uint32_t word_count = op[0] >> 16, opcode = op[0] & 0xffff;
     if (word_count == 0) break;
     if (opcode == kOpDecorate && word_count >= 4 && op[2] == kDecorationBinding) binding_of[op[1]] = op[3];
-    if (opcode == kOpVariable) type_of[op[2]] = op[1];
+    if (opcode == kOpDecorate && word_count >= 4 && op[2] == kDecorationSpecId)
+      specialization_constants = std::max(specialization_constants, op[3] + 1);
+    if (opcode == kOpDecorate && word_count >= 4 && op[2] == kDecorationArrayStride) array_stride[op[1]] = op[3];
+    if (opcode == kOpMemberDecorate && word_count >= 5 && op[3] == kDecorationOffset) member_offset[{op[1], op[2]}] = op[4];
+    if (opcode == kOpVariable) {
+      type_of[op[2]] = op[1];
+      if (op[3] == kStoragePushConstant) push_variable_type = op[1];
+    }
     if (opcode == kOpTypePointer) pointee_of[op[1]] = op[3];
     if (opcode == kOpTypeSampledImage) image_of[op[1]] = op[2];
     if (opcode == kOpTypeImage && op[3] == kDimBuffer) buffer_images.insert(op[1]);
+    if (opcode == kOpTypeInt || opcode == kOpTypeFloat) scalar_bytes[op[1]] = op[2] / 8;
     if (opcode == kOpTypeFloat && op[2] == 16) halves.insert(op[1]);
-    if (opcode == kOpTypeVector && halves.count(op[2])) halves.insert(op[1]);
+    if (opcode == kOpTypeVector) {
+      vector_of[op[1]] = {op[2], op[3]};
+      if (halves.count(op[2])) halves.insert(op[1]);
+    }
+    if (opcode == kOpTypeArray) array_of[op[1]] = {op[2], op[3]};
+    if (opcode == kOpConstant && word_count >= 4) constant_value[op[2]] = op[3];
     if (opcode == kOpTypeRuntimeArray) element_of[op[1]] = op[2];
-    if (opcode == kOpTypeStruct && word_count >= 3) first_member_of[op[1]] = op[2];
+    if (opcode == kOpTypeStruct) {
+      members_of[op[1]].assign(op + 2, op + word_count);
+      if (word_count >= 3) first_member_of[op[1]] = op[2];
+    }
     i += word_count;
   }
   uint32_t count = 0;
   for (auto& [variable, binding] : binding_of) count = std::max(count, binding + 1);
-  Bindings bindings{std::vector<VkDescriptorType>(count, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER),
-                    std::vector<bool>(count, false)};
+  Reflection reflection{std::vector<VkDescriptorType>(count, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER),
+                        std::vector<bool>(count, false), 0, specialization_constants};
   for (auto& [variable, binding] : binding_of) {
     uint32_t type = pointee_of[type_of[variable]];
     if (image_of.count(type)) type = image_of[type];
-    if (buffer_images.count(type)) bindings.types[binding] = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    if (buffer_images.count(type)) reflection.types[binding] = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
     auto member = first_member_of.find(type);
     if (member != first_member_of.end() && element_of.count(member->second))
-      bindings.half_storage[binding] = halves.count(element_of[member->second]) > 0;
+      reflection.half_storage[binding] = halves.count(element_of[member->second]) > 0;
   }
-  return bindings;
+  // The push-constant block: its last byte, over members of scalars, vectors and arrays of them.
+  std::function<uint32_t(uint32_t)> bytes_of = [&](uint32_t type) -> uint32_t {
+    if (auto scalar = scalar_bytes.find(type); scalar != scalar_bytes.end()) return scalar->second;
+    if (auto vector = vector_of.find(type); vector != vector_of.end())
+      return vector->second.second * bytes_of(vector->second.first);
+    if (auto array = array_of.find(type); array != array_of.end())
+      return constant_value[array->second.second] * array_stride[type];
+    return 0;
+  };
+  if (push_variable_type) {
+    uint32_t block = pointee_of[push_variable_type];
+    auto& members = members_of[block];
+    for (uint32_t m = 0; m < members.size(); ++m)
+      reflection.push_bytes = std::max(reflection.push_bytes, member_offset[{block, m}] + bytes_of(members[m]));
+  }
+  return reflection;
 }
 
 std::string cache_file(const VkPhysicalDeviceProperties& properties) {
@@ -142,14 +181,26 @@ void Kernels::save_cache() {
   std::filesystem::rename(temporary, cache_path_, ec);
 }
 
-const Kernel& Kernels::get(const std::string& name, const std::vector<int32_t>& constants) {
-  auto key = std::make_pair(name, constants);
-  if (auto it = kernels_.find(key); it != kernels_.end()) return *it->second;
-
-  const ShaderBinary* spirv = find_shader(name);
-  if (!spirv) throw Error(ExitCode::runtime_error, "no shader named '" + name + "' is embedded");
+const Kernel& Kernels::make(const KernelSource& source, const std::vector<int32_t>& constants, uint32_t push_bytes) {
+  const ShaderBinary* spirv = source.spirv;
+  std::string name(source.name);
+  auto key = std::make_pair(spirv, constants);
+  auto found = kernels_.find(key);
+  // The push-constant size is checked for every caller: a pipeline is shared by the callers that
+  // give the same constants.
+  if (found != kernels_.end() && found->second->push_bytes == push_bytes) return *found->second;
+  Reflection declared = reflect(*spirv);
+  if (declared.specialization_constants != constants.size())
+    throw Error(ExitCode::runtime_error, "kernel " + name + ": shaders/" + name + " reads " +
+                                             std::to_string(declared.specialization_constants) +
+                                             " specialization constants, the pipeline is made with " +
+                                             std::to_string(constants.size()));
+  if (declared.push_bytes != push_bytes)
+    throw Error(ExitCode::runtime_error, "kernel " + name + ": shaders/" + name + " declares a push-constant block of " +
+                                             std::to_string(declared.push_bytes) + " bytes, the pipeline is made for " +
+                                             std::to_string(push_bytes));
   VkDevice device = context_.device();
-  VkShaderModule& module = modules_[name];
+  VkShaderModule& module = modules_[spirv];
   if (!module) {
     VkShaderModuleCreateInfo create{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
     create.codeSize = spirv->word_count * 4;
@@ -159,9 +210,9 @@ const Kernel& Kernels::get(const std::string& name, const std::vector<int32_t>& 
 
   auto kernel = std::make_unique<Kernel>();
   kernel->name = name;
-  Bindings declared = bindings_of(*spirv);
   kernel->binding_types = std::move(declared.types);
   kernel->half_storage = std::move(declared.half_storage);
+  kernel->push_bytes = push_bytes;
   kernel->binding_count = static_cast<uint32_t>(kernel->binding_types.size());
   std::vector<VkDescriptorSetLayoutBinding> bindings(kernel->binding_count);
   for (uint32_t b = 0; b < kernel->binding_count; ++b)
@@ -172,11 +223,11 @@ const Kernel& Kernels::get(const std::string& name, const std::vector<int32_t>& 
   set.pBindings = bindings.data();
   check(vkCreateDescriptorSetLayout(device, &set, nullptr, &kernel->set_layout), "vkCreateDescriptorSetLayout");
 
-  VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes};
+  VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes};
   VkPipelineLayoutCreateInfo layout{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
   layout.setLayoutCount = 1;
   layout.pSetLayouts = &kernel->set_layout;
-  layout.pushConstantRangeCount = 1;
+  layout.pushConstantRangeCount = push_bytes ? 1 : 0;
   layout.pPushConstantRanges = &push;
   check(vkCreatePipelineLayout(device, &layout, nullptr, &kernel->layout), "vkCreatePipelineLayout");
 

@@ -1,4 +1,5 @@
-// Compute pipelines from the embedded shaders, specialised per device and cached.
+// Compute pipelines from the embedded shaders, specialised per device and cached, each checked
+// against what its SPIR-V declares.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -6,8 +7,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "compute/vk/kernel_names.h"
 
 namespace tessera::vk {
 
@@ -44,6 +48,22 @@ struct Kernel {
   // Per binding: a storage buffer of 16-bit floats (an fp16 variant's activations), which the
   // recorder binds only to buffers marked half, and every other storage buffer only to unmarked ones.
   std::vector<bool> half_storage;
+  uint32_t push_bytes = 0;  // the size of the shader's push-constant block
+};
+
+// The push constants of a kernel that declares none.
+struct NoPush {};
+
+// A kernel's pipeline, made for the push-constant struct Push: the recorder dispatches it with a
+// Push and nothing else, and Push's size was checked against the SPIR-V's block when it was made.
+template <class Push>
+class Pipeline {
+ public:
+  explicit Pipeline(const Kernel& kernel) : kernel_(&kernel) {}
+  const Kernel& kernel() const { return *kernel_; }
+
+ private:
+  const Kernel* kernel_;
 };
 
 class Kernels {
@@ -53,9 +73,16 @@ class Kernels {
   Kernels(const Kernels&) = delete;
   Kernels& operator=(const Kernels&) = delete;
 
-  // The pipeline of shaders/<name>.comp with specialization constants 0..n-1 set to
-  // `constants` (a shader gives its workgroup size and tile shapes this way).
-  const Kernel& get(const std::string& name, const std::vector<int32_t>& constants = {});
+  // The pipeline of `source` with specialization constants 0..n-1 set to `constants` (a shader
+  // gives its workgroup size and tile shapes this way), for push constants of type Push. Throws
+  // naming the kernel when the SPIR-V declares another number of specialization constants or a
+  // push-constant block of another size than Push.
+  template <class Push = NoPush>
+  Pipeline<Push> get(const KernelSource& source, const std::vector<int32_t>& constants = {}) {
+    static_assert(std::is_trivially_copyable_v<Push> && sizeof(Push) <= 128,
+                  "push constants are trivially copyable and at most 128 bytes");
+    return Pipeline<Push>(make(source, constants, std::is_same_v<Push, NoPush> ? 0 : sizeof(Push)));
+  }
   // The device the kernels run on.
   Context& context() const { return context_; }
   // What ops choose their tile shapes for: this device, unless set to another target whose
@@ -64,6 +91,7 @@ class Kernels {
   void set_tile_target(TileTarget target) { tile_target_ = std::move(target); }
 
  private:
+  const Kernel& make(const KernelSource& source, const std::vector<int32_t>& constants, uint32_t push_bytes);
   void load_cache();
   void save_cache();
 
@@ -71,8 +99,8 @@ class Kernels {
   TileTarget tile_target_;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::string cache_path_;
-  std::map<std::pair<std::string, std::vector<int32_t>>, std::unique_ptr<Kernel>> kernels_;
-  std::map<std::string, VkShaderModule> modules_;
+  std::map<std::pair<const ShaderBinary*, std::vector<int32_t>>, std::unique_ptr<Kernel>> kernels_;
+  std::map<const ShaderBinary*, VkShaderModule> modules_;
 };
 
 }  // namespace tessera::vk

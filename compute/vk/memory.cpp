@@ -1,6 +1,10 @@
 #include "compute/vk/memory.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "common/error.h"
@@ -19,6 +23,24 @@ uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 }  // namespace
+
+void Buffer::flush(uint64_t offset, uint64_t bytes) const {
+  if (owner_) owner_->sync_host(*this, offset, bytes, true);
+}
+
+void Buffer::invalidate(uint64_t offset, uint64_t bytes) const {
+  if (owner_) owner_->sync_host(*this, offset, bytes, false);
+}
+
+void Buffer::write(const void* data, uint64_t bytes, uint64_t offset) const {
+  std::memcpy(static_cast<char*>(mapped_) + offset, data, bytes);
+  flush(offset, bytes);
+}
+
+void Buffer::read(void* data, uint64_t bytes, uint64_t offset) const {
+  invalidate(offset, bytes);
+  std::memcpy(data, static_cast<const char*>(mapped_) + offset, bytes);
+}
 
 Buffer::~Buffer() { release(); }
 
@@ -55,8 +77,11 @@ Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
     if (heap.device_local) largest_heap = std::max(largest_heap, heap.size);
   stats_.budget_bytes = budget ? budget : largest_heap;
   const auto& limits = context.properties().limits;
-  alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment,
-                                   limits.nonCoherentAtomSize});
+  atom_ = std::max<uint64_t>(limits.nonCoherentAtomSize, 1);
+  // Buffers start and end on atoms, so that a flush or invalidate of one never touches another.
+  alignment_ = std::max<uint64_t>({alignment_, limits.minStorageBufferOffsetAlignment, atom_});
+  const char* fault = std::getenv("TESSERA_FAULT");
+  skip_flush_ = fault && std::strcmp(fault, "skip_flush") == 0;
   device_memory_mapped_ = context.info().heaps.size() == 1;  // as pool_for chooses
   VkBufferCreateInfo probe{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   probe.size = 4;
@@ -77,7 +102,19 @@ Allocator::~Allocator() {
 
 uint64_t Allocator::footprint(uint64_t bytes) const { return round_up(std::max<uint64_t>(bytes, 4), alignment_); }
 
-uint64_t Allocator::transfer_footprint(uint64_t bytes) const { return device_memory_mapped_ ? 0 : footprint(bytes); }
+uint64_t Allocator::device_footprint(uint64_t bytes, MemoryUsage usage) const {
+  return in_device_heap(memory_type_for(usage, storage_type_bits_)) ? footprint(bytes) : 0;
+}
+
+uint64_t Allocator::transfer_footprint(uint64_t bytes) const {
+  return device_memory_mapped_ ? 0 : device_footprint(bytes, MemoryUsage::staging);
+}
+
+bool Allocator::in_device_heap(uint32_t memory_type) const {
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
+  return memory.memoryHeaps[memory.memoryTypes[memory_type].heapIndex].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT;
+}
 
 uint32_t Allocator::memory_type_for(MemoryUsage usage, uint32_t type_bits) const {
   VkPhysicalDeviceMemoryProperties memory;
@@ -96,8 +133,10 @@ uint32_t Allocator::memory_type_for(MemoryUsage usage, uint32_t type_bits) const
     if (context_.info().heaps.size() == 1) type = find(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | host);
     if (type < 0) type = find(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   } else {
-    type = find(host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
-    if (type < 0) type = find(host);
+    // The host reads staging memory back (metrics, gradients, downloads): uncached reads are
+    // slow, so cached memory first, coherent or not.
+    type = find(VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+    if (type < 0) type = find(VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT);
   }
   if (type < 0) type = find(0);
   if (type < 0) throw Error(ExitCode::runtime_error, "no Vulkan memory type fits a storage buffer");
@@ -113,6 +152,8 @@ uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
   Pool pool;
   pool.memory_type = type;
   pool.host_visible = (memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
+  pool.coherent = (memory.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) != 0;
+  pool.device_heap = in_device_heap(type);
   pools_.push_back(std::move(pool));
   return static_cast<uint32_t>(pools_.size() - 1);
 }
@@ -145,7 +186,7 @@ void Allocator::carve(Block& block, uint64_t offset, uint64_t reserved) {
 
 uint64_t Allocator::reserved_after(const std::vector<PlannedBuffer>& buffers) const {
   // The pools' free ranges as they are now (no device memory), then each buffer placed.
-  std::map<uint32_t, std::vector<std::unique_ptr<Block>>> pools;
+  std::map<uint32_t, std::vector<std::unique_ptr<Block>>> pools;  // by memory type
   for (const Pool& pool : pools_)
     for (auto& block : pool.blocks)
       pools[pool.memory_type].push_back(block ? std::make_unique<Block>(Block{VK_NULL_HANDLE, block->size, nullptr,
@@ -153,14 +194,16 @@ uint64_t Allocator::reserved_after(const std::vector<PlannedBuffer>& buffers) co
                                               : nullptr);
   uint64_t reserved_bytes = stats_.reserved_bytes;
   for (const PlannedBuffer& buffer : buffers) {
-    auto& blocks = pools[memory_type_for(buffer.usage, storage_type_bits_)];
+    uint32_t type = memory_type_for(buffer.usage, storage_type_bits_);
+    bool counted = in_device_heap(type);
+    auto& blocks = pools[type];
     uint64_t reserved = footprint(buffer.bytes);
     Placement placement = place(blocks, reserved, alignment_);
     if (placement.block == blocks.size()) {
       auto block = std::make_unique<Block>();
-      block->size = new_block_size(reserved, reserved_bytes);
+      block->size = counted ? new_block_size(reserved, reserved_bytes) : std::max(kBlockSize, reserved);
       block->free[0] = block->size;
-      reserved_bytes += block->size;
+      reserved_bytes += counted ? block->size : 0;
       blocks.push_back(std::move(block));
     }
     carve(*blocks[placement.block], placement.offset, reserved);
@@ -183,14 +226,15 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   vkGetBufferMemoryRequirements(device, buffer.handle_, &requirements);
   uint64_t alignment = std::max<uint64_t>(requirements.alignment, alignment_);
   uint64_t reserved = round_up(requirements.size, alignment);
-  if (stats_.live_bytes + reserved > stats_.budget_bytes) {
+  uint32_t p = pool_for(usage, requirements.memoryTypeBits);
+  const bool counted = pools_[p].device_heap;
+  if (counted && stats_.live_bytes + reserved > stats_.budget_bytes) {
     vkDestroyBuffer(device, buffer.handle_, nullptr);
     buffer.handle_ = VK_NULL_HANDLE;
     throw OutOfDeviceMemory(what + ": asked for " + format_bytes(reserved) + " with " +
                             format_bytes(stats_.live_bytes) + " in use; the device memory budget is " +
                             format_bytes(stats_.budget_bytes) + " (--device-memory-limit)");
   }
-  uint32_t p = pool_for(usage, requirements.memoryTypeBits);
   Pool& pool = pools_[p];
 
   auto [block_index, offset] = place(pool.blocks, reserved, alignment);
@@ -198,7 +242,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
     // The budget bounds the blocks taken from the device, not only the live buffers in them:
     // the last block is cut to what the budget has left.
     uint64_t left = stats_.budget_bytes > stats_.reserved_bytes ? stats_.budget_bytes - stats_.reserved_bytes : 0;
-    if (reserved > left) {
+    if (counted && reserved > left) {
       vkDestroyBuffer(device, buffer.handle_, nullptr);
       buffer.handle_ = VK_NULL_HANDLE;
       throw OutOfDeviceMemory(what + ": asked for " + format_bytes(reserved) + " with " +
@@ -207,7 +251,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
                               format_bytes(stats_.budget_bytes) + " (--device-memory-limit)");
     }
     auto block = std::make_unique<Block>();
-    block->size = new_block_size(reserved, stats_.reserved_bytes);
+    block->size = counted ? new_block_size(reserved, stats_.reserved_bytes) : std::max(kBlockSize, reserved);
     VkMemoryAllocateInfo allocate{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     allocate.allocationSize = block->size;
     allocate.memoryTypeIndex = pool.memory_type;
@@ -222,7 +266,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
     if (pool.host_visible)
       check(vkMapMemory(device, block->memory, 0, VK_WHOLE_SIZE, 0, &block->mapped), "vkMapMemory");
     block->free[0] = block->size;
-    stats_.reserved_bytes += block->size;
+    if (counted) stats_.reserved_bytes += block->size;
     // Reuse a slot that trim() emptied.
     auto empty = std::find(pool.blocks.begin(), pool.blocks.end(), nullptr);
     block_index = static_cast<size_t>(empty - pool.blocks.begin());
@@ -243,7 +287,7 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   buffer.block_ = static_cast<uint32_t>(block_index);
   buffer.offset_ = offset;
   buffer.reserved_ = reserved;
-  stats_.live_bytes += reserved;
+  if (counted) stats_.live_bytes += reserved;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   stats_.allocations++;
   // A tensor within the buffer has at most maxTexelBufferElements elements (Context's largest_buffer).
@@ -284,7 +328,28 @@ void Allocator::free(Buffer& buffer) {
   }
   block.free[start] = size;
   block.used -= buffer.reserved_;
-  stats_.live_bytes -= buffer.reserved_;
+  if (pools_[buffer.pool_].device_heap) stats_.live_bytes -= buffer.reserved_;
+}
+
+void Allocator::sync_host(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool flush) const {
+  const Pool& pool = pools_[buffer.pool_];
+  if (!pool.host_visible)
+    throw std::logic_error("flush or invalidate of a buffer the host cannot map (" + std::to_string(buffer.size_) +
+                           " bytes)");
+  if (pool.coherent || (flush && skip_flush_)) return;
+  if (bytes == VK_WHOLE_SIZE) bytes = buffer.size_ - std::min(offset, buffer.size_);
+  if (bytes == 0) return;
+  // Whole atoms, within the buffer's own aligned range.
+  uint64_t begin = buffer.offset_ + offset / atom_ * atom_;
+  uint64_t end = std::min(buffer.offset_ + round_up(offset + bytes, atom_), buffer.offset_ + buffer.reserved_);
+  VkMappedMemoryRange range{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE};
+  range.memory = pool.blocks[buffer.block_]->memory;
+  range.offset = begin;
+  range.size = end - begin;
+  if (flush)
+    check(vkFlushMappedMemoryRanges(context_.device(), 1, &range), "vkFlushMappedMemoryRanges");
+  else
+    check(vkInvalidateMappedMemoryRanges(context_.device(), 1, &range), "vkInvalidateMappedMemoryRanges");
 }
 
 void Allocator::trim() {
@@ -292,7 +357,7 @@ void Allocator::trim() {
     for (auto& block : pool.blocks)
       if (block && block->used == 0) {
         vkFreeMemory(context_.device(), block->memory, nullptr);
-        stats_.reserved_bytes -= block->size;
+        if (pool.device_heap) stats_.reserved_bytes -= block->size;
         block.reset();
       }
 }

@@ -15,7 +15,8 @@ class Allocator;
 
 enum class MemoryUsage {
   device,   // tensors: device-local, host-visible only where the device has one heap (lavapipe, UMA)
-  staging,  // host-visible and coherent: uploads and read-backs
+  staging,  // host-visible, cached where the device has such memory (the host reads it back), and
+            // then possibly not coherent: see Buffer::flush and Buffer::invalidate
 };
 
 // A VkBuffer bound to a range of a pooled block. Move-only; returns its range when destroyed.
@@ -37,6 +38,16 @@ class Buffer {
   uint64_t size() const { return size_; }
   // Host address of the contents, or nullptr when the memory is not host-visible.
   void* mapped() const { return mapped_; }
+  // Where the mapped memory is not coherent (cached host memory of some GPUs), what the host wrote
+  // reaches the device only once flushed, and what the device wrote reaches the host only once
+  // invalidated (after the device's work has finished); on coherent memory both do nothing. They
+  // act on whole nonCoherentAtomSize atoms, which never reach another buffer (the allocator
+  // aligns buffers to them). An invalidate drops the host's unflushed writes in its range.
+  void flush(uint64_t offset = 0, uint64_t bytes = VK_WHOLE_SIZE) const;
+  void invalidate(uint64_t offset = 0, uint64_t bytes = VK_WHOLE_SIZE) const;
+  // Copies into the mapping and flushes; invalidates and copies out of it.
+  void write(const void* data, uint64_t bytes, uint64_t offset = 0) const;
+  void read(void* data, uint64_t bytes, uint64_t offset = 0) const;
   explicit operator bool() const { return handle_ != VK_NULL_HANDLE; }
 
  private:
@@ -58,6 +69,8 @@ struct PlannedBuffer {
   MemoryUsage usage;
 };
 
+// Of the device's own memory (its device-local heap): host memory that a discrete GPU's staging
+// buffers take is not counted, and the budget does not bound it.
 struct MemoryStats {
   uint64_t live_bytes = 0;      // bytes held by live buffers (aligned sizes)
   uint64_t peak_bytes = 0;      // the most live_bytes ever reached
@@ -82,8 +95,11 @@ class Allocator {
   void trim();
   // The bytes a buffer of `bytes` takes in a block once aligned (for memory plans).
   uint64_t footprint(uint64_t bytes) const;
-  // The staging buffer that uploading or downloading a tensor of `bytes` takes: none where
-  // device memory is mapped (lavapipe, integrated GPUs), its footprint on discrete GPUs.
+  // Its footprint in the device's memory: none for staging in host memory (discrete GPUs).
+  uint64_t device_footprint(uint64_t bytes, MemoryUsage usage) const;
+  // The device memory that the staging buffer of an upload or download of a tensor of `bytes`
+  // takes: none where device memory is mapped (lavapipe, integrated GPUs) or where staging
+  // memory is the host's (discrete GPUs).
   uint64_t transfer_footprint(uint64_t bytes) const;
   // The device memory (blocks) this allocator would hold after allocating `buffers` in this
   // order on top of what it holds now: each placed as allocate() places it, so a buffer that
@@ -103,6 +119,8 @@ class Allocator {
   struct Pool {
     uint32_t memory_type = 0;
     bool host_visible = false;
+    bool coherent = true;
+    bool device_heap = true;  // in the device's own memory: counted in stats_ and bounded by the budget
     std::vector<std::unique_ptr<Block>> blocks;
   };
   // Where a buffer of `reserved` bytes goes: a block of the pool and the offset in it, where
@@ -119,15 +137,21 @@ class Allocator {
   // Takes [offset, offset + reserved) out of the free range of `block` that holds it.
   static void carve(Block& block, uint64_t offset, uint64_t reserved);
   void free(Buffer& buffer);
+  // Buffer::flush (flush true) and Buffer::invalidate.
+  void sync_host(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool flush) const;
   uint32_t memory_type_for(MemoryUsage usage, uint32_t type_bits) const;
+  bool in_device_heap(uint32_t memory_type) const;
   uint32_t pool_for(MemoryUsage usage, uint32_t type_bits);
 
   Context& context_;
   std::vector<Pool> pools_;
   MemoryStats stats_;
   uint64_t alignment_ = 256;
+  uint64_t atom_ = 1;  // nonCoherentAtomSize
   uint32_t storage_type_bits_ = ~0u;  // the memory types a storage buffer may take
   bool device_memory_mapped_ = false;
+  // TESSERA_FAULT=skip_flush (tests): flushes do nothing, as if tessera had forgotten them.
+  bool skip_flush_ = false;
 };
 
 }  // namespace tessera::vk

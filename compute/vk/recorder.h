@@ -68,23 +68,25 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
+  // A dispatch of `pipeline` with its push constants (of the type it was made for).
   template <class Push>
-  void dispatch(const Kernel& kernel, std::initializer_list<BufferArg> buffers, const Push& push,
+  void dispatch(const Pipeline<Push>& pipeline, std::initializer_list<BufferArg> buffers, const Push& push,
                 uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1) {
-    static_assert(sizeof(Push) <= 128, "push constants are limited to 128 bytes");
-    dispatch_raw(kernel, buffers, &push, sizeof(Push), groups_x, groups_y, groups_z);
+    dispatch_raw(pipeline.kernel(), buffers, &push, sizeof(Push), groups_x, groups_y, groups_z);
+  }
+  void dispatch(const Pipeline<NoPush>& pipeline, std::initializer_list<BufferArg> buffers, uint32_t groups_x,
+                uint32_t groups_y = 1, uint32_t groups_z = 1) {
+    dispatch_raw(pipeline.kernel(), buffers, nullptr, 0, groups_x, groups_y, groups_z);
   }
   // One invocation per element for `count` elements in workgroups of `local_size`, spread over
   // x and y so that any count fits the dispatch limits; shaders index with global_index()
   // from shaders/common.glsl.
   template <class Push>
-  void dispatch_elements(const Kernel& kernel, std::initializer_list<BufferArg> buffers,
-                         const Push& push, uint64_t count, uint32_t local_size) {
+  void dispatch_elements(const Pipeline<Push>& pipeline, std::initializer_list<BufferArg> buffers, const Push& push,
+                         uint64_t count, uint32_t local_size) {
     auto [x, y] = element_groups(count, local_size);
-    dispatch(kernel, buffers, push, x, y);
+    dispatch(pipeline, buffers, push, x, y);
   }
-  void dispatch_raw(const Kernel& kernel, std::initializer_list<BufferArg> buffers, const void* push,
-                    uint32_t push_size, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z);
 
   void copy(const Buffer& source, uint64_t source_offset, const Buffer& destination,
             uint64_t destination_offset, uint64_t bytes);
@@ -100,6 +102,8 @@ class Recorder {
   static std::pair<uint32_t, uint32_t> element_groups(uint64_t count, uint32_t local_size);
 
  private:
+  void dispatch_raw(const Kernel& kernel, std::initializer_list<BufferArg> buffers, const void* push,
+                    uint32_t push_size, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z);
   void begin(Program& program);
   bool hazard(VkBuffer buffer, Access access) const;
   void track(VkBuffer buffer, Access access);

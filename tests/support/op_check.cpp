@@ -96,7 +96,7 @@ void OpCheck::upload() {
   }
   auto& layer = network_.layers()[0];
   for (size_t s = 0; s < tensors.size(); ++s) {
-    if (specs[s].role == TensorRole::saved) continue;
+    if (!in_checkpoint(specs[s].role)) continue;
     layer.tensors[s]->upload(tensors[s]);
   }
   uint32_t steps[2] = {step, 0};

@@ -1,0 +1,36 @@
+// The device memory a run will take, computed from shapes alone before anything is allocated,
+// and the check of it against the device's budget that every command touching a device makes
+// (docs/architecture.md, "Memory discipline").
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compute/vk/context.h"
+#include "compute/vk/memory.h"
+
+namespace tessera {
+
+// Per-category device bytes and every buffer, in the order the run allocates them.
+struct MemoryPlan {
+  std::map<std::string, uint64_t> bytes;   // "parameters", "gradients", "activations", ...
+  std::vector<vk::PlannedBuffer> buffers;  // every buffer, in the order the run allocates it
+  // Adds a buffer of `bytes` (its footprint in device memory to `category`).
+  void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
+           vk::MemoryUsage usage = vk::MemoryUsage::device);
+  // Adds every buffer of `other` after these.
+  void append(const MemoryPlan& other);
+  // The bytes of the buffers.
+  uint64_t total() const;
+  // What the allocator will take from the device for them on top of what it holds: its blocks,
+  // with the rest of a block that the next buffer did not fit (what the budget bounds).
+  uint64_t device_bytes(const vk::Allocator& allocator) const { return allocator.reserved_after(buffers); }
+};
+
+// Throws OutOfDeviceMemory (exit 3) naming the plan's bytes, the blocks they take and the budget,
+// with `advice` on what to change, when the plan and what is already allocated are over the
+// budget. Every command calls it before it allocates.
+void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice);
+
+}  // namespace tessera

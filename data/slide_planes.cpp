@@ -1,0 +1,390 @@
+// Multiplex slides whose channels are grey planes (OME-TIFF: a main directory per plane, its
+// pyramid in SubIFDs; QPTIFF: a full-resolution directory per channel, then reduced ones), read
+// through libtiff with one handle per plane, so that channels decode on several threads; and the
+// kinds of image tessera does not read (z-stacks, time series, signed, floating-point or wider
+// than 8-bit samples), refused naming what the file holds.
+#include <tiffio.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <regex>
+
+#include "common/error.h"
+#include "data/slide_parts.h"
+
+namespace tessera::data {
+
+namespace {
+
+struct TiffCloser {
+  void operator()(TIFF* tiff) const { TIFFClose(tiff); }
+};
+using TiffHandle = std::unique_ptr<TIFF, TiffCloser>;
+
+// A directory: the index of one in the main chain, or the offset of a SubIFD.
+struct Directory {
+  bool sub = false;
+  uint64_t at = 0;
+};
+
+bool enter(TIFF* tiff, const Directory& directory) {
+  return directory.sub ? TIFFSetSubDirectory(tiff, directory.at) != 0
+                       : TIFFSetDirectory(tiff, static_cast<tdir_t>(directory.at)) != 0;
+}
+
+// What a multiplex TIFF holds: per level, per channel, the directory of its plane.
+struct Layout {
+  std::string kind;
+  std::vector<std::string> names;
+  std::vector<std::vector<Directory>> levels;
+  double mpp = 0;
+};
+
+// ---- A little XML: start tags and their attributes, enough for OME's Pixels and QPTIFF's fields.
+
+std::vector<std::string> start_tags(const std::string& xml, const std::string& element) {
+  std::vector<std::string> tags;
+  for (size_t at = xml.find("<" + element); at != std::string::npos; at = xml.find("<" + element, at + 1)) {
+    char after = at + element.size() + 1 < xml.size() ? xml[at + element.size() + 1] : '>';
+    if (after != ' ' && after != '>' && after != '/' && after != '\n' && after != '\t') continue;
+    tags.push_back(xml.substr(at, xml.find('>', at) - at));
+  }
+  return tags;
+}
+
+std::optional<std::string> attribute(const std::string& tag, const std::string& name) {
+  std::smatch match;
+  if (std::regex_search(tag, match, std::regex("\\s" + name + "\\s*=\\s*\"([^\"]*)\""))) return match[1].str();
+  return std::nullopt;
+}
+
+int64_t number_attribute(const std::string& tag, const std::string& name, int64_t fallback) {
+  auto text = attribute(tag, name);
+  if (!text) return fallback;
+  char* end = nullptr;
+  long long value = std::strtoll(text->c_str(), &end, 10);
+  return end && *end == '\0' && !text->empty() && value >= 0 ? value : fallback;
+}
+
+std::string element_text(const std::string& xml, const std::string& element) {
+  size_t open = xml.find("<" + element + ">");
+  if (open == std::string::npos) return "";
+  open += element.size() + 2;
+  size_t close = xml.find("</" + element + ">", open);
+  return close == std::string::npos ? "" : xml.substr(open, close - open);
+}
+
+std::string description_of(TIFF* tiff) {
+  char* text = nullptr;
+  return TIFFGetField(tiff, TIFFTAG_IMAGEDESCRIPTION, &text) && text ? std::string(text) : std::string();
+}
+
+// "signed 8-bit (int8)": OME's pixel types as a sentence says them.
+std::string ome_type_words(const std::string& type) {
+  if (type == "int8") return "signed 8-bit (int8)";
+  if (type == "int16") return "signed 16-bit (int16)";
+  if (type == "int32") return "signed 32-bit (int32)";
+  if (type == "uint16") return "16-bit (uint16)";
+  if (type == "uint32") return "32-bit (uint32)";
+  if (type == "float" || type == "double") return "floating-point (" + type + ")";
+  if (type == "bit") return "1-bit";
+  return type;
+}
+
+// The sample kind of the current directory when tessera cannot read it ("16-bit"), else empty.
+std::string unreadable_samples(TIFF* tiff) {
+  uint16_t bits = 8, format = SAMPLEFORMAT_UINT;
+  TIFFGetFieldDefaulted(tiff, TIFFTAG_BITSPERSAMPLE, &bits);
+  TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLEFORMAT, &format);
+  if (format == SAMPLEFORMAT_INT) return "signed " + std::to_string(bits) + "-bit";
+  if (format == SAMPLEFORMAT_IEEEFP) return std::to_string(bits) + "-bit floating-point";
+  if (bits != 8) return std::to_string(bits) + "-bit";
+  return "";
+}
+
+[[noreturn]] void refuse(const std::string& path, const std::string& holds) {
+  throw BadInput(path + ": " + holds + ": tessera reads one focal plane and time point of unsigned 8-bit samples "
+                                       "(export such a plane first, e.g. bfconvert -z 0 -t 0 -pixeltype uint8)");
+}
+
+// The plane of each channel (z = 0, t = 0) in the main chain, from the TiffData blocks (or in
+// DimensionOrder when there are none).
+std::vector<Directory> ome_planes(const std::string& pixels, const std::string& path, int64_t size_c, int64_t size_z,
+                                  int64_t size_t_) {
+  std::string order = attribute(start_tags(pixels, "Pixels").front(), "DimensionOrder").value_or("XYZCT");
+  std::map<char, int64_t> sizes{{'Z', size_z}, {'C', size_c}, {'T', size_t_}}, stride;
+  int64_t step = 1;
+  for (char axis : order.substr(2)) {
+    stride[axis] = step;
+    step *= sizes[axis];
+  }
+  std::vector<int64_t> directory_of(static_cast<size_t>(step), -1);
+  auto blocks = start_tags(pixels, "TiffData");
+  std::string file = std::filesystem::path(path).filename().string();
+  for (auto& uuid : start_tags(pixels, "UUID"))
+    if (auto name = attribute(uuid, "FileName"); name && *name != file)
+      refuse(path, "a multi-file OME-TIFF (planes in " + *name + ")");
+  if (blocks.empty()) blocks.push_back("<TiffData");
+  for (auto& block : blocks) {
+    int64_t first = number_attribute(block, "FirstC", 0) * stride['C'] + number_attribute(block, "FirstZ", 0) * stride['Z'] +
+                    number_attribute(block, "FirstT", 0) * stride['T'];
+    int64_t ifd = number_attribute(block, "IFD", 0);
+    int64_t count = number_attribute(block, "PlaneCount", attribute(block, "IFD") ? 1 : step);
+    for (int64_t k = 0; k < count && first + k < step; ++k) directory_of[static_cast<size_t>(first + k)] = ifd + k;
+  }
+  std::vector<Directory> planes;
+  for (int64_t c = 0; c < size_c; ++c) {
+    int64_t ifd = directory_of[static_cast<size_t>(c * stride['C'])];
+    if (ifd < 0) throw BadInput(path + ": its OME-XML places no TIFF directory for channel " + std::to_string(c));
+    planes.push_back({false, static_cast<uint64_t>(ifd)});
+  }
+  return planes;
+}
+
+std::optional<Layout> ome_layout(TIFF* tiff, const std::string& path, const std::string& xml) {
+  auto pixels_tags = start_tags(xml, "Pixels");
+  if (pixels_tags.empty()) return std::nullopt;
+  size_t begin = xml.find(pixels_tags.front()), end = xml.find("</Pixels>", begin);
+  std::string pixels = xml.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  const std::string& tag = pixels_tags.front();
+  int64_t size_c = number_attribute(tag, "SizeC", 1), size_z = number_attribute(tag, "SizeZ", 1);
+  int64_t size_t_ = number_attribute(tag, "SizeT", 1);
+  std::string type = attribute(tag, "Type").value_or("uint8");
+  auto channels = start_tags(pixels, "Channel");
+  int64_t samples = channels.empty() ? 1 : number_attribute(channels.front(), "SamplesPerPixel", 1);
+  if (size_z > 1 || size_t_ > 1 || type != "uint8") {
+    std::string holds = "an OME-TIFF of " + std::to_string(size_c) + (size_c == 1 ? " channel" : " channels");
+    if (size_z > 1) holds += ", a z-stack of " + std::to_string(size_z) + " focal planes";
+    if (size_t_ > 1) holds += ", a time series of " + std::to_string(size_t_) + " time points";
+    refuse(path, holds + ", of " + ome_type_words(type) + " samples");
+  }
+  // A colour image (its channel three samples a pixel) is for the ordinary readers; grey planes,
+  // one or many, are channels (a single DAPI plane too, with its SubIFD pyramid).
+  if (samples > 1) return std::nullopt;
+  Layout layout{"ome-tiff", {}, {}, 0};
+  for (int64_t c = 0; c < size_c; ++c)
+    layout.names.push_back(c < static_cast<int64_t>(channels.size())
+                               ? attribute(channels[static_cast<size_t>(c)], "Name").value_or("")
+                               : "");
+  auto planes = ome_planes(pixels, path, size_c, size_z, size_t_);
+  // Each plane's SubIFDs are its smaller levels; the levels every channel has are the pyramid's.
+  size_t level_count = SIZE_MAX;
+  std::vector<std::vector<uint64_t>> sub_levels;
+  for (const Directory& plane : planes) {
+    if (!enter(tiff, plane)) throw BadInput(path + ": OME-XML names TIFF directory " + std::to_string(plane.at) +
+                                            ", which the file does not have");
+    uint16_t count = 0;
+    uint64_t* offsets = nullptr;
+    sub_levels.emplace_back();
+    if (TIFFGetField(tiff, TIFFTAG_SUBIFD, &count, &offsets) && offsets) sub_levels.back().assign(offsets, offsets + count);
+    level_count = std::min(level_count, sub_levels.back().size() + 1);
+  }
+  layout.levels.assign(level_count, {});
+  for (size_t c = 0; c < planes.size(); ++c) {
+    layout.levels[0].push_back(planes[c]);
+    for (size_t level = 1; level < level_count; ++level) layout.levels[level].push_back({true, sub_levels[c][level - 1]});
+  }
+  if (std::string unit = attribute(tag, "PhysicalSizeXUnit").value_or("µm"); unit == "µm" || unit == "um")
+    layout.mpp = std::strtod(attribute(tag, "PhysicalSizeX").value_or("0").c_str(), nullptr);
+  return layout;
+}
+
+// QPTIFF (Akoya/PerkinElmer Vectra, Polaris): each main directory's description says its type
+// (FullResolution, ReducedResolution, Thumbnail, Overview, Label) and channel Name.
+std::optional<Layout> qptiff_layout(TIFF* tiff, const std::string& path) {
+  Layout layout{"qptiff", {}, {}, 0};
+  std::vector<std::pair<Directory, std::string>> reduced;
+  tdir_t index = 0;
+  TIFFSetDirectory(tiff, 0);
+  do {
+    std::string xml = description_of(tiff);
+    std::string type = element_text(xml, "ImageType");
+    if (type == "FullResolution") {
+      if (layout.levels.empty()) layout.levels.emplace_back();
+      layout.levels[0].push_back({false, index});
+      layout.names.push_back(element_text(xml, "Name"));
+    } else if (type == "ReducedResolution") {
+      reduced.push_back({{false, index}, ""});
+    }
+  } while (TIFFReadDirectory(tiff) && ++index);
+  if (layout.levels.empty()) return std::nullopt;
+  size_t channels = layout.levels[0].size();
+  uint16_t samples = 1;
+  enter(tiff, layout.levels[0][0]);
+  TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLESPERPIXEL, &samples);
+  if (samples > 1) return std::nullopt;  // bright-field RGB: the ordinary readers
+  for (size_t first = 0; first + channels <= reduced.size(); first += channels) {
+    layout.levels.emplace_back();
+    for (size_t c = 0; c < channels; ++c) layout.levels.back().push_back(reduced[first + c].first);
+  }
+  for (const Directory& plane : layout.levels[0]) {
+    enter(tiff, plane);
+    if (std::string kind = unreadable_samples(tiff); !kind.empty())
+      refuse(path, "a QPTIFF of " + std::to_string(channels) + " channels of " + kind + " samples");
+  }
+  return layout;
+}
+
+// One plane of one level: its own libtiff handle parked on its directory, read one thread at a time.
+struct Plane {
+  TiffHandle tiff;
+  std::mutex mutex;
+  int64_t width = 0, height = 0, columns = 0, rows = 0;
+  int tile_width = 0, tile_height = 0;
+  bool tiled = false;
+  std::vector<uint64_t> byte_counts;
+};
+
+class PlanesSlide final : public Slide {
+ public:
+  PlanesSlide(const std::string& path, Layout layout, uint64_t cache_bytes)
+      : path_(path), layout_(std::move(layout)), cache_(cache_bytes) {
+    for (size_t level = 0; level < layout_.levels.size(); ++level) {
+      auto& planes = planes_.emplace_back();
+      for (const Directory& directory : layout_.levels[level]) planes.push_back(open_plane(directory, level));
+      const Plane& first = *planes.front();
+      for (auto& plane : planes)
+        if (plane->width != first.width || plane->height != first.height || plane->tile_width != first.tile_width ||
+            plane->tile_height != first.tile_height)
+          throw BadInput(path + ": the channels of level " + std::to_string(level) + " differ in size or tiling");
+      shapes_.push_back({first.width, first.height, 1.0, first.tile_width, first.tile_height});
+    }
+    for (auto& shape : shapes_)
+      shape.downsample = 0.5 * (static_cast<double>(shapes_[0].width) / static_cast<double>(shape.width) +
+                                static_cast<double>(shapes_[0].height) / static_cast<double>(shape.height));
+    mpp_ = layout_.mpp;
+    if (mpp_ <= 0) mpp_ = resolution_mpp(planes_[0][0]->tiff.get());
+  }
+
+  const std::string& path() const override { return path_; }
+  std::string format() const override { return layout_.kind; }
+  const std::vector<SlideLevel>& levels() const override { return shapes_; }
+  double mpp_x() const override { return mpp_; }
+  double mpp_y() const override { return mpp_; }
+  int channels() const override { return static_cast<int>(layout_.names.size()); }
+  std::vector<std::string> channel_names() const override { return layout_.names; }
+
+  void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* out) const override {
+    const auto& planes = planes_.at(static_cast<size_t>(level));
+    const auto channels = planes.size();
+    std::memset(out, 0, static_cast<size_t>(width) * static_cast<size_t>(height) * channels);
+    const Plane& shape = *planes.front();
+    int64_t first_column = std::max<int64_t>(0, x / shape.tile_width);
+    int64_t last_column = std::min<int64_t>(shape.columns - 1, (x + width - 1) / shape.tile_width);
+    int64_t first_row = std::max<int64_t>(0, y / shape.tile_height);
+    int64_t last_row = std::min<int64_t>(shape.rows - 1, (y + height - 1) / shape.tile_height);
+    for (size_t c = 0; c < channels; ++c)
+      for (int64_t row = first_row; row <= last_row; ++row)
+        for (int64_t column = first_column; column <= last_column; ++column) {
+          auto tile = decoded(level, c, column, row);
+          int64_t tile_x = column * shape.tile_width, tile_y = row * shape.tile_height;
+          int64_t x0 = std::max(tile_x, x), x1 = std::min(tile_x + shape.tile_width, x + width);
+          int64_t y0 = std::max(tile_y, y), y1 = std::min(tile_y + shape.tile_height, y + height);
+          for (int64_t py = y0; py < y1; ++py) {
+            const uint8_t* from = tile->data() + (py - tile_y) * shape.tile_width + (x0 - tile_x);
+            uint8_t* to = out + ((py - y) * width + (x0 - x)) * static_cast<int64_t>(channels) + static_cast<int64_t>(c);
+            for (int64_t px = x0; px < x1; ++px, to += channels) *to = *from++;
+          }
+        }
+  }
+
+  std::optional<std::vector<uint8_t>> jpeg_tile(int, int64_t, int64_t) const override { return std::nullopt; }
+
+ private:
+  std::unique_ptr<Plane> open_plane(const Directory& directory, size_t level) const {
+    auto plane = std::make_unique<Plane>();
+    plane->tiff.reset(TIFFOpen(path_.c_str(), "r"));
+    if (!plane->tiff || !enter(plane->tiff.get(), directory))
+      throw BadInput(path_ + ": cannot open the TIFF directory of a level " + std::to_string(level) + " channel");
+    TIFF* tiff = plane->tiff.get();
+    uint32_t width = 0, height = 0, tile_width = 0, tile_height = 0, rows_per_strip = 0;
+    uint16_t samples = 1;
+    TIFFGetField(tiff, TIFFTAG_IMAGEWIDTH, &width);
+    TIFFGetField(tiff, TIFFTAG_IMAGELENGTH, &height);
+    TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLESPERPIXEL, &samples);
+    if (std::string kind = unreadable_samples(tiff); !kind.empty() || samples != 1)
+      throw BadInput(path_ + ": a level " + std::to_string(level) + " channel holds " +
+                     (kind.empty() ? std::to_string(samples) + " samples a pixel" : kind + " samples") +
+                     ", not one unsigned 8-bit sample");
+    plane->tiled = TIFFIsTiled(tiff);
+    if (plane->tiled) {
+      TIFFGetField(tiff, TIFFTAG_TILEWIDTH, &tile_width);
+      TIFFGetField(tiff, TIFFTAG_TILELENGTH, &tile_height);
+    } else {
+      TIFFGetFieldDefaulted(tiff, TIFFTAG_ROWSPERSTRIP, &rows_per_strip);
+      tile_width = width;
+      tile_height = std::min(rows_per_strip, height);
+    }
+    if (!width || !height || !tile_width || !tile_height)
+      throw BadInput(path_ + ": a level " + std::to_string(level) + " channel has no image or tile size");
+    plane->width = width;
+    plane->height = height;
+    plane->tile_width = static_cast<int>(tile_width);
+    plane->tile_height = static_cast<int>(tile_height);
+    plane->columns = (width + tile_width - 1) / tile_width;
+    plane->rows = (height + tile_height - 1) / tile_height;
+    uint64_t* counts = nullptr;
+    if (TIFFGetField(tiff, plane->tiled ? TIFFTAG_TILEBYTECOUNTS : TIFFTAG_STRIPBYTECOUNTS, &counts) && counts)
+      plane->byte_counts.assign(counts, counts + plane->columns * plane->rows);
+    return plane;
+  }
+
+  static double resolution_mpp(TIFF* tiff) {
+    float resolution = 0;
+    uint16_t unit = RESUNIT_NONE;
+    TIFFGetFieldDefaulted(tiff, TIFFTAG_RESOLUTIONUNIT, &unit);
+    double microns = unit == RESUNIT_CENTIMETER ? 1e4 : unit == RESUNIT_INCH ? 25400 : 0;
+    return microns > 0 && TIFFGetField(tiff, TIFFTAG_XRESOLUTION, &resolution) && resolution > 0 ? microns / resolution
+                                                                                                 : 0;
+  }
+
+  // The plane's tile (or strip), decoded; zeros where the file stores none (a sparse file).
+  TileCache::Pixels decoded(int level, size_t channel, int64_t column, int64_t row) const {
+    uint64_t key = (static_cast<uint64_t>(level) << 56) | (static_cast<uint64_t>(channel) << 48) |
+                   (static_cast<uint64_t>(row) << 24) | static_cast<uint64_t>(column);
+    if (auto cached = cache_.find(key)) return cached;
+    Plane& plane = *planes_[static_cast<size_t>(level)][channel];
+    auto pixels = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(plane.tile_width) * plane.tile_height);
+    auto index = static_cast<uint32_t>(plane.tiled ? row * plane.columns + column : row);
+    if (index < plane.byte_counts.size() && plane.byte_counts[index] > 0) {
+      std::lock_guard lock(plane.mutex);
+      TIFF* tiff = plane.tiff.get();
+      tmsize_t got = plane.tiled ? TIFFReadEncodedTile(tiff, index, pixels->data(), static_cast<tmsize_t>(pixels->size()))
+                                 : TIFFReadEncodedStrip(tiff, index, pixels->data(), static_cast<tmsize_t>(pixels->size()));
+      if (got < 0)
+        throw BadInput(path_ + ": " + tile_name(level, column, row) + " of channel " + std::to_string(channel) +
+                       " cannot be decoded");
+    }
+    cache_.insert(key, pixels);
+    return pixels;
+  }
+
+  std::string path_;
+  Layout layout_;
+  std::vector<std::vector<std::unique_ptr<Plane>>> planes_;  // [level][channel]
+  std::vector<SlideLevel> shapes_;
+  double mpp_ = 0;
+  mutable TileCache cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes) {
+  TiffHandle tiff(TIFFOpen(path.c_str(), "r"));
+  if (!tiff) return nullptr;  // the TIFF readers name what is wrong
+  std::string xml = description_of(tiff.get());
+  std::optional<Layout> layout;
+  if (xml.find("<OME") != std::string::npos)
+    layout = ome_layout(tiff.get(), path, xml);
+  else if (xml.find("PerkinElmer-QPI-ImageDescription") != std::string::npos)
+    layout = qptiff_layout(tiff.get(), path);
+  if (!layout) return nullptr;
+  return std::make_unique<PlanesSlide>(path, std::move(*layout), tile_cache_bytes);
+}
+
+}  // namespace tessera::data

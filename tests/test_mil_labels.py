@@ -1,0 +1,101 @@
+"""The labels file of tessera train --features, as labs write it: CLAM's own CSV
+(`case_id,slide_id,label`, string labels, slide ids with or without the slide's extension), a
+spreadsheet's byte order mark, CRLF line ends and quoted fields train with every slide counted
+once and string labels mapped to sorted classes (read back from the checkpoint with h5py).
+Rows that would train silently wrong are exit 5 naming the file, the row and the slide: a slide
+listed twice (with the same label or a conflicting one) and a slide id that is a path outside
+--features (`../feats/s1`, an absolute path)."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+from data_tools import run
+
+TESSERA = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else os.environ.get(
+    "TESSERA_BINARY", "build/tools/tessera")
+WIDTH = 8
+
+
+def train(features, labels, *flags):
+    env = dict(os.environ, TESSERA_VALIDATION="1")
+    process = run(TESSERA, "train", "--features", features, "--labels", labels, "--epochs", 1, "--head", "mean",
+                  "--val-fraction", 0, *flags, check=False, env=env)
+    assert "vulkan validation" not in process.stderr.lower(), process.stderr
+    return process
+
+
+def epochs(stderr):
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{") and '"event":"epoch"' in line]
+
+
+def write_labels(path, text, bom=False):
+    with open(path, "wb") as f:
+        f.write((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="tessera-mil-labels-")
+    try:
+        features = os.path.join(work, "features")
+        os.makedirs(features)
+        generator = np.random.default_rng(1)
+        for s in range(6):
+            with h5py.File(os.path.join(features, f"slide_{s}.h5"), "w") as f:
+                f["features"] = generator.normal(size=(10, WIDTH)).astype(np.float32)
+                f["coords"] = np.zeros((10, 2), dtype=np.int64)
+        labels = os.path.join(work, "labels.csv")
+
+        # CLAM's CSV as CLAM ships it, from Excel: BOM, CRLF, a quoted field, an extension on a slide id.
+        write_labels(labels, "case_id,slide_id,label\r\n"
+                             "patient_0,slide_0,tumor_tissue\r\n"
+                             "patient_0,slide_1.svs,normal_tissue\r\n"
+                             "\"patient_1, left\",slide_2,tumor_tissue\r\n"
+                             "patient_2,slide_3,normal_tissue\r\n", bom=True)
+        checkpoint = os.path.join(work, "head.h5")
+        process = train(features, labels, "--checkpoint", checkpoint)
+        assert process.returncode == 0, process.stderr
+        final = epochs(process.stderr)[-1]
+        assert final["train_slides"] == 4 and final["val_slides"] == 0, final
+        with h5py.File(checkpoint, "r") as f:
+            model = json.loads(f.attrs["model"])
+        assert model["classes"] == ["normal_tissue", "tumor_tissue"], model
+
+        # tessera's own two columns with a BOM: the header is a header, not a slide named "\ufeffslide".
+        write_labels(labels, "slide,label\n" + "".join(f"slide_{s},{s % 2}\n" for s in range(6)), bom=True)
+        process = train(features, labels)
+        assert process.returncode == 0, process.stderr
+        assert epochs(process.stderr)[-1]["train_slides"] == 6, process.stderr
+
+        # Refused, exit 5, naming the file, the row and the slide.
+        cases = {
+            "conflict": ("slide,label\nslide_0,1\nslide_1,0\nslide_0,0\n", "row 4", "slide_0"),
+            "repeat": ("slide_0,1\nslide_1,0\nslide_1,0\n", "row 3", "slide_1"),
+            "extension repeat": ("slide_id,label\nslide_0,1\nslide_1,0\nslide_0.svs,1\n", "row 4", "slide_0"),
+            "parent": ("slide,label\nslide_0,1\n../features/slide_1,0\n", "row 3", "../features/slide_1"),
+            "absolute": (f"slide,label\nslide_0,1\n{features}/slide_1,0\n", "row 3", f"{features}/slide_1"),
+            "missing": ("slide,label\nslide_0,1\nslide_9,0\n", "row 3", "slide_9.h5"),
+            "fields": ("case_id,slide_id,label\np0,slide_0,1\np1,slide_1\n", "row 3", "3 as the header has"),
+        }
+        for name, (text, row, slide) in cases.items():
+            write_labels(labels, text)
+            process = train(features, labels)
+            assert process.returncode == 5, (name, process.returncode, process.stderr)
+            assert "labels.csv" in process.stderr and row in process.stderr and slide in process.stderr, (
+                name, process.stderr)
+            assert not epochs(process.stderr), (name, process.stderr)
+        print("ok")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_mil_labels():
+    main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Every slide a lab owns: fluorescence and multiplex slides tile, the kinds tessera does not read
+are refused naming what they hold.
+
+- A fluorescence slide (tessera synth --stain fluorescence: dark background, RGB composite) tiles
+  with tissue found automatically, the same tiles as --tissue fluorescence and nearly the same as
+  the bright-field slide of the same seed (the same tissue); its tiles equal python3-openslide's
+  reads. --tissue none keeps every tile; --min-tissue with it is exit 2.
+- A multiplex OME-TIFF (synth --channels 5: a plane a channel, pyramid in SubIFDs), a QPTIFF
+  (written here with tifffile, descriptions as Vectra writes them) and a one-plane stripped
+  OME-TIFF (a DAPI scan) tile with all their channels:
+  each raw tile equals python3-tifffile's read of that level, at every channel. A small CNN
+  trains on the 5-channel store (its first convolution takes 5 channels) and extracts features.
+- Refused, exit 5, naming the file and what it holds, with no store left behind: the real
+  multi-channel z-series OME-TIFF (3 channels x 5 z-planes of int8), a 16-bit and a float OME-TIFF,
+  an Olympus .vsi (naming the .ets it lacks); --tissue brightfield on 5 channels is exit 2."""
+import io
+import json
+import os
+import shutil
+import struct
+import sys
+import zlib
+
+import h5py
+import numpy as np
+import openslide
+import tifffile
+import torch
+from PIL import Image
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from data_tools import read_store, run, summary, workdir  # noqa: E402
+from tessera_presets import normalise  # noqa: E402
+
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "testdata")
+HEADER = struct.Struct("<BBBBHHIIIII")
+
+
+def tessera(*args, check=True):
+    result = run(TESSERA, *args, check=check, env=dict(os.environ, TESSERA_VALIDATION="1"))
+    assert "vulkan validation" not in result.stderr.lower(), result.stderr
+    return result
+
+
+def tiles_of(store):
+    """{(level, row, column): (header fields, pixels as H x W x C uint8)} of slide 0, checksums verified."""
+    tiles, slides = read_store(store)
+    out = {}
+    for key, value in tiles.items():
+        _, encoding, channels, _, width, height, label, x, y, size, crc = HEADER.unpack_from(value)
+        assert zlib.crc32(value[:24] + value[28:]) == crc, key
+        pixels = value[28:]
+        if encoding == 1:
+            image = np.asarray(Image.open(io.BytesIO(pixels)).convert("RGB"))
+        else:
+            image = np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, channels)
+        out[key[1:]] = ({"channels": channels, "encoding": encoding, "x": x, "y": y, "label": label}, image)
+    return out, slides
+
+
+def refused(path, *words):
+    out = os.path.join(WORK, "refused.lmdb")
+    result = tessera("tile", path, "--out", out, check=False)
+    assert result.returncode == 5, (path, result.returncode, result.stderr)
+    for word in (os.path.basename(path),) + words:
+        assert word in result.stderr, (word, result.stderr)
+    assert not os.path.exists(out), "a refused slide leaves no store"
+    return result.stderr
+
+
+def check_fluorescence():
+    bright, dark = os.path.join(WORK, "bright.tiff"), os.path.join(WORK, "dark.tiff")
+    tessera("synth", bright, "--width", 3072, "--height", 2048, "--seed", 3)
+    made = summary(tessera("synth", dark, "--width", 3072, "--height", 2048, "--seed", 3, "--stain", "fluorescence"))
+    assert made["stain"] == "fluorescence" and made["channels"] == 3, made
+    pixels = np.asarray(openslide.OpenSlide(dark).read_region((0, 0), 0, (64, 64)).convert("RGB"))
+    assert pixels.max() < 16, "the corner is the dark background"
+
+    keys = {}
+    for name, slide, flags in [("bright", bright, []), ("auto", dark, ["--encoding", "raw"]),
+                               ("given", dark, ["--tissue", "fluorescence"]), ("none", dark, ["--tissue", "none"])]:
+        store = os.path.join(WORK, f"{name}.lmdb")
+        result = summary(tessera("tile", slide, "--out", store, "--size", 128, *flags))
+        entry = result["slides"][0]
+        tiles, _ = tiles_of(store)
+        keys[name] = set(tiles)
+        print(f"{name}: {entry['tiles']} tiles, tissue {entry['tissue']}")
+        if name in ("auto", "given"):
+            assert entry["tissue"]["stain"] == "fluorescence", entry
+            assert entry["tissue"]["chosen"] == ("automatic" if name == "auto" else "given"), entry
+        if name == "auto":  # tiles against an independent reader
+            reader = openslide.OpenSlide(dark)
+            for header, image in list(tiles.values())[::7]:
+                expected = np.asarray(reader.read_region((header["x"], header["y"]), 0, (128, 128)).convert("RGB"))
+                assert np.abs(image.astype(int) - expected).max() <= 2, header
+    assert keys["auto"] == keys["given"], "automatic is fluorescence"
+    overlap = len(keys["auto"] & keys["bright"]) / len(keys["auto"] | keys["bright"])
+    assert overlap > 0.93, f"the same tissue under either stain: Jaccard {overlap:.3f}"
+    assert len(keys["none"]) == (3072 // 128) * (2048 // 128), len(keys["none"])
+    result = tessera("tile", dark, "--out", os.path.join(WORK, "x.lmdb"), "--tissue", "none", "--min-tissue", 0.3,
+                     check=False)
+    assert result.returncode == 2 and "--min-tissue" in result.stderr, result.stderr
+
+
+def check_multiplex_ome():
+    slide = os.path.join(WORK, "panel.ome.tiff")
+    made = summary(tessera("synth", slide, "--width", 2048, "--height", 1536, "--seed", 4, "--stain", "fluorescence",
+                           "--channels", 5))
+    assert made["format"] == "ome-tiff", made
+    with tifffile.TiffFile(slide) as tif:
+        assert tif.is_ome
+        series = tif.series[0]
+        assert series.shape == (5, 1536, 2048) and series.dtype == np.uint8, (series.shape, series.dtype)
+        assert len(series.levels) == len(made["levels"]) > 1, len(series.levels)
+        levels = [level.asarray() for level in series.levels[:2]]
+        names = [c.get("Name") for c in tifffile.xml2dict(tif.ome_metadata)["OME"]["Image"]["Pixels"]["Channel"]]
+    assert names[:3] == ["DAPI", "panCK", "Autofluorescence"], names
+    for level, size in ((0, 128), (1, 64)):
+        store = os.path.join(WORK, f"panel-{level}.lmdb")
+        result = summary(tessera("tile", slide, "--out", store, "--size", size, "--level", level))
+        entry = result["slides"][0]
+        assert entry["channels"] == 5 and entry["encoding"] == "raw", entry
+        assert entry["tissue"]["stain"] == "fluorescence" and entry["tissue"]["chosen"] == "automatic", entry
+        tiles, slides = tiles_of(store)
+        assert slides[0]["channel_names"] == names and slides[0]["format"] == "ome-tiff", slides[0]
+        assert 0 < len(tiles) < (2048 // (size << level)) * (1536 // (size << level)), len(tiles)
+        for (_, row, column), (header, image) in tiles.items():
+            assert header["channels"] == 5, header
+            expected = levels[level][:, row * size:(row + 1) * size, column * size:(column + 1) * size]
+            assert np.array_equal(image, expected.transpose(1, 2, 0)), (level, row, column)
+        print(f"OME-TIFF level {level}: {len(tiles)} tiles of 5 channels equal tifffile's")
+    result = tessera("tile", slide, "--out", os.path.join(WORK, "y.lmdb"), "--tissue", "brightfield", check=False)
+    assert result.returncode == 2 and "5 channels" in result.stderr, result.stderr
+
+    # The model's input follows the channels: train (tumour tiles against the rest: a classifier
+    # needs two classes), then extract with the trained weights.
+    store, checkpoint = os.path.join(WORK, "panel-labelled.lmdb"), os.path.join(WORK, "panel.h5")
+    tessera("tile", slide, "--out", store, "--size", 64, "--level", 1, "--labels", os.path.join(WORK, "panel.ome.geojson"))
+    tessera("train", "--data", store, "--model", "small-cnn", "--epochs", 1, "--batch", 8, "--val-fraction", 0,
+            "--checkpoint", checkpoint)
+    with h5py.File(checkpoint, "r") as f:
+        assert f["params/conv1.weight"].shape[1] == 5, f["params/conv1.weight"].shape
+    features = os.path.join(WORK, "features")
+    tessera("extract", "--model", checkpoint, "--layer", "pool2", "--tiles", store, "--out", features)
+    with h5py.File(os.path.join(features, "panel.ome.h5"), "r") as f:
+        extracted = f["features"][()]
+        assert json.loads(f["features"].attrs["extraction"])["channels"] == 5
+    # The same in PyTorch from the checkpoint's weights: input_normalize's (x/255 - 0.5) / 0.5 for
+    # channels that are not RGB, then small-cnn to pool2, global-average-pooled.
+    with h5py.File(checkpoint, "r") as f:
+        weights = {name: torch.as_tensor(f["params"][name][()]) for name in f["params"]}
+    images = np.stack([image for _, (_, image) in sorted(tiles_of(store)[0].items())])
+    with torch.no_grad():
+        x = normalise(images)
+        for conv in ("conv1", "conv2"):
+            x = torch.max_pool2d(torch.relu(torch.conv2d(x, weights[conv + ".weight"], weights[conv + ".bias"],
+                                                         padding=1)), 2)
+        expected = x.mean(dim=(2, 3)).numpy()
+    np.testing.assert_allclose(extracted, expected, rtol=1e-4, atol=1e-4)
+    print(f"5-channel features of {len(images)} tiles equal PyTorch's")
+
+
+def check_qptiff():
+    """Four 8-bit channels as a Vectra writes them: a FullResolution directory each, then the
+    ReducedResolution ones, each described in PerkinElmer's XML."""
+    path = os.path.join(WORK, "vectra.qptif")
+    generator = np.random.default_rng(7)
+    full = np.full((4, 1024, 1024), 3, dtype=np.uint8)
+    full[:, 256:768, 200:900] = generator.integers(30, 220, size=(4, 512, 700), dtype=np.uint8)
+    names = ["DAPI", "Opal 520", "Opal 570", "Opal 690"]
+
+    def description(kind, name):
+        return (f'<?xml version="1.0" encoding="utf-8"?><PerkinElmer-QPI-ImageDescription>'
+                f'<DescriptionVersion>2</DescriptionVersion><ImageType>{kind}</ImageType>'
+                f'<Name>{name}</Name></PerkinElmer-QPI-ImageDescription>')
+    with tifffile.TiffWriter(path, bigtiff=True) as writer:
+        for c in range(4):
+            writer.write(full[c], tile=(256, 256), compression="zlib", description=description("FullResolution", names[c]),
+                         metadata=None)
+        writer.write(full[0, ::8, ::8], description=description("Thumbnail", ""), metadata=None)
+        for c in range(4):
+            writer.write(full[c, ::2, ::2], tile=(256, 256), compression="zlib", subfiletype=1,
+                         description=description("ReducedResolution", names[c]), metadata=None)
+    store = os.path.join(WORK, "vectra.lmdb")
+    entry = summary(tessera("tile", path, "--out", store, "--size", 128))["slides"][0]
+    assert entry["channels"] == 4 and entry["tissue"]["stain"] == "fluorescence", entry
+    tiles, slides = tiles_of(store)
+    assert slides[0]["format"] == "qptiff" and slides[0]["channel_names"] == names, slides[0]
+    for (_, row, column), (header, image) in tiles.items():
+        expected = full[:, row * 128:(row + 1) * 128, column * 128:(column + 1) * 128].transpose(1, 2, 0)
+        assert np.array_equal(image, expected), (row, column)
+    # The random block is the tissue: 4 x 5 tiles lie wholly inside it (rows 2-5, columns 2-6).
+    inside = {(0, r, c) for r in range(2, 6) for c in range(2, 7)}
+    assert inside <= set(tiles) and len(tiles) <= 4 * 6, sorted(tiles)
+    print(f"QPTIFF: {len(tiles)} tiles of 4 channels equal tifffile's")
+
+
+def check_single_plane():
+    """One grey plane (a DAPI scan as OME-TIFF, stripped): a slide of one channel, its tiles raw."""
+    path = os.path.join(WORK, "dapi.ome.tif")
+    plane = np.full((512, 512), 5, dtype=np.uint8)
+    plane[128:384, 128:448] = np.random.default_rng(2).integers(60, 250, size=(256, 320), dtype=np.uint8)
+    tifffile.imwrite(path, plane[None], ome=True, metadata={"axes": "CYX", "Channel": {"Name": ["DAPI"]}},
+                     rowsperstrip=64)
+    store = os.path.join(WORK, "dapi.lmdb")
+    entry = summary(tessera("tile", path, "--out", store, "--size", 64))["slides"][0]
+    assert entry["channels"] == 1 and entry["tissue"]["stain"] == "fluorescence", entry
+    tiles, slides = tiles_of(store)
+    assert slides[0]["channel_names"] == ["DAPI"], slides[0]
+    assert {key[1:] for key in tiles} == {(r, c) for r in range(2, 6) for c in range(2, 7)}, sorted(tiles)
+    for (_, row, column), (_, image) in tiles.items():
+        assert np.array_equal(image[..., 0], plane[row * 64:(row + 1) * 64, column * 64:(column + 1) * 64])
+
+
+def check_refusals():
+    stderr = refused(os.path.normpath(os.path.join(SHARED, "slides", "multi-channel-z-series.ome.tif")),
+                     "z-stack of 5 focal planes", "signed 8-bit (int8)", "3 channels")
+    print(stderr.strip().splitlines()[-1])
+    wide = os.path.join(WORK, "wide.ome.tif")
+    tifffile.imwrite(wide, np.zeros((3, 64, 64), dtype=np.uint16), ome=True, metadata={"axes": "CYX"})
+    refused(wide, "16-bit (uint16)")
+    real = os.path.join(WORK, "real.ome.tif")
+    tifffile.imwrite(real, np.zeros((2, 64, 64), dtype=np.float32), ome=True, metadata={"axes": "CYX"})
+    refused(real, "floating-point (float)")
+    vsi = os.path.join(WORK, "scan.vsi")
+    shutil.copy(os.path.join(SHARED, "slides", "boxes.tiff"), vsi)
+    refused(vsi, ".ets", "_scan_")
+
+
+def main():
+    global WORK
+    WORK = workdir("slide_kinds")
+    try:
+        check_fluorescence()
+        check_multiplex_ome()
+        check_qptiff()
+        check_single_plane()
+        check_refusals()
+        print("ok")
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+def test_slide_kinds():
+    main()
+
+
+if __name__ == "__main__":
+    main()
