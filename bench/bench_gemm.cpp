@@ -4,8 +4,15 @@
 // is recorded once into a Program and submitted repeatedly; the time is the mean over several
 // submits after a warm-up. `--gemm N [--precision fp16]` times only a row-major N^3 product
 // (fp16: operands and result in fp16, sums in fp32), as bench/gpu/ compares with PyTorch.
+//
+// --as-gpu: with the kernel variant and tiles this device would get were it a GPU (its own
+// limits, device type discrete-gpu, subgroups of at least 32): on lavapipe, the shared-memory
+// tiles beside the register blocks it keeps. Last, a batch norm's training step and a bias
+// gradient with each reduction variant (subgroup sums where the device has them, shared memory
+// alone), timed in one run.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -16,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compute/network.h"
+#include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/gemm.h"
 #include "compute/vk/context.h"
@@ -97,6 +105,43 @@ nlohmann::json conv_gflops(vk::Context& context, const ConvCase& c) {
           {"backward_gflops", (c.input_grad ? 2 : 1) * flops / backward / 1e9}};
 }
 
+// Milliseconds of a training batch norm's forward and backward (with the input gradient, and
+// the bias gradient of a conv2d over the same activation), with the channel sums within
+// subgroups first and through shared memory alone (op.h's reduction_kernel): the least of
+// three rounds that alternate the two, so that a shared machine's load weighs on both alike.
+nlohmann::json reduction_milliseconds(vk::Context& context, const Shape& input) {
+  auto norm = std::make_shared<BatchNorm2d>(1e-5f, 0.1f);
+  Network graph(norm, {{"x", input, DType::f32, true}}, true);
+  graph.allocate(context);
+  Tensor x(context, "x", input), dbias(context, "dbias", {input[1]});
+  x.upload(std::vector<float>(static_cast<size_t>(element_count(input)), 1.0f));
+  OpTensors t = graph.bindings(0, {{"x", &x}}, {true, 0, nullptr, 0}, true);
+  auto& kernels = context.kernels();
+  vk::TileTarget own = kernels.tile_target();
+  nlohmann::json result{{"input", input}};
+  for (int round = 0; round < 3; ++round)
+    for (bool subgroup : {true, false}) {
+      if (subgroup && !own.subgroup_arithmetic) continue;
+      vk::TileTarget target = own;  // subgroup sums as a GPU gets them (op.h's subgroup_reductions)
+      if (subgroup) {
+        target.device_type = "discrete-gpu";
+        target.subgroup_size = std::max(target.subgroup_size, 32u);
+      }
+      target.subgroup_arithmetic = subgroup;
+      kernels.set_tile_target(target);
+      double milliseconds = 1e3 * seconds_per_run(context, [&](vk::Recorder& r) {
+        norm->forward(r, kernels, t);
+        norm->backward(r, kernels, t);
+        record_bias_backward(r, kernels, *t.output_grad, dbias, static_cast<uint32_t>(input[0]),
+                             static_cast<uint32_t>(input[1]), static_cast<uint32_t>(input[2] * input[3]));
+      });
+      const char* key = subgroup ? "subgroup_ms" : "shared_memory_ms";
+      if (round == 0 || milliseconds < result[key].get<double>()) result[key] = milliseconds;
+    }
+  kernels.set_tile_target(own);
+  return result;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,8 +150,16 @@ int main(int argc, char** argv) {
   std::string precision = "fp32";
   app.add_option("--gemm", only_gemm, "time only a row-major N x N x N product of random values");
   app.add_option("--precision", precision, "of --gemm's operands and result")->check(CLI::IsMember({"fp32", "fp16"}));
+  bool as_gpu = false;
+  app.add_flag("--as-gpu", as_gpu, "with the kernel variant and tiles this device would get were it a GPU");
   CLI11_PARSE(app, argc, argv);
   vk::Context context;
+  if (as_gpu) {
+    vk::TileTarget target = context.kernels().tile_target();
+    target.device_type = "discrete-gpu";
+    target.subgroup_size = std::max(target.subgroup_size, 32u);
+    context.kernels().set_tile_target(target);
+  }
   if (only_gemm) {
     double gflops = gemm_gflops(context, only_gemm, false, false, precision == "fp16" ? DType::f16 : DType::f32);
     nlohmann::json result = {{"device", context.info().name}, {"driver", context.info().driver},
@@ -117,8 +170,14 @@ int main(int argc, char** argv) {
   GemmTiles tiles = gemm_tiles(context.kernels().tile_target(), 1024);
   nlohmann::json result;
   result["device"] = context.info().name;
-  result["tiles"] = {{"group", tiles.group}, {"rows", tiles.rows}, {"columns", tiles.columns},
-                     {"reduction_unroll", tiles.reduction_unroll}};
+  result["tiles"] = {{"kind", tiles.kind == GemmKind::registers ? "registers" : "shared_memory"},
+                     {"group", tiles.group},
+                     {"rows", tiles.rows},
+                     {"columns", tiles.columns},
+                     {"reduction_unroll", tiles.reduction_unroll},
+                     {"block_rows", tiles.block_rows},
+                     {"block_columns", tiles.block_columns},
+                     {"depth", tiles.depth}};
   result["gemm_1024_gflops"] = gemm_gflops(context, 1024);
   for (bool a_transposed : {false, true})
     for (bool b_transposed : {false, true})
@@ -130,5 +189,6 @@ int main(int argc, char** argv) {
       {"resnet18 layer3 conv (batch 16, 256x14x14 -> 256, 3x3)", {16, 256, 14, 14}, 256, 3, 1, 1, true},
   };
   for (auto& c : cases) result["conv"].push_back(conv_gflops(context, c));
+  result["batch_norm_and_bias_backward"] = reduction_milliseconds(context, {16, 64, 56, 56});
   std::printf("%s\n", result.dump(2).c_str());
 }

@@ -436,7 +436,11 @@ void Replica::record_metrics(vk::Recorder& recorder, int slot, int k) {
     uint32_t classes;
   } push{static_cast<uint32_t>(logits_.output_shape[1])};
   recorder.set_scope("metrics");
-  recorder.dispatch(kernel_for<Push>(context_.kernels(), vk::kernel::metrics_accumulate, *logits_.output),
+  auto& kernels = context_.kernels();
+  recorder.dispatch(kernel_for<Push>(kernels,
+                                     reduction_kernel(kernels, vk::kernel::metrics_accumulate,
+                                                      vk::kernel::metrics_accumulate_subgroup),
+                                     *logits_.output),
                     {reads(*logits_.output), vk::reads(staged_input(slot, k, labels_input_).buffer()),
                      vk::reads(staged_input(slot, k, valid_input_).buffer()), vk::updates(metrics_->buffer())},
                     push, 1);

@@ -20,16 +20,6 @@ layout(constant_id = 10) const bool FOLD = false;
 const bool SHARE_K = false;  // b_values follow the seek/step counters
 const uint TAPS = KH * KW;
 
-layout(push_constant) uniform Push {
-  uint batch, C, H, W;
-  uint O, OH, OW;
-  uint pad;
-  uint k_per_slice;  // backward weight: the reduction length of one split-K slice
-  uint accumulate;   // add to the output instead of overwriting it
-  uint has_bias;     // forward
-  float eps;         // forward with FOLD: the batch norm's epsilon
-  uint phase_row;    // backward data: the input pixels whose (ih + pad) % STRIDE is this
-  uint phase_col;    // and whose (iw + pad) % STRIDE is this
-} p;
+#include "conv2d_push.glsl"
 
 #endif

@@ -1,10 +1,13 @@
 // record_gemm against a plain CPU product for every operand layout: row-major or transposed A
 // and B (which choose between C and C^T = B^T A^T, and between sharing B along its columns or
 // along the reduction), odd sizes, reductions shorter than and not a multiple of the unroll,
-// and accumulation into C; with the tile shapes of both branches of the choice (a CPU's and a
-// GPU's, whichever device runs the test), at sizes that are not multiples of either's tiles.
+// and accumulation into C, and reductions thousands of steps long; with every kernel variant
+// that runs on the device (a CPU's register blocks, GPUs' shared-memory tiles), at sizes that
+// are not multiples of their tiles, in fp32 and fp16; and the choice of variant and tiles from
+// the properties of the devices tessera is made for.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "compute/ops/gemm.h"
@@ -24,37 +27,107 @@ MatrixView view(const Tensor& t, uint32_t rows, uint32_t columns, bool transpose
   return transposed ? MatrixView{&t, 1, rows} : MatrixView{&t, columns, 1};
 }
 
-// The choice itself: what each branch picks, and fewer rows per invocation for a small M.
-TEST(Gemm, TilesFollowTheTarget) {
-  auto expect = [](const GemmTiles& tiles, GemmTiles want) {
-    EXPECT_EQ(tiles.group, want.group);
-    EXPECT_EQ(tiles.rows, want.rows);
-    EXPECT_EQ(tiles.columns, want.columns);
-    EXPECT_EQ(tiles.share_columns, want.share_columns);
-    EXPECT_EQ(tiles.reduction_unroll, want.reduction_unroll);
+void expect_tiles(const GemmTiles& tiles, GemmTiles want) {
+  EXPECT_EQ(tiles.kind, want.kind);
+  EXPECT_EQ(tiles.group, want.group);
+  EXPECT_EQ(tiles.rows, want.rows);
+  EXPECT_EQ(tiles.columns, want.columns);
+  EXPECT_EQ(tiles.share_columns, want.share_columns);
+  EXPECT_EQ(tiles.reduction_unroll, want.reduction_unroll);
+  EXPECT_EQ(tiles.block_rows, want.block_rows);
+  EXPECT_EQ(tiles.block_columns, want.block_columns);
+  EXPECT_EQ(tiles.depth, want.depth);
+}
+
+// Shared-memory tiles: `group` invocations, rows x columns outputs each, a block of
+// block_rows x block_columns, `depth` reduction steps deep.
+GemmTiles shared(int32_t group, int32_t rows, int32_t columns, int32_t block_rows, int32_t block_columns,
+                 int32_t depth) {
+  return {group, rows, columns, false, 1, GemmKind::shared_memory, block_rows, block_columns, depth};
+}
+
+// The choice on a CPU device (lavapipe): register blocks, and fewer rows for a small M.
+TEST(Gemm, CpuDevicesGetRegisterBlocks) {
+  expect_tiles(gemm_tiles({"cpu", 8}, 1000), {8, 8, 32, true, 8});
+  expect_tiles(gemm_tiles({"cpu", 8}, 20), {8, 4, 32, true, 8});      // 3 rows needed, rounded up to 4
+  expect_tiles(gemm_tiles({"cpu", 64}, 1000), {64, 8, 32, false, 8});  // 32 columns do not split over 64
+}
+
+// The choice on GPUs, from each reference device's properties (never its name).
+TEST(Gemm, GpuTilesFollowTheDevicesProperties) {
+  std::map<std::string, GemmTiles> want = {
+      // 256 invocations of 8x8 outputs: 128x128 blocks, 16 deep (16.5 KB, within half of 48 KB)
+      {"NVIDIA H100 (NVIDIA driver)", shared(256, 8, 8, 128, 128, 16)},
+      {"AMD RDNA3, wave64 (RADV)", shared(256, 8, 8, 128, 128, 16)},  // 4 subgroups of 64
+      {"AMD RDNA2, wave32", shared(256, 8, 8, 128, 128, 16)},
+      {"Intel Xe (ANV)", shared(256, 8, 8, 128, 128, 16)},
+      // 32 KB of shared memory: 16 deep would take more than half, so 8 deep
+      {"Apple M1 (MoltenVK)", shared(256, 8, 8, 128, 128, 8)},
+      {"lavapipe", {8, 8, 32, true, 8}},
+      // subgroups of 8: SIMD lanes of a CPU, whatever type the device is presented as
+      {"lavapipe presented as a discrete GPU", {8, 8, 32, true, 8}},
+      // 128 invocations as 8 x 16, 16 KB of shared memory
+      {"Vulkan's minimum limits, subgroups of 32", shared(128, 8, 8, 64, 128, 8)},
   };
-  expect(gemm_tiles({"cpu", 8}, 1000), {8, 8, 32, true, 8});
-  expect(gemm_tiles({"cpu", 8}, 20), {8, 4, 32, true, 8});  // 3 rows needed, rounded up to 4
-  expect(gemm_tiles({"cpu", 64}, 1000), {64, 8, 32, false, 8});  // 32 columns do not split over 64
-  for (const char* gpu : {"discrete-gpu", "integrated-gpu", "virtual-gpu", "other"}) {
-    expect(gemm_tiles({gpu, 32}, 1000), {64, 4, 8, false, 1});
-    expect(gemm_tiles({gpu, 32}, 3), {64, 1, 8, false, 1});
+  for (const test::ReferenceDevice& device : test::reference_devices()) {
+    SCOPED_TRACE(device.name);
+    ASSERT_TRUE(want.count(device.name));
+    GemmTiles tiles = gemm_tiles(device.target, 4096);
+    expect_tiles(tiles, want[device.name]);
+    if (tiles.kind != GemmKind::shared_memory) continue;
+    // What every GPU variant keeps to: within the device's limits, a whole number of subgroups,
+    // its invocations covering the block, its tiles in half the shared memory.
+    EXPECT_LE(static_cast<uint32_t>(tiles.group), device.target.max_workgroup_invocations);
+    EXPECT_EQ(tiles.group % static_cast<int32_t>(device.target.subgroup_size), 0);
+    EXPECT_EQ((tiles.block_rows / tiles.rows) * (tiles.block_columns / tiles.columns), tiles.group);
+    EXPECT_LE(tiles.shared_bytes(), device.target.max_shared_memory / 2);
+    // A small M: fewer rows per invocation (3 rows over 16 row threads: one each).
+    GemmTiles narrow = gemm_tiles(device.target, 3);
+    EXPECT_EQ(narrow.rows, 1);
+    EXPECT_EQ(narrow.block_rows, tiles.block_rows / tiles.rows);
+    EXPECT_EQ(narrow.block_columns, tiles.block_columns);
   }
 }
 
-// Every layout and size against the CPU product, with the tiles of `target`.
-void expect_every_layout_matches(vk::Context& context, const vk::TileTarget& target) {
+// Where the workgroup limits are below 256 invocations, and on a device with no more than
+// Vulkan's 16 KB: smaller blocks.
+TEST(Gemm, GpuTilesKeepWithinTheLimits) {
+  vk::TileTarget small{"discrete-gpu", 32, 32768, 64, 1024};
+  expect_tiles(gemm_tiles(small, 4096), shared(64, 8, 8, 64, 64, 16));
+  small.max_shared_memory = 16384;  // 64x64x16 takes 8320 B, past half
+  expect_tiles(gemm_tiles(small, 4096), shared(64, 8, 8, 64, 64, 8));
+  vk::TileTarget narrow_x{"discrete-gpu", 32, 49152, 1024, 128};
+  expect_tiles(gemm_tiles(narrow_x, 4096), shared(128, 8, 8, 64, 128, 16));
+}
+
+// VK_KHR_cooperative_matrix: a device that offers it gets the shared-memory tiles until a
+// cooperative-matrix kernel has been checked on a GPU (the hook in gemm.cpp).
+TEST(Gemm, CooperativeMatrixWaitsForACheckedKernel) {
+  vk::TileTarget h100 = test::reference_devices()[0].target;
+  ASSERT_TRUE(h100.cooperative_matrix);
+  EXPECT_EQ(gemm_tiles(h100, 4096).kind, GemmKind::shared_memory);
+}
+
+// Each case in each of `layouts` (bit 0: A transposed, 1: B transposed, 2: C transposed)
+// against the CPU product, with the tiles of `target`, in fp32 or with fp16 operands and output
+// (float sums: the output's rounding, 2^-11 relative, dominates); values drawn from [low, high).
+void expect_products_match(vk::Context& context, const vk::TileTarget& target, DType dtype,
+                           std::initializer_list<Case> cases, std::initializer_list<int> layouts, float low = -1,
+                           float high = 1) {
   test::TileTargetScope scope(context, target);
-  for (const Case& c : {Case{37, 45, 29}, Case{1, 70, 8}, Case{64, 33, 3}, Case{100, 1, 50}, Case{40, 64, 130},
-                        Case{300, 37, 19}, Case{257, 9, 33}})
-    for (int layout = 0; layout < 8; ++layout) {
+  double tolerance = dtype == DType::f16 ? 1.0 / 1024 : 1e-4;
+  for (const Case& c : cases)
+    for (int layout : layouts) {
       bool a_t = layout & 1, b_t = layout & 2, c_t = layout & 4;
-      SCOPED_TRACE(target.device_type + " tiles, " + std::to_string(c.M) + "x" + std::to_string(c.N) + "x" +
-                   std::to_string(c.K) + " A" + (a_t ? "^T" : "") + " B" + (b_t ? "^T" : "") + " C" +
-                   (c_t ? "^T" : ""));
-      auto a = test::random_values(size_t{c.M} * c.K, 1), b = test::random_values(size_t{c.K} * c.N, 2),
-           c0 = test::random_values(size_t{c.M} * c.N, 3);
-      Tensor ta(context, "a", {c.M, c.K}), tb(context, "b", {c.K, c.N}), tc(context, "c", {c.M, c.N});
+      SCOPED_TRACE(test::describe(target) + (dtype == DType::f16 ? ", fp16, " : ", fp32, ") + std::to_string(c.M) +
+                   "x" + std::to_string(c.N) + "x" + std::to_string(c.K) + " A" + (a_t ? "^T" : "") + " B" +
+                   (b_t ? "^T" : "") + " C" + (c_t ? "^T" : ""));
+      auto values = [&](size_t count, uint32_t seed) {
+        auto v = test::random_values(count, seed, low, high);
+        return dtype == DType::f16 ? from_half(to_half(v)) : v;
+      };
+      auto a = values(size_t{c.M} * c.K, 1), b = values(size_t{c.K} * c.N, 2), c0 = values(size_t{c.M} * c.N, 3);
+      Tensor ta(context, "a", {c.M, c.K}, dtype), tb(context, "b", {c.K, c.N}, dtype), tc(context, "c", {c.M, c.N}, dtype);
       ta.upload(a);
       tb.upload(b);
       MatrixView va = view(ta, c.M, c.K, a_t), vb = view(tb, c.K, c.N, b_t), vc = view(tc, c.M, c.N, c_t);
@@ -77,17 +150,35 @@ void expect_every_layout_matches(vk::Context& context, const vk::TileTarget& tar
             for (uint32_t k = 0; k < c.K; ++k) sum += at(a, va, m, k) * at(b, vb, k, n);
             expected[size_t{m} * vc.row_stride + size_t{n} * vc.col_stride] = static_cast<float>(sum);
           }
-        test::expect_near(tc.download(), expected, 1e-4, accumulate ? "c += a b" : "c = a b");
+        test::expect_near(tc.download(), expected, tolerance, accumulate ? "c += a b" : "c = a b");
       }
     }
 }
 
-// Both branches of the tile choice run here: the device's own and the other (a GPU's shapes on
-// lavapipe), at sizes that are not multiples of either's tiles (300 and 257 rows: past a GPU
-// workgroup's 256, 9 and 37 columns: not multiples of 8 or 32).
+// Every variant that runs here (the device's own, a CPU's register blocks, the reference GPUs'
+// shared-memory tiles that fit), at sizes that are not multiples of any of their tiles (300 and
+// 257 rows: past a 256-row block, 131 x 133: past 128, 9 and 37 columns: not multiples of 8 or
+// 32): every layout in fp32; in fp16 (the same addressing) the layouts with all operands plain
+// and all transposed, which set both loading directions of each operand.
 TEST(Gemm, EveryLayoutMatchesCpu) {
   vk::Context& context = test::context();
-  for (const vk::TileTarget& target : test::runnable_tile_targets(context)) expect_every_layout_matches(context, target);
+  for (const vk::TileTarget& target : test::runnable_tile_targets(context))
+    for (DType dtype : {DType::f32, DType::f16})
+      expect_products_match(context, target, dtype,
+                            {Case{37, 45, 29}, Case{1, 70, 8}, Case{64, 33, 3}, Case{100, 1, 50}, Case{40, 64, 130},
+                             Case{300, 37, 19}, Case{257, 9, 33}, Case{131, 133, 35}},
+                            dtype == DType::f32 ? std::initializer_list<int>{0, 1, 2, 3, 4, 5, 6, 7}
+                                                : std::initializer_list<int>{0, 7});
+}
+
+// Reductions of thousands of steps (hundreds of shared-memory slices, each between barriers):
+// lavapipe has been seen to return zeros from kernels that loop this long around barrier().
+// Positive values, so that no sum cancels and a lost slice shows.
+TEST(Gemm, LongReductionsMatchCpu) {
+  vk::Context& context = test::context();
+  for (const vk::TileTarget& target : test::runnable_tile_targets(context))
+    for (DType dtype : {DType::f32, DType::f16})
+      expect_products_match(context, target, dtype, {Case{70, 45, 6001}}, {0, 7}, 0.5f, 1.0f);
 }
 
 }  // namespace

@@ -46,17 +46,25 @@ std::vector<float> cpu_forward(const Case& c, const test::OpCheck& check) {
   return std::vector<float>(y.begin(), y.end());
 }
 
-void expect_forward_matches(const Case& c) {
+// In fp16 (activations and their gradients stored fp16, sums float) the CPU reference takes the
+// same fp16 values, and what differs is the rounding of the stored results: 2^-11 relative.
+// A reduction of thousands of float sums rounds ~sqrt(steps) times more: `scale` widens it.
+double tolerance(DType activations, double scale = 1) {
+  return (activations == DType::f16 ? 1.0 / 1024 : 1e-4) * scale;
+}
+
+void expect_forward_matches(const Case& c, DType activations = DType::f32, double scale = 1) {
   Conv2d conv = make(c);
-  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
-  test::expect_near(check.forward(), cpu_forward(c, check), 1e-4, "y");
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}}, 1, {}, {}, activations);
+  test::expect_near(check.forward(), cpu_forward(c, check), tolerance(activations, scale), "y");
 }
 
 // dx, dweight and dbias from the device against the CPU's, for one upstream gradient.
-void expect_backward_matches(const Case& c) {
+void expect_backward_matches(const Case& c, DType activations = DType::f32, double scale = 1) {
   Conv2d conv = make(c);
-  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}});
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}}, 1, {}, {}, activations);
   auto dy = test::random_values(static_cast<size_t>(element_count(check.output_shape)), 5);
+  if (activations == DType::f16) dy = from_half(to_half(dy));
   auto grads = check.backward(dy);
   const auto& x = check.inputs[0];
   const auto& weight = check.tensors[0];
@@ -67,9 +75,9 @@ void expect_backward_matches(const Case& c) {
   });
   int64_t pixels = check.output_shape[2] * check.output_shape[3];
   for (size_t i = 0; i < dy.size(); ++i) dbias[i / pixels % c.out_channels] += dy[i];
-  test::expect_near(grads[0], std::vector<float>(dx.begin(), dx.end()), 1e-4, "dx");
-  test::expect_near(grads[1], std::vector<float>(dweight.begin(), dweight.end()), 1e-4, "dweight");
-  if (c.bias) test::expect_near(grads[2], std::vector<float>(dbias.begin(), dbias.end()), 1e-4, "dbias");
+  test::expect_near(grads[0], std::vector<float>(dx.begin(), dx.end()), tolerance(activations, scale), "dx");
+  test::expect_near(grads[1], std::vector<float>(dweight.begin(), dweight.end()), 1e-4 * scale, "dweight");
+  if (c.bias) test::expect_near(grads[2], std::vector<float>(dbias.begin(), dbias.end()), 1e-4 * scale, "dbias");
 }
 
 const Case k3_same{2, 3, 7, 9, 5, 3, 3, 1, 1, true};
@@ -82,25 +90,30 @@ const Case k5_valid{1, 4, 6, 7, 9, 5, 5, 1, 0, true};
 // blocks for 3 groups of output channels.
 const Case k3_wide{1, 16, 5, 6, 24, 3, 3, 1, 1, false};
 
-// Output channels past a GPU's 64-invocation workgroup (and not a multiple of it): 70 rows of
+// Output channels past a register block's 64 rows (and not a multiple of it): 70 rows of
 // forward's and the weight gradient's products, 67 of the data gradient's.
 const Case k3_many_channels{1, 67, 4, 5, 70, 3, 3, 1, 1, true};
+// Past one 128 x 128 shared-memory block in every product: 133 (forward, weight gradient) and
+// 131 (data gradient) rows, 144 pixel columns (forward, data gradient), 1179 weight columns.
+const Case k3_blocks{2, 131, 9, 8, 133, 3, 3, 1, 1, true};
 
-// Both branches of the tile choice (a CPU's shapes and a GPU's) run on any device.
+// Every kernel variant that runs on this device (a CPU's register blocks, the reference GPUs'
+// shared-memory tiles: test::runnable_tile_targets), at sizes that are not multiples of their tiles.
 TEST(Conv2d, ForwardMatchesCpu) {
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
-    SCOPED_TRACE(target.device_type + " tiles");
+    SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
-    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide, k3_many_channels})
+    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide, k3_many_channels,
+                          k3_blocks})
       expect_forward_matches(c);
   }
 }
 
 TEST(Conv2d, BackwardMatchesCpu) {
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
-    SCOPED_TRACE(target.device_type + " tiles");
+    SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
-    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_many_channels})
+    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_many_channels, k3_blocks})
       expect_backward_matches(c);
   }
 }
@@ -114,9 +127,47 @@ TEST(Conv2d, SplitWeightGradientMatchesCpu) {
   ASSERT_EQ(specs.back().name, "weight_grad_partial");
   EXPECT_GT(specs.back().shape[0], 1);
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
-    SCOPED_TRACE(target.device_type + " tiles");
+    SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     expect_backward_matches(c);
+  }
+}
+
+// Every variant with fp16 activations and activation gradients against the CPU on the same
+// fp16 values: forward, dx, and the float weight and bias gradients.
+TEST(Conv2d, Fp16MatchesCpu) {
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(test::describe(target));
+    test::TileTargetScope scope(test::context(), target);
+    for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k2x3_stride3, k3_many_channels}) {
+      expect_forward_matches(c, DType::f16);
+      expect_backward_matches(c, DType::f16);
+    }
+  }
+}
+
+// Reductions of thousands of steps, hundreds of shared-memory slices between barriers (lavapipe
+// has been seen to return zeros from kernels that loop this long around barrier()): forward
+// over 460 channels x 9 taps, the data gradient over 600 output channels x 9 taps, and the
+// weight gradient over 3200 pixels in one slice (its 263k weights make enough blocks without
+// split-K; the CPU's gradient is computed once, no data gradient). Every variant, fp32.
+TEST(Conv2d, LongReductionsMatchCpu) {
+  const Case long_forward{1, 460, 5, 6, 7, 3, 3, 1, 1, true}, long_data{1, 5, 5, 6, 600, 3, 3, 1, 1, false};
+  const Case long_weight{1, 456, 40, 80, 64, 3, 3, 1, 1, false};
+  Conv2d conv = make(long_weight);
+  test::OpCheck check(test::context(), conv, {{long_weight.batch, long_weight.channels, 40, 80}}, 1, {}, {false});
+  ASSERT_EQ(check.specs.back().name, "weight_blocked");  // no split-K partial sums: one slice
+  auto dy = test::random_values(static_cast<size_t>(element_count(check.output_shape)), 5);
+  std::vector<double> dweight(check.tensors[0].size(), 0.0);
+  for_each_tap(long_weight, [&](int64_t xi, int64_t wi, int64_t yi) {
+    dweight[wi] += static_cast<double>(dy[yi]) * check.inputs[0][xi];
+  });
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(test::describe(target));
+    test::TileTargetScope scope(test::context(), target);
+    expect_forward_matches(long_forward, DType::f32, 10);
+    expect_backward_matches(long_data, DType::f32, 10);
+    test::expect_near(check.backward(dy)[1], std::vector<float>(dweight.begin(), dweight.end()), 1e-3, "dweight");
   }
 }
 

@@ -1,4 +1,5 @@
-// linear against plain CPU loops (forward and backward) and central differences.
+// linear against plain CPU loops (forward and backward, with every kernel variant that runs on
+// the device: test::runnable_tile_targets) and central differences.
 #include <gtest/gtest.h>
 
 #include "compute/ops/linear.h"
@@ -14,49 +15,56 @@ struct Case {
 };
 
 TEST(Linear, ForwardMatchesCpu) {
-  for (const Case& c : {Case{3, 7, 5, true}, Case{17, 33, 9, false}, Case{1, 1, 1, true}, Case{64, 40, 130, true}}) {
-    Linear linear(c.out, c.bias);
-    test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
-    std::vector<float> expected(static_cast<size_t>(c.batch * c.out));
-    for (int64_t n = 0; n < c.batch; ++n)
-      for (int64_t o = 0; o < c.out; ++o) {
-        double sum = c.bias ? check.tensors[1][o] : 0.0;
-        for (int64_t i = 0; i < c.in; ++i) sum += static_cast<double>(check.inputs[0][n * c.in + i]) * check.tensors[0][o * c.in + i];
-        expected[n * c.out + o] = static_cast<float>(sum);
-      }
-    test::expect_near(check.forward(), expected, 1e-4, "y");
-  }
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
+    for (const Case& c : {Case{3, 7, 5, true}, Case{17, 33, 9, false}, Case{1, 1, 1, true}, Case{64, 40, 130, true}}) {
+      Linear linear(c.out, c.bias);
+      test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
+      std::vector<float> expected(static_cast<size_t>(c.batch * c.out));
+      for (int64_t n = 0; n < c.batch; ++n)
+        for (int64_t o = 0; o < c.out; ++o) {
+          double sum = c.bias ? check.tensors[1][o] : 0.0;
+          for (int64_t i = 0; i < c.in; ++i)
+            sum += static_cast<double>(check.inputs[0][n * c.in + i]) * check.tensors[0][o * c.in + i];
+          expected[n * c.out + o] = static_cast<float>(sum);
+        }
+      SCOPED_TRACE(test::describe(target));
+      test::TileTargetScope scope(test::context(), target);
+      test::expect_near(check.forward(), expected, 1e-4, "y");
+    }
 }
 
 TEST(Linear, BackwardMatchesCpu) {
-  for (const Case& c : {Case{3, 7, 5, true}, Case{19, 33, 9, false}, Case{64, 40, 130, true}}) {
-    Linear linear(c.out, c.bias);
-    test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
-    auto dy = test::random_values(static_cast<size_t>(c.batch * c.out), 5);
-    auto grads = check.backward(dy);
-    const auto& x = check.inputs[0];
-    const auto& weight = check.tensors[0];
-    std::vector<float> dx(x.size()), dweight(weight.size()), dbias(static_cast<size_t>(c.out));
-    for (int64_t n = 0; n < c.batch; ++n)
-      for (int64_t i = 0; i < c.in; ++i) {
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
+    for (const Case& c : {Case{3, 7, 5, true}, Case{19, 33, 9, false}, Case{64, 40, 130, true}}) {
+      Linear linear(c.out, c.bias);
+      test::OpCheck check(test::context(), linear, {{c.batch, c.in}});
+      auto dy = test::random_values(static_cast<size_t>(c.batch * c.out), 5);
+      SCOPED_TRACE(test::describe(target));
+      test::TileTargetScope scope(test::context(), target);
+      auto grads = check.backward(dy);
+      const auto& x = check.inputs[0];
+      const auto& weight = check.tensors[0];
+      std::vector<float> dx(x.size()), dweight(weight.size()), dbias(static_cast<size_t>(c.out));
+      for (int64_t n = 0; n < c.batch; ++n)
+        for (int64_t i = 0; i < c.in; ++i) {
+          double sum = 0;
+          for (int64_t o = 0; o < c.out; ++o) sum += static_cast<double>(dy[n * c.out + o]) * weight[o * c.in + i];
+          dx[n * c.in + i] = static_cast<float>(sum);
+        }
+      for (int64_t o = 0; o < c.out; ++o) {
+        for (int64_t i = 0; i < c.in; ++i) {
+          double sum = 0;
+          for (int64_t n = 0; n < c.batch; ++n) sum += static_cast<double>(dy[n * c.out + o]) * x[n * c.in + i];
+          dweight[o * c.in + i] = static_cast<float>(sum);
+        }
         double sum = 0;
-        for (int64_t o = 0; o < c.out; ++o) sum += static_cast<double>(dy[n * c.out + o]) * weight[o * c.in + i];
-        dx[n * c.in + i] = static_cast<float>(sum);
+        for (int64_t n = 0; n < c.batch; ++n) sum += dy[n * c.out + o];
+        dbias[o] = static_cast<float>(sum);
       }
-    for (int64_t o = 0; o < c.out; ++o) {
-      for (int64_t i = 0; i < c.in; ++i) {
-        double sum = 0;
-        for (int64_t n = 0; n < c.batch; ++n) sum += static_cast<double>(dy[n * c.out + o]) * x[n * c.in + i];
-        dweight[o * c.in + i] = static_cast<float>(sum);
-      }
-      double sum = 0;
-      for (int64_t n = 0; n < c.batch; ++n) sum += dy[n * c.out + o];
-      dbias[o] = static_cast<float>(sum);
+      test::expect_near(grads[0], dx, 1e-4, "dx");
+      test::expect_near(grads[1], dweight, 1e-4, "dweight");
+      if (c.bias) test::expect_near(grads[2], dbias, 1e-4, "dbias");
     }
-    test::expect_near(grads[0], dx, 1e-4, "dx");
-    test::expect_near(grads[1], dweight, 1e-4, "dweight");
-    if (c.bias) test::expect_near(grads[2], dbias, 1e-4, "dbias");
-  }
 }
 
 TEST(Linear, BackwardMatchesFiniteDifferences) {

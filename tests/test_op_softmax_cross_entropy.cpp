@@ -1,10 +1,12 @@
 // Softmax cross-entropy against a CPU reference in double, central differences with class
-// weights, and large logits.
+// weights, and large logits; the training metrics' loss sum (metrics_accumulate) with both
+// reduction variants, in fp32 and fp16.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "compute/op.h"
 #include "compute/ops/softmax_cross_entropy.h"
 #include "tests/support/op_check.h"
 #include "tests/support/vulkan_environment.h"
@@ -126,6 +128,57 @@ TEST(SoftmaxCrossEntropy, BackwardMatchesFiniteDifferences) {
   for (auto& x : check.inputs[0]) x *= 3;
   check.tensors[0] = {1.0f, 0.5f, 2.0f, 3.0f, 0.25f, 1.5f, 0.75f};
   check.expect_gradients_match(1e-2, 1e-2, 40);
+}
+
+// The trainer's running metrics: metrics_accumulate adds the first `valid` samples' summed
+// -log softmax, correct predictions and count, summed within subgroups first or through shared
+// memory alone (op.h's reduction_kernel), over more samples than its 64 invocations.
+TEST(SoftmaxCrossEntropy, MetricsSumTheLossWithEitherReduction) {
+  vk::Context& context = test::context();
+  const uint32_t samples = 150, valid = 139, classes = 7;
+  auto logits = test::random_values(samples * classes, 12, -4, 4);
+  std::vector<uint32_t> labels(samples);
+  for (uint32_t n = 0; n < samples; ++n) labels[n] = (n * 5 + 3) % classes;
+  for (const vk::TileTarget& target : test::reduction_targets(context))
+    for (DType dtype : {DType::f32, DType::f16}) {
+      SCOPED_TRACE(test::describe(target) + (dtype == DType::f16 ? ", fp16" : ", fp32"));
+      test::TileTargetScope scope(context, target);
+      if (dtype == DType::f16) logits = from_half(to_half(logits));
+      double loss = 0, correct = 0;
+      for (uint32_t n = 0; n < valid; ++n) {
+        const float* row = logits.data() + n * classes;
+        double sum = 0;
+        for (uint32_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c]));
+        loss += std::log(sum) - row[labels[n]];
+        correct += std::max_element(row, row + classes) - row == labels[n] ? 1 : 0;
+      }
+      Tensor t_logits(context, "logits", {samples, classes}, dtype), t_labels(context, "labels", {samples}, DType::u32),
+          t_valid(context, "valid", {1}, DType::u32), t_metrics(context, "metrics", {4});
+      t_logits.upload(logits);
+      t_labels.upload(labels.data(), samples * 4);
+      t_valid.upload(&valid, 4);
+      t_metrics.upload(std::vector<float>{1.0f, 2.0f, 3.0f, 0.0f});  // sums from earlier batches
+      vk::Program program(context);
+      {
+        vk::Recorder recorder(context, program);
+        auto& kernels = context.kernels();
+        struct Push {
+          uint32_t classes;
+        };
+        recorder.dispatch(
+            kernel_for<Push>(kernels,
+                             reduction_kernel(kernels, vk::kernel::metrics_accumulate, vk::kernel::metrics_accumulate_subgroup),
+                             t_logits),
+            {reads(t_logits), reads(t_labels), reads(t_valid), updates(t_metrics)}, Push{classes}, 1);
+        recorder.finish();
+      }
+      program.run();
+      auto metrics = t_metrics.download();
+      EXPECT_NEAR(metrics[0], 1 + loss, 1e-5 * loss);
+      EXPECT_EQ(metrics[1], 2 + correct);
+      EXPECT_EQ(metrics[2], 3 + valid);
+      EXPECT_GT(correct, 0);
+    }
 }
 
 }  // namespace

@@ -75,7 +75,9 @@ void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
                       push, groups);
     return;
   }
-  recorder.dispatch(kernel_for<ForwardPush>(kernels, vk::kernel::batch_norm2d_forward, *t.output, constants),
+  const auto& forward =
+      reduction_kernel(kernels, vk::kernel::batch_norm2d_forward, vk::kernel::batch_norm2d_forward_subgroup);
+  recorder.dispatch(kernel_for<ForwardPush>(kernels, forward, *t.output, constants),
                     {reads(*t.inputs[0]), reads(*t.tensors[weight]), reads(*t.tensors[bias]), running(running_mean),
                      running(running_var), writes(*t.tensors[mean]), writes(*t.tensors[invstd]), writes(*t.output)},
                     push, groups);
@@ -92,19 +94,24 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
        db = updates(*t.grads[bias]), y = reads(*t.output);
   auto groups = static_cast<uint32_t>(channels_);
   std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
+  // This device's variant of a kernel that sums over the channel (op.h's reduction_kernel).
+  auto summing = [&](const vk::ActivationKernel& shared, const vk::ActivationKernel& subgroup) {
+    return kernel_for<BackwardPush>(kernels, reduction_kernel(kernels, shared, subgroup), *t.output_grad, constants);
+  };
   if (input_grad && t.sync) {
     const Tensor& sums = *t.tensors[exchanged];
-    recorder.dispatch(kernel_for<BackwardPush>(kernels, vk::kernel::batch_norm2d_backward_sums, *t.output_grad, constants),
+    recorder.dispatch(summing(vk::kernel::batch_norm2d_backward_sums, vk::kernel::batch_norm2d_backward_sums_subgroup),
                       {x, w, m, s, dy, dw, db, y, writes(sums)}, push, groups);
     t.sync->exchange(recorder, sums, ReplicaSync::Combine::sum, elements);
     push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
     recorder.dispatch(kernel_for<BackwardPush>(kernels, vk::kernel::batch_norm2d_backward_synced, *t.output_grad, constants),
                       {x, w, m, s, dy, y, reads(sums), input_grad_arg(t, 0)}, push, groups);
   } else if (input_grad) {
-    recorder.dispatch(kernel_for<BackwardPush>(kernels, vk::kernel::batch_norm2d_backward, *t.output_grad, constants),
+    recorder.dispatch(summing(vk::kernel::batch_norm2d_backward, vk::kernel::batch_norm2d_backward_subgroup),
                       {x, w, m, s, dy, dw, db, y, input_grad_arg(t, 0)}, push, groups);
   } else {
-    recorder.dispatch(kernel_for<BackwardPush>(kernels, vk::kernel::batch_norm2d_backward_parameters, *t.output_grad, constants),
+    recorder.dispatch(summing(vk::kernel::batch_norm2d_backward_parameters,
+                              vk::kernel::batch_norm2d_backward_parameters_subgroup),
                       {x, w, m, s, dy, dw, db, y}, push, groups);
   }
 }

@@ -103,6 +103,14 @@ std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, bool relu
   return all;
 }
 
+std::vector<int32_t> Conv2d::tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more) const {
+  std::vector<int32_t> all = tiles.tiled_constants();
+  all.insert(all.end(), {static_cast<int32_t>(shape_.kernel_h), static_cast<int32_t>(shape_.kernel_w),
+                         static_cast<int32_t>(shape_.stride)});
+  all.insert(all.end(), more);
+  return all;
+}
+
 namespace {
 uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>((count + per_block - 1) / per_block); }
 }  // namespace
@@ -133,20 +141,24 @@ void Conv2d::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
   GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
-  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns));
+  bool tiled = tiles.kind == GemmKind::shared_memory;
+  auto [groups_y, groups_z] = column_groups(blocks(s.batch * s.out_height * s.out_width, tiles.columns_per_group()));
   // Training re-blocks the weight every pass (a pass over the weight, a rounding error beside
   // the convolution); inference did it once, when the weights were loaded.
   if (!t.prepared) prepare(recorder, kernels, t);
   const vk::Buffer& weight = t.tensors[0]->buffer();
   const vk::Buffer& blocked = t.tensors[has_bias_ ? 2 : 1]->buffer();
   const FoldedBatchNorm* fold = t.folded_batch_norm;
-  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::conv2d_forward, *t.output,
-                                     forward_constants(tiles, t.relu, fold != nullptr)),
+  auto kernel = tiled ? kernel_for<Push>(kernels, vk::kernel::conv2d_forward_tiled, *t.output,
+                                         tiled_constants(tiles, {kWeightBlock, t.relu ? 1 : 0, fold ? 1 : 0}))
+                      : kernel_for<Push>(kernels, vk::kernel::conv2d_forward, *t.output,
+                                         forward_constants(tiles, t.relu, fold != nullptr));
+  recorder.dispatch(kernel,
                     {reads(*t.inputs[0]), vk::reads(blocked), vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight),
                      writes(*t.output), vk::reads(folded(t, &FoldedBatchNorm::weight)),
                      vk::reads(folded(t, &FoldedBatchNorm::bias)), vk::reads(folded(t, &FoldedBatchNorm::running_mean)),
                      vk::reads(folded(t, &FoldedBatchNorm::running_var))},
-                    push(false, fold ? fold->eps : 0.0f), blocks(s.out_channels, tiles.group * tiles.rows), groups_y,
+                    push(false, fold ? fold->eps : 0.0f), blocks(s.out_channels, tiles.rows_per_group()), groups_y,
                     groups_z);
 }
 
@@ -160,7 +172,16 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
     GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);
     bool accumulate = t.accumulate_input_grads[0];
     const Tensor& dx = *t.input_grads[0];
-    auto kernel = kernel_for<Push>(kernels, vk::kernel::conv2d_backward_data, dx, constants(tiles));
+    // The tiled kernel takes each phase's taps (rows, columns) as constants.
+    auto phase_taps = [&](int64_t phase, int64_t kernel_size) {
+      return static_cast<int32_t>(phase < kernel_size ? (kernel_size - phase + s.stride - 1) / s.stride : 0);
+    };
+    auto kernel = [&](int64_t row, int64_t col) {
+      if (tiles.kind != GemmKind::shared_memory)
+        return kernel_for<Push>(kernels, vk::kernel::conv2d_backward_data, dx, constants(tiles));
+      return kernel_for<Push>(kernels, vk::kernel::conv2d_backward_data_tiled, dx,
+                              tiled_constants(tiles, {phase_taps(row, s.kernel_h), phase_taps(col, s.kernel_w)}));
+    };
     // One dispatch per phase of the stride: the input pixels that only taps of that phase reach.
     // The count of a phase's rows (or columns): of size positions, those with (i + pad) % stride == phase.
     auto phase_count = [&](int64_t phase, int64_t size) {
@@ -174,9 +195,9 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
         if (columns == 0) continue;
         phase_push.phase_row = static_cast<uint32_t>(row);
         phase_push.phase_col = static_cast<uint32_t>(col);
-        auto [groups_y, groups_z] = column_groups(blocks(columns, tiles.columns));
-        recorder.dispatch(kernel, {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)}, phase_push,
-                          blocks(s.in_channels, tiles.group * tiles.rows), groups_y, groups_z);
+        auto [groups_y, groups_z] = column_groups(blocks(columns, tiles.columns_per_group()));
+        recorder.dispatch(kernel(row, col), {reads(dy), vk::reads(weight), accumulate ? updates(dx) : writes(dx)},
+                          phase_push, blocks(s.in_channels, tiles.rows_per_group()), groups_y, groups_z);
       }
   }
 
@@ -184,11 +205,13 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
   const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
-  recorder.dispatch(kernels.get<Push>(vk::kernel::conv2d_backward_weight, constants(tiles)),
+  bool tiled = tiles.kind == GemmKind::shared_memory;
+  recorder.dispatch(tiled ? kernels.get<Push>(vk::kernel::conv2d_backward_weight_tiled, tiled_constants(tiles))
+                          : kernels.get<Push>(vk::kernel::conv2d_backward_weight, constants(tiles)),
                     {reads(dy), reads(*t.inputs[0]),
                      slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
-                    push(slices_ == 1), blocks(s.out_channels, tiles.group * tiles.rows),
-                    blocks(columns, tiles.columns), static_cast<uint32_t>(slices_));
+                    push(slices_ == 1), blocks(s.out_channels, tiles.rows_per_group()),
+                    blocks(columns, tiles.columns_per_group()), static_cast<uint32_t>(slices_));
   if (slices_ > 1) {
     struct ReducePush {
       uint32_t count, slices;

@@ -1,7 +1,9 @@
 // 2-D convolution, PyTorch's nn.Conv2d (groups = 1): x [N,C,H,W], weight [O,C,KH,KW],
 // optional bias [O], any kernel size, stride and zero padding. Every pass is an implicit GEMM
-// (shaders/gemm_block.glsl) that reads x in place: no unfolded copy of the input.
+// (shaders/gemm_block.glsl on CPU devices, gemm_tiled.glsl on GPUs) that reads x in place: no unfolded copy of the input.
 #pragma once
+#include <initializer_list>
+
 #include "compute/ops/gemm.h"
 #include "compute/ops/registry.h"
 
@@ -44,6 +46,9 @@ class Conv2d : public Op {
   // forward's also its weight's block and its epilogue.
   std::vector<int32_t> constants(const GemmTiles& tiles) const;
   std::vector<int32_t> forward_constants(const GemmTiles& tiles, bool relu, bool fold) const;
+  // Those of the shared-memory tiled shaders (conv2d_tiled.glsl): the tiles', kernel size and
+  // stride, then the kernel's own.
+  std::vector<int32_t> tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more = {}) const;
   // A folded batch norm's tensor, or the weight in its place (bound, never read).
   const vk::Buffer& folded(const OpTensors& t, const Tensor* FoldedBatchNorm::*member) const;
 

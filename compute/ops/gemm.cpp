@@ -1,5 +1,6 @@
 #include "compute/ops/gemm.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "compute/op.h"
@@ -19,14 +20,67 @@ struct BiasPush {
 constexpr uint64_t kMaxGroupsY = 65535;
 }  // namespace
 
-GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M) {
-  GemmTiles tiles = target.device_type == "cpu" ? GemmTiles{static_cast<int32_t>(target.subgroup_size), 8, 32, true, 8}
-                                                : GemmTiles{64, 4, 8, false, 1};
-  tiles.share_columns = tiles.share_columns && tiles.columns % tiles.group == 0;
-  int64_t rows_needed = (M + tiles.group - 1) / tiles.group;
+namespace {
+// The hook for VK_KHR_cooperative_matrix (fp16 x fp16 -> fp32) kernels: a device gets them
+// where it offers the extension and such a kernel has been checked on a GPU. None has (no GPU
+// was at hand to check one), so a device that offers it gets the shared-memory tiles; the kernel
+// and its branch in the record functions come with the first GPU run.
+constexpr bool kCooperativeMatrixKernelChecked = false;
+bool uses_cooperative_matrix(const vk::TileTarget& target) {
+  return target.cooperative_matrix && kCooperativeMatrixKernelChecked;
+}
+
+// The smallest power of two of rows per invocation, up to `most`, that covers M over `threads` rows.
+int32_t rows_for(int64_t M, int64_t threads, int32_t most) {
+  int64_t needed = (M + threads - 1) / threads;
   int32_t rows = 1;
-  while (rows < tiles.rows && rows < rows_needed) rows *= 2;
-  tiles.rows = rows;
+  while (rows < most && rows < needed) rows *= 2;
+  return rows;
+}
+
+GemmTiles register_tiles(const vk::TileTarget& target, int64_t M) {
+  GemmTiles tiles{static_cast<int32_t>(target.subgroup_size), 8, 32, true, 8};
+  tiles.share_columns = tiles.columns % tiles.group == 0;
+  tiles.rows = rows_for(M, tiles.group, tiles.rows);
+  return tiles;
+}
+
+GemmTiles shared_memory_tiles(const vk::TileTarget& target, int64_t M) {
+  // 256 invocations (8 subgroups of 32, 4 of 64) where the device allows, and never less than
+  // one subgroup; laid out as 16 x 16 (8 x 16, 8 x 8, ...) over the block's rows and columns.
+  int32_t limit = static_cast<int32_t>(std::min(target.max_workgroup_invocations, target.max_workgroup_size_x));
+  int32_t group = 256;
+  while (group > 1 && group > limit) group /= 2;
+  group = std::max(group, std::min(static_cast<int32_t>(target.subgroup_size), limit));
+  int32_t column_threads = 1;
+  while (column_threads * column_threads < group) column_threads *= 2;
+  int32_t row_threads = group / column_threads;
+  // The largest tiles whose shared memory fits half the device's: 8x8 outputs per invocation
+  // (64 float accumulators stay in registers on every GPU), 16 reduction steps deep.
+  GemmTiles tiles{};
+  for (auto [outputs, depth] : {std::pair{8, 16}, {8, 8}, {4, 16}, {4, 8}, {2, 8}, {1, 8}, {1, 4}}) {
+    tiles = {group, rows_for(M, row_threads, outputs), outputs, false, 1, GemmKind::shared_memory};
+    tiles.block_rows = row_threads * tiles.rows;
+    tiles.block_columns = column_threads * outputs;
+    tiles.depth = depth;
+    if (tiles.shared_bytes() <= target.max_shared_memory / 2) break;
+  }
+  return tiles;
+}
+}  // namespace
+
+uint32_t GemmTiles::shared_bytes() const {
+  return static_cast<uint32_t>(sizeof(float) * depth * (block_rows + 1 + block_columns + 1));
+}
+
+std::vector<int32_t> GemmTiles::tiled_constants() const {
+  return {group, rows, columns, block_rows, block_columns, depth};
+}
+
+GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M) {
+  if (target.cpu_like()) return register_tiles(target, M);
+  GemmTiles tiles = shared_memory_tiles(target, M);
+  if (uses_cooperative_matrix(target)) tiles.kind = GemmKind::cooperative_matrix;
   return tiles;
 }
 
@@ -36,8 +90,27 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
   return {static_cast<uint32_t>((blocks + z - 1) / z), static_cast<uint32_t>(z)};
 }
 
+namespace {
+// record_gemm with shared-memory tiles: consecutive invocations load along each operand's
+// contiguous index, so no operand needs the register variant's transposition.
+void record_tiled_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTiles& tiles, const GemmPush& push,
+                       MatrixView a, MatrixView b, MatrixView c, const Tensor* bias, bool relu) {
+  std::vector<int32_t> constants = tiles.tiled_constants();
+  constants.insert(constants.end(), {a.col_stride == 1 ? 1 : 0, b.col_stride == 1 ? 1 : 0, bias ? 1 : 0, relu ? 1 : 0});
+  auto [groups_y, groups_z] = column_groups((push.N + tiles.block_columns - 1) / tiles.block_columns);
+  recorder.dispatch(kernel_for<GemmPush>(kernels, vk::kernel::gemm_tiled, *c.tensor, constants),
+                    {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
+                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor)},
+                    push, (push.M + tiles.block_rows - 1) / tiles.block_rows, groups_y, groups_z);
+}
+}  // namespace
+
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
                  MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias, bool relu) {
+  if (GemmTiles tiles = gemm_tiles(kernels.tile_target(), M); tiles.kind == GemmKind::shared_memory)
+    return record_tiled_gemm(recorder, kernels, tiles, {M, N, K, a.row_stride, a.col_stride, b.row_stride,
+                                                        b.col_stride, c.row_stride, c.col_stride, accumulate ? 1u : 0u},
+                             a, b, c, bias, relu);
   // The invocations of a workgroup take neighbouring rows of C, so they read A down a column.
   // Where A's rows are strided and B's columns contiguous, C^T = B^T A^T reads both along
   // contiguous memory: rows a power-of-two apart all fall in one cache set (a row-major 1024^3
@@ -69,7 +142,10 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
 
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
                           const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
-  recorder.dispatch(kernel_for<BiasPush>(kernels, vk::kernel::bias_backward, dy), {reads(dy), updates(dbias)},
+  recorder.dispatch(kernel_for<BiasPush>(kernels,
+                                         reduction_kernel(kernels, vk::kernel::bias_backward, vk::kernel::bias_backward_subgroup),
+                                         dy),
+                    {reads(dy), updates(dbias)},
                     BiasPush{batch, channels, pixels}, channels);
 }
 

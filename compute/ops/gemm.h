@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "compute/tensor.h"
 #include "compute/vk/kernels.h"
@@ -10,19 +11,43 @@
 
 namespace tessera {
 
-// The register block of shaders/gemm_block.glsl: `group` invocations per workgroup, each
-// computing `rows` x `columns` outputs; with share_columns (group is one subgroup, columns a
-// multiple of it) each invocation loads 1/group of the shared B row and shuffles the rest in.
+// Which kernels the GEMM-shaped ops record. registers: shaders/gemm_block.glsl, blocks in
+// registers shared by subgroup shuffles, no barriers (CPU devices: lavapipe, where loads cost
+// far more than FMAs and a barrier switches every lane's coroutine: 25x the GFLOPS of the
+// shared-memory tiles on lavapipe). shared_memory:
+// shaders/gemm_tiled.glsl, workgroup tiles through shared memory (GPUs). cooperative_matrix:
+// VK_KHR_cooperative_matrix (fp16 x fp16 -> fp32); chosen only once a kernel of that kind has
+// been checked on a GPU that offers it (none has yet: gemm_tiles never returns it).
+enum class GemmKind { registers, shared_memory, cooperative_matrix };
+
+// registers: `group` invocations per workgroup, each computing `rows` x `columns` outputs; with
+// share_columns (group is one subgroup, columns a multiple of it) each invocation loads 1/group
+// of the shared B row and shuffles the rest in.
+// shared_memory: `group` invocations compute a block_rows x block_columns block, each `rows` x
+// `columns` outputs of it, taking `depth` reduction steps at a time through shared memory.
 struct GemmTiles {
   int32_t group, rows, columns;
   bool share_columns;
   int32_t reduction_unroll;  // reduction steps loaded ahead of their FMAs
+  GemmKind kind = GemmKind::registers;
+  int32_t block_rows = 0, block_columns = 0, depth = 0;
+
+  // The outputs of one workgroup: rows_per_group() x columns_per_group().
+  int32_t rows_per_group() const { return kind == GemmKind::registers ? group * rows : block_rows; }
+  int32_t columns_per_group() const { return kind == GemmKind::registers ? columns : block_columns; }
+  // shared_memory: the bytes of shared memory its kernels declare.
+  uint32_t shared_bytes() const;
+  // shared_memory: specialization constants 0..5 of shaders/gemm_tiled.glsl.
+  std::vector<int32_t> tiled_constants() const;
 };
-// The tiles for a product with M rows on `target`: CPU devices (lavapipe) want large blocks per
-// invocation, since loads cost far more than FMAs there; GPUs want many invocations. Fewer rows
-// per invocation where M is too small to fill a workgroup's blocks (a 3-channel image), rounded
-// up to a power of two so that few pipelines are built. The GEMM-shaped ops record with the
-// tiles of kernels.tile_target().
+// The variant and tiles for a product with M rows on `target`, from the device's properties
+// alone. CPU-like devices (TileTarget::cpu_like) get register blocks (large per invocation,
+// since loads cost far more than FMAs there). GPUs get shared-memory tiles: 256 invocations (a whole number of subgroups)
+// within the workgroup limits, each computing 8x8 outputs, the largest block and depth whose
+// tiles fit half the shared memory (so that two workgroups share a core). Fewer rows per
+// invocation where M is too small to fill a block (a 3-channel image), rounded up to a power of
+// two so that few pipelines are built. The GEMM-shaped ops record with the tiles of
+// kernels.tile_target().
 GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M);
 
 // Workgroups (y, z) that count `blocks` column blocks without passing the y limit.

@@ -111,6 +111,18 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   const auto& limits = properties.properties.limits;
   info.largest_buffer = std::min<uint64_t>(limits.maxStorageBufferRange, 4ull * limits.maxTexelBufferElements);
   info.max_shared_memory = limits.maxComputeSharedMemorySize;
+  info.max_workgroup_invocations = limits.maxComputeWorkGroupInvocations;
+  info.max_workgroup_size_x = limits.maxComputeWorkGroupSize[0];
+  info.subgroup_arithmetic = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                             (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+  uint32_t extension_count = 0;
+  vkEnumerateDeviceExtensionProperties(device, nullptr, &extension_count, nullptr);
+  std::vector<VkExtensionProperties> extensions(extension_count);
+  vkEnumerateDeviceExtensionProperties(device, nullptr, &extension_count, extensions.data());
+  // By name: Debian 12's Vulkan headers predate the extension.
+  info.cooperative_matrix = std::any_of(extensions.begin(), extensions.end(), [](const VkExtensionProperties& e) {
+    return std::strcmp(e.extensionName, "VK_KHR_cooperative_matrix") == 0;
+  });
   return info;
 }
 

@@ -36,7 +36,14 @@ struct DeviceInfo {
   // The largest buffer a kernel can bind: within the storage-buffer range and, since kernels
   // also read buffers as float texels, within the texel-buffer limit.
   uint64_t largest_buffer;
+  // What kernel variants are chosen from (vk::TileTarget): a workgroup's shared memory in bytes,
+  // its invocations and x size, subgroup arithmetic (subgroupAdd) in compute shaders, and
+  // whether VK_KHR_cooperative_matrix is offered.
   uint32_t max_shared_memory;
+  uint32_t max_workgroup_invocations;
+  uint32_t max_workgroup_size_x;
+  bool subgroup_arithmetic;
+  bool cooperative_matrix;
 };
 
 // Throws on Vulkan errors with the call that failed; VK_ERROR_OUT_OF_*_MEMORY becomes

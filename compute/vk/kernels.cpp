@@ -122,7 +122,14 @@ std::string cache_file(const VkPhysicalDeviceProperties& properties) {
 }  // namespace
 
 Kernels::Kernels(Context& context)
-    : context_(context), tile_target_{context.info().type, context.info().subgroup_size} {
+    : context_(context),
+      tile_target_{context.info().type,
+                   context.info().subgroup_size,
+                   context.info().max_shared_memory,
+                   context.info().max_workgroup_invocations,
+                   context.info().max_workgroup_size_x,
+                   context.info().subgroup_arithmetic,
+                   context.info().cooperative_matrix} {
   load_cache();
 }
 

@@ -17,10 +17,22 @@ namespace tessera::vk {
 
 class Context;
 
-// What tile shapes are chosen for (compute/ops/gemm.h): a device's type and subgroup size.
+// What kernel variants and tile shapes are chosen for (compute/ops/gemm.h): a device's
+// properties (DeviceInfo), never its name. Where left out, Vulkan's guaranteed minimums.
 struct TileTarget {
   std::string device_type;  // DeviceInfo::type
   uint32_t subgroup_size;
+  uint32_t max_shared_memory = 16384;  // bytes per workgroup
+  uint32_t max_workgroup_invocations = 128;
+  uint32_t max_workgroup_size_x = 128;
+  bool subgroup_arithmetic = false;
+  bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix is offered
+
+  // A CPU, or a device whose subgroups are at most 8 lanes wide (lavapipe, whatever type it is
+  // presented as): SIMD lanes of a core, where loads cost far more than FMAs and shared memory is
+  // ordinary cached memory, so kernels keep their blocks in registers and their sums in a
+  // shared-memory tree (compute/ops/gemm.h, op.h's subgroup_reductions).
+  bool cpu_like() const { return device_type == "cpu" || subgroup_size <= 8; }
 };
 
 // Every kernel takes its buffers through one push-descriptor set (bindings 0..n-1, all
