@@ -10,7 +10,12 @@ beside the same figures from PyTorch on the same machine (bench_torch.py) when
 precision (`--precision fp16`, keys "<model> fp16"), against PyTorch in float32 (on a CPU
 PyTorch's autocast is bfloat16, not fp16: float32 is its figure to beat there).
 
-Run: /usr/bin/python3 bench/bench_compute.py --build build [--skip-resnet] [--device cpu|cuda]
+With --baseline OTHER_BUILD, every tessera figure is measured for both builds in this run, each
+figure's pair back to back (the other build first), and "against_baseline" holds this build's
+figure over the other's: the check that a change left the device no slower.
+
+Run: /usr/bin/python3 bench/bench_compute.py --build build [--baseline OLD_BUILD] [--skip-resnet]
+     [--skip-pytorch] [--device cpu|cuda]
 """
 import argparse
 import json
@@ -79,30 +84,64 @@ def resnet50_extraction(tessera, batch, work, precision):
             "feature_width": summary["extraction"]["output_shape"][0]}
 
 
+def tessera_runs(builds, skip_resnet):
+    """Every tessera figure for each build in `builds` (name -> build directory), the builds'
+    runs of one figure back to back so that the machine's load falls alike on both."""
+    results = {name: {} for name in builds}
+    for name, build in builds.items():
+        gemm = subprocess.run([os.path.join(build, "bench", "bench_gemm")], capture_output=True, text=True,
+                              check=True)
+        results[name]["gemm"] = json.loads(gemm.stdout)
+    models = [("small-cnn", 64, 96, 3)] + ([] if skip_resnet else [("resnet18", 16, 224, 2)])
+    for precision, suffix in (("fp32", ""), ("fp16", " fp16")):
+        for model, batch, size, steps in models:
+            for name, build in builds.items():
+                with tempfile.TemporaryDirectory() as work:
+                    results[name][model + suffix] = tessera_figures(
+                        os.path.join(build, "tools", "tessera"), model, batch, size, steps, work, precision)
+        if not skip_resnet:
+            for name, build in builds.items():
+                with tempfile.TemporaryDirectory() as work:
+                    results[name]["resnet50_layer3_extract" + suffix] = resnet50_extraction(
+                        os.path.join(build, "tools", "tessera"), 8, work, precision)
+    return results
+
+
+def against_baseline(ours, theirs):
+    """ours / theirs for every throughput both builds report (above 1: this build is faster)."""
+    out = {"gemm_1024_gflops": ours["gemm"]["gemm_1024_gflops"] / theirs["gemm"]["gemm_1024_gflops"]}
+    for figure, values in ours.items():
+        if figure == "gemm":
+            continue
+        for key, value in values.items():
+            if (key.endswith("per_second") and isinstance(value, (int, float)) and
+                    theirs.get(figure, {}).get(key)):
+                out[f"{figure} {key}"] = value / theirs[figure][key]
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default=os.path.join(ROOT, "build"), help="CMake build directory")
+    parser.add_argument("--baseline", help="another build directory, measured beside --build in this run")
     parser.add_argument("--skip-resnet", action="store_true", help="leave the resnets out (slow on lavapipe)")
+    parser.add_argument("--skip-pytorch", action="store_true", help="leave PyTorch's figures out")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="PyTorch's device")
     args = parser.parse_args()
-    tessera = os.path.join(args.build, "tools", "tessera")
-    result = {"tessera": {}}
-    gemm = subprocess.run([os.path.join(args.build, "bench", "bench_gemm")], capture_output=True, text=True, check=True)
-    result["tessera"]["gemm"] = json.loads(gemm.stdout)
-    models = [("small-cnn", 64, 96, 3)] + ([] if args.skip_resnet else [("resnet18", 16, 224, 2)])
-    with tempfile.TemporaryDirectory() as work:
-        for precision, suffix in (("fp32", ""), ("fp16", " fp16")):
-            for model, batch, size, steps in models:
-                result["tessera"][model + suffix] = tessera_figures(tessera, model, batch, size, steps, work, precision)
-            if not args.skip_resnet:
-                result["tessera"]["resnet50_layer3_extract" + suffix] = resnet50_extraction(tessera, 8, work, precision)
-    try:
-        torch = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch.py"),
-                                "--device", args.device], capture_output=True, text=True, check=True)
-        result["pytorch"] = json.loads(torch.stdout)
-    except (OSError, subprocess.CalledProcessError) as error:
-        result["pytorch"] = {"unavailable": str(error)}
-    result["ratios"] = ratios(result)
+    builds = {"baseline": args.baseline} if args.baseline else {}
+    builds["tessera"] = args.build
+    result = tessera_runs(builds, args.skip_resnet)
+    if args.baseline:
+        result["builds"] = {name: os.path.abspath(build) for name, build in builds.items()}
+        result["against_baseline"] = against_baseline(result["tessera"], result["baseline"])
+    if not args.skip_pytorch:
+        try:
+            torch = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "bench_torch.py"),
+                                    "--device", args.device], capture_output=True, text=True, check=True)
+            result["pytorch"] = json.loads(torch.stdout)
+        except (OSError, subprocess.CalledProcessError) as error:
+            result["pytorch"] = {"unavailable": str(error)}
+        result["ratios"] = ratios(result)
     json.dump(result, sys.stdout, indent=2)
     print()
 

@@ -102,3 +102,20 @@ def test_plan_over_the_memory_limit_is_exit_3_before_any_work(tmp_path, command)
     # Within the limit the same command runs.
     result = tessera(*args, "--model", "resnet18", "--random-weights", "--device-memory-limit", "1GiB")
     assert result.returncode == 0, result.stderr
+
+
+def test_no_vulkan_device_is_an_error_that_says_how_to_see_why(tmp_path):
+    """A driver manifest that names a missing library leaves the loader with no driver: info and
+    a command that needs a device fail (exit 1) and say how to see what the loader tried."""
+    manifest = tmp_path / "missing_icd.json"
+    manifest.write_text('{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3.0"}}'
+                        % (tmp_path / "libnone.so"))
+    env = dict(os.environ, VK_DRIVER_FILES=str(manifest), VK_ICD_FILENAMES=str(manifest))
+    env.pop("VK_INSTANCE_LAYERS", None)
+    write_images(tmp_path / "x.h5", np.zeros((2, 3, 16, 16), np.float32))
+    for args in (["info"], ["info", "--json"], ["forward", "--model", "small-cnn", "--random-weights",
+                                                "--input", str(tmp_path / "x.h5"), "--output", str(tmp_path / "y.h5")]):
+        result = subprocess.run([TESSERA, *args], capture_output=True, text=True, env=env)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert "no Vulkan" in result.stderr and "VK_LOADER_DEBUG" in result.stderr, result.stderr
+        assert result.stdout == "" and not (tmp_path / "y.h5").exists()

@@ -9,6 +9,7 @@
 #include <sqlite3.h>
 #include <tiffvers.h>
 
+#include "common/error.h"
 #include "common/units.h"
 #include "compute/vk/context.h"
 #include "common/progress.h"
@@ -28,6 +29,7 @@ void add_info_command(CLI::App& app) {
   // tessera's --json (which may follow the command): one JSON object instead of text.
   command->callback([] {
     auto devices = vk::list_devices();
+    if (devices.empty()) throw Error(ExitCode::runtime_error, vk::no_device_message);
     unsigned h5_major, h5_minor, h5_release;
     H5get_libversion(&h5_major, &h5_minor, &h5_release);
     nlohmann::json libraries = {

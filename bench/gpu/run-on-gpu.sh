@@ -52,7 +52,21 @@ done
 export VK_ADD_LAYER_PATH=$bundle/vulkan/explicit_layer.d${VK_ADD_LAYER_PATH:+:$VK_ADD_LAYER_PATH}
 icd=$(find /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d /usr/local/share/vulkan/icd.d \
   -maxdepth 1 -name 'nvidia_icd*.json' 2>/dev/null | sort | head -1 || true)
-if [[ -n $icd ]]; then export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd; fi
+if [[ -n $icd ]]; then
+  export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+  # The manifest names its library by file name, which the dynamic linker must find: where its
+  # cache does not hold it (a driver mounted into a container), the driver's own lib folder.
+  driver_library=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ICD']['library_path'])" "$icd")
+  if [[ $driver_library != /* ]] && ! { /sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null; } | grep -qF "$driver_library"; then
+    for dir in "$(dirname "$icd")"/../../../lib64 /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
+      if [[ -e $dir/$driver_library ]]; then
+        export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(realpath "$dir")
+        echo "Vulkan driver library: $dir/$driver_library (not in the linker's cache: LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+        break
+      fi
+    done
+  fi
+fi
 echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-none named, the loader searches}"
 export XDG_CACHE_HOME=$work/cache
 
@@ -60,9 +74,15 @@ missing=$(ldd "$tree"/build/tools/tessera | grep 'not found' || true)
 [[ -z $missing ]] || { echo "run-on-gpu: tessera cannot load: $missing" >&2; exit 1; }
 {
   if [[ -n $icd ]]; then echo "$icd: $(tr -d '\n ' <"$icd")"; fi
-  "$tree"/build/tools/tessera info || true
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
 } | tee "$out"/info.txt
+# Without a device every later step fails: stop at once with the loader's account of why, and
+# keep the machine's time for a second run.
+if ! "$tree"/build/tools/tessera info 2>&1 | tee -a "$out"/info.txt; then
+  echo "run-on-gpu: tessera found no usable Vulkan device; the loader's account:" | tee -a "$out"/info.txt
+  VK_LOADER_DEBUG=error,warn,driver "$tree"/build/tools/tessera info 2>&1 | tail -80 | tee -a "$out"/info.txt || true
+  exit 1
+fi
 
 status=0
 if [[ $only != suite ]]; then

@@ -52,8 +52,8 @@ VkInstance create_instance(bool validation) {
                 "(Debian: vulkan-validationlayers)");
   if (result == VK_ERROR_INCOMPATIBLE_DRIVER)
     throw Error(ExitCode::runtime_error,
-                "no Vulkan 1.2 driver found (on a machine without a GPU install "
-                "mesa-vulkan-drivers for lavapipe)");
+                "no Vulkan 1.2 driver found (on a machine without a GPU install mesa-vulkan-drivers for "
+                "lavapipe; VK_LOADER_DEBUG=error,warn,driver tessera info shows what the Vulkan loader tried)");
   check(result, "vkCreateInstance");
   return instance;
 }
@@ -156,6 +156,9 @@ ContextOptions options_from_environment() {
   return options;
 }
 
+const char* const no_device_message =
+    "no Vulkan device found (VK_LOADER_DEBUG=error,warn,driver tessera info shows what the Vulkan loader tried)";
+
 std::vector<DeviceInfo> list_devices() {
   VkInstance instance = create_instance(false);
   std::vector<DeviceInfo> infos;
@@ -168,7 +171,7 @@ std::vector<DeviceInfo> list_devices() {
 std::vector<DeviceInfo> named_devices(const std::vector<int>& indices, const std::string& flag) {
   if (indices.empty()) throw UsageError(flag + ": give at least one device index");
   auto devices = list_devices();
-  if (devices.empty()) throw Error(ExitCode::runtime_error, "no Vulkan device found");
+  if (devices.empty()) throw Error(ExitCode::runtime_error, no_device_message);
   std::vector<DeviceInfo> named;
   for (int index : indices) {
     if (index < 0 || static_cast<size_t>(index) >= devices.size())
@@ -212,7 +215,7 @@ Context::Context(ContextOptions options) {
   auto devices = physical_devices(instance_);
   if (devices.empty()) {
     destroy_instance();
-    throw Error(ExitCode::runtime_error, "no Vulkan device found");
+    throw Error(ExitCode::runtime_error, no_device_message);
   }
   uint32_t chosen = 0;
   if (options.device_index >= 0) {

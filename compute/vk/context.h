@@ -52,6 +52,8 @@ void check(VkResult result, const char* what);
 
 // Every Vulkan device the loader finds, in the loader's order (the order --device counts in).
 std::vector<DeviceInfo> list_devices();
+// The error text where list_devices() finds none.
+extern const char* const no_device_message;
 
 // The devices a list flag names (`--devices 0,1`), in its order. Throws UsageError naming `flag`
 // for an empty list, an index that does not exist, or a GPU given twice; lavapipe (host_cores)
