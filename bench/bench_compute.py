@@ -10,6 +10,7 @@ beside the same figures from PyTorch on the same machine (bench_torch.py) when
 precision (`--precision fp16`, keys "<model> fp16"), against PyTorch in float32 (on a CPU
 PyTorch's autocast is bfloat16, not fp16: float32 is its figure to beat there).
 
+The run's date, `tessera info` (device and driver) and the load average come with the figures.
 With --baseline OTHER_BUILD, every tessera figure is measured for both builds in this run, each
 figure's pair back to back (the other build first), and "against_baseline" holds this build's
 figure over the other's: the check that a change left the device no slower.
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import h5py
 import numpy as np
@@ -130,7 +132,12 @@ def main():
     args = parser.parse_args()
     builds = {"baseline": args.baseline} if args.baseline else {}
     builds["tessera"] = args.build
-    result = tessera_runs(builds, args.skip_resnet)
+    info = subprocess.run([os.path.join(args.build, "tools", "tessera"), "info", "--json"], capture_output=True,
+                          text=True, check=True)
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "info": json.loads(info.stdout),
+              "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
+    result.update(tessera_runs(builds, args.skip_resnet))
+    result["load_average_at_end"] = os.getloadavg()[0]
     if args.baseline:
         result["builds"] = {name: os.path.abspath(build) for name, build in builds.items()}
         result["against_baseline"] = against_baseline(result["tessera"], result["baseline"])
