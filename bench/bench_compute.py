@@ -13,7 +13,8 @@ PyTorch's autocast is bfloat16, not fp16: float32 is its figure to beat there).
 The run's date, `tessera info` (device and driver) and the load average come with the figures.
 With --baseline OTHER_BUILD, every tessera figure is measured for both builds in this run, each
 figure's pair back to back (the other build first), and "against_baseline" holds this build's
-figure over the other's: the check that a change left the device no slower.
+figure over the other's: the check that a change left the device no slower. --rounds N repeats
+each pair N times, the builds' order alternating, and keeps each build's best.
 
 Run: /usr/bin/python3 bench/bench_compute.py --build build [--baseline OLD_BUILD] [--skip-resnet]
      [--skip-pytorch] [--device cpu|cuda]
@@ -30,6 +31,7 @@ import h5py
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = (("small-cnn", 64, 96, 3), ("resnet18", 16, 224, 2))  # name, batch, side, training steps
 
 
 def last_json(text, key):
@@ -86,26 +88,43 @@ def resnet50_extraction(tessera, batch, work, precision):
             "feature_width": summary["extraction"]["output_shape"][0]}
 
 
-def tessera_runs(builds, skip_resnet):
+def best_of(rounds):
+    """One figure over several rounds: each throughput its best round's (the machine's load only
+    ever slows a run), the rest as the last round gave it."""
+    best = dict(rounds[-1])
+    for key, value in best.items():
+        if key.endswith("per_second") and isinstance(value, (int, float)):
+            best[key] = max(r[key] for r in rounds)
+    return best
+
+
+def tessera_runs(builds, skip_resnet, rounds):
     """Every tessera figure for each build in `builds` (name -> build directory), the builds'
-    runs of one figure back to back so that the machine's load falls alike on both."""
+    runs of one figure back to back so that the machine's load falls alike on both, in turn
+    first and second over the rounds."""
+    def figure(build, kind, precision):
+        tessera = os.path.join(build, "tools", "tessera")
+        with tempfile.TemporaryDirectory() as work:
+            if kind == "resnet50_layer3_extract":
+                return resnet50_extraction(tessera, 8, work, precision)
+            model, batch, size, steps = next(m for m in MODELS if m[0] == kind)
+            return tessera_figures(tessera, model, batch, size, steps, work, precision)
+
     results = {name: {} for name in builds}
     for name, build in builds.items():
         gemm = subprocess.run([os.path.join(build, "bench", "bench_gemm")], capture_output=True, text=True,
                               check=True)
         results[name]["gemm"] = json.loads(gemm.stdout)
-    models = [("small-cnn", 64, 96, 3)] + ([] if skip_resnet else [("resnet18", 16, 224, 2)])
+    kinds = ["small-cnn"] + ([] if skip_resnet else ["resnet18", "resnet50_layer3_extract"])
     for precision, suffix in (("fp32", ""), ("fp16", " fp16")):
-        for model, batch, size, steps in models:
-            for name, build in builds.items():
-                with tempfile.TemporaryDirectory() as work:
-                    results[name][model + suffix] = tessera_figures(
-                        os.path.join(build, "tools", "tessera"), model, batch, size, steps, work, precision)
-        if not skip_resnet:
-            for name, build in builds.items():
-                with tempfile.TemporaryDirectory() as work:
-                    results[name]["resnet50_layer3_extract" + suffix] = resnet50_extraction(
-                        os.path.join(build, "tools", "tessera"), 8, work, precision)
+        for kind in kinds:
+            measured = {name: [] for name in builds}
+            for round_index in range(rounds):
+                order = list(builds.items())
+                for name, build in order if round_index % 2 == 0 else reversed(order):
+                    measured[name].append(figure(build, kind, precision))
+            for name in builds:
+                results[name][kind + suffix] = best_of(measured[name])
     return results
 
 
@@ -126,6 +145,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default=os.path.join(ROOT, "build"), help="CMake build directory")
     parser.add_argument("--baseline", help="another build directory, measured beside --build in this run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each figure per build, the builds' order alternating; the best is kept")
     parser.add_argument("--skip-resnet", action="store_true", help="leave the resnets out (slow on lavapipe)")
     parser.add_argument("--skip-pytorch", action="store_true", help="leave PyTorch's figures out")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="PyTorch's device")
@@ -136,7 +157,7 @@ def main():
                           text=True, check=True)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "info": json.loads(info.stdout),
               "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
-    result.update(tessera_runs(builds, args.skip_resnet))
+    result.update(tessera_runs(builds, args.skip_resnet, args.rounds))
     result["load_average_at_end"] = os.getloadavg()[0]
     if args.baseline:
         result["builds"] = {name: os.path.abspath(build) for name, build in builds.items()}

@@ -112,7 +112,9 @@ if bench:
 if suite:
     result["suite"] = {"counts": suite["counts"], "seconds": suite["seconds"],
                        "not_passed": {t["name"]: t.get("reason", t["status"]) for t in suite["tests"]
-                                      if t["status"] != "passed"}}
+                                      if t["status"] != "passed"},
+                       "passed_with_skipped_cases": {t["name"]: t["skipped_cases"] for t in suite["tests"]
+                                                     if t.get("skipped_cases")}}
 json.dump(result, open(os.path.join(out, "results.json"), "w"), indent=1)
 print(json.dumps(result.get("ratios", {})), json.dumps(result.get("suite", {}).get("counts", {})))
 EOF

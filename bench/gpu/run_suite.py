@@ -6,8 +6,10 @@ and every tests/test_*.py under pytest, all under the Khronos validation layer
 A test that needs what this machine lacks is skipped with the reason, not failed: a Python module
 its file (or a local module it imports) imports at the top, a program it runs by name (mpirun,
 PostgreSQL's, Slurm's), or Debian's /usr/bin/python3 with numpy and h5py, which some tests run by
-path. Writes one JSON object (every test: status, seconds, reason, the end of its output) and
-each test's whole output under --logs.
+path. A test that imports a module only where it needs it (tests/data_tools.py's python3-lmdb)
+runs, and pytest skips the cases that need it: they are listed with the test (skipped_cases).
+Writes one JSON object (every test: status, seconds, reason, the end of its output) and each
+test's whole output under --logs.
 
 Run: python3 bench/gpu/run_suite.py --root TREE --out suite.json --logs DIR [--jobs N] [--deadline EPOCH]
 """
@@ -128,6 +130,17 @@ def discover(root):
     return tests
 
 
+def skipped_cases(output):
+    """The reasons pytest's -rA summary gives for the cases it skipped ("SKIPPED [2] f.py:10: why"),
+    each once: a test that passed may have skipped some cases (a module imported where needed)."""
+    reasons = []
+    for line in output.splitlines():
+        match = re.match(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", line)
+        if match and match.group(2) not in reasons:
+            reasons.append(match.group(2))
+    return reasons
+
+
 def tail(text, lines=40):
     return "\n".join(text.splitlines()[-lines:])
 
@@ -177,8 +190,12 @@ def run(args):
             log.close()
             status = "timed_out" if over else "passed" if process.returncode == 0 else "failed"
             seconds = round(time.time() - start, 1)
-            results.append({"name": test["name"], "status": status, "seconds": seconds,
-                            "exit_code": process.returncode, "output_tail": "" if status == "passed" else tail(output)})
+            result = {"name": test["name"], "status": status, "seconds": seconds, "exit_code": process.returncode,
+                      "output_tail": "" if status == "passed" else tail(output)}
+            skipped = skipped_cases(output) if test["kind"] == "pytest" else []
+            if skipped:
+                result["skipped_cases"] = skipped
+            results.append(result)
             print(f"[{time.time() - started_at:6.0f}s] {status} {test['name']} ({seconds} s)", flush=True)
     counts = {}
     for result in results:
