@@ -2,10 +2,10 @@
 # Checks the GPU bundle where none of tessera's dependencies are installed: a minimal Debian 12
 # made by debootstrap (from the mirror apt uses here), given only what the bundle does not carry
 # and the GPU machine has: a Vulkan driver (lavapipe from mesa-vulkan-drivers stands in for the
-# GPU's) and Python 3 with numpy, h5py and pytest (no torch, lmdb or openslide: the tests that
-# import them are skipped with the reason). Checks that every library tessera loads there comes
-# from the bundle or is the C/C++ runtime, then runs run-on-gpu.sh (--quick benchmarks, the
-# suite on lavapipe) and leaves its output in OUT_DIR.
+# GPU's) and Python 3 with numpy, h5py, pytest, Pillow and tifffile (no torch, lmdb or
+# openslide: the tests that import them are skipped with the reason). Checks that every library
+# tessera loads there comes from the bundle or is the C/C++ runtime, then runs run-on-gpu.sh
+# (--quick benchmarks, the suite on lavapipe) and leaves its output in OUT_DIR.
 #
 # Usage (root): bash bench/gpu/check-bundle.sh [BUNDLE] [OUT_DIR] [run-on-gpu.sh options]
 #   defaults .gpu-bundle/tessera-bundle.tar.xz and .gpu-bundle/check; the Debian tree is kept in
@@ -18,13 +18,17 @@ shift $(($# < 2 ? $# : 2))
 root=/var/tmp/tessera-bundle-root
 mirror=$(apt-cache policy | awk '$2 ~ /^https?:/ && $3 == "bookworm/main" {print $2; exit}')
 mirror=${mirror:-http://deb.debian.org/debian}
+# The GPU machine's Python has these (and torch), not python3-lmdb or python3-openslide.
+packages="mesa-vulkan-drivers python3 python3-numpy python3-h5py python3-pytest python3-pil python3-tifffile"
 if [[ ! -e $root/.ready ]]; then
   rm -rf "$root"
   debootstrap --variant=minbase bookworm "$root" "$mirror" >"$out"/debootstrap.log
   cp /etc/resolv.conf "$root"/etc/resolv.conf
-  chroot "$root" apt-get install -y -qq --no-install-recommends \
-    mesa-vulkan-drivers python3 python3-numpy python3-h5py python3-pytest >/dev/null
-  touch "$root"/.ready
+fi
+if [[ "$(cat "$root"/.ready 2>/dev/null)" != "$packages" ]]; then
+  # shellcheck disable=SC2086  # one word per package
+  chroot "$root" apt-get install -y -qq --no-install-recommends $packages >/dev/null
+  echo "$packages" >"$root"/.ready
 fi
 
 mounts=()

@@ -6,9 +6,11 @@
 # bench.json, suite.json, info.txt, run.log, suite-logs.tar.gz.
 #
 # Usage: bash bench/gpu/run-on-gpu.sh BUNDLE.tar.xz OUT_DIR [--minutes M] [--only bench|suite] [--quick]
+#                                      [--tests REGEX]
 #   --minutes  the whole run's budget (default 8.5: a run on the GPU machine is cut at 10, and
 #              unpacking and the summary come on top of the deadline's margin)
 #   --quick    small benchmark sizes (chosen anyway where tessera's device is a CPU: lavapipe)
+#   --tests    a regular expression: the suite runs only the tests whose names it finds (a rerun)
 # The Vulkan driver is the machine's: NVIDIA's manifest where it is installed, else the loader's
 # default search (lavapipe, where the bundle is checked without a GPU; PyTorch then runs on the
 # CPU, so that every step of this script runs before it meets a GPU).
@@ -16,12 +18,13 @@ set -euo pipefail
 bundle_archive=$(realpath "$1")
 out=$(mkdir -p "$2" && realpath "$2")
 shift 2
-minutes=8.5 only="" quick=()
+minutes=8.5 only="" quick=() tests=""
 while (($#)); do
   case $1 in
     --minutes) minutes=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --quick) quick=(--quick); shift ;;
+    --tests) tests=$2; shift 2 ;;
     *) echo "run-on-gpu: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -93,7 +96,7 @@ if [[ $only != suite ]]; then
     "${quick[@]}" || status=1
 fi
 if [[ $only != bench ]]; then
-  python3 "$tree"/bench/gpu/run_suite.py --root "$tree" --out "$out"/suite.json --logs "$work"/logs \
+  python3 "$tree"/bench/gpu/run_suite.py --root "$tree" --out "$out"/suite.json --logs "$work"/logs --tests "$tests" \
     --deadline "$deadline" || status=1
   tar -C "$work" -czf "$out"/suite-logs.tar.gz logs
 fi

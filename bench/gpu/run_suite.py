@@ -11,7 +11,8 @@ runs, and pytest skips the cases that need it: they are listed with the test (sk
 Writes one JSON object (every test: status, seconds, reason, the end of its output) and each
 test's whole output under --logs.
 
-Run: python3 bench/gpu/run_suite.py --root TREE --out suite.json --logs DIR [--jobs N] [--deadline EPOCH]
+Run: python3 bench/gpu/run_suite.py --root TREE --out suite.json --logs DIR [--tests REGEX] [--jobs N]
+     [--deadline EPOCH]
 """
 import argparse
 import ast
@@ -113,11 +114,11 @@ def ctest_costs(root, tests):
     return costs
 
 
-def discover(root):
+def discover(root, pattern):
     tests = []
     for name in sorted(os.listdir(os.path.join(root, "tests"))):
         stem, extension = os.path.splitext(name)
-        if not stem.startswith("test_"):
+        if not stem.startswith("test_") or not re.search(pattern, stem):
             continue
         source = os.path.join(root, "tests", name)
         if extension == ".cpp":
@@ -148,7 +149,7 @@ def tail(text, lines=40):
 def run(args):
     root = os.path.abspath(args.root)
     os.makedirs(args.logs, exist_ok=True)
-    tests = discover(root)
+    tests = discover(root, args.tests)
     costs = ctest_costs(root, tests)
     tests.sort(key=lambda t: -costs.get(t["name"], 60.0))
     debian_python = debian_python_ready()
@@ -209,6 +210,7 @@ def main():
     parser.add_argument("--root", required=True, help="the bundle's source tree (tests/, tools/, build/)")
     parser.add_argument("--out", required=True, help="the JSON report")
     parser.add_argument("--logs", required=True, help="a folder for each test's output")
+    parser.add_argument("--tests", default="", help="a regular expression: only the tests whose names it finds")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=900, help="seconds per test")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds: start nothing after")
