@@ -93,7 +93,7 @@ def best_of(rounds):
     ever slows a run), the rest as the last round gave it."""
     best = dict(rounds[-1])
     for key, value in best.items():
-        if key.endswith("per_second") and isinstance(value, (int, float)):
+        if key.endswith(("per_second", "gflops")) and isinstance(value, (int, float)):
             best[key] = max(r[key] for r in rounds)
     return best
 
@@ -103,6 +103,10 @@ def tessera_runs(builds, skip_resnet, rounds):
     runs of one figure back to back so that the machine's load falls alike on both, in turn
     first and second over the rounds."""
     def figure(build, kind, precision):
+        if kind == "gemm":
+            gemm = subprocess.run([os.path.join(build, "bench", "bench_gemm")], capture_output=True, text=True,
+                                  check=True)
+            return json.loads(gemm.stdout)
         tessera = os.path.join(build, "tools", "tessera")
         with tempfile.TemporaryDirectory() as work:
             if kind == "resnet50_layer3_extract":
@@ -110,21 +114,22 @@ def tessera_runs(builds, skip_resnet, rounds):
             model, batch, size, steps = next(m for m in MODELS if m[0] == kind)
             return tessera_figures(tessera, model, batch, size, steps, work, precision)
 
+    def measure(kind, precision):
+        measured = {name: [] for name in builds}
+        for round_index in range(rounds):
+            order = list(builds.items())
+            for name, build in order if round_index % 2 == 0 else reversed(order):
+                measured[name].append(figure(build, kind, precision))
+        return {name: best_of(runs) for name, runs in measured.items()}
+
     results = {name: {} for name in builds}
-    for name, build in builds.items():
-        gemm = subprocess.run([os.path.join(build, "bench", "bench_gemm")], capture_output=True, text=True,
-                              check=True)
-        results[name]["gemm"] = json.loads(gemm.stdout)
+    for name, best in measure("gemm", "fp32").items():
+        results[name]["gemm"] = best
     kinds = ["small-cnn"] + ([] if skip_resnet else ["resnet18", "resnet50_layer3_extract"])
     for precision, suffix in (("fp32", ""), ("fp16", " fp16")):
         for kind in kinds:
-            measured = {name: [] for name in builds}
-            for round_index in range(rounds):
-                order = list(builds.items())
-                for name, build in order if round_index % 2 == 0 else reversed(order):
-                    measured[name].append(figure(build, kind, precision))
-            for name in builds:
-                results[name][kind + suffix] = best_of(measured[name])
+            for name, best in measure(kind, precision).items():
+                results[name][kind + suffix] = best
     return results
 
 

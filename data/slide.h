@@ -16,6 +16,12 @@ struct SlideLevel {
   int tile_width = 0, tile_height = 0;  // the file's own tiles
 };
 
+// How a channel of wider samples becomes the 8 bits a tile holds: `low` and below give 0, `high`
+// and above 255, linearly between (rounded).
+struct IntensityWindow {
+  uint32_t low = 0, high = 255;
+};
+
 class Slide {
  public:
   virtual ~Slide() = default;
@@ -31,6 +37,10 @@ class Slide {
   virtual int channels() const { return 3; }
   // The channels' names where the file gives them (OME-TIFF, QPTIFF: "DAPI", "CD8"...); else empty.
   virtual std::vector<std::string> channel_names() const { return {}; }
+  // Bits per sample in the file: 8, or 16 for a multiplex slide of 16-bit planes, whose channels
+  // read_region maps to 8 bits through intensity_windows() (one a channel; empty for 8 bits).
+  virtual int sample_bits() const { return 8; }
+  virtual std::vector<IntensityWindow> intensity_windows() const { return {}; }
   // Writes [x, x + width) x [y, y + height) of `level` (in that level's pixels) as RGB (or
   // channels() samples a pixel), row-major; what lies outside the image is white (0 for a
   // multiplex slide). Safe from several threads. Throws BadInput naming the file and the tile
@@ -56,7 +66,7 @@ enum class SlideReader {
 
 // Opens a slide. Throws BadInput naming the file when it is missing, truncated, not tiled or not
 // a slide, or a kind tessera does not read (an Olympus .vsi, whose pyramid lives in .ets files;
-// a z-stack, a time series, or signed, floating-point or wider than 8-bit samples, named as the
+// a z-stack, a time series, or signed, floating-point or wider than 16-bit samples, named as the
 // file's OME-XML or QPTIFF description gives them). Decoded tiles of a TIFF are cached up to
 // `tile_cache_bytes`.
 std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes = uint64_t{64} << 20,

@@ -93,7 +93,8 @@ bool vips_can_read(const std::string& path);
 // A multiplex TIFF whose channels are grey planes (OME-TIFF, QPTIFF) as a slide of those
 // channels (slide_planes.cpp); nullptr when `path` is not one (an RGB or single-channel TIFF).
 // Throws BadInput naming what the file holds when it is a kind tessera does not read: a z-stack,
-// a time series, signed, floating-point or wider than 8-bit samples, planes in other files.
+// a time series, signed, floating-point or wider than 16-bit samples, planes in other files.
+// Channels of 16-bit samples read as 8 bits through a window per channel (Slide::intensity_windows).
 std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes);
 
 // A DICOM VL Whole Slide Microscopy series (TILED_FULL): `path` is one of its files; the other

@@ -2,7 +2,8 @@
 // pyramid in SubIFDs; QPTIFF: a full-resolution directory per channel, then reduced ones), read
 // through libtiff with one handle per plane, so that channels decode on several threads; and the
 // kinds of image tessera does not read (z-stacks, time series, signed, floating-point or wider
-// than 8-bit samples), refused naming what the file holds.
+// than 16-bit samples), refused naming what the file holds. 16-bit channels (most CyCIF, CODEX
+// and Orion scans) read as 8 bits through a window per channel taken from the slide itself.
 #include <tiffio.h>
 
 #include <algorithm>
@@ -96,20 +97,20 @@ std::string ome_type_words(const std::string& type) {
   return type;
 }
 
-// The sample kind of the current directory when tessera cannot read it ("16-bit"), else empty.
+// The sample kind of the current directory when tessera cannot read it ("32-bit"), else empty.
 std::string unreadable_samples(TIFF* tiff) {
   uint16_t bits = 8, format = SAMPLEFORMAT_UINT;
   TIFFGetFieldDefaulted(tiff, TIFFTAG_BITSPERSAMPLE, &bits);
   TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLEFORMAT, &format);
   if (format == SAMPLEFORMAT_INT) return "signed " + std::to_string(bits) + "-bit";
   if (format == SAMPLEFORMAT_IEEEFP) return std::to_string(bits) + "-bit floating-point";
-  if (bits != 8) return std::to_string(bits) + "-bit";
+  if (bits != 8 && bits != 16) return std::to_string(bits) + "-bit";
   return "";
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& holds) {
-  throw BadInput(path + ": " + holds + ": tessera reads one focal plane and time point of unsigned 8-bit samples "
-                                       "(export such a plane first, e.g. bfconvert -z 0 -t 0 -pixeltype uint8)");
+  throw BadInput(path + ": " + holds + ": tessera reads one focal plane and time point of unsigned 8- or 16-bit "
+                                       "samples (export such a plane first, e.g. bfconvert -z 0 -t 0 -pixeltype uint16)");
 }
 
 // The plane of each channel (z = 0, t = 0) in the main chain, from the TiffData blocks (or in
@@ -157,7 +158,7 @@ std::optional<Layout> ome_layout(TIFF* tiff, const std::string& path, const std:
   std::string type = attribute(tag, "Type").value_or("uint8");
   auto channels = start_tags(pixels, "Channel");
   int64_t samples = channels.empty() ? 1 : number_attribute(channels.front(), "SamplesPerPixel", 1);
-  if (size_z > 1 || size_t_ > 1 || type != "uint8") {
+  if (size_z > 1 || size_t_ > 1 || (type != "uint8" && type != "uint16")) {
     std::string holds = "an OME-TIFF of " + std::to_string(size_c) + (size_c == 1 ? " channel" : " channels");
     if (size_z > 1) holds += ", a z-stack of " + std::to_string(size_z) + " focal planes";
     if (size_t_ > 1) holds += ", a time series of " + std::to_string(size_t_) + " time points";
@@ -236,6 +237,7 @@ struct Plane {
   std::mutex mutex;
   int64_t width = 0, height = 0, columns = 0, rows = 0;
   int tile_width = 0, tile_height = 0;
+  int sample_bytes = 1;  // 1 or 2
   bool tiled = false;
   std::vector<uint64_t> byte_counts;
 };
@@ -250,8 +252,9 @@ class PlanesSlide final : public Slide {
       const Plane& first = *planes.front();
       for (auto& plane : planes)
         if (plane->width != first.width || plane->height != first.height || plane->tile_width != first.tile_width ||
-            plane->tile_height != first.tile_height)
-          throw BadInput(path + ": the channels of level " + std::to_string(level) + " differ in size or tiling");
+            plane->tile_height != first.tile_height || plane->sample_bytes != planes_[0][0]->sample_bytes)
+          throw BadInput(path + ": the channels of level " + std::to_string(level) +
+                         " differ in size, tiling or bits per sample");
       shapes_.push_back({first.width, first.height, 1.0, first.tile_width, first.tile_height});
     }
     for (auto& shape : shapes_)
@@ -259,6 +262,11 @@ class PlanesSlide final : public Slide {
                                 static_cast<double>(shapes_[0].height) / static_cast<double>(shape.height));
     mpp_ = layout_.mpp;
     if (mpp_ <= 0) mpp_ = resolution_mpp(planes_[0][0]->tiff.get());
+    if (planes_[0][0]->sample_bytes == 2)
+      for (size_t channel = 0; channel < layout_.names.size(); ++channel) {
+        windows_.push_back(window_of(channel));
+        to_8_bits_.push_back(mapping(windows_.back()));
+      }
   }
 
   const std::string& path() const override { return path_; }
@@ -268,6 +276,8 @@ class PlanesSlide final : public Slide {
   double mpp_y() const override { return mpp_; }
   int channels() const override { return static_cast<int>(layout_.names.size()); }
   std::vector<std::string> channel_names() const override { return layout_.names; }
+  int sample_bits() const override { return 8 * planes_[0][0]->sample_bytes; }
+  std::vector<IntensityWindow> intensity_windows() const override { return windows_; }
 
   void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* out) const override {
     const auto& planes = planes_.at(static_cast<size_t>(level));
@@ -310,7 +320,10 @@ class PlanesSlide final : public Slide {
     if (std::string kind = unreadable_samples(tiff); !kind.empty() || samples != 1)
       throw BadInput(path_ + ": a level " + std::to_string(level) + " channel holds " +
                      (kind.empty() ? std::to_string(samples) + " samples a pixel" : kind + " samples") +
-                     ", not one unsigned 8-bit sample");
+                     ", not one unsigned 8- or 16-bit sample");
+    uint16_t bits = 8;
+    TIFFGetFieldDefaulted(tiff, TIFFTAG_BITSPERSAMPLE, &bits);
+    plane->sample_bytes = bits / 8;
     plane->tiled = TIFFIsTiled(tiff);
     if (plane->tiled) {
       TIFFGetField(tiff, TIFFTAG_TILEWIDTH, &tile_width);
@@ -343,25 +356,83 @@ class PlanesSlide final : public Slide {
                                                                                                  : 0;
   }
 
-  // The plane's tile (or strip), decoded; zeros where the file stores none (a sparse file).
+  // Reads the plane's tile (or strip) at (column, row) into `out` (tile_width x tile_height
+  // samples); false, leaving `out` as it was, where the file stores none (a sparse file).
+  bool read_stored(int level, size_t channel, int64_t column, int64_t row, void* out) const {
+    Plane& plane = *planes_[static_cast<size_t>(level)][channel];
+    auto index = static_cast<uint32_t>(plane.tiled ? row * plane.columns + column : row);
+    if (index >= plane.byte_counts.size() || plane.byte_counts[index] == 0) return false;
+    auto bytes = static_cast<tmsize_t>(plane.tile_width) * plane.tile_height * plane.sample_bytes;
+    std::lock_guard lock(plane.mutex);
+    TIFF* tiff = plane.tiff.get();
+    tmsize_t got = plane.tiled ? TIFFReadEncodedTile(tiff, index, out, bytes) : TIFFReadEncodedStrip(tiff, index, out, bytes);
+    if (got < 0)
+      throw BadInput(path_ + ": " + tile_name(level, column, row) + " of channel " + std::to_string(channel) +
+                     " cannot be decoded");
+    return true;
+  }
+
+  // The plane's tile (or strip), decoded to 8 bits; zeros where the file stores none.
   TileCache::Pixels decoded(int level, size_t channel, int64_t column, int64_t row) const {
     uint64_t key = (static_cast<uint64_t>(level) << 56) | (static_cast<uint64_t>(channel) << 48) |
                    (static_cast<uint64_t>(row) << 24) | static_cast<uint64_t>(column);
     if (auto cached = cache_.find(key)) return cached;
-    Plane& plane = *planes_[static_cast<size_t>(level)][channel];
+    const Plane& plane = *planes_[static_cast<size_t>(level)][channel];
     auto pixels = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(plane.tile_width) * plane.tile_height);
-    auto index = static_cast<uint32_t>(plane.tiled ? row * plane.columns + column : row);
-    if (index < plane.byte_counts.size() && plane.byte_counts[index] > 0) {
-      std::lock_guard lock(plane.mutex);
-      TIFF* tiff = plane.tiff.get();
-      tmsize_t got = plane.tiled ? TIFFReadEncodedTile(tiff, index, pixels->data(), static_cast<tmsize_t>(pixels->size()))
-                                 : TIFFReadEncodedStrip(tiff, index, pixels->data(), static_cast<tmsize_t>(pixels->size()));
-      if (got < 0)
-        throw BadInput(path_ + ": " + tile_name(level, column, row) + " of channel " + std::to_string(channel) +
-                       " cannot be decoded");
+    if (plane.sample_bytes == 1) {
+      read_stored(level, channel, column, row, pixels->data());
+    } else {
+      std::vector<uint16_t> samples(pixels->size(), 0);
+      read_stored(level, channel, column, row, samples.data());
+      const std::vector<uint8_t>& to_8_bits = to_8_bits_[channel];
+      std::transform(samples.begin(), samples.end(), pixels->begin(), [&](uint16_t v) { return to_8_bits[v]; });
     }
     cache_.insert(key, pixels);
     return pixels;
+  }
+
+  // A 16-bit channel's window: the 0.1st and 99.9th percentiles (nearest rank) of its samples in
+  // the smallest level, so that neither the background's floor nor a few saturated pixels set the
+  // scale. Past kWindowSamples samples, whole tiles at an even stride; unstored tiles count nothing.
+  static constexpr int64_t kWindowSamples = int64_t{1} << 24;
+  IntensityWindow window_of(size_t channel) const {
+    const int level = static_cast<int>(planes_.size()) - 1;
+    const Plane& plane = *planes_.back()[channel];
+    const int64_t tiles = plane.columns * plane.rows, tile_samples = int64_t{plane.tile_width} * plane.tile_height;
+    const int64_t stride = std::max<int64_t>(1, (tiles * tile_samples + kWindowSamples - 1) / kWindowSamples);
+    std::vector<uint64_t> histogram(65536, 0);
+    std::vector<uint16_t> samples(static_cast<size_t>(tile_samples));
+    for (int64_t index = 0; index < tiles; index += stride) {
+      int64_t column = index % plane.columns, row = index / plane.columns;
+      if (!read_stored(level, channel, column, row, samples.data())) continue;
+      int64_t width = std::min<int64_t>(plane.tile_width, plane.width - column * plane.tile_width);
+      int64_t height = std::min<int64_t>(plane.tile_height, plane.height - row * plane.tile_height);
+      for (int64_t y = 0; y < height; ++y)
+        for (int64_t x = 0; x < width; ++x) ++histogram[samples[static_cast<size_t>(y * plane.tile_width + x)]];
+    }
+    uint64_t count = 0;
+    for (uint64_t n : histogram) count += n;
+    if (count == 0) return {0, 1};
+    // The sample of rank r in sorted order: the least value with more than r samples at or below it.
+    auto value_of_rank = [&](uint64_t rank) {
+      uint64_t at_or_below = 0;
+      for (uint32_t value = 0; value < histogram.size(); ++value)
+        if ((at_or_below += histogram[value]) > rank) return value;
+      return uint32_t{65535};
+    };
+    uint32_t low = value_of_rank((count - 1) / 1000), high = value_of_rank(((count - 1) * 999 + 999) / 1000);
+    return {low, std::max(high, low + 1)};
+  }
+
+  // Every 16-bit value's 8-bit sample through `window`: clipped, linear, rounded half up.
+  static std::vector<uint8_t> mapping(const IntensityWindow& window) {
+    std::vector<uint8_t> table(65536);
+    const int64_t span = window.high - window.low;
+    for (int64_t value = 0; value < 65536; ++value) {
+      int64_t scaled = ((value - window.low) * 510 + span) / (2 * span);
+      table[static_cast<size_t>(value)] = static_cast<uint8_t>(value <= window.low ? 0 : std::min<int64_t>(scaled, 255));
+    }
+    return table;
   }
 
   std::string path_;
@@ -369,6 +440,8 @@ class PlanesSlide final : public Slide {
   std::vector<std::vector<std::unique_ptr<Plane>>> planes_;  // [level][channel]
   std::vector<SlideLevel> shapes_;
   double mpp_ = 0;
+  std::vector<IntensityWindow> windows_;         // per channel, for 16-bit planes
+  std::vector<std::vector<uint8_t>> to_8_bits_;  // per channel: each 16-bit value's 8 bits
   mutable TileCache cache_;
 };
 

@@ -307,6 +307,12 @@ class SlideTiler {
             {"label_counts", nlohmann::json::object()},
             {"complete", false}};
     if (auto names = slide_->channel_names(); !names.empty()) entry["channel_names"] = names;
+    if (slide_->sample_bits() != 8) {
+      entry["sample_bits"] = slide_->sample_bits();
+      nlohmann::json windows = nlohmann::json::array();
+      for (const IntensityWindow& window : slide_->intensity_windows()) windows.push_back({window.low, window.high});
+      entry["intensity_windows"] = windows;
+    }
     return entry;
   }
 

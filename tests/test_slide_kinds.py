@@ -10,8 +10,12 @@ are refused naming what they hold.
   OME-TIFF (a DAPI scan) tile with all their channels:
   each raw tile equals python3-tifffile's read of that level, at every channel. A small CNN
   trains on the 5-channel store (its first convolution takes 5 channels) and extracts features.
+- A 16-bit OME-TIFF (as CyCIF, CODEX and Orion scans are; written here with tifffile, pyramid in
+  SubIFDs) tiles at 8 bits: each channel through the window of its smallest level's 0.1st and
+  99.9th percentiles, recorded in the store's slide entry; tiles equal numpy's mapping of
+  tifffile's read, at levels 0 and 1.
 - Refused, exit 5, naming the file and what it holds, with no store left behind: the real
-  multi-channel z-series OME-TIFF (3 channels x 5 z-planes of int8), a 16-bit and a float OME-TIFF,
+  multi-channel z-series OME-TIFF (3 channels x 5 z-planes of int8), a 32-bit and a float OME-TIFF,
   an Olympus .vsi (naming the .ets it lacks); --tissue brightfield on 5 channels is exit 2."""
 import io
 import json
@@ -213,13 +217,63 @@ def check_single_plane():
         assert np.array_equal(image[..., 0], plane[row * 64:(row + 1) * 64, column * 64:(column + 1) * 64])
 
 
+def to_8_bits(samples, window):
+    """A 16-bit channel's 8-bit samples through (low, high): clipped, linear, rounded half up."""
+    low, high = window
+    scaled = ((samples.astype(np.int64) - low) * 510 + (high - low)) // (2 * (high - low))
+    return np.clip(scaled, 0, 255).astype(np.uint8)
+
+
+def check_sixteen_bit():
+    """Four 16-bit channels, a dim floor with a tissue block and a few saturated pixels."""
+    path = os.path.join(WORK, "cycif.ome.tif")
+    generator = np.random.default_rng(16)
+    full = generator.integers(180, 260, size=(4, 1024, 1280), dtype=np.uint16)
+    for c, brightest in enumerate((9000, 30000, 2500, 14000)):
+        full[c, 256:832, 320:1088] = generator.integers(400, brightest, size=(576, 768), dtype=np.uint16)
+    full[:, 600:604, 600:604] = 65535
+    names = ["DAPI", "CD8", "FOXP3", "panCK"]
+    options = dict(tile=(256, 256), compression="zlib", photometric="minisblack")
+    with tifffile.TiffWriter(path, bigtiff=True) as writer:
+        writer.write(full, subifds=2, metadata={"axes": "CYX", "Channel": {"Name": names}}, **options)
+        writer.write(full[:, ::2, ::2], subfiletype=1, **options)
+        writer.write(full[:, ::4, ::4], subfiletype=1, **options)
+    with tifffile.TiffFile(path) as tif:
+        levels = [level.asarray() for level in tif.series[0].levels]
+    assert len(levels) == 3 and levels[0].dtype == np.uint16, [level.shape for level in levels]
+    windows = []
+    for channel in levels[-1]:
+        ordered = np.sort(channel, axis=None)
+        n = ordered.size
+        low, high = int(ordered[(n - 1) // 1000]), int(ordered[-(-(n - 1) * 999 // 1000)])
+        windows.append([low, max(high, low + 1)])
+    for level, size in ((0, 128), (1, 64)):
+        store = os.path.join(WORK, f"cycif-{level}.lmdb")
+        entry = summary(tessera("tile", path, "--out", store, "--size", size, "--level", level))["slides"][0]
+        assert entry["channels"] == 4 and entry["encoding"] == "raw", entry
+        assert entry["tissue"]["stain"] == "fluorescence", entry
+        tiles, slides = tiles_of(store)
+        assert slides[0]["sample_bits"] == 16 and slides[0]["intensity_windows"] == windows, (slides[0], windows)
+        assert slides[0]["channel_names"] == names, slides[0]
+        expected_level = np.stack([to_8_bits(levels[level][c], windows[c]) for c in range(4)])
+        assert len(tiles) > 0
+        for (_, row, column), (header, image) in tiles.items():
+            expected = expected_level[:, row * size:(row + 1) * size, column * size:(column + 1) * size]
+            assert np.array_equal(image, expected.transpose(1, 2, 0)), (level, row, column)
+        # The tissue block is found: every tile wholly inside it is kept.
+        inside = {(level, r, c) for r in range(-(-256 // (size << level)), 832 // (size << level))
+                  for c in range(-(-320 // (size << level)), 1088 // (size << level))}
+        assert inside <= set(tiles), sorted(inside - set(tiles))
+        print(f"16-bit OME-TIFF level {level}: {len(tiles)} tiles equal numpy's mapping through windows {windows}")
+
+
 def check_refusals():
     stderr = refused(os.path.normpath(os.path.join(SHARED, "slides", "multi-channel-z-series.ome.tif")),
                      "z-stack of 5 focal planes", "signed 8-bit (int8)", "3 channels")
     print(stderr.strip().splitlines()[-1])
     wide = os.path.join(WORK, "wide.ome.tif")
-    tifffile.imwrite(wide, np.zeros((3, 64, 64), dtype=np.uint16), ome=True, metadata={"axes": "CYX"})
-    refused(wide, "16-bit (uint16)")
+    tifffile.imwrite(wide, np.zeros((3, 64, 64), dtype=np.uint32), ome=True, metadata={"axes": "CYX"})
+    refused(wide, "32-bit (uint32)")
     real = os.path.join(WORK, "real.ome.tif")
     tifffile.imwrite(real, np.zeros((2, 64, 64), dtype=np.float32), ome=True, metadata={"axes": "CYX"})
     refused(real, "floating-point (float)")
@@ -236,6 +290,7 @@ def main():
         check_multiplex_ome()
         check_qptiff()
         check_single_plane()
+        check_sixteen_bit()
         check_refusals()
         print("ok")
     finally:
