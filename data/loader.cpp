@@ -10,7 +10,7 @@
 
 namespace tessera::data {
 
-void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels) {
+void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels, bool rgb) {
   bool flip = random_bits & 1;
   int rotation = static_cast<int>((random_bits >> 1) & 3);
   // Brightness and contrast within +-10%, saturation within +-20%, as mild H&E stain variation.
@@ -27,7 +27,7 @@ void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels
         sy = size - 1 - t;
       }
       const uint8_t* from = &source[(static_cast<size_t>(sy) * size + sx) * samples];
-      bool rgb = channels == 3;
+      rgb = rgb && channels == 3;
       float grey = rgb ? 0.299f * from[0] + 0.587f * from[1] + 0.114f * from[2] : 0.0f;
       uint8_t* to = pixels + (static_cast<size_t>(y) * size + x) * samples;
       for (int c = 0; c < channels; ++c) {
@@ -73,7 +73,7 @@ Batch Loader::make_batch(const std::vector<size_t>& order, size_t batch_index, u
     batch.labels[i] = source_.read(index, decoded ? &batch.images[i * patch] : nullptr);
     if (decoded && options_.augment && source_.height() == source_.width()) {
       std::mt19937_64 generator(options_.seed * 0x9e3779b97f4a7c15ull + epoch * 0x632be59bd9b4e019ull + index);
-      augment_patch(&batch.images[i * patch], source_.width(), generator(), source_.channels());
+      augment_patch(&batch.images[i * patch], source_.width(), generator(), source_.channels(), source_.rgb());
     }
   }
   return batch;

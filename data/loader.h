@@ -70,7 +70,7 @@ class Loader {
 
 // Applies a flip, a rotation by a multiple of 90 degrees and a colour jitter, all chosen from
 // `random_bits`, to a square patch of `channels` samples a pixel in place (the jitter's saturation
-// part only to RGB; other channels take its brightness and contrast).
-void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels = 3);
+// part only to RGB; planes, 3 of them too, take its brightness and contrast alone).
+void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels = 3, bool rgb = true);
 
 }  // namespace tessera::data

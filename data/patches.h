@@ -17,6 +17,8 @@ class PatchSource {
   virtual int width() const = 0;
   // Samples a pixel: 3 (RGB), or a multiplex slide's channels.
   virtual int channels() const { return 3; }
+  // Whether they are RGB rather than a multiplex slide's planes (which may be 3 too).
+  virtual bool rgb() const { return channels() == 3; }
   // One more than the largest label.
   virtual uint32_t class_count() const = 0;
   // The group a patch belongs to (its slide): training and validation never share a group.
@@ -36,6 +38,12 @@ class PatchSource {
   virtual uint32_t read(size_t index, uint8_t* rgb) const = 0;
   virtual std::string description() const = 0;
 };
+
+// "3 channels (RGB)", "3 channels (planes)", "5 channels": what a slide's tiles hold, in messages.
+inline std::string channels_in_words(int channels, bool rgb) {
+  std::string words = std::to_string(channels) + (channels == 1 ? " channel" : " channels");
+  return channels == 3 ? words + (rgb ? " (RGB)" : " (planes)") : words;
+}
 
 // Opens a PCam-layout HDF5 file (`x` uint8 [N,H,W,3], `y` uint8 [N] or [N,1,1,1]) or an LMDB
 // tile store (a directory or a file ending in .lmdb), by what is at `path`.

@@ -35,6 +35,9 @@ class Slide {
   // Samples per pixel that read_region writes: 3 (RGB) for bright-field and for fluorescence
   // read as a colour image; a multiplex slide's channel count otherwise (slide_planes.cpp).
   virtual int channels() const { return 3; }
+  // Whether the channels are red, green and blue of a colour image (saturation, JPEG, bright-field
+  // tissue apply) rather than separate planes: a multiplex slide of 3 channels is not.
+  virtual bool rgb() const { return channels() == 3; }
   // The channels' names where the file gives them (OME-TIFF, QPTIFF: "DAPI", "CD8"...); else empty.
   virtual std::vector<std::string> channel_names() const { return {}; }
   // Bits per sample in the file: 8, or 16 for a multiplex slide of 16-bit planes, whose channels

@@ -275,6 +275,7 @@ class PlanesSlide final : public Slide {
   double mpp_x() const override { return mpp_; }
   double mpp_y() const override { return mpp_; }
   int channels() const override { return static_cast<int>(layout_.names.size()); }
+  bool rgb() const override { return false; }
   std::vector<std::string> channel_names() const override { return layout_.names; }
   int sample_bits() const override { return 8 * planes_[0][0]->sample_bytes; }
   std::vector<IntensityWindow> intensity_windows() const override { return windows_; }

@@ -336,10 +336,12 @@ class TileStores final : public PatchSource {
                          std::to_string(tile_size) + " in " + describe_paths());
         tile_size_ = tile_size;
         int channels = entry.value("channels", 3);
-        if (slide_count_ > 1 && channels != channels_)
-          throw BadInput(path + ": slide " + std::to_string(id) + " has " + std::to_string(channels) +
-                         " channels, other slides " + std::to_string(channels_) + " in " + describe_paths());
+        bool rgb = entry.value("rgb", channels == 3);
+        if (slide_count_ > 1 && (channels != channels_ || rgb != rgb_))
+          throw BadInput(path + ": slide " + std::to_string(id) + " has " + channels_in_words(channels, rgb) +
+                         ", other slides " + channels_in_words(channels_, rgb_) + " in " + describe_paths());
         channels_ = channels;
+        rgb_ = rgb;
         auto counts = label_counts_of(entry, path + ": slide " + std::to_string(id));
         for (uint32_t label = 0; label < counts.size(); ++label)
           if (counts[label]) class_count_ = std::max(class_count_, label + 1);
@@ -389,6 +391,7 @@ class TileStores final : public PatchSource {
   int height() const override { return tile_size_; }
   int width() const override { return tile_size_; }
   int channels() const override { return channels_; }
+  bool rgb() const override { return rgb_; }
   uint32_t class_count() const override { return class_count_; }
   uint64_t group(size_t index) const override { return tiles_.at(index).group; }
   std::vector<uint64_t> class_counts(uint64_t group) const override { return group_counts_.at(group); }
@@ -450,6 +453,7 @@ class TileStores final : public PatchSource {
   std::vector<std::string> group_names_;              // by group: the slide's path
   std::vector<std::vector<uint64_t>> group_counts_;  // by group: tiles by label
   int tile_size_ = 0, channels_ = 3;
+  bool rgb_ = true;
   uint32_t class_count_ = 1;
   size_t slide_count_ = 0;
 };

@@ -307,6 +307,7 @@ class SlideTiler {
             {"label_counts", nlohmann::json::object()},
             {"complete", false}};
     if (auto names = slide_->channel_names(); !names.empty()) entry["channel_names"] = names;
+    if (!slide_->rgb()) entry["rgb"] = false;
     if (slide_->sample_bits() != 8) {
       entry["sample_bits"] = slide_->sample_bits();
       nlohmann::json windows = nlohmann::json::array();
@@ -364,7 +365,7 @@ class SlideTiler {
   }
 
   // JPEG holds a colour image; a slide of other than 3 channels is stored raw.
-  TileEncoding encoding() const { return slide_->channels() == 3 ? options_.encoding : TileEncoding::raw; }
+  TileEncoding encoding() const { return slide_->rgb() ? options_.encoding : TileEncoding::raw; }
 
   const SlideJob& job_;
   const TilerOptions& options_;

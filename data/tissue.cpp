@@ -127,13 +127,13 @@ Stain parse_stain(const std::string& text) {
 }
 
 void check_stain_fits(Stain stain, const Slide& slide) {
-  if (stain == Stain::brightfield && slide.channels() != 3)
+  if (stain == Stain::brightfield && !slide.rgb())
     throw UsageError("--tissue brightfield: " + slide.path() + " has " + std::to_string(slide.channels()) +
                      " channels, not RGB (saturation needs colour): use --tissue fluorescence or none");
 }
 
 TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold, Stain stain)
-    : threshold_(threshold), channels_(slide.channels()) {
+    : threshold_(threshold), channels_(slide.channels()), rgb_(slide.rgb()) {
   if (stain == Stain::none) throw UsageError("--tissue none: every tile is kept, there is no mask to make");
   check_stain_fits(stain, slide);
   const auto& levels = slide.levels();
@@ -185,7 +185,7 @@ TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold, St
         uint32_t count = std::max<uint32_t>(1, cell[channels]), sum = 0;
         for (size_t c = 0; c < channels; ++c) sum += mean[c] = cell[c] / count;
         size_t at = static_cast<size_t>(first_row + row) * width_ + column;
-        if (channels == 3)
+        if (rgb_)
           saturation[at] =
               saturation_of(static_cast<int>(mean[0]), static_cast<int>(mean[1]), static_cast<int>(mean[2]));
         signal[at] = static_cast<uint16_t>(sum);
@@ -195,7 +195,7 @@ TissueMask::TissueMask(const Slide& slide, double tile_extent, int threshold, St
   uint64_t below = 0, median = 0;
   while (median < 255 && (below += brightness[median]) * 2 < static_cast<uint64_t>(width_) * height_) ++median;
   // A dark background is fluorescence; so is a slide of channels that are not a colour image.
-  bool dark = median < darkest_bright_field_median || channels_ != 3;
+  bool dark = median < darkest_bright_field_median || !rgb_;
   stain_ = stain == Stain::automatic ? (dark ? Stain::fluorescence : Stain::brightfield) : stain;
   report_ = {{"stain", stain_name(stain_)},
              {"chosen", stain == Stain::automatic ? "automatic" : "given"},

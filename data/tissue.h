@@ -67,6 +67,7 @@ class TissueMask {
   void detect_fluorescence(const std::vector<uint16_t>& signal);
 
   int level_ = 0, width_ = 0, height_ = 0, threshold_ = 0, channels_ = 3;
+  bool rgb_ = true;
   double scale_x_ = 1, scale_y_ = 1;
   double tile_area_ = 0;  // in mask pixels
   Stain stain_ = Stain::brightfield;

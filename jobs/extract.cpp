@@ -402,6 +402,7 @@ void extract_features(const ExtractOptions &options) {
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
   int channels = selected.front().entry.value("channels", 3);
+  bool rgb = selected.front().entry.value("rgb", channels == 3);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
@@ -411,15 +412,17 @@ void extract_features(const ExtractOptions &options) {
       throw BadInput(work.store->path() + ": tiles of " + std::to_string(work.entry.value("tile_size", 0)) +
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
     }
-    if (work.entry.value("channels", 3) != channels)
+    int slide_channels = work.entry.value("channels", 3);
+    bool slide_rgb = work.entry.value("rgb", slide_channels == 3);
+    if (slide_channels != channels || slide_rgb != rgb)
       throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
-                     std::to_string(work.entry.value("channels", 3)) + " channels, other slides " +
-                     std::to_string(channels) + ": one model input per run");
+                     data::channels_in_words(slide_channels, slide_rgb) + ", other slides " +
+                     data::channels_in_words(channels, rgb) + ": one model input per run");
   }
 
-  if (encoder && channels != 3)
+  if (encoder && !rgb)
     throw BadInput(selected.front().store->path() + ": slide " + slide_name(selected.front().entry) + " has " +
-                   std::to_string(channels) + " channels; encoder " + encoder->name + " reads RGB tiles");
+                   data::channels_in_words(channels, rgb) + "; encoder " + encoder->name + " reads RGB tiles");
   if (extractors.empty() || (!encoder && extractors.front()->tile_size() != tile_size) ||
       extractors.front()->channels() != channels)
     build_extractors(tile_size, channels);

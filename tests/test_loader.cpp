@@ -272,6 +272,27 @@ TEST(Loader, AugmentationMovesEveryChannelOfAPixelTogether) {
   }
 }
 
+// Three planes of a multiplex slide are not RGB: each channel is jittered alone, as a patch of
+// that channel by itself would be (no saturation, which would mix them).
+TEST(Loader, AugmentationKeepsThreePlanesApart) {
+  constexpr int size = 5, channels = 3;
+  std::vector<uint8_t> patch(size * size * channels);
+  for (size_t i = 0; i < patch.size(); ++i) patch[i] = static_cast<uint8_t>((i * 37 + 11) % 251);
+  for (uint64_t bits : {0x0ull, 0x6ull, 0x20ff4001ull, 0x11223344ull}) {
+    auto planes = patch, as_rgb = patch;
+    augment_patch(planes.data(), size, bits, channels, false);
+    augment_patch(as_rgb.data(), size, bits, channels, true);
+    EXPECT_NE(planes, as_rgb) << "saturation applies to RGB alone, bits " << bits;
+    for (int c = 0; c < channels; ++c) {
+      std::vector<uint8_t> alone(size * size);
+      for (size_t p = 0; p < alone.size(); ++p) alone[p] = patch[p * channels + c];
+      augment_patch(alone.data(), size, bits, 1, false);
+      for (size_t p = 0; p < alone.size(); ++p)
+        ASSERT_EQ(planes[p * channels + c], alone[p]) << "channel " << c << " pixel " << p << " bits " << bits;
+    }
+  }
+}
+
 TEST(Loader, DecodeOnlyReadsThePixelsOfItsPartAndEveryLabel) {
   MemoryPatches source(40, 40);
   LoaderOptions options;

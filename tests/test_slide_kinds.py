@@ -14,6 +14,9 @@ are refused naming what they hold.
   SubIFDs) tiles at 8 bits: each channel through the window of its smallest level's 0.1st and
   99.9th percentiles, recorded in the store's slide entry; tiles equal numpy's mapping of
   tifffile's read, at levels 0 and 1.
+- A 3-channel OME-TIFF (DAPI and two markers) is 3 planes, not RGB: stored raw (never JPEG,
+  whose colour transform would mix the channels), its entry says rgb false, its tissue found as
+  fluorescence; tiles equal tifffile's.
 - Refused, exit 5, naming the file and what it holds, with no store left behind: the real
   multi-channel z-series OME-TIFF (3 channels x 5 z-planes of int8), a 32-bit and a float OME-TIFF,
   an Olympus .vsi (naming the .ets it lacks); --tissue brightfield on 5 channels is exit 2."""
@@ -267,6 +270,28 @@ def check_sixteen_bit():
         print(f"16-bit OME-TIFF level {level}: {len(tiles)} tiles equal numpy's mapping through windows {windows}")
 
 
+def check_three_planes():
+    path = os.path.join(WORK, "three.ome.tif")
+    planes = np.full((3, 512, 768), 4, dtype=np.uint8)
+    planes[:, 128:384, 256:640] = np.random.default_rng(3).integers(40, 250, size=(3, 256, 384), dtype=np.uint8)
+    tifffile.imwrite(path, planes, ome=True, photometric="minisblack", tile=(256, 256),
+                     metadata={"axes": "CYX", "Channel": {"Name": ["DAPI", "CD3", "CD20"]}})
+    store = os.path.join(WORK, "three.lmdb")
+    entry = summary(tessera("tile", path, "--out", store, "--size", 128))["slides"][0]
+    assert entry["channels"] == 3 and entry["encoding"] == "raw", entry
+    assert entry["tissue"]["stain"] == "fluorescence", entry
+    tiles, slides = tiles_of(store)
+    assert slides[0]["rgb"] is False and slides[0]["channel_names"] == ["DAPI", "CD3", "CD20"], slides[0]
+    assert {key[1:] for key in tiles} == {(r, c) for r in range(1, 3) for c in range(2, 5)}, sorted(tiles)
+    for (_, row, column), (header, image) in tiles.items():
+        assert header["encoding"] == 0, header
+        expected = planes[:, row * 128:(row + 1) * 128, column * 128:(column + 1) * 128].transpose(1, 2, 0)
+        assert np.array_equal(image, expected), (row, column)
+    result = tessera("tile", path, "--out", os.path.join(WORK, "z.lmdb"), "--tissue", "brightfield", check=False)
+    assert result.returncode == 2 and "not RGB" in result.stderr, result.stderr
+    print(f"3-plane OME-TIFF: {len(tiles)} raw tiles equal tifffile's")
+
+
 def check_refusals():
     stderr = refused(os.path.normpath(os.path.join(SHARED, "slides", "multi-channel-z-series.ome.tif")),
                      "z-stack of 5 focal planes", "signed 8-bit (int8)", "3 channels")
@@ -291,6 +316,7 @@ def main():
         check_qptiff()
         check_single_plane()
         check_sixteen_bit()
+        check_three_planes()
         check_refusals()
         print("ok")
     finally:
