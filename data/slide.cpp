@@ -379,7 +379,8 @@ bool is_tiled_tiff(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader) {
+std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader,
+                                  std::optional<IntensityWindow> window) {
   if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
     throw BadInput(path + ": no such slide");
   // What a TIFF declares is checked against its bytes first, whatever reader follows (NDPI
@@ -393,7 +394,7 @@ std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_b
   bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
   if (automatic && has_tiff_signature(path)) {
     install_tiff_handlers();
-    if (auto planes = open_plane_slide(path, tile_cache_bytes)) return planes;  // multiplex; refuses z-stacks
+    if (auto planes = open_plane_slide(path, tile_cache_bytes, window)) return planes;  // multiplex; refuses z-stacks
   }
   if (automatic && generic && has_tiff_signature(path)) {
     if (is_tiled_tiff(path)) return std::make_unique<TiffSlide>(path, tile_cache_bytes);

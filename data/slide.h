@@ -72,7 +72,9 @@ enum class SlideReader {
 // a z-stack, a time series, or signed, floating-point or wider than 16-bit samples, named as the
 // file's OME-XML or QPTIFF description gives them). Decoded tiles of a TIFF are cached up to
 // `tile_cache_bytes`.
+// `window`, where given, maps every 16-bit channel instead of the channel's own window.
 std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes = uint64_t{64} << 20,
-                                  SlideReader reader = SlideReader::automatic);
+                                  SlideReader reader = SlideReader::automatic,
+                                  std::optional<IntensityWindow> window = std::nullopt);
 
 }  // namespace tessera::data

@@ -95,7 +95,9 @@ bool vips_can_read(const std::string& path);
 // Throws BadInput naming what the file holds when it is a kind tessera does not read: a z-stack,
 // a time series, signed, floating-point or wider than 16-bit samples, planes in other files.
 // Channels of 16-bit samples read as 8 bits through a window per channel (Slide::intensity_windows).
-std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes);
+// `window`, where given, replaces every 16-bit channel's own.
+std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes,
+                                        std::optional<IntensityWindow> window);
 
 // A DICOM VL Whole Slide Microscopy series (TILED_FULL): `path` is one of its files; the other
 // levels are the files of the same series in its directory. Throws BadInput naming the file.

@@ -244,7 +244,7 @@ struct Plane {
 
 class PlanesSlide final : public Slide {
  public:
-  PlanesSlide(const std::string& path, Layout layout, uint64_t cache_bytes)
+  PlanesSlide(const std::string& path, Layout layout, uint64_t cache_bytes, std::optional<IntensityWindow> window)
       : path_(path), layout_(std::move(layout)), cache_(cache_bytes) {
     for (size_t level = 0; level < layout_.levels.size(); ++level) {
       auto& planes = planes_.emplace_back();
@@ -264,7 +264,7 @@ class PlanesSlide final : public Slide {
     if (mpp_ <= 0) mpp_ = resolution_mpp(planes_[0][0]->tiff.get());
     if (planes_[0][0]->sample_bytes == 2)
       for (size_t channel = 0; channel < layout_.names.size(); ++channel) {
-        windows_.push_back(window_of(channel));
+        windows_.push_back(window ? *window : window_of(channel));
         to_8_bits_.push_back(mapping(windows_.back()));
       }
   }
@@ -448,7 +448,8 @@ class PlanesSlide final : public Slide {
 
 }  // namespace
 
-std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes) {
+std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes,
+                                        std::optional<IntensityWindow> window) {
   TiffHandle tiff(TIFFOpen(path.c_str(), "r"));
   if (!tiff) return nullptr;  // the TIFF readers name what is wrong
   std::string xml = description_of(tiff.get());
@@ -458,7 +459,7 @@ std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_c
   else if (xml.find("PerkinElmer-QPI-ImageDescription") != std::string::npos)
     layout = qptiff_layout(tiff.get(), path);
   if (!layout) return nullptr;
-  return std::make_unique<PlanesSlide>(path, std::move(*layout), tile_cache_bytes);
+  return std::make_unique<PlanesSlide>(path, std::move(*layout), tile_cache_bytes, window);
 }
 
 }  // namespace tessera::data

@@ -53,6 +53,8 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
   // Recorded only when not the default, so that stores tiled before these settings existed resume.
   if (options.tissue != Stain::automatic) settings["tissue"] = stain_name(options.tissue);
   if (!options.unclassified_as.empty()) settings["unclassified_as"] = options.unclassified_as;
+  if (options.intensity_window)
+    settings["intensity_window"] = {options.intensity_window->low, options.intensity_window->high};
   return settings;
 }
 
@@ -376,18 +378,35 @@ class SlideTiler {
 
 }  // namespace
 
+namespace {
+
+// `part` as a whole unsigned number, no sign, space or trailing text.
+bool whole_number(std::string_view part, uint32_t& value) {
+  auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
+  return !part.empty() && error == std::errc() && end == part.data() + part.size();
+}
+
+}  // namespace
+
 Shard parse_shard(const std::string& text) {
-  auto number = [&](std::string_view part, uint32_t& value) {
-    auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
-    return !part.empty() && error == std::errc() && end == part.data() + part.size();
-  };
   Shard shard;
   size_t slash = text.find('/');
   std::string_view whole(text);
-  if (slash == std::string::npos || !number(whole.substr(0, slash), shard.index) ||
-      !number(whole.substr(slash + 1), shard.count) || shard.count == 0 || shard.index >= shard.count)
+  if (slash == std::string::npos || !whole_number(whole.substr(0, slash), shard.index) ||
+      !whole_number(whole.substr(slash + 1), shard.count) || shard.count == 0 || shard.index >= shard.count)
     throw UsageError("--shard: K/N with 0 <= K < N (K as SLURM_ARRAY_TASK_ID counts, from 0), not '" + text + "'");
   return shard;
+}
+
+IntensityWindow parse_intensity_window(const std::string& text) {
+  IntensityWindow window;
+  size_t comma = text.find(',');
+  std::string_view whole(text);
+  if (comma == std::string::npos || !whole_number(whole.substr(0, comma), window.low) ||
+      !whole_number(whole.substr(comma + 1), window.high) || window.low >= window.high || window.high > 65535)
+    throw UsageError("--intensity-window: LOW,HIGH with 0 <= LOW < HIGH <= 65535 (16-bit sample values), not '" +
+                     text + "'");
+  return window;
 }
 
 std::vector<size_t> shard_members(const std::vector<std::string>& slides, const Shard& shard, const std::string& flag) {
@@ -413,7 +432,7 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
   std::vector<OpenedSlide> opened;
   opened.reserve(jobs.size());
   for (const SlideJob& job : jobs) {
-    auto slide = open_slide(job.slide, options.tile_cache_bytes);
+    auto slide = open_slide(job.slide, options.tile_cache_bytes, SlideReader::automatic, options.intensity_window);
     if (options.level < 0 || static_cast<size_t>(options.level) >= slide->levels().size())
       throw UsageError("--level: " + job.slide + " has levels 0 to " + std::to_string(slide->levels().size() - 1));
     const SlideLevel& level = slide->levels()[static_cast<size_t>(options.level)];

@@ -31,6 +31,9 @@ struct TilerOptions {
   uint64_t commit_bytes = uint64_t{64} << 20;  // a transaction commits at this many value bytes
   size_t commit_tiles = 8192;                  // ... or this many tiles
   uint64_t tile_cache_bytes = uint64_t{64} << 20;
+  // 16-bit channels: one window for every channel of every slide (--intensity-window), so that
+  // slides compare; unset, each channel's own from its slide (slide_planes.cpp).
+  std::optional<IntensityWindow> intensity_window;
 };
 
 struct SlideJob {
@@ -46,6 +49,9 @@ struct Shard {
 
 // Parses "K/N" with 0 <= K < N; throws UsageError naming --shard otherwise.
 Shard parse_shard(const std::string& text);
+
+// Parses "LOW,HIGH" (16-bit sample values, LOW < HIGH); throws UsageError naming --intensity-window.
+IntensityWindow parse_intensity_window(const std::string& text);
 
 // The positions in `slides` that belong to `shard`: the slides sorted by absolute path, the i-th
 // belongs to shard i mod count, so the N shards divide the list without overlap or gaps whatever

@@ -13,7 +13,8 @@ are refused naming what they hold.
 - A 16-bit OME-TIFF (as CyCIF, CODEX and Orion scans are; written here with tifffile, pyramid in
   SubIFDs) tiles at 8 bits: each channel through the window of its smallest level's 0.1st and
   99.9th percentiles, recorded in the store's slide entry; tiles equal numpy's mapping of
-  tifffile's read, at levels 0 and 1.
+  tifffile's read, at levels 0 and 1; --intensity-window LOW,HIGH maps every channel alike (and
+  is exit 2 when not 0 <= LOW < HIGH <= 65535).
 - A 3-channel OME-TIFF (DAPI and two markers) is 3 planes, not RGB: stored raw (never JPEG,
   whose colour transform would mix the channels), its entry says rgb false, its tissue found as
   fluorescence; tiles equal tifffile's.
@@ -268,6 +269,20 @@ def check_sixteen_bit():
                   for c in range(-(-320 // (size << level)), 1088 // (size << level))}
         assert inside <= set(tiles), sorted(inside - set(tiles))
         print(f"16-bit OME-TIFF level {level}: {len(tiles)} tiles equal numpy's mapping through windows {windows}")
+    # One window for every channel (slides that compare): recorded, and each tile mapped through it.
+    store = os.path.join(WORK, "cycif-fixed.lmdb")
+    tessera("tile", path, "--out", store, "--size", 128, "--intensity-window", "200,20000")
+    tiles, slides = tiles_of(store)
+    assert slides[0]["settings"]["intensity_window"] == [200, 20000], slides[0]["settings"]
+    assert slides[0]["intensity_windows"] == [[200, 20000]] * 4, slides[0]
+    expected_level = np.stack([to_8_bits(levels[0][c], (200, 20000)) for c in range(4)])
+    for (_, row, column), (_, image) in tiles.items():
+        expected = expected_level[:, row * 128:(row + 1) * 128, column * 128:(column + 1) * 128]
+        assert np.array_equal(image, expected.transpose(1, 2, 0)), (row, column)
+    for bad in ("5,5", "9,2", "0,70000", "1;2", "-1,9"):
+        result = tessera("tile", path, "--out", os.path.join(WORK, "bad.lmdb"), "--intensity-window", bad, check=False)
+        assert result.returncode == 2 and "--intensity-window" in result.stderr, (bad, result.stderr)
+        assert not os.path.exists(os.path.join(WORK, "bad.lmdb"))
 
 
 def check_three_planes():

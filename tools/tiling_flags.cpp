@@ -25,6 +25,11 @@ void add_tiling_flags(CLI::App& command, data::TilerOptions& options) {
                         "How tissue is told from background: automatic (from the slide's brightness and channels), "
                         "brightfield, fluorescence, or none (every tile is kept)")
                     ->default_str("automatic");
+  command.add_option_function<std::string>(
+      "--intensity-window",
+      [&options](const std::string& text) { options.intensity_window = data::parse_intensity_window(text); },
+      "LOW,HIGH: 16-bit channels map LOW and below to 0, HIGH and above to 255, linearly between, the same "
+      "for every channel and slide (default: each channel's 0.1st and 99.9th percentiles in its own slide)");
   // With --tissue none there is no mask for the other tissue flags to tune.
   command.parse_complete_callback([&options, min_tissue, threshold, stain] {
     if (options.tissue != data::Stain::none) return;

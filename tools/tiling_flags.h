@@ -6,9 +6,10 @@
 
 namespace tessera::cli {
 
-// Adds --size, --level, --tissue, --min-tissue and --tissue-threshold, each refusing NaN and
-// values out of range with exit 2 before anything is read or written (and the last two with
-// --tissue none, which makes no mask). Takes the command's parse-complete callback.
+// Adds --size, --level, --tissue, --min-tissue, --tissue-threshold and --intensity-window (one
+// LOW,HIGH for every 16-bit channel), each refusing NaN and values out of range with exit 2
+// before anything is read or written (--min-tissue and --tissue-threshold also with --tissue
+// none, which makes no mask). Takes the command's parse-complete callback.
 void add_tiling_flags(CLI::App& command, data::TilerOptions& options);
 
 // Adds --shard K/N (the K-th of N parts of the slides; data/tiler.h's shard_members), refused
