@@ -72,10 +72,11 @@ def tessera_figures(tessera, model, batch, size, steps, work, precision):
             "train_first_epoch_images_per_second": epochs[0]["images_per_second"], "train_longest_kernels": longest}
 
 
-def resnet50_extraction(tessera, batch, work, precision):
+def resnet50_extraction(tessera, batch, tiles, work, precision):
     """Tiles/s of `tessera extract --layer layer3` with resnet50 (features per second after the
-    network is built: reading, decoding, the device and the HDF5 writes)."""
-    slide, store = os.path.join(work, "slide.tiff"), os.path.join(work, "tiles.lmdb")
+    network is built: reading, decoding, the device and the HDF5 writes). The slide and its store
+    are made in `tiles` once and kept for later runs; the features go to `work`."""
+    slide, store = os.path.join(tiles, "slide.tiff"), os.path.join(tiles, "tiles.lmdb")
     if not os.path.exists(store):
         subprocess.run([tessera, "synth", slide, "--width", "3072", "--height", "3072", "--seed", "1"], check=True,
                        capture_output=True)
@@ -88,21 +89,27 @@ def resnet50_extraction(tessera, batch, work, precision):
             "feature_width": summary["extraction"]["output_shape"][0]}
 
 
+def is_throughput(key, value):
+    """A figure where more is better: images, tiles or features per second, GFLOPS."""
+    return key.endswith(("per_second", "gflops")) and isinstance(value, (int, float))
+
+
 def best_of(rounds):
     """One figure over several rounds: each throughput its best round's (the machine's load only
     ever slows a run), the rest as the last round gave it."""
     best = dict(rounds[-1])
     for key, value in best.items():
-        if key.endswith(("per_second", "gflops")) and isinstance(value, (int, float)):
+        if is_throughput(key, value):
             best[key] = max(r[key] for r in rounds)
     return best
 
 
-def tessera_runs(builds, skip_resnet, rounds):
+def tessera_runs(builds, skip_resnet, rounds, tiles):
     """Every tessera figure for each build in `builds` (name -> build directory), the builds'
     runs of one figure back to back so that the machine's load falls alike on both, in turn
-    first and second over the rounds."""
-    def figure(build, kind, precision):
+    first and second over the rounds. Each build's extraction store is made once, under `tiles`."""
+    def figure(name, kind, precision):
+        build = builds[name]
         if kind == "gemm":
             gemm = subprocess.run([os.path.join(build, "bench", "bench_gemm")], capture_output=True, text=True,
                                   check=True)
@@ -110,16 +117,17 @@ def tessera_runs(builds, skip_resnet, rounds):
         tessera = os.path.join(build, "tools", "tessera")
         with tempfile.TemporaryDirectory() as work:
             if kind == "resnet50_layer3_extract":
-                return resnet50_extraction(tessera, 8, work, precision)
+                os.makedirs(os.path.join(tiles, name), exist_ok=True)
+                return resnet50_extraction(tessera, 8, os.path.join(tiles, name), work, precision)
             model, batch, size, steps = next(m for m in MODELS if m[0] == kind)
             return tessera_figures(tessera, model, batch, size, steps, work, precision)
 
     def measure(kind, precision):
         measured = {name: [] for name in builds}
         for round_index in range(rounds):
-            order = list(builds.items())
-            for name, build in order if round_index % 2 == 0 else reversed(order):
-                measured[name].append(figure(build, kind, precision))
+            order = list(builds)
+            for name in order if round_index % 2 == 0 else reversed(order):
+                measured[name].append(figure(name, kind, precision))
         return {name: best_of(runs) for name, runs in measured.items()}
 
     results = {name: {} for name in builds}
@@ -140,8 +148,7 @@ def against_baseline(ours, theirs):
         if figure == "gemm":
             continue
         for key, value in values.items():
-            if (key.endswith("per_second") and isinstance(value, (int, float)) and
-                    theirs.get(figure, {}).get(key)):
+            if is_throughput(key, value) and theirs.get(figure, {}).get(key):
                 out[f"{figure} {key}"] = value / theirs[figure][key]
     return out
 
@@ -162,7 +169,8 @@ def main():
                           text=True, check=True)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "info": json.loads(info.stdout),
               "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
-    result.update(tessera_runs(builds, args.skip_resnet, args.rounds))
+    with tempfile.TemporaryDirectory() as tiles:
+        result.update(tessera_runs(builds, args.skip_resnet, args.rounds, tiles))
     result["load_average_at_end"] = os.getloadavg()[0]
     if args.baseline:
         result["builds"] = {name: os.path.abspath(build) for name, build in builds.items()}

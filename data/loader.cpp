@@ -17,6 +17,7 @@ void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels
   auto unit = [&](int shift) { return static_cast<float>((random_bits >> shift) & 0xff) / 255.0f * 2 - 1; };
   float brightness = 1 + 0.1f * unit(8), contrast = 1 + 0.1f * unit(16), saturation = 1 + 0.2f * unit(24);
   const auto samples = static_cast<size_t>(channels);
+  const bool colour = rgb && channels == 3;  // saturation mixes the channels of a colour image only
   std::vector<uint8_t> source(pixels, pixels + static_cast<size_t>(size) * size * samples);
   for (int y = 0; y < size; ++y)
     for (int x = 0; x < size; ++x) {
@@ -27,11 +28,10 @@ void augment_patch(uint8_t* pixels, int size, uint64_t random_bits, int channels
         sy = size - 1 - t;
       }
       const uint8_t* from = &source[(static_cast<size_t>(sy) * size + sx) * samples];
-      rgb = rgb && channels == 3;
-      float grey = rgb ? 0.299f * from[0] + 0.587f * from[1] + 0.114f * from[2] : 0.0f;
+      float grey = colour ? 0.299f * from[0] + 0.587f * from[1] + 0.114f * from[2] : 0.0f;
       uint8_t* to = pixels + (static_cast<size_t>(y) * size + x) * samples;
       for (int c = 0; c < channels; ++c) {
-        float v = rgb ? grey + saturation * (from[c] - grey) : static_cast<float>(from[c]);
+        float v = colour ? grey + saturation * (from[c] - grey) : static_cast<float>(from[c]);
         v = (v - 128.0f) * contrast + 128.0f;
         to[c] = static_cast<uint8_t>(std::clamp(v * brightness, 0.0f, 255.0f) + 0.5f);
       }

@@ -336,7 +336,7 @@ class TileStores final : public PatchSource {
                          std::to_string(tile_size) + " in " + describe_paths());
         tile_size_ = tile_size;
         int channels = entry.value("channels", 3);
-        bool rgb = entry.value("rgb", channels == 3);
+        bool rgb = slide_entry_rgb(entry);
         if (slide_count_ > 1 && (channels != channels_ || rgb != rgb_))
           throw BadInput(path + ": slide " + std::to_string(id) + " has " + channels_in_words(channels, rgb) +
                          ", other slides " + channels_in_words(channels_, rgb_) + " in " + describe_paths());

@@ -100,6 +100,12 @@ class TileStoreReader {
 // slide's path, and how paths are compared (a slide or store named twice).
 std::string canonical_path(const std::string& path);
 
+// Whether a slide entry's tiles are RGB: its "rgb" (false for a multiplex slide's planes), else,
+// in stores tiled before that was recorded, whether it has 3 channels.
+inline bool slide_entry_rgb(const nlohmann::json& entry) {
+  return entry.value("rgb", entry.value("channels", 3) == 3);
+}
+
 // True when `path` looks like an LMDB environment (a directory holding data.mdb, or a name
 // ending in .lmdb).
 bool is_tile_store_path(const std::string& path);

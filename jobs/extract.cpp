@@ -402,7 +402,7 @@ void extract_features(const ExtractOptions &options) {
   }
   int tile_size = selected.front().entry.value("tile_size", 0);
   int channels = selected.front().entry.value("channels", 3);
-  bool rgb = selected.front().entry.value("rgb", channels == 3);
+  bool rgb = data::slide_entry_rgb(selected.front().entry);
   uint64_t total = 0;
   for (const SlideWork &work : selected) {
     total += work.entry.value("tiles", uint64_t{0});
@@ -413,7 +413,7 @@ void extract_features(const ExtractOptions &options) {
                      " pixels, other slides have " + std::to_string(tile_size) + ": one model input size per run");
     }
     int slide_channels = work.entry.value("channels", 3);
-    bool slide_rgb = work.entry.value("rgb", slide_channels == 3);
+    bool slide_rgb = data::slide_entry_rgb(work.entry);
     if (slide_channels != channels || slide_rgb != rgb)
       throw BadInput(work.store->path() + ": slide " + slide_name(work.entry) + " has " +
                      data::channels_in_words(slide_channels, slide_rgb) + ", other slides " +
