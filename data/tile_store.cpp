@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <tuple>
@@ -143,8 +142,8 @@ struct Cursor {
   }
 };
 
-std::map<uint32_t, nlohmann::json> read_slides(MDB_txn* txn, MDB_dbi slides, const std::string& store) {
-  std::map<uint32_t, nlohmann::json> entries;
+std::map<uint32_t, SlideRecord> read_slides(MDB_txn* txn, MDB_dbi slides, const std::string& store) {
+  std::map<uint32_t, SlideRecord> records;
   Cursor cursor;
   if (int rc = mdb_cursor_open(txn, slides, &cursor.cursor)) fail_reading(store, "reading slides", rc);
   MDB_val key, value;
@@ -154,34 +153,12 @@ std::map<uint32_t, nlohmann::json> read_slides(MDB_txn* txn, MDB_dbi slides, con
     auto* k = static_cast<const uint8_t*>(key.mv_data);
     uint32_t id = uint32_t{k[0]} << 24 | uint32_t{k[1]} << 16 | uint32_t{k[2]} << 8 | k[3];
     auto text = std::string_view(static_cast<const char*>(value.mv_data), value.mv_size);
-    try {
-      entries[id] = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw BadInput(store + ": slide " + std::to_string(id) + " entry is not JSON: " + e.what());
-    }
+    std::string where = store + ": slide " + std::to_string(id);
+    nlohmann::json entry = nlohmann::json::parse(text, nullptr, false);
+    if (entry.is_discarded()) throw BadInput(where + " entry is not JSON");
+    records.emplace(id, SlideRecord::from_json(entry, where));
   }
-  return entries;
-}
-
-// A slide entry's label_counts ({"0": 12, "1": 4}) as counts by label; throws BadInput naming
-// `where` when a label is not a class index below max_classes or a count is not a whole number.
-std::vector<uint64_t> label_counts_of(const nlohmann::json& entry, const std::string& where) {
-  constexpr uint32_t max_classes = 65536;
-  std::vector<uint64_t> counts;
-  auto found = entry.find("label_counts");
-  if (found == entry.end() || found->is_null()) return counts;
-  if (!found->is_object()) throw BadInput(where + ": label_counts is not an object");
-  for (auto& [label, count] : found->items()) {
-    uint32_t value = 0;
-    auto [end, error] = std::from_chars(label.data(), label.data() + label.size(), value);
-    if (label.empty() || error != std::errc() || end != label.data() + label.size() || value >= max_classes)
-      throw BadInput(where + ": label_counts names '" + label + "', not a class index below " +
-                     std::to_string(max_classes));
-    if (!count.is_number_unsigned()) throw BadInput(where + ": label_counts of " + label + " is " + count.dump());
-    if (value >= counts.size()) counts.resize(value + size_t{1});
-    counts[value] = count.get<uint64_t>();
-  }
-  return counts;
+  return records;
 }
 
 }  // namespace
@@ -250,7 +227,7 @@ TileStoreWriter::~TileStoreWriter() {
   if (env_) mdb_env_close(env_);
 }
 
-std::map<uint32_t, nlohmann::json> TileStoreWriter::slides() const {
+std::map<uint32_t, SlideRecord> TileStoreWriter::slides() const {
   Transaction txn;
   if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading slides", rc);
   return read_slides(txn.txn, slides_, path_);
@@ -283,8 +260,8 @@ int TileStoreWriter::try_commit(uint32_t slide, const std::string& entry, const 
   return txn.commit();
 }
 
-void TileStoreWriter::commit(uint32_t slide, const nlohmann::json& entry, const std::vector<Tile>& tiles) {
-  std::string text = entry.dump();
+void TileStoreWriter::commit(uint32_t slide, const SlideRecord& record, const std::vector<Tile>& tiles) {
+  std::string text = record.to_json().dump();
   for (;;) {
     int rc = try_commit(slide, text, tiles);
     if (rc == 0) return;
@@ -299,6 +276,78 @@ void TileStoreWriter::commit(uint32_t slide, const nlohmann::json& entry, const 
 
 namespace {
 
+// A completely tiled slide of a store: its keys, and each tile checked against its record.
+class StoreTiles final : public TileSource {
+ public:
+  StoreTiles(const std::string& store, MDB_env* env, MDB_dbi tiles, uint32_t id, SlideRecord record)
+      : store_(store), env_(env), tiles_(tiles), id_(id), record_(std::move(record)) {
+    std::string slide = store + ": slide " + std::to_string(id) + " (" + record_.path + ")";
+    if (!record_.complete)
+      throw BadInput(slide + " is not completely tiled: run the same tessera tile command again to finish it");
+    Transaction txn;
+    if (int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(store, "reading tiles", rc);
+    Cursor cursor;
+    if (int rc = mdb_cursor_open(txn.txn, tiles, &cursor.cursor)) fail_reading(store, "reading tiles", rc);
+    auto first = encode_tile_key({id, 0, 0, 0});
+    MDB_val key = as_val(first.data(), first.size()), value;
+    for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_SET_RANGE); cursor_has_item(rc, store, "reading tiles");
+         rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT)) {
+      TileKey tile = decode_tile_key(key.mv_data, key.mv_size);
+      if (tile.slide != id) break;
+      keys_.push_back(tile);
+    }
+    // A zeroed or stale page can read as a short database that LMDB ends with MDB_NOTFOUND.
+    if (keys_.size() != record_.tiles)
+      throw BadInput(slide + " lists " + std::to_string(record_.tiles) + " tiles, the store yields " +
+                     std::to_string(keys_.size()) + " (a corrupt store)");
+  }
+
+  const SlideRecord& record() const override { return record_; }
+  size_t size() const override { return keys_.size(); }
+  TileOrigin origin(size_t index) const override {
+    const TileKey& key = keys_.at(index);
+    return {record_.tile_x(key.column), record_.tile_y(key.row)};
+  }
+  std::string describe(size_t index) const override { return store_ + " tile " + data::describe(keys_.at(index)); }
+
+  uint32_t read(size_t index, uint8_t* pixels) const override {
+    const TileKey& tile = keys_.at(index);
+    std::string where = describe(index);
+    Transaction txn;
+    if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(store_, "reading " + data::describe(tile), rc);
+    auto key_bytes = encode_tile_key(tile);
+    MDB_val key = as_val(key_bytes.data(), key_bytes.size()), value;
+    if (int rc = mdb_get(txn.txn, tiles_, &key, &value)) throw BadInput(where + ": " + mdb_strerror(rc));
+    TileValue tile_value = parse_tile_value(value.mv_data, value.mv_size, where);
+    const TileHeader& header = tile_value.header;
+    if (header.width != record_.tile_size || header.height != record_.tile_size)
+      throw BadInput(where + ": tile is " + std::to_string(header.width) + "x" + std::to_string(header.height) +
+                     ", its slide's tile size is " + std::to_string(record_.tile_size));
+    if (header.channels != record_.channels)
+      throw BadInput(where + ": tile has " + std::to_string(header.channels) + " channels, its slide " +
+                     std::to_string(record_.channels));
+    if (TileOrigin at = origin(index); at.x != header.x || at.y != header.y)
+      throw BadInput(where + ": tile says it lies at (" + std::to_string(header.x) + ", " + std::to_string(header.y) +
+                     "), its place in the grid is (" + std::to_string(at.x) + ", " + std::to_string(at.y) + ")");
+    // A label its slide's record does not count would reach the loss as an out-of-range class.
+    const std::vector<uint64_t>& counts = record_.label_counts;
+    if (header.label >= counts.size() || counts[header.label] == 0)
+      throw BadInput(where + ": label " + std::to_string(header.label) +
+                     ", a class its slide's label_counts do not list (" + std::to_string(counts.size()) +
+                     " classes counted): a corrupt or edited store");
+    if (pixels) decode_tile_pixels(tile_value, pixels, where);
+    return header.label;
+  }
+
+ private:
+  std::string store_;
+  MDB_env* env_;
+  MDB_dbi tiles_;
+  uint32_t id_;
+  SlideRecord record_;
+  std::vector<TileKey> keys_;
+};
+
 // One or more stores as one list of patches: slides ordered by content (their fingerprint), each
 // slide's tiles in key order, so the same slides read the same whether tiled into one store or
 // several (shards), in whatever order they were given to `tile`. A slide's group is its rank.
@@ -308,83 +357,41 @@ class TileStores final : public PatchSource {
     struct Slide {
       std::string fingerprint;
       uint32_t store, id;
-      uint64_t tiles;
-      std::string path;
-      std::vector<uint64_t> label_counts;
+      SlideRecord record;
     };
     std::vector<Slide> slides;
-    std::vector<std::vector<TileKey>> keys_of(paths.size());
     for (uint32_t index = 0; index < paths.size(); ++index) {
-      const std::string& path = paths[index];
-      Store& store = stores_.emplace_back();
-      store.path = path;
-      open_read_only(path, store.env, store.tiles, store.slides);
-      Transaction txn;
-      if (int rc = mdb_txn_begin(store.env, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path, "reading", rc);
-      uint64_t listed = 0;  // tiles the slides' entries count
-      for (auto& [id, entry] : read_slides(txn.txn, store.slides, path)) try {
-        ++slide_count_;
-        uint64_t tiles = entry.value("tiles", uint64_t{0});
-        listed += tiles;
-        if (!entry.value("complete", false))
-          throw BadInput(path + ": slide " + std::to_string(id) + " (" + entry.value("path", std::string("?")) +
-                         ") is not completely tiled: run the same tessera tile command again to finish it");
-        int tile_size = entry.value("tile_size", 0);
-        if (tile_size <= 0) throw BadInput(path + ": slide " + std::to_string(id) + " has no tile_size");
-        if (tile_size_ && tile_size != tile_size_)
-          throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
-                         std::to_string(tile_size) + " in " + describe_paths());
-        tile_size_ = tile_size;
-        int channels = entry.value("channels", 3);
-        bool rgb = slide_entry_rgb(entry);
-        if (slide_count_ > 1 && (channels != channels_ || rgb != rgb_))
-          throw BadInput(path + ": slide " + std::to_string(id) + " has " + channels_in_words(channels, rgb) +
-                         ", other slides " + channels_in_words(channels_, rgb_) + " in " + describe_paths());
-        channels_ = channels;
-        rgb_ = rgb;
-        auto counts = label_counts_of(entry, path + ": slide " + std::to_string(id));
-        for (uint32_t label = 0; label < counts.size(); ++label)
-          if (counts[label]) class_count_ = std::max(class_count_, label + 1);
-        slides.push_back({entry.value("fingerprint", std::string()), index, id, tiles, entry.value("path", std::string()),
-                          std::move(counts)});
-      } catch (const nlohmann::json::exception& e) {
-        throw BadInput(path + ": slide " + std::to_string(id) + " entry: " + e.what());
-      }
-      Cursor cursor;
-      if (int rc = mdb_cursor_open(txn.txn, store.tiles, &cursor.cursor)) fail_reading(path, "reading tiles", rc);
-      MDB_val key, value;
-      for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_FIRST); cursor_has_item(rc, path, "reading tiles");
-           rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT))
-        keys_of[index].push_back(decode_tile_key(key.mv_data, key.mv_size));
-      // A zeroed or stale page can read as a short database that LMDB ends with MDB_NOTFOUND.
-      if (listed && keys_of[index].size() != listed)
-        throw BadInput(path + ": its slides list " + std::to_string(listed) + " tiles, the tiles database yields " +
-                       std::to_string(keys_of[index].size()) + " (a corrupt store)");
+      const TileStore& store = *stores_.emplace_back(std::make_unique<TileStore>(paths[index]));
+      for (auto& [id, record] : store.slides()) slides.push_back({record.fingerprint, index, id, std::move(record)});
     }
-    // Entries written before fingerprints existed sort first, by store and id.
+    // Records written before fingerprints existed sort first, by store and id.
     std::sort(slides.begin(), slides.end(), [](const Slide& a, const Slide& b) {
       return std::tie(a.fingerprint, a.store, a.id) < std::tie(b.fingerprint, b.store, b.id);
     });
     for (size_t rank = 0; rank < slides.size(); ++rank) {
       const Slide& slide = slides[rank];
+      const std::string& path = paths[slide.store];
       if (rank > 0 && !slide.fingerprint.empty() && slide.fingerprint == slides[rank - 1].fingerprint) {
         const Slide& other = slides[rank - 1];
         throw UsageError("--data: slide " + std::to_string(other.id) + " of " + paths[other.store] + " and slide " +
-                         std::to_string(slide.id) + " of " + paths[slide.store] + " are the same slide (" +
-                         slide.fingerprint + "): its tiles would count twice");
+                         std::to_string(slide.id) + " of " + path + " are the same slide (" + slide.fingerprint +
+                         "): its tiles would count twice");
       }
-      group_names_.push_back(slide.path);
-      group_counts_.push_back(slide.label_counts);
-      const std::vector<TileKey>& keys = keys_of[slide.store];
-      auto first = std::lower_bound(keys.begin(), keys.end(), TileKey{slide.id, 0, 0, 0});
-      for (auto key = first; key != keys.end() && key->slide == slide.id; ++key)
-        tiles_.push_back({*key, slide.store, static_cast<uint32_t>(rank)});
+      const SlideRecord& record = slide.record;
+      if (rank > 0 && record.tile_size != tile_size_)
+        throw BadInput(path + ": slides with tile sizes " + std::to_string(tile_size_) + " and " +
+                       std::to_string(record.tile_size) + " in " + describe_paths());
+      if (rank > 0 && (record.channels != channels_ || record.rgb != rgb_))
+        throw BadInput(path + ": slide " + std::to_string(slide.id) + " has " +
+                       channels_in_words(record.channels, record.rgb) + ", other slides " +
+                       channels_in_words(channels_, rgb_) + " in " + describe_paths());
+      tile_size_ = record.tile_size;
+      channels_ = record.channels;
+      rgb_ = record.rgb;
+      class_count_ = std::max(class_count_, record.class_count());
+      const TileSource& source = *slides_.emplace_back(stores_[slide.store]->tiles(slide.id, record));
+      for (uint32_t tile = 0; tile < source.size(); ++tile) tiles_.push_back({static_cast<uint32_t>(rank), tile});
     }
-  }
-
-  ~TileStores() override {
-    for (Store& store : stores_)
-      if (store.env) mdb_env_close(store.env);
   }
 
   size_t size() const override { return tiles_.size(); }
@@ -393,110 +400,56 @@ class TileStores final : public PatchSource {
   int channels() const override { return channels_; }
   bool rgb() const override { return rgb_; }
   uint32_t class_count() const override { return class_count_; }
-  uint64_t group(size_t index) const override { return tiles_.at(index).group; }
-  std::vector<uint64_t> class_counts(uint64_t group) const override { return group_counts_.at(group); }
-  std::string group_name(uint64_t group) const override { return group_names_.at(group); }
+  uint64_t group(size_t index) const override { return tiles_.at(index).slide; }
+  std::vector<uint64_t> class_counts(uint64_t group) const override { return slides_.at(group)->record().label_counts; }
+  std::string group_name(uint64_t group) const override { return slides_.at(group)->record().path; }
 
   uint32_t read(size_t index, uint8_t* rgb) const override {
     const Tile& tile = tiles_.at(index);
-    const Store& store = stores_[tile.store];
-    std::string where = store.path + " tile " + describe(tile.key);
-    Transaction txn;
-    if (int rc = mdb_txn_begin(store.env, nullptr, MDB_RDONLY, &txn.txn))
-      fail(store.path, "reading " + describe(tile.key), rc);
-    auto key_bytes = encode_tile_key(tile.key);
-    MDB_val key = as_val(key_bytes.data(), key_bytes.size()), value;
-    if (int rc = mdb_get(txn.txn, store.tiles, &key, &value)) throw BadInput(where + ": " + mdb_strerror(rc));
-    TileValue tile_value = parse_tile_value(value.mv_data, value.mv_size, where);
-    if (tile_value.header.width != tile_size_ || tile_value.header.height != tile_size_)
-      throw BadInput(where + ": tile is " + std::to_string(tile_value.header.width) + "x" +
-                     std::to_string(tile_value.header.height) + ", the store's slides say " +
-                     std::to_string(tile_size_));
-    if (tile_value.header.channels != channels_)
-      throw BadInput(where + ": tile has " + std::to_string(tile_value.header.channels) + " channels, its slide " +
-                     std::to_string(channels_));
-    // A label its slide's entry does not count would reach the loss as an out-of-range class.
-    uint32_t label = tile_value.header.label;
-    const std::vector<uint64_t>& counts = group_counts_[tile.group];
-    if (label >= counts.size() || counts[label] == 0)
-      throw BadInput(where + ": label " + std::to_string(label) + ", a class its slide's label_counts do not list (" +
-                     std::to_string(counts.size()) + " classes counted): a corrupt or edited store");
-    if (rgb) decode_tile_pixels(tile_value, rgb, where);
-    return tile_value.header.label;
+    return slides_[tile.slide]->read(tile.index, rgb);
   }
 
   std::string description() const override {
     return describe_paths() + ": " + std::to_string(tiles_.size()) + " tiles of " + std::to_string(tile_size_) +
-           "x" + std::to_string(tile_size_) + " from " + std::to_string(slide_count_) + " slides, " +
+           "x" + std::to_string(tile_size_) + " from " + std::to_string(slides_.size()) + " slides, " +
            std::to_string(class_count_) + " classes";
   }
 
  private:
   std::string describe_paths() const {
     std::string text = stores_.size() == 1 ? "LMDB tile store" : "LMDB tile stores";
-    for (size_t i = 0; i < stores_.size(); ++i) text += (i ? ", " : " ") + stores_[i].path;
+    for (size_t i = 0; i < stores_.size(); ++i) text += (i ? ", " : " ") + stores_[i]->path();
     return text;
   }
 
-  struct Store {
-    std::string path;
-    MDB_env* env = nullptr;
-    MDB_dbi tiles = 0, slides = 0;
-  };
   struct Tile {
-    TileKey key;
-    uint32_t store, group;
+    uint32_t slide, index;  // the slide's rank, the tile's index in its source
   };
 
-  std::vector<Store> stores_;
+  std::vector<std::unique_ptr<TileStore>> stores_;
+  std::vector<std::unique_ptr<TileSource>> slides_;  // by rank
   std::vector<Tile> tiles_;
-  std::vector<std::string> group_names_;              // by group: the slide's path
-  std::vector<std::vector<uint64_t>> group_counts_;  // by group: tiles by label
   int tile_size_ = 0, channels_ = 3;
   bool rgb_ = true;
   uint32_t class_count_ = 1;
-  size_t slide_count_ = 0;
 };
 
 }  // namespace
 
-TileStoreReader::TileStoreReader(const std::string& path) : path_(path) {
-  open_read_only(path, env_, tiles_, slides_);
-}
+TileStore::TileStore(const std::string& path) : path_(path) { open_read_only(path, env_, tiles_, slides_); }
 
-TileStoreReader::~TileStoreReader() {
+TileStore::~TileStore() {
   if (env_) mdb_env_close(env_);
 }
 
-std::map<uint32_t, nlohmann::json> TileStoreReader::slides() const {
+std::map<uint32_t, SlideRecord> TileStore::slides() const {
   Transaction txn;
   if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading slides", rc);
   return read_slides(txn.txn, slides_, path_);
 }
 
-void TileStoreReader::for_each_tile(uint32_t slide, uint64_t skip,
-                                    const std::function<void(const TileKey&, const TileValue&)>& visit) const {
-  Transaction txn;
-  if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail_reading(path_, "reading tiles", rc);
-  Cursor cursor;
-  if (int rc = mdb_cursor_open(txn.txn, tiles_, &cursor.cursor)) fail_reading(path_, "reading tiles", rc);
-  auto first = encode_tile_key({slide, 0, 0, 0});
-  MDB_val key = as_val(first.data(), first.size()), value;
-  uint64_t index = 0;
-  for (int rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_SET_RANGE);
-       cursor_has_item(rc, path_, "reading tiles");
-       rc = mdb_cursor_get(cursor.cursor, &key, &value, MDB_NEXT), ++index) {
-    TileKey tile = decode_tile_key(key.mv_data, key.mv_size);
-    if (tile.slide != slide) break;
-    if (index < skip) continue;
-    visit(tile, parse_tile_value(value.mv_data, value.mv_size, path_ + " tile " + describe(tile)));
-  }
-  auto slides = read_slides(txn.txn, slides_, path_);
-  if (auto entry = slides.find(slide); entry != slides.end() && entry->second.value("complete", false) &&
-                                       entry->second.value("tiles", index) != index)
-    throw BadInput(path_ + ": slide " + std::to_string(slide) + " lists " +
-                   std::to_string(entry->second.value("tiles", index)) + " tiles, the store yields " +
-                   std::to_string(index) + " (a corrupt store)");
+std::unique_ptr<TileSource> TileStore::tiles(uint32_t id, const SlideRecord& record) const {
+  return std::make_unique<StoreTiles>(path_, env_, tiles_, id, record);
 }
 
 std::string canonical_path(const std::string& path) {

@@ -1,6 +1,6 @@
 // The LMDB tile store: named databases `tiles` (TileKey -> tile value, see tile_format.h) and
-// `slides` (slide id as big-endian uint32 -> a JSON object: path, dimensions, level, tile size,
-// microns per pixel, progress of the run that tiles it).
+// `slides` (slide id as big-endian uint32 -> its SlideRecord as JSON: slide_record.h). One writer
+// (TileStoreWriter) and one reader (TileStore), whose slides are TileSources.
 #pragma once
 #include <lmdb.h>
 
@@ -15,7 +15,9 @@
 
 #include "common/output.h"
 #include "data/patches.h"
+#include "data/slide_record.h"
 #include "data/tile_format.h"
+#include "data/tile_source.h"
 
 namespace tessera::data {
 
@@ -30,16 +32,17 @@ class TileStoreWriter {
   TileStoreWriter(const TileStoreWriter&) = delete;
   TileStoreWriter& operator=(const TileStoreWriter&) = delete;
 
-  std::map<uint32_t, nlohmann::json> slides() const;
+  // Every slide's record; throws BadInput naming the store and slide when one is malformed.
+  std::map<uint32_t, SlideRecord> slides() const;
 
   struct Tile {
     TileKey key;
     std::vector<uint8_t> value;
   };
-  // Puts `tiles` (keys ascending) and sets slide `slide`'s entry in one transaction, appending
+  // Puts `tiles` (keys ascending) and sets slide `slide`'s record in one transaction, appending
   // (MDB_APPEND) when the keys lie past the end; the map grows when it is full. Throws a runtime
   // error naming the store when the disk refuses the write; what was committed before stays.
-  void commit(uint32_t slide, const nlohmann::json& entry, const std::vector<Tile>& tiles);
+  void commit(uint32_t slide, const SlideRecord& record, const std::vector<Tile>& tiles);
 
   uint64_t map_size() const { return map_size_; }
   const std::string& path() const { return path_; }
@@ -71,22 +74,22 @@ std::unique_ptr<PatchSource> open_tile_stores(const std::vector<std::string>& pa
 // naming `flag` when a store is named twice.
 std::vector<std::string> find_tile_stores(const std::vector<std::string>& given, const std::string& flag);
 
-// A tile store read slide by slide with a cursor, keeping no index of its tiles, so memory does
-// not grow with the store (feature extraction over any number of slides).
-class TileStoreReader {
+// A tile store, read-only (readers take no lock: LMDB's MVCC).
+class TileStore {
  public:
-  // Throws BadInput naming the store when it is missing or not a tile store.
-  explicit TileStoreReader(const std::string& path);
-  ~TileStoreReader();
-  TileStoreReader(const TileStoreReader&) = delete;
-  TileStoreReader& operator=(const TileStoreReader&) = delete;
+  // Throws BadInput naming the store when it is missing, truncated or not a tile store.
+  explicit TileStore(const std::string& path);
+  ~TileStore();
+  TileStore(const TileStore&) = delete;
+  TileStore& operator=(const TileStore&) = delete;
 
-  std::map<uint32_t, nlohmann::json> slides() const;
-  // Calls visit(key, value) for the tiles of `slide` in key order, skipping its first `skip`;
-  // the value's pixels are valid during the call only. Throws BadInput naming the store and the
-  // tile when a value is corrupt.
-  void for_each_tile(uint32_t slide, uint64_t skip,
-                     const std::function<void(const TileKey&, const TileValue&)>& visit) const;
+  // Every slide's record; throws BadInput naming the store and slide when one is malformed.
+  std::map<uint32_t, SlideRecord> slides() const;
+  // The tiles of slide `id` (its record given) in key order, their keys read in one cursor walk
+  // (16 bytes a tile). Throws BadInput naming the store and slide when it is not completely
+  // tiled, or when the walk finds other than the tiles its record lists (a corrupt store). Each
+  // read checks the tile's checksum, size, channels, origin and label against the record.
+  std::unique_ptr<TileSource> tiles(uint32_t id, const SlideRecord& record) const;
 
   const std::string& path() const { return path_; }
 
@@ -99,12 +102,6 @@ class TileStoreReader {
 // `path` absolute and normalised, symbolic links left as they are: how the store records a
 // slide's path, and how paths are compared (a slide or store named twice).
 std::string canonical_path(const std::string& path);
-
-// Whether a slide entry's tiles are RGB: its "rgb" (false for a multiplex slide's planes), else,
-// in stores tiled before that was recorded, whether it has 3 channels.
-inline bool slide_entry_rgb(const nlohmann::json& entry) {
-  return entry.value("rgb", entry.value("channels", 3) == 3);
-}
 
 // True when `path` looks like an LMDB environment (a directory holding data.mdb, or a name
 // ending in .lmdb).

@@ -1,15 +1,12 @@
 #include "data/tiler.h"
 
-#include <zlib.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 
@@ -19,6 +16,8 @@
 #include "data/jpeg.h"
 #include "data/ordered_parallel.h"
 #include "data/slide.h"
+#include "data/slide_record.h"
+#include "data/tile_source.h"
 #include "data/tile_store.h"
 #include "data/tissue.h"
 
@@ -58,33 +57,9 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
   return settings;
 }
 
-// A slide is known by its content, not its path: the file's size and CRC-32s of its first 4 MiB
-// (the header, the first tiles) and its last MiB, so a file replaced at the same path is not
-// mistaken for the one tiled before, and a slide moved elsewhere is.
-std::string fingerprint_of(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) return "path:" + canonical_path(path);
-  uint64_t size = std::filesystem::file_size(path, error);
-  std::ifstream file(path, std::ios::binary);
-  if (error || !file) throw BadInput(path + ": cannot read the slide");
-  auto crc_of = [&](uint64_t offset, uint64_t length) {
-    std::vector<char> bytes(static_cast<size_t>(std::min(length, size - std::min(offset, size))));
-    file.seekg(static_cast<std::streamoff>(offset));
-    if (!file.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
-      throw BadInput(path + ": cannot read the slide");
-    std::array<char, 9> hex{};
-    std::snprintf(hex.data(), hex.size(), "%08lx",
-                  crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
-    return std::string(hex.data());
-  };
-  constexpr uint64_t head = uint64_t{4} << 20, tail = uint64_t{1} << 20;
-  return "size:" + std::to_string(size) + " crc32:" + crc_of(0, head) + ":" +
-         crc_of(size > tail ? size - tail : 0, tail);
-}
-
 // A slide and its labels, opened and checked once, before any tile is written.
 struct OpenedSlide {
-  std::unique_ptr<Slide> slide;
+  std::shared_ptr<const Slide> slide;
   std::unique_ptr<TileLabeler> labeler;  // none without labels: every tile gets label 0
 };
 
@@ -92,39 +67,39 @@ struct OpenedSlide {
 struct SlidePlan {
   uint32_t id = 0;
   std::string fingerprint;
-  nlohmann::json entry;  // null for a new slide
+  std::optional<SlideRecord> record;  // none for a new slide
 };
 
 // Decides every job's slide id before any tile is written. Throws BadInput when a path the store
 // knows now holds other content, UsageError when settings differ from the earlier run's.
 std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const TilerOptions& options,
-                                   const std::map<uint32_t, nlohmann::json>& slides, const std::string& store) {
+                                   const std::map<uint32_t, SlideRecord>& slides, const std::string& store) {
   uint32_t next_id = slides.empty() ? 0 : slides.rbegin()->first + 1;
   std::vector<SlidePlan> plans;
   std::map<std::string, std::string> given;  // fingerprint -> slide
   for (const SlideJob& job : jobs) {
-    std::string path = canonical_path(job.slide), fingerprint = fingerprint_of(job.slide);
+    std::string path = canonical_path(job.slide), fingerprint = slide_fingerprint(job.slide);
     nlohmann::json settings = settings_of(job, options);
     SlidePlan plan{.fingerprint = fingerprint};
     for (auto& [existing_id, existing] : slides) {
-      if (existing.value("tile_size", options.size) != options.size)
-        throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.value("tile_size", 0)) +
+      if (existing.tile_size != options.size)
+        throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.tile_size) +
                          " pixels; use another --out for " + std::to_string(options.size));
-      if (existing.value("fingerprint", "") != fingerprint) {
-        if (existing.value("path", "") == path)
+      if (existing.fingerprint != fingerprint) {
+        if (existing.path == path)
           throw BadInput(path + ": the file changed since it was tiled into " + store + " (was " +
-                         existing.value("fingerprint", "") + ", now " + fingerprint +
+                         existing.fingerprint + ", now " + fingerprint +
                          "); tiles of two slides would mix under one name: use another --out");
         continue;
       }
-      if (existing["settings"] != settings)
+      if (existing.settings != settings)
         throw UsageError("--out: " + store + " already holds " + path + " tiled with other settings (" +
-                         existing["settings"].dump() + "); use another --out");
+                         existing.settings.dump() + "); use another --out");
       plan = {existing_id, fingerprint, existing};
     }
     if (!given.emplace(fingerprint, job.slide).second)
       throw UsageError("SLIDE: " + given[fingerprint] + " and " + job.slide + " are the same slide (same content)");
-    if (plan.entry.is_null()) plan.id = next_id++;
+    if (!plan.record) plan.id = next_id++;
     plans.push_back(std::move(plan));
   }
   return plans;
@@ -143,45 +118,36 @@ class SlideTiler {
     auto start = Clock::now();
     std::string path = canonical_path(job_.slide);
     uint32_t id = plan.id;
-    nlohmann::json entry = plan.entry.is_null() ? describe_slide(path, plan.fingerprint) : plan.entry;
+    SlideRecord record = plan.record ? *plan.record
+                                     : describe_slide(*slide_, path, plan.fingerprint, options_.level, options_.size,
+                                                      settings_of(job_, options_));
     nlohmann::json summary = {{"slide", path}, {"id", id}};
-    if (entry.value("complete", false)) {
-      summary.update({{"status", "already complete"}, {"tiles", entry["tiles"]}});
+    if (record.complete) {
+      summary.update({{"status", "already complete"}, {"tiles", record.tiles}});
       return summary;
     }
 
     const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
-    double tile_extent = options_.size * level.downsample;
-    std::optional<TissueMask> tissue;  // none with --tissue none: every tile is kept
-    if (options_.tissue != Stain::none)
-      tissue.emplace(*slide_, tile_extent, options_.tissue_threshold, options_.tissue);
-    int64_t columns = level.width / options_.size, rows = level.height / options_.size;
-    std::vector<uint32_t> candidates;
-    uint64_t labelled = 0, labelled_on_tissue = 0;  // over the whole grid, tissue or not
-    for (int64_t row = 0; row < rows; ++row)
-      for (int64_t column = 0; column < columns; ++column) {
-        double x0 = static_cast<double>(column) * tile_extent, y0 = static_cast<double>(row) * tile_extent;
-        double fraction = tissue ? tissue->tissue_fraction(x0, y0, x0 + tile_extent, y0 + tile_extent) : 1.0;
-        if (fraction >= options_.min_tissue) candidates.push_back(static_cast<uint32_t>(row * columns + column));
-        if (labeler_ && labeler_->label(x0, y0, x0 + tile_extent, y0 + tile_extent) != 0) {
-          ++labelled;
-          labelled_on_tissue += fraction > 0;
-        }
-      }
-    Progress progress("tile", candidates.size());
-    if (auto empty = why_empty(columns * rows, candidates.size(), level); !empty.empty()) {
+    std::optional<TissueMask> tissue = find_tissue(*slide_, options_.size * level.downsample, options_);
+    TileGrid grid = tissue_grid(*slide_, options_.level, options_.size, tissue ? &*tissue : nullptr,
+                                options_.min_tissue);
+    const size_t done = record.done;
+    auto source = live_grid_tiles(slide_, record, grid, tissue ? &*tissue : nullptr);
+    // The grid and tissue as the source describes them; the progress as the store has it.
+    record.grid_columns = grid.columns;
+    record.grid_rows = grid.rows;
+    record.tissue = source->record().tissue;
+    record.tissue_level = source->record().tissue_level;
+    record.candidates = grid.kept.size();
+    Progress progress("tile", grid.kept.size());
+    if (auto empty = why_empty(grid, level); !empty.empty()) {
       progress.event({{"warning", empty}, {"slide", path}});
       summary["warning"] = empty;
     } else if (labeler_) {
-      check_labels_fit(*labeler_, labelled, labelled_on_tissue, progress, summary);
+      check_labels_fit(grid, tissue ? &*tissue : nullptr, progress, summary);
     }
-    entry["grid"] = {columns, rows};
-    entry["tissue"] = tissue ? tissue->report() : nlohmann::json{{"stain", "none"}, {"chosen", "given"}};
-    if (tissue) entry["tissue_level"] = tissue->level();
-    entry["candidates"] = candidates.size();
-    size_t done = entry.value("done", size_t{0});
     size_t resumed_from = done;
-    if (done == 0) store_.commit(id, entry, {});
+    if (done == 0) store_.commit(id, record, {});
 
     bool aligned = encoding() == TileEncoding::jpeg && level.tile_width == options_.size &&
                    level.tile_height == options_.size;
@@ -190,59 +156,58 @@ class SlideTiler {
     uint64_t batch_bytes = 0;
     std::string first_corrupt;
     auto commit = [&](size_t processed) {
-      entry["done"] = processed;
-      store_.commit(id, entry, batch);
+      record.done = processed;
+      store_.commit(id, record, batch);
       batch.clear();
       batch_bytes = 0;
     };
+    const size_t candidates = grid.kept.size();
     ordered_parallel<TileResult>(
-        candidates.size() - done, options_.workers, static_cast<size_t>(options_.workers) * 32,
-        [&](size_t i) { return make_tile(id, candidates[done + i], columns, level, aligned); },
+        candidates - done, options_.workers, static_cast<size_t>(options_.workers) * 32,
+        [&](size_t i) { return make_tile(id, *source, grid, done + i, aligned); },
         [&](size_t i, TileResult&& result) {
           size_t processed = done + i + 1;
           if (!result.corrupt.empty()) {
             if (first_corrupt.empty()) first_corrupt = result.corrupt;
-            entry["corrupt_tiles"] = entry.value("corrupt_tiles", 0) + 1;
-            uint32_t position = candidates[done + i];
+            ++record.corrupt_tiles;
             progress.event({{"warning", "corrupt tile skipped"},
                             {"slide", path},
                             {"level", options_.level},
-                            {"row", position / columns},
-                            {"column", position % columns},
+                            {"row", grid.row(done + i)},
+                            {"column", grid.column(done + i)},
                             {"error", result.corrupt}});
           } else {
-            std::string label = std::to_string(result.label);
-            entry["label_counts"][label] = entry["label_counts"].value(label, 0) + 1;
-            entry["tiles"] = entry.value("tiles", 0) + 1;
+            if (result.label >= record.label_counts.size()) record.label_counts.resize(result.label + size_t{1});
+            ++record.label_counts[result.label];
+            ++record.tiles;
             copied += result.copied;
             ++written;
             batch_bytes += result.tile.value.size();
             batch.push_back(std::move(result.tile));
           }
-          if (batch_bytes >= options_.commit_bytes || batch.size() >= options_.commit_tiles ||
-              processed == candidates.size())
+          if (batch_bytes >= options_.commit_bytes || batch.size() >= options_.commit_tiles || processed == candidates)
             commit(processed);
           progress.update(processed, {{"slide", id}, {"written", written}});
         });
-    if (entry.value("tiles", 0) == 0 && entry.value("corrupt_tiles", 0) > 0)
-      throw BadInput(path + ": every tissue tile is corrupt (" + std::to_string(entry.value("corrupt_tiles", 0)) +
+    if (record.tiles == 0 && record.corrupt_tiles > 0)
+      throw BadInput(path + ": every tissue tile is corrupt (" + std::to_string(record.corrupt_tiles) +
                      "), the first: " + first_corrupt);
-    entry["complete"] = true;
-    commit(candidates.size());
+    record.complete = true;
+    commit(candidates);
     progress.finish();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
-                    {"grid", entry["grid"]},
+                    {"grid", {grid.columns, grid.rows}},
                     {"channels", slide_->channels()},
                     {"encoding", encoding_name(encoding())},
-                    {"tissue", entry["tissue"]},
-                    {"candidates", candidates.size()},
+                    {"tissue", record.tissue},
+                    {"candidates", candidates},
                     {"resumed_from", resumed_from},
                     {"written", written},
                     {"copied_jpeg", copied},
-                    {"corrupt_tiles", entry.value("corrupt_tiles", 0)},
-                    {"tiles", entry.value("tiles", 0)},
-                    {"label_counts", entry.value("label_counts", nlohmann::json::object())},
+                    {"corrupt_tiles", record.corrupt_tiles},
+                    {"tiles", record.tiles},
+                    {"label_counts", record.to_json()["label_counts"]},
                     {"seconds", seconds},
                     {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}});
     return summary;
@@ -250,31 +215,40 @@ class SlideTiler {
 
  private:
   // Why a slide gives no tile, naming it; empty when it gives some.
-  std::string why_empty(int64_t grid, size_t candidates, const SlideLevel& level) const {
-    if (grid == 0)
+  std::string why_empty(const TileGrid& grid, const SlideLevel& level) const {
+    if (grid.columns * grid.rows == 0)
       return job_.slide + ": no tile of " + std::to_string(options_.size) + " pixels fits in its level " +
              std::to_string(options_.level) + " (" + std::to_string(level.width) + "x" +
              std::to_string(level.height) + ")";
-    if (candidates == 0)
-      return job_.slide + ": no tissue tile: none of its " + std::to_string(grid) + " tiles is at least " +
-             format_number(options_.min_tissue) + " tissue (--min-tissue)";
+    if (grid.kept.empty())
+      return job_.slide + ": no tissue tile: none of its " + std::to_string(grid.columns * grid.rows) +
+             " tiles is at least " + format_number(options_.min_tissue) + " tissue (--min-tissue)";
     return {};
   }
 
-  // Labels that give no tile a class (GeoJSON beside the slide, an empty mask), or whose classes
-  // lie mostly off the tissue (the labels of another slide), are refused naming the file;
-  // --allow-empty-labels turns the first into a warning, for slides without tumour.
-  void check_labels_fit(const TileLabeler& labeler, uint64_t labelled, uint64_t on_tissue, Progress& progress,
+  // Labels that give no tile of the grid a class (GeoJSON beside the slide, an empty mask), or
+  // whose classes lie mostly off the tissue (the labels of another slide), are refused naming the
+  // file; --allow-empty-labels turns the first into a warning, for slides without tumour.
+  void check_labels_fit(const TileGrid& grid, const TissueMask* tissue, Progress& progress,
                         nlohmann::json& summary) const {
+    const double extent = grid.size * slide_->levels()[static_cast<size_t>(grid.level)].downsample;
+    uint64_t labelled = 0, on_tissue = 0;  // over the whole grid, tissue or not
+    for (int64_t row = 0; row < grid.rows; ++row)
+      for (int64_t column = 0; column < grid.columns; ++column) {
+        double x0 = static_cast<double>(column) * extent, y0 = static_cast<double>(row) * extent;
+        if (labeler_->label(x0, y0, x0 + extent, y0 + extent) == 0) continue;
+        ++labelled;
+        on_tissue += !tissue || tissue->tissue_fraction(x0, y0, x0 + extent, y0 + extent) > 0;
+      }
     const SlideLevel& base = slide_->levels()[0];
     std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
-    if (std::string warning = labeler.warning(); !warning.empty()) {
+    if (std::string warning = labeler_->warning(); !warning.empty()) {
       progress.event({{"warning", warning}});
       summary["warning"] = warning;
     }
     if (labelled == 0) {
       std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
-                            labeler.description() + ")";
+                            labeler_->description() + ")";
       if (!options_.allow_empty_labels)
         throw BadInput(message + "; if the slide truly has none, pass --allow-empty-labels");
       progress.event({{"warning", message}});
@@ -285,46 +259,13 @@ class SlideTiler {
     }
   }
 
-  nlohmann::json describe_slide(const std::string& path, const std::string& fingerprint) const {
-    const SlideLevel& base = slide_->levels()[0];
-    const SlideLevel& level = slide_->levels()[static_cast<size_t>(options_.level)];
-    nlohmann::json entry = {{"path", path},
-            {"name", std::filesystem::path(path).filename().string()},
-            {"format", slide_->format()},
-            {"channels", slide_->channels()},
-            {"width", base.width},
-            {"height", base.height},
-            {"level", options_.level},
-            {"level_width", level.width},
-            {"level_height", level.height},
-            {"downsample", level.downsample},
-            {"tile_size", options_.size},
-            {"mpp_x", slide_->mpp_x()},
-            {"mpp_y", slide_->mpp_y()},
-            {"fingerprint", fingerprint},
-            {"settings", settings_of(job_, options_)},
-            {"done", 0},
-            {"tiles", 0},
-            {"corrupt_tiles", 0},
-            {"label_counts", nlohmann::json::object()},
-            {"complete", false}};
-    if (auto names = slide_->channel_names(); !names.empty()) entry["channel_names"] = names;
-    if (!slide_->rgb()) entry["rgb"] = false;
-    if (slide_->sample_bits() != 8) {
-      entry["sample_bits"] = slide_->sample_bits();
-      nlohmann::json windows = nlohmann::json::array();
-      for (const IntensityWindow& window : slide_->intensity_windows()) windows.push_back({window.low, window.high});
-      entry["intensity_windows"] = windows;
-    }
-    return entry;
-  }
-
-  TileResult make_tile(uint32_t id, uint32_t position, int64_t columns, const SlideLevel& level, bool aligned) const {
+  TileResult make_tile(uint32_t id, const TileSource& source, const TileGrid& grid, size_t index,
+                       bool aligned) const {
     const int size = options_.size;
-    int64_t column = position % columns, row = position / columns;
-    double x0 = static_cast<double>(column * size) * level.downsample;
-    double y0 = static_cast<double>(row * size) * level.downsample;
-    double extent = size * level.downsample;
+    const int64_t column = grid.column(index), row = grid.row(index);
+    const TileOrigin origin = source.origin(index);
+    const double extent = size * source.record().downsample;
+    const auto x0 = static_cast<double>(origin.x), y0 = static_cast<double>(origin.y);
     TileResult result;
     result.label = labeler_ ? labeler_->label(x0, y0, x0 + extent, y0 + extent) : 0;
     const auto channels = static_cast<size_t>(slide_->channels());
@@ -333,16 +274,15 @@ class SlideTiler {
                       static_cast<uint8_t>(channels),
                       encoding(),
                       result.label,
-                      static_cast<uint32_t>(level0_position(column * size, level.downsample)),
-                      static_cast<uint32_t>(level0_position(row * size, level.downsample))};
+                      static_cast<uint32_t>(origin.x),
+                      static_cast<uint32_t>(origin.y)};
     result.tile.key = {id, static_cast<uint32_t>(options_.level), static_cast<uint32_t>(row),
                        static_cast<uint32_t>(column)};
-    std::string where = "level " + std::to_string(options_.level) + " tile column " + std::to_string(column) + " row " +
-                        std::to_string(row);
     if (aligned) {
       if (auto jpeg = slide_->jpeg_tile(options_.level, column, row)) {
         if (auto problem = check_jpeg(jpeg->data(), jpeg->size(), size, size); !problem.empty()) {
-          result.corrupt = job_.slide + ": " + where + ": corrupt JPEG: " + problem;
+          result.corrupt = job_.slide + ": level " + std::to_string(options_.level) + " tile column " +
+                           std::to_string(column) + " row " + std::to_string(row) + ": corrupt JPEG: " + problem;
           return result;
         }
         result.tile.value = encode_tile_value(header, jpeg->data(), jpeg->size());
@@ -350,17 +290,17 @@ class SlideTiler {
         return result;
       }
     }
-    std::vector<uint8_t> rgb(static_cast<size_t>(size) * size * channels);
+    std::vector<uint8_t> pixels(static_cast<size_t>(size) * size * channels);
     try {
-      slide_->read_region(options_.level, column * size, row * size, size, size, rgb.data());
+      source.read(index, pixels.data());
     } catch (const BadInput& e) {
       result.corrupt = e.what();
       return result;
     }
     if (header.encoding == TileEncoding::raw) {
-      result.tile.value = encode_tile_value(header, rgb.data(), rgb.size());
+      result.tile.value = encode_tile_value(header, pixels.data(), pixels.size());
     } else {
-      auto jpeg = encode_jpeg(rgb.data(), size, size, options_.quality);
+      auto jpeg = encode_jpeg(pixels.data(), size, size, options_.quality);
       result.tile.value = encode_tile_value(header, jpeg.data(), jpeg.size());
     }
     return result;
@@ -372,7 +312,7 @@ class SlideTiler {
   const SlideJob& job_;
   const TilerOptions& options_;
   TileStoreWriter& store_;
-  std::unique_ptr<Slide> slide_;
+  std::shared_ptr<const Slide> slide_;
   std::unique_ptr<TileLabeler> labeler_;
 };
 
