@@ -3,20 +3,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <sstream>
 
 #include "common/error.h"
 #include "compute/ops/registry.h"
 #include "compute/vit.h"
-#include "data/slide.h"
 
 namespace tessera {
 
 namespace {
-
-// TRIDENT's tolerance on a level's downsample (get_best_level_and_custom_downsample).
-constexpr double kLevelTolerance = 0.1;
 
 std::string microns(double mpp) {
   std::ostringstream text;
@@ -80,63 +75,20 @@ double slide_microns_per_pixel(const std::string& slide, double mpp_x, double mp
                    "its magnification: give it with --mpp (e.g. --mpp 0.25 for a 40x scan)");
 }
 
-TileSource tile_source(const std::string& slide, const std::vector<double>& downsamples, double slide_mpp,
-                       const EncoderInput& encoder) {
-  // Level-0 pixels per encoder pixel.
-  const double wanted = encoder.microns_per_pixel / slide_mpp;
-  if (wanted < 1 - kLevelTolerance)
-    throw BadInput(slide + ": level 0 is at " + microns(slide_mpp) + ", coarser than the " +
-                   microns(encoder.microns_per_pixel) + " encoder " + encoder.name +
-                   " was trained at; tessera does not enlarge tiles");
-  size_t chosen = 0;
-  for (size_t level = 0; level < downsamples.size(); ++level)
-    if (std::abs(downsamples[level] - wanted) <= kLevelTolerance) {
-      chosen = level;
-      break;
-    } else if (downsamples[level] <= wanted && downsamples[level] > downsamples[chosen]) {
-      chosen = level;
-    }
-  TileSource source;
-  source.level = static_cast<int>(chosen);
-  source.read_size = static_cast<int>(std::lround(encoder.image_size * wanted / downsamples[chosen]));
-  source.slide_mpp = slide_mpp;
-  return source;
-}
-
-std::vector<TilingGroup> encoder_tiling(const std::vector<data::SlideJob>& jobs, const data::TilerOptions& options,
-                                        double mpp_flag, const EncoderInput& encoder) {
-  std::map<std::pair<int, int>, TilingGroup> groups;
-  for (const data::SlideJob& job : jobs) {
-    auto slide = data::open_slide(job.slide, options.tile_cache_bytes);
-    std::vector<double> downsamples;
-    for (const data::SlideLevel& level : slide->levels()) downsamples.push_back(level.downsample);
-    double mpp = slide_microns_per_pixel(job.slide, slide->mpp_x(), slide->mpp_y(), mpp_flag);
-    TileSource source = tile_source(job.slide, downsamples, mpp, encoder);
-    TilingGroup& group = groups[{source.level, source.read_size}];
-    group.options = options;
-    group.options.level = source.level;
-    group.options.size = source.read_size;
-    group.jobs.push_back(job);
-  }
-  std::vector<TilingGroup> ordered;
-  for (auto& [key, group] : groups) ordered.push_back(std::move(group));
-  return ordered;
-}
-
-void check_tiles_fit_encoder(const std::string& store, const nlohmann::json& entry, double mpp_flag,
+void check_tiles_fit_encoder(const std::string& store, const data::SlideRecord& record, double mpp_flag,
                              const EncoderInput& encoder) {
-  const std::string slide = entry.value("path", store);
-  double mpp = slide_microns_per_pixel(slide, entry.value("mpp_x", 0.0), entry.value("mpp_y", 0.0), mpp_flag);
-  const double downsample = entry.value("downsample", 1.0);
-  const double field = entry.value("tile_size", 0) * downsample * mpp;
+  const std::string slide = record.path.empty() ? store : record.path;
+  double mpp = slide_microns_per_pixel(slide, record.mpp_x, record.mpp_y, mpp_flag);
+  const double downsample = record.downsample;
+  const double field = record.tile_size * downsample * mpp;
   const double wanted = encoder.image_size * encoder.microns_per_pixel;
   // Tiles are whole pixels of their level: within one of them of the encoder's field.
   if (std::abs(field - wanted) > downsample * mpp || downsample * mpp > encoder.microns_per_pixel * 1.1)
-    throw BadInput(store + ": slide " + slide + " is tiled in " + std::to_string(entry.value("tile_size", 0)) +
-                   "-pixel tiles at " + microns(downsample * mpp) + " (level " +
-                   std::to_string(entry.value("level", 0)) + "), " + std::to_string(field) + " um across; encoder " +
-                   encoder.name + " reads " + std::to_string(encoder.image_size) + "-pixel tiles at " +
-                   microns(encoder.microns_per_pixel) + ": extract --slides with --encoder tiles them so");
+    throw BadInput(store + ": slide " + slide + " is tiled in " + std::to_string(record.tile_size) +
+                   "-pixel tiles at " + microns(downsample * mpp) + " (level " + std::to_string(record.level) +
+                   "), " + std::to_string(field) + " um across; encoder " + encoder.name + " reads " +
+                   std::to_string(encoder.image_size) + "-pixel tiles at " + microns(encoder.microns_per_pixel) +
+                   ": extract --slides with --encoder reads them so");
 }
 
 }  // namespace tessera

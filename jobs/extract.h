@@ -1,6 +1,7 @@
-// Feature extraction: a model run up to a named layer over every tile of each
-// slide of a tile store, one CLAM-layout feature file per slide
-// (compute/feature_file.h).
+// Feature extraction: each slide's tiles through one or more models (a network up to a named
+// layer, or patch encoders), one CLAM-layout feature file per slide and model
+// (compute/feature_file.h). Tiles are read live from the slides (--slides: no tile store, nothing
+// re-encoded; --coords: at another tool's coordinates) or from tile stores (--tiles).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,29 +12,38 @@
 namespace tessera {
 
 struct ExtractOptions {
-  std::string model;                // checkpoint .h5 or preset; with `encoder`, its weights (empty: random)
-  std::string encoder;              // a ViT preset or model JSON (jobs/encoder_input.h)
+  // Checkpoints or presets (one for --layer); with `encoders`, their weights in the same order
+  // (empty with random_weights).
+  std::vector<std::string> models;
+  std::vector<std::string> encoders;  // ViT presets or model JSONs (jobs/encoder_input.h)
+  bool random_weights = false;
   double mpp = 0;                   // microns per level-0 pixel of slides that do not give theirs
-  bool dry_run = false;             // print the plan and check it against the budget; nothing else
+  bool dry_run = false;             // print the plans and check them against the budget; nothing else
   std::string layer;                // a layer or module name ("layer4")
-  std::vector<std::string> slides;  // tiled into <out>/tiles.lmdb first
-  std::vector<std::string> tiles;   // or existing tile stores (or directories of them)
+  std::vector<std::string> slides;  // read live
+  std::string coords;               // with slides: a directory of CLAM's or TRIDENT's patch coordinates
+  std::vector<std::string> tiles;   // or tile stores (or directories of them)
   data::Shard shard;                // only this part of the slides
   std::string out;
   int batch = 32;
   int device = -1;             // --device (-1: the default one)
-  std::vector<int> devices;    // --devices: slides spread over these, one model each
-  int workers = 2;  // threads decoding tiles
+  std::vector<int> devices;    // --devices: slides spread over these, the models on each
+  int workers = 1;             // threads reading, decoding and resizing tiles (over all devices)
   uint64_t memory_budget = 0;  // --device-memory-limit per device (0: what the device reports)
   bool fp16 = false, gzip = false;
-  bool overwrite = false;  // --overwrite: replace feature files that hold something else
-  data::TilerOptions tiler;  // for `slides`
+  bool overwrite = false;    // --overwrite: replace feature files that hold something else
+  bool skip_errors = false;  // a slide that cannot be read is reported and the run goes on
+  data::TilerOptions tiler;  // the grid and tissue detection of --slides
 };
 
-// Writes <out>/<slide>.h5 for every slide of the shard not finished before, resuming partial
-// files. A slide whose tiles cannot be read fails alone: the others finish,
-// then BadInput names it. Prints the summary (per slide, throughput, time spent
-// in HDF5 writes) as a JSON line on stdout.
+// The threads that read tiles by default: the cores less one (the one that drives the device).
+int default_extract_workers();
+
+// Writes each model's feature file of every slide of the shard not finished before, resuming
+// partial files; prints the summary (per slide and in total: tiles/s, where the time went, the
+// device-busy and data-wait fractions, the tiles decoded) as a JSON line on stdout. A slide that
+// cannot be read stops the run there (BadInput, the slides before it complete), or with
+// skip_errors is named in the summary while the others go on (then BadInput at the end).
 void extract_features(const ExtractOptions &options);
 
 }  // namespace tessera

@@ -11,14 +11,13 @@ namespace tessera {
 
 // The pass of an extraction over a batch of uint8 RGB tiles as the store holds them, which the
 // prologue turns into the layer the model reads as "input".
-InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, int channels,
-                                      const EncoderInput *encoder) {
+InferenceOptions extraction_inference(const ExtractOptions &options, const ExtractModel &model) {
   InferenceOptions inference;
-  inference.inputs = {{"images", {options.batch, tile_size, tile_size, channels}, DType::u8}};
-  inference.prologue = encoder ? encoder->prologue()
-                               : nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
+  inference.inputs = {{"images", {options.batch, model.input_size, model.input_size, model.channels}, DType::u8}};
+  inference.prologue = model.encoder ? model.encoder->prologue()
+                                     : nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   inference.layer = options.layer;
-  if (encoder && options.fp16) inference.activations = DType::f16;
+  if (model.encoder && options.fp16) inference.activations = DType::f16;
   inference.advice = "lower --batch, or raise --device-memory-limit";
   inference.weights_digest = true;
   return inference;
@@ -51,43 +50,59 @@ vk::ContextOptions extraction_context(const ExtractOptions &options, int device)
   return context;
 }
 
-// --dry-run: each device's plan, at --batch and at the batch the device runs (capped by its
-// largest buffer), as one JSON line; then exit 3 where the plan is over a device's budget.
-void print_extraction_plans(const ExtractOptions &options, const ResolvedModel &model, const EncoderInput *encoder,
+// --dry-run: each device's plans, at --batch and at the batch the device runs (capped by its
+// largest buffer), and whether the models fit together, as one JSON line; then exit 3 where a
+// model does not fit a device even alone.
+void print_extraction_plans(const ExtractOptions &options, const std::vector<ExtractModel> &models,
                             const std::vector<int> &devices) {
   nlohmann::json reports = nlohmann::json::array();
   std::vector<std::unique_ptr<vk::Context>> contexts;
-  std::vector<MemoryPlan> plans;
-  const InferenceOptions requested =
-      extraction_inference(options, encoder ? encoder->image_size : options.tiler.size, 3, encoder);
+  std::vector<std::vector<MemoryPlan>> plans;
+  auto describe = [](const MemoryPlan &plan) {
+    return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
+  };
   for (int device : devices) {
     auto &context = *contexts.emplace_back(std::make_unique<vk::Context>(extraction_context(options, device)));
-    auto describe = [&](const MemoryPlan &plan) {
-      return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
-    };
-    nlohmann::json capped;
-    InferenceOptions inference = requested;
-    inference.inputs[0].shape[0] = capped_batch(model, requested, context.info(), options.batch, capped);
-    const MemoryPlan &plan = plans.emplace_back(plan_inference(context, model, inference));
     const uint64_t budget = context.allocator().stats().budget_bytes;
-    reports.push_back({{"index", context.info().index},
-                       {"name", context.info().name},
-                       {"budget_bytes", budget},
-                       {"plan_at_requested_batch", describe(plan_inference(context, model, requested))},
-                       {"batch", inference.inputs[0].shape[0]},
-                       {"batch_capped", capped},
-                       {"plan", describe(plan)},
-                       {"fits", plan.device_bytes(context.allocator()) <= budget}});
+    nlohmann::json model_reports = nlohmann::json::array();
+    MemoryPlan together;
+    auto &device_plans = plans.emplace_back();
+    for (const ExtractModel &model : models) {
+      const InferenceOptions requested = extraction_inference(options, model);
+      nlohmann::json capped;
+      InferenceOptions inference = requested;
+      inference.inputs[0].shape[0] = capped_batch(model.resolved, requested, context.info(), options.batch, capped);
+      const MemoryPlan &plan = device_plans.emplace_back(plan_inference(context, model.resolved, inference));
+      together.append(plan);
+      model_reports.push_back({{"model", model.name},
+                               {"plan_at_requested_batch", describe(plan_inference(context, model.resolved, requested))},
+                               {"batch", inference.inputs[0].shape[0]},
+                               {"batch_capped", capped},
+                               {"plan", describe(plan)},
+                               {"fits", plan.device_bytes(context.allocator()) <= budget}});
+    }
+    nlohmann::json report = model_reports.front();  // the first model's, where a script looks
+    report.update({{"index", context.info().index},
+                   {"name", context.info().name},
+                   {"budget_bytes", budget},
+                   {"models", model_reports},
+                   {"together", describe(together)},
+                   {"models_together", together.device_bytes(context.allocator()) <= budget}});
+    reports.push_back(std::move(report));
   }
+  nlohmann::json names = nlohmann::json::array();
+  for (const ExtractModel &model : models) names.push_back(model.name);
   nlohmann::json summary = {{"dry_run", true},
-                            {"model", model.source},
-                            {"encoder", options.encoder},
+                            {"model", models.front().resolved.source},
+                            {"encoder", options.encoders.empty() ? "" : options.encoders.front()},
+                            {"models", names},
                             {"requested_batch", options.batch},
                             {"precision", options.fp16 ? "fp16" : "fp32"},
                             {"devices", reports}};
   std::printf("%s\n", summary.dump().c_str());
   std::fflush(stdout);
-  for (size_t k = 0; k < contexts.size(); ++k) check_plan_fits(*contexts[k], plans[k], requested.advice);
+  for (size_t k = 0; k < contexts.size(); ++k)
+    for (const MemoryPlan &plan : plans[k]) check_plan_fits(*contexts[k], plan, "lower --batch, or raise --device-memory-limit");
 }
 
 }  // namespace tessera

@@ -8,17 +8,16 @@
 
 #include "compute/inference.h"
 #include "compute/vk/context.h"
-#include "jobs/encoder_input.h"
 #include "jobs/extract.h"
+#include "jobs/extract_inputs.h"
 
 namespace tessera {
 
-// The pass over a batch of uint8 tiles [batch, tile_size, tile_size, channels] (RGB, or a
+// The pass over a batch of uint8 tiles [batch, input_size, input_size, channels] (RGB, or a
 // multiplex slide's channels), which the prologue turns into the layer the model reads as
 // "input": an encoder's normalisation and, where the features are fp16, its activations in fp16;
 // a CNN's, up to options.layer. The weights' digest is taken for the feature files.
-InferenceOptions extraction_inference(const ExtractOptions &options, int tile_size, int channels,
-                                      const EncoderInput *encoder);
+InferenceOptions extraction_inference(const ExtractOptions &options, const ExtractModel &model);
 
 // --batch, or less where a buffer of the pass would be larger than the device's largest (its
 // maxStorageBufferRange: 128 MiB on lavapipe); `capped` then says so (a warning line). Throws
@@ -29,10 +28,10 @@ int64_t capped_batch(const ResolvedModel &model, const InferenceOptions &inferen
 // The context of device `device` (an index; -1 the default) with --device-memory-limit.
 vk::ContextOptions extraction_context(const ExtractOptions &options, int device);
 
-// --dry-run: each device's plan, at --batch and at the batch the device runs, as one JSON line on
-// stdout; then OutOfDeviceMemory (exit 3) where the plan is over a device's budget. Nothing is
-// tiled, written or allocated.
-void print_extraction_plans(const ExtractOptions &options, const ResolvedModel &model, const EncoderInput *encoder,
+// --dry-run: each device's plans (each model's at --batch and at the batch the device runs, and
+// whether they fit together), as one JSON line on stdout; then OutOfDeviceMemory (exit 3) where a
+// model does not fit a device even alone. Nothing is read, written or allocated.
+void print_extraction_plans(const ExtractOptions &options, const std::vector<ExtractModel> &models,
                             const std::vector<int> &devices);
 
 }  // namespace tessera

@@ -1,91 +1,125 @@
 #include "jobs/extractor.h"
 
 #include <chrono>
-#include <filesystem>
 
+#include "common/units.h"
 #include "jobs/extract_plan.h"
 
 namespace tessera {
 
-std::string slide_name(const nlohmann::json &entry) {
-  return std::filesystem::path(entry.value("name", entry.value("path", ""))).stem().string();
+Extractor::Extractor(const ExtractOptions &options, const ExtractModel &model, vk::Context &context)
+    : options_(options), model_(model), context_(context),
+      inference_options_(extraction_inference(options, model)) {
+  if (inference_options_.activations == DType::f16) require_fp16_storage(context_.info(), "extract --precision fp16");
+  batch_ = capped_batch(model.resolved, inference_options_, context_.info(), options.batch, capped_);
+  inference_options_.inputs[0].shape[0] = batch_;
+  plan_ = plan_inference(context_, model.resolved, inference_options_);
 }
 
-Extractor::Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int channels,
-                     int device, const EncoderInput *encoder)
-    : options_(options), tile_size_(encoder ? encoder->image_size : tile_size), channels_(channels),
-      context_(extraction_context(options, device)), encoder_(encoder ? encoder->name : "") {
-  InferenceOptions inference = extraction_inference(options, tile_size_, channels, encoder);
-  if (inference.activations == DType::f16) require_fp16_storage(context_.info(), "extract --precision fp16");
-  batch_ = capped_batch(model, inference, context_.info(), options.batch, capped_);
-  inference.inputs[0].shape[0] = batch_;
-  model_ = std::make_unique<Inference>(context_, model, inference);
-  const Shape &out = model_->output_shape();
+Extractor::~Extractor() = default;
+
+void Extractor::load() {
+  if (inference_) return;
+  inference_ = std::make_unique<Inference>(context_, model_.resolved, inference_options_);
+  const Shape &out = inference_->output_shape();
   width_ = out[1];
   spatial_ = element_count(out) / (out[0] * out[1]);
-  extraction_ = {{"model", encoder && options.model.empty() ? "random weights" : options.model},
-                 {"weights", model_->weights_digest()},
-                 {"random_weights", !model.checkpoint},
-                 {"layer", model_->layer()},
+  output_.resize(static_cast<size_t>(element_count(out)));
+  extraction_ = {{"model", model_.weights.empty() && model_.encoder ? "random weights" : model_.weights},
+                 {"weights", inference_->weights_digest()},
+                 {"random_weights", !model_.resolved.checkpoint && model_.resolved.safetensors.empty()},
+                 {"layer", inference_->layer()},
                  {"output_shape", Shape(out.begin() + 1, out.end())},
                  {"pooling", out.size() > 2 ? "global_average" : "none"},
-                 {"precision", options.fp16 ? "fp16" : "fp32"},
-                 {"tile_size", tile_size_}};
-  if (encoder) extraction_.update(encoder->describe());
-  if (channels != 3) extraction_["channels"] = channels;  // RGB files keep the settings they always had
-  output_.resize(static_cast<size_t>(element_count(out)));
+                 {"precision", options_.fp16 ? "fp16" : "fp32"},
+                 {"tile_size", model_.input_size}};
+  if (model_.encoder) extraction_.update(model_.encoder->describe());
+  if (model_.channels != 3) extraction_["channels"] = model_.channels;  // RGB files keep the settings they always had
 }
 
-FeatureFileLayout Extractor::layout(const nlohmann::json &entry) const {
-  return {slide_name(entry),
-          entry.value("tile_size", tile_size_),
-          entry.value("level", int64_t{0}),
-          entry.value("downsample", 1.0),
-          entry.value("level_width", int64_t{0}),
-          entry.value("level_height", int64_t{0}),
-          width_,
-          options_.fp16,
-          options_.gzip,
-          extraction_,
-          {{"path", entry.value("path", "")},
-           {"fingerprint", entry.value("fingerprint", "")},
-           {"settings", entry.value("settings", nlohmann::json())},
-           {"tiles", entry.value("tiles", 0)}},
-          entry.value("width", int64_t{0}),
-          entry.value("height", int64_t{0}),
-          // An encoder's slide without its own pixel size was read at --mpp's.
-          entry.value("mpp_x", 0.0) > 0 || encoder_.empty() ? entry.value("mpp_x", 0.0) : options_.mpp,
-          encoder_.empty() ? extraction_.value("model", "") + ":" + extraction_.value("layer", "") : encoder_,
-          static_cast<double>(tile_size_) / entry.value("tile_size", tile_size_)};
-}
+void Extractor::unload() { inference_.reset(); }
 
-FeatureBatch Extractor::run(TileBatch &&tiles) {
+std::vector<float> Extractor::run(const uint8_t *tiles, int64_t count) {
   auto start = std::chrono::steady_clock::now();
-  model_->input("images").upload(tiles.rgb.data(), tiles.rgb.size());
-  model_->run();
-  if (model_->output().dtype() == DType::f16)
-    output_ = model_->output().download();
+  const Tensor &input = inference_->input("images");
+  const auto tile_bytes = static_cast<uint64_t>(model_.input_size) * static_cast<uint64_t>(model_.input_size) *
+                          static_cast<uint64_t>(model_.channels);
+  input.upload(tiles, tile_bytes * static_cast<uint64_t>(count));
+  inference_->run();
+  const int64_t values = count * width_ * spatial_;
+  if (inference_->output().dtype() == DType::f16)
+    output_ = inference_->output().download();
   else
-    model_->output().download(output_.data(), output_.size() * sizeof(float));
-  FeatureBatch batch{std::vector<float>(static_cast<size_t>(tiles.count * width_)), std::move(tiles.coords),
-                     tiles.count};
-  for (int64_t row = 0; row < tiles.count * width_; ++row) {
+    inference_->output().download(output_.data(), static_cast<uint64_t>(values) * sizeof(float));
+  std::vector<float> features(static_cast<size_t>(count * width_));
+  for (int64_t row = 0; row < count * width_; ++row) {
     const float *map = output_.data() + row * spatial_;
     double sum = 0;
     for (int64_t i = 0; i < spatial_; ++i) sum += map[i];
-    batch.features[static_cast<size_t>(row)] = static_cast<float>(sum / static_cast<double>(spatial_));
+    features[static_cast<size_t>(row)] = static_cast<float>(sum / static_cast<double>(spatial_));
   }
   device_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return batch;
+  return features;
 }
 
-nlohmann::json Extractor::report() {
+DeviceModels::DeviceModels(const ExtractOptions &options, const std::vector<ExtractModel> &models, int device)
+    : context_(extraction_context(options, device)) {
+  MemoryPlan together;
+  for (const ExtractModel &model : models) {
+    together.append(extractors_.emplace_back(std::make_unique<Extractor>(options, model, context_))->plan());
+  }
+  const uint64_t budget = context_.allocator().stats().budget_bytes;
+  const uint64_t needed = together.device_bytes(context_.allocator());
+  together_ = needed <= budget;
+  planned_ = together_ ? together.total() : 0;
+  if (!together_) {
+    for (auto &extractor : extractors_) {
+      check_plan_fits(context_, extractor->plan(), "lower --batch, or raise --device-memory-limit");
+      planned_ = std::max(planned_, extractor->plan().total());
+    }
+    one_at_a_time_ = {{"warning", "the " + std::to_string(models.size()) + " models need " + format_bytes(needed) +
+                                      " together on " + context_.info().name + ", over its budget of " +
+                                      format_bytes(budget) + ": each runs alone over a chunk of tiles in turn"},
+                      {"device", context_.info().index},
+                      {"needed_bytes", needed},
+                      {"budget_bytes", budget}};
+  }
+  // Each model is loaded once here, so that its weights' digest names its feature files before
+  // any is opened; held together, they stay loaded.
+  for (auto &extractor : extractors_) {
+    extractor->load();
+    if (!together_) extractor->unload();
+  }
+}
+
+Extractor &DeviceModels::use(size_t index) {
+  Extractor &wanted = *extractors_.at(index);
+  if (!together_ && !wanted.loaded()) {
+    for (auto &extractor : extractors_) extractor->unload();
+    wanted.load();
+  }
+  return wanted;
+}
+
+nlohmann::json DeviceModels::report() {
+  nlohmann::json models = nlohmann::json::array();
+  double device_seconds = 0;
+  for (auto &extractor : extractors_) {
+    device_seconds += extractor->device_seconds();
+    models.push_back({{"model", extractor->model().name},
+                      {"batch", extractor->batch()},
+                      {"batch_capped", extractor->capped()},
+                      {"planned_device_bytes", extractor->plan().total()},
+                      {"device_seconds", extractor->device_seconds()}});
+  }
   return {{"index", context_.info().index},
           {"name", context_.info().name},
-          {"device_seconds", device_seconds_},
-          {"batch", batch_},
-          {"batch_capped", capped_},
-          {"planned_device_bytes", model_->plan().total()},
+          {"device_seconds", device_seconds},
+          {"batch", extractors_.front()->batch()},
+          {"batch_capped", extractors_.front()->capped()},
+          {"models", models},
+          {"models_together", together_},
+          {"planned_device_bytes", planned_},
           {"peak_device_bytes", context_.allocator().stats().peak_bytes}};
 }
 

@@ -1,5 +1,7 @@
-// One device's model in an extraction (jobs/extract.h): the network up to the layer, or a patch
-// encoder, over batches of staged tiles, and the feature file layout it writes.
+// The run's models on one device (jobs/extract.h): each the network up to its layer, or a patch
+// encoder, over batches of tiles at its input size. Their plans are checked against the device's
+// budget together before any work; they are held together where they fit, else loaded one at a
+// time (DeviceModels::use).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -8,64 +10,83 @@
 
 #include <nlohmann/json.hpp>
 
-#include "compute/feature_file.h"
 #include "compute/inference.h"
+#include "compute/memory_plan.h"
 #include "compute/vk/context.h"
-#include "jobs/encoder_input.h"
 #include "jobs/extract.h"
+#include "jobs/extract_inputs.h"
 
 namespace tessera {
 
-struct TileBatch {
-  std::vector<uint8_t> rgb;     // batch x size x size x 3
-  std::vector<int64_t> coords;  // count x 2, level-0 x, y
-  int64_t count = 0;
-};
-
-struct FeatureBatch {
-  std::vector<float> features;  // count x D
-  std::vector<int64_t> coords;
-  int64_t count = 0;
-};
-
-// The name of a tile store entry's slide: its file name without the extension.
-std::string slide_name(const nlohmann::json &entry);
-
+// One model on one device.
 class Extractor {
  public:
-  // An encoder reads RGB tiles resized to its input size, normalised its way, in fp16 where the
-  // features are fp16; a CNN reads the store's tiles as they are, up to `options.layer`. The
-  // batch is --batch, or less where a buffer would pass the device's largest (capped()).
-  Extractor(const ExtractOptions &options, const ResolvedModel &model, int tile_size, int channels, int device,
-            const EncoderInput *encoder);
+  // Plans the pass (nothing allocated): its batch is --batch, or less where a buffer would pass
+  // the device's largest (capped()).
+  Extractor(const ExtractOptions &options, const ExtractModel &model, vk::Context &context);
+  ~Extractor();
 
-  const nlohmann::json &extraction() const { return extraction_; }
-  // The model's input size (the store's tiles are resized to it for an encoder).
-  int tile_size() const { return tile_size_; }
-  int channels() const { return channels_; }
+  // Builds the model on the device (allocates, loads and prepares its weights, records its pass);
+  // unload() gives the memory back.
+  void load();
+  void unload();
+  bool loaded() const { return inference_ != nullptr; }
+
+  const ExtractModel &model() const { return model_; }
   int64_t batch() const { return batch_; }
   // Why the batch is smaller than --batch (null: it is not).
   const nlohmann::json &capped() const { return capped_; }
+  const MemoryPlan &plan() const { return plan_; }
+  // The model's identity in its feature files (the weights' digest: known once loaded).
+  const nlohmann::json &extraction() const { return extraction_; }
+  int64_t width() const { return width_; }
 
-  // The feature file of a slide (its tile store entry) as this model writes it.
-  FeatureFileLayout layout(const nlohmann::json &entry) const;
-  // Runs a batch of tiles through the network; rows are the pooled features.
-  FeatureBatch run(TileBatch &&tiles);
-  nlohmann::json report();
+  // Runs `count` (at most batch()) tiles of input_size x input_size x channels uint8 through the
+  // model; returns count x width() pooled features. Loaded only.
+  std::vector<float> run(const uint8_t *tiles, int64_t count);
+  // Seconds in run() (upload, pass and download).
+  double device_seconds() const { return device_seconds_; }
 
  private:
   const ExtractOptions &options_;
-  int tile_size_, channels_;
-  vk::Context context_;
-  std::string encoder_;
+  const ExtractModel &model_;
+  vk::Context &context_;
+  InferenceOptions inference_options_;
   int64_t batch_ = 0;
   nlohmann::json capped_;
-  std::unique_ptr<Inference> model_;
+  MemoryPlan plan_;
+  std::unique_ptr<Inference> inference_;
   std::vector<float> output_;
   int64_t width_ = 0, spatial_ = 1;
   nlohmann::json extraction_;
   double device_seconds_ = 0;
 };
 
+class DeviceModels {
+ public:
+  // Plans every model on device `device` (an index, -1 the default) and checks them against its
+  // budget: together where they fit (all loaded now), else each alone (loaded once now for its
+  // weights' digest, then as use() asks). OutOfDeviceMemory (exit 3) naming the model when one
+  // does not fit even alone.
+  DeviceModels(const ExtractOptions &options, const std::vector<ExtractModel> &models, int device);
+
+  size_t size() const { return extractors_.size(); }
+  // Model `index` loaded (with only it loaded, when they are not held together).
+  Extractor &use(size_t index);
+  Extractor &at(size_t index) { return *extractors_[index]; }
+  bool together() const { return together_; }
+  vk::Context &context() { return context_; }
+  // Why the models are not held together (null when they are).
+  const nlohmann::json &one_at_a_time() const { return one_at_a_time_; }
+  // The device, each model's batch and plan, the peak device memory.
+  nlohmann::json report();
+
+ private:
+  vk::Context context_;
+  std::vector<std::unique_ptr<Extractor>> extractors_;
+  bool together_ = true;
+  uint64_t planned_ = 0;  // the bytes checked against the budget
+  nlohmann::json one_at_a_time_;
+};
 
 }  // namespace tessera
