@@ -228,6 +228,9 @@ SlideRecord SlideRecord::from_json(const nlohmann::json& entry, const std::strin
   if (fields.find("candidates") && record.tiles + record.corrupt_tiles > record.candidates)
     fields.fail("tiles", std::to_string(record.tiles) + " and corrupt_tiles " + std::to_string(record.corrupt_tiles) +
                              " are more than its " + std::to_string(record.candidates) + " candidates");
+  if (fields.find("candidates") && record.done > record.candidates)
+    fields.fail("done", "is " + std::to_string(record.done) + ", more than its " + std::to_string(record.candidates) +
+                            " candidates");
   return record;
 }
 

@@ -1,7 +1,9 @@
 // A slide's entry in a tile store (its `slides` database): the slide, how it was tiled and how
 // far tiling got, as one struct with one JSON mapping. Its defaults (for entries written before a
-// field existed) and its checks live here only; docs/architecture.md ("Slide record") lists the
-// fields, and python/tessera/slide_record.py reads them by the same rules.
+// field existed) and its checks live here only; the table in docs/architecture.md ("Formats",
+// "Slide record") gives every field's JSON type, default, meaning and checks, and
+// python/tessera/slide_record.py reads them by the same rules (tests/test_python_slide_record.py
+// holds the two to the same defaults, messages and JSON).
 #pragma once
 #include <cstdint>
 #include <optional>

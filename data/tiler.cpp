@@ -132,6 +132,9 @@ class SlideTiler {
     TileGrid grid = tissue_grid(*slide_, options_.level, options_.size, tissue ? &*tissue : nullptr,
                                 options_.min_tissue);
     const size_t done = record.done;
+    if (done > grid.kept.size())  // the same settings give the same grid: an edited or corrupt store
+      throw BadInput(store_.path() + ": " + path + " was tiled up to tile " + std::to_string(done) + " of a grid of " +
+                     std::to_string(grid.kept.size()) + " tissue tiles: a corrupt store; use another --out");
     auto source = live_grid_tiles(slide_, record, grid, tissue ? &*tissue : nullptr);
     // The grid and tissue as the source describes them; the progress as the store has it.
     record.grid_columns = grid.columns;

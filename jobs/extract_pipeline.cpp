@@ -65,6 +65,12 @@ void SharedRun::event(const nlohmann::json &record) {
   progress_.event(record);
 }
 
+void SharedRun::advance(uint64_t tiles, const std::string &slide) {
+  std::lock_guard lock(mutex_);
+  tiles_ += tiles;
+  progress_.update(recorded_, {{"slide", slide}, {"tiles", tiles_}});
+}
+
 void SharedRun::record(size_t slide, nlohmann::json summary, const SlideTimes &times) {
   std::lock_guard lock(mutex_);
   total_ += times;
@@ -74,13 +80,17 @@ void SharedRun::record(size_t slide, nlohmann::json summary, const SlideTimes &t
   if (status == "extracted" || status == "resumed")
     line.update({{"tiles", summary["tiles"]}, {"tiles_per_second", summary["tiles_per_second"]}});
   progress_.event(line);
-  progress_.update(++recorded_, {{"slide", summary["slide"]}});
+  progress_.update(++recorded_, {{"slide", summary["slide"]}, {"tiles", tiles_}});
   summaries_[slide] = std::move(summary);
 }
 
 const std::vector<nlohmann::json> &SharedRun::finish(SlideTimes &total) {
   progress_.finish();
   if (error_) std::rethrow_exception(error_);
+  // Slides after one that could not be read, when the run stopped there.
+  for (size_t slide = 0; slide < summaries_.size(); ++slide)
+    if (summaries_[slide].is_null())
+      summaries_[slide] = {{"slide", inputs_.slides[slide].name}, {"status", "not started"}};
   total = total_;
   return summaries_;
 }
@@ -284,6 +294,7 @@ void DevicePipeline::run_models(std::vector<PipelineMessage> &batches) {
 void DevicePipeline::write() {
   struct OpenSlide {
     std::vector<std::unique_ptr<FeatureFileWriter>> files;
+    size_t lead = 0;  // the first model with a file to write: its rows are the slide's progress
     std::vector<int64_t> resumed_from;
     Clock::time_point start;
     SlideTimes times;
@@ -299,6 +310,7 @@ void DevicePipeline::write() {
         OpenSlide &slide = open[message.slide];
         slide.files = std::move(message.files);
         for (auto &file : slide.files) slide.resumed_from.push_back(file ? file->rows() : -1);
+        while (!slide.files[slide.lead]) ++slide.lead;
         slide.start = Clock::now();
         break;
       }
@@ -311,6 +323,7 @@ void DevicePipeline::write() {
         slide.files.at(message.model)->append(message.features.data(), message.coords.data(), rows);
         slide.times.write_seconds += seconds_since(start);
         slide.times += message.times;
+        if (message.model == slide.lead) run_.advance(static_cast<uint64_t>(rows), input.name);
         break;
       }
       case PipelineMessage::Kind::read: {

@@ -83,6 +83,8 @@ class SharedRun {
   void watch(Channel<PipelineMessage> &channel);
 
   void event(const nlohmann::json &record);
+  // `tiles` more of `slide` extracted (the progress bar's fields).
+  void advance(uint64_t tiles, const std::string &slide);
   void record(size_t slide, nlohmann::json summary, const SlideTimes &times);
 
   // After every thread has ended: the slides' summaries and their times summed, or the error.
@@ -99,7 +101,7 @@ class SharedRun {
   std::vector<nlohmann::json> summaries_;
   SlideTimes total_;
   Progress progress_;
-  uint64_t recorded_ = 0;
+  uint64_t recorded_ = 0, tiles_ = 0;  // slides recorded, tiles extracted
   std::exception_ptr error_;
   std::vector<Channel<PipelineMessage> *> channels_;
 };

@@ -1,9 +1,11 @@
 // Writes what tessera's loader yields for tile stores, for a test to compare with another reader
-// (tests/test_python_tile_store.py): one unshuffled, unaugmented epoch of data::Loader over every
-// patch, the patches' groups and validation split, and each store's tiles with their headers as
-// TileStoreReader walks them.
+// (tests/test_python_tile_store.py, tests/test_python_slide_record.py): one unshuffled,
+// unaugmented epoch of data::Loader over every patch, the patches' groups and validation split,
+// each store's tiles as TileStore reads them (origins checked against their headers), and each
+// slide's record as SlideRecord reads it and writes it back (to_json(from_json(entry))).
 // Usage: dump_loader OUT_DIR VAL_FRACTION STORE... (stores, or directories of them, as train --data)
-// OUT_DIR gets pixels.u8 (N x H x W x 3), labels.u32, groups.u64, split.json and tiles.jsonl.
+// OUT_DIR gets pixels.u8 (N x H x W x C), labels.u32, groups.u64, split.json, tiles.jsonl and
+// records.jsonl.
 #include <cstdio>
 #include <fstream>
 #include <numeric>
@@ -50,7 +52,7 @@ int main(int argc, char** argv) try {
   std::vector<uint32_t> labels;
   data::Batch batch;
   loader.start_epoch(0);
-  const size_t patch = static_cast<size_t>(source->height()) * source->width() * 3;
+  const size_t patch = static_cast<size_t>(source->height()) * source->width() * source->channels();
   while (loader.next(batch)) {
     pixels.insert(pixels.end(), batch.images.begin(), batch.images.begin() + static_cast<long>(batch.count * patch));
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.begin() + static_cast<long>(batch.count));
@@ -64,23 +66,26 @@ int main(int argc, char** argv) try {
   std::ofstream(out + "/split.json") << nlohmann::json{{"count", source->size()},
                                                        {"height", source->height()},
                                                        {"width", source->width()},
+                                                       {"channels", source->channels()},
                                                        {"class_count", source->class_count()},
                                                        {"train", split.train},
                                                        {"validation", split.validation}}.dump();
 
-  std::ofstream tiles(out + "/tiles.jsonl");
-  for (const std::string& store : data::find_tile_stores(given, "--data")) {
-    data::TileStoreReader reader(store);
-    for (auto& [slide, entry] : reader.slides())
-      reader.for_each_tile(slide, 0, [&](const data::TileKey& key, const data::TileValue& value) {
-        tiles << nlohmann::json{{"store", store},          {"slide", key.slide},
-                                {"slide_path", entry.value("path", "")}, {"level", key.level},
-                                {"row", key.row},          {"column", key.column},
-                                {"x", value.header.x},     {"y", value.header.y},
-                                {"label", value.header.label}}
+  std::ofstream tiles(out + "/tiles.jsonl"), records(out + "/records.jsonl");
+  for (const std::string& path : data::find_tile_stores(given, "--data")) {
+    data::TileStore store(path);
+    for (auto& [slide, record] : store.slides()) {
+      records << nlohmann::json{{"store", path}, {"slide", slide}, {"record", record.to_json()}}.dump() << "\n";
+      auto slide_tiles = store.tiles(slide, record);
+      for (size_t index = 0; index < slide_tiles->size(); ++index) {
+        uint32_t label = slide_tiles->read(index, nullptr);  // checks the header against the record
+        data::TileOrigin origin = slide_tiles->origin(index);
+        tiles << nlohmann::json{{"store", path}, {"slide", slide}, {"slide_path", record.path},
+                                {"level", record.level}, {"x", origin.x}, {"y", origin.y}, {"label", label}}
                      .dump()
               << "\n";
-      });
+      }
+    }
   }
   return 0;
 } catch (const std::exception& e) {

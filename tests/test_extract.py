@@ -1,6 +1,7 @@
 """tessera extract: CLAM-layout feature files read with h5py, coords against the tile store
 (read with python3-lmdb), features against PyTorch on the same tiles, a SIGKILLed run and one stopped
 by a full disk resumed to identical files, fp16, a layer name that does not exist, and a slide that fails alone."""
+import json
 import os
 import resource
 import shutil
@@ -193,7 +194,10 @@ def check_unknown_layer(store):
     assert "layer9" in result.stderr and "conv1" in result.stderr and "pool2" in result.stderr, result.stderr
 
 
-def check_slide_fails_alone(store, tiles):
+def check_unreadable_slide_stops_the_run(store, tiles):
+    """Without --skip-errors the run stops at a slide it cannot read (exit 5 naming it), the slides
+    before it complete and the ones after not started; with it, that slide is named and the others
+    are extracted (exit 0)."""
     broken = os.path.join(WORK, "broken.lmdb")
     shutil.copytree(store, broken)
     key = sorted(k for k in tiles if k[0] == 1)[3]
@@ -207,19 +211,31 @@ def check_slide_fails_alone(store, tiles):
     out = os.path.join(WORK, "broken")
     result = extract(broken, out, "--batch", "2", check=False)
     assert result.returncode == 5, (result.returncode, result.stderr)
-    assert "s1" in result.stderr and "slide 1" in result.stderr, result.stderr
-    assert os.path.exists(os.path.join(out, "s0.h5")) and os.path.exists(os.path.join(out, "s2.h5"))
+    assert "s1" in result.stderr and "slide 1" in result.stderr and "--skip-errors" in result.stderr, result.stderr
+    statuses = [s["status"] for s in summary(result)["slides"]]
+    assert statuses == ["extracted", "failed", "not started"], statuses
+    assert os.path.exists(os.path.join(out, "s0.h5")) and not os.path.exists(os.path.join(out, "s2.h5"))
     assert not os.path.exists(os.path.join(out, "s1.h5"))
+    skipped = summary(extract(broken, out, "--batch", "2", "--skip-errors"))
+    assert [s["status"] for s in skipped["slides"]] == ["already complete", "failed", "extracted"], skipped
+    assert len(skipped["skipped"]) == 1 and "slide 1" in skipped["skipped"][0], skipped["skipped"]
+    assert os.path.exists(os.path.join(out, "s2.h5")) and not os.path.exists(os.path.join(out, "s1.h5"))
 
 
-def check_from_slides():
+def check_from_slides(plain):
+    """--slides reads the slide itself on tile's grid: no store, the same tiles and coordinates as
+    the raw store's, and so the same features to the bit (at another batch size)."""
     out = os.path.join(WORK, "from_slides")
     slide = os.path.join(WORK, "s2.tiff")
-    result = summary(run(TESSERA, "extract", "--model", "small-cnn", "--random-weights", "--layer", "relu3", "--slides", slide, "--out",
-                         out, "--size", str(SIZE), "--batch", "16"))
-    assert result["extraction"]["pooling"] == "none", result
-    features, coords, attrs, _ = read_features(os.path.join(out, "s2.h5"))
-    assert features.shape == (result["tiles"], 128) and len(coords) == result["tiles"] > 0, features.shape
+    result = summary(run(TESSERA, "extract", "--model", MODEL, "--layer", "pool2", "--slides", slide, "--out",
+                         out, "--size", str(SIZE), "--batch", "16", "--workers", "2"))
+    assert os.listdir(out) == ["s2.h5"], os.listdir(out)
+    assert result["decoded_tiles"] == result["tiles"] > 0, result
+    features, coords, attrs, feature_attrs = read_features(os.path.join(out, "s2.h5"))
+    stored, stored_coords, stored_attrs, _ = read_features(os.path.join(plain, "s2.h5"))
+    assert np.array_equal(coords, stored_coords) and np.array_equal(features, stored), "live and stored tiles differ"
+    assert (attrs["patch_size"], attrs["patch_level"]) == (stored_attrs["patch_size"], stored_attrs["patch_level"])
+    assert json.loads(feature_attrs["slide"])["settings"]["source"] == "slide", feature_attrs["slide"]
 
 
 def test_extract():
@@ -241,8 +257,8 @@ def test_extract():
         check_kill_and_resume(STORE, plain)
         check_full_disk(STORE, plain)
         check_unknown_layer(STORE)
-        check_slide_fails_alone(STORE, tiles)
-        check_from_slides()
+        check_unreadable_slide_stops_the_run(STORE, tiles)
+        check_from_slides(plain)
         print("test_extract: all passed")
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

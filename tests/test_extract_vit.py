@@ -8,10 +8,10 @@
   read back with h5py equal the reference's on the same tiles read by OpenSlide at the file's
   coords (tiled raw), relative error under 1e-4 in fp32 and 1e-2 in fp16 (stored fp16). Flags that
   do not fit an encoder (--layer, --size, no weights) are exit 2.
-- A slide at 0.25 um/px (real pixels of CMU-1 written by tifffile as one level) is tiled by
-  --slides at level 0 in 448-pixel tiles; stored raw (--slides stores JPEG, as `tile` does) and
-  halved, the features equal the reference's on Pillow's Image.BOX resize of the same pixels, and
-  not its bilinear one (the test tells resamplings apart). Tiles of another field are refused
+- A slide at 0.25 um/px (real pixels of CMU-1 written by tifffile as one level) is read by
+  --slides at level 0 in 448-pixel tiles, live (no store) and halved: the features equal the
+  reference's on Pillow's Image.BOX resize of the same pixels, and not its bilinear one (the test
+  tells resamplings apart), and equal to the bit those of a store of the same tiles, raw. Tiles of another field are refused
   (exit 5). Without a pixel size in the file: exit 2 naming --mpp; with --mpp 0.25: the same
   features. --devices 0,0 and --shard 0/2 + 1/2 give the same features as one device.
 - --dry-run for UNI2-h at batch 32 plans under 16 GiB, says the batch is capped on lavapipe
@@ -144,13 +144,16 @@ class EncoderExtraction(unittest.TestCase):
         self.assertEqual(attributes["patch_size_level0"], 448)
         with h5py.File(os.path.join(self.path("fine"), "fine.h5"), "r") as f:
             self.assertEqual(f["features"].attrs["encoder"], self.encoder)
-        # ... and stores the tiles as `tile` does (JPEG); stored raw, they are the file's pixels.
+        # ... reads the slide's own pixels (no store), as a store of raw tiles holds them.
+        self.assertEqual(os.listdir(self.path("fine")), ["fine.h5"])
+        features, coords, _, _ = read_features(self.path("fine"), "fine")
         store = self.path("fine.lmdb")
         tiled = run("tile", self.path("fine.tif"), "--out", store, "--size", 448, "--encoding", "raw",
                     "--min-tissue", 0)
         self.assertEqual(tiled.returncode, 0, tiled.stderr[-3000:])
         self.extract("fine-raw", "--tiles", store)
-        features, coords, _, _ = read_features(self.path("fine-raw"), "fine")
+        stored, stored_coords, _, _ = read_features(self.path("fine-raw"), "fine")
+        self.assertTrue(np.array_equal(features, stored) and np.array_equal(coords, stored_coords))
         errors = {}
         for name, resample in {"box": Image.BOX, "bilinear": Image.BILINEAR}.items():
             tiles = [np.asarray(Image.fromarray(self.fine_pixels[y:y + 448, x:x + 448]).resize((224, 224), resample))

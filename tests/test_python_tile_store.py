@@ -1,9 +1,10 @@
 """python/tessera/tile_store.py (the PyTorch reader of tile stores) against tessera's own loader on
 the same stores (tests/dump_loader.cpp: an unshuffled epoch of data::Loader, the patches' groups
-and validation split, and TileStoreReader's walk of each store):
+and validation split, each slide's tiles as TileStore reads them, and each slide's record):
 - JPEG tiles in two shard stores read as a directory, and raw tiles in one store: every tile's
   pixels (exactly), label, slide rank, in tessera's order; level-0 coordinates and labels as the
   store's headers give them; every tile once; the same class count and --val-fraction split.
+- Every slide entry `tessera tile` wrote is its own SlideRecord to_json, in Python and in C++.
 - Through torch's DataLoader with two worker processes (stores reopened after the fork), batches
   equal the loader's; without torch, the module imports and reads.
 - A corrupt tile is an error naming the tile in both readers; an incompletely tiled slide too.
@@ -26,6 +27,7 @@ DUMP = os.environ.get("TESSERA_DUMP_LOADER", "build/tests/dump_loader")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from tessera.slide_record import read_slide_entry  # noqa: E402
 from tessera.tile_store import TileStoreDataset, TileStoreError  # noqa: E402
 
 TILE, FRACTION = 64, 0.3
@@ -61,9 +63,11 @@ def dump(work, name, *stores):
     count = meta["count"]
     with open(os.path.join(out, "tiles.jsonl")) as f:
         tiles = [json.loads(line) for line in f]
-    return {"meta": meta, "tiles": tiles,
+    with open(os.path.join(out, "records.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return {"meta": meta, "tiles": tiles, "records": records,
             "pixels": np.fromfile(os.path.join(out, "pixels.u8"), np.uint8).reshape(count, meta["height"],
-                                                                                     meta["width"], 3),
+                                                                                     meta["width"], meta["channels"]),
             "labels": np.fromfile(os.path.join(out, "labels.u32"), np.uint32),
             "groups": np.fromfile(os.path.join(out, "groups.u64"), np.uint64)}
 
@@ -73,7 +77,7 @@ def check_equal(dataset, expected):
     assert len(dataset) == meta["count"] > 20
     assert dataset.class_count == meta["class_count"] == 2
     assert dataset.tile_size == meta["width"] == meta["height"]
-    headers = {(t["slide_path"], t["level"], t["row"], t["column"]): t for t in expected["tiles"]}
+    headers = {(t["slide_path"], t["level"], t["x"], t["y"]): t for t in expected["tiles"]}
     assert len(headers) == len(dataset)
     seen = set()
     for index in range(len(dataset)):
@@ -83,9 +87,8 @@ def check_equal(dataset, expected):
         assert np.array_equal(item["image"], expected["pixels"][index]), index
         assert item["label"] == expected["labels"][index], index
         assert item["slide_index"] == expected["groups"][index], index
-        key = (item["slide"], item["level"], item["row"], item["column"])
-        header = headers[key]
-        assert (item["x"], item["y"], item["label"]) == (header["x"], header["y"], header["label"]), key
+        key = (item["slide"], item["level"], item["x"], item["y"])
+        assert item["label"] == headers[key]["label"], key
         seen.add(key)
     assert seen == set(headers)
     # Both classes and several slides are present: the comparison is not of one uniform run.
@@ -93,6 +96,21 @@ def check_equal(dataset, expected):
     train, validation = dataset.validation_split(FRACTION)
     assert train.tolist() == meta["train"] and validation.tolist() == meta["validation"]
     assert 0 < len(validation) < len(dataset)
+    check_records(expected["records"])
+
+
+def check_records(records):
+    """Each entry as `tile` wrote it equals SlideRecord's to_json of it, in Python and in C++."""
+    assert records
+    for line in records:
+        env = lmdb.open(line["store"], readonly=True, max_dbs=2, lock=False)
+        with env.begin() as txn:
+            raw = bytes(txn.get(struct.pack(">I", line["slide"]), db=env.open_db(b"slides", txn=txn)))
+        env.close()
+        written = json.loads(raw)
+        ours = read_slide_entry(raw, f"{line['store']}: slide {line['slide']}").to_json()
+        canonical = [json.dumps(entry, sort_keys=True) for entry in (written, ours, line["record"])]
+        assert canonical[0] == canonical[1] == canonical[2], line["slide"]
 
 
 def test_jpeg_shards_equal_tessera_loader(work):

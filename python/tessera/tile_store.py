@@ -8,10 +8,19 @@ same stores, and :meth:`TileStoreDataset.validation_split` holds out the slides 
 
 The format (data/tile_format.h): named databases ``tiles`` (16-byte key: slide, level, row,
 column as big-endian uint32 -> a 28-byte little-endian header, then the pixels) and ``slides``
-(slide id as big-endian uint32 -> a JSON object).
+(slide id as big-endian uint32 -> the slide's entry as JSON). Every entry is read through
+:class:`tessera.slide_record.SlideRecord`, tessera's schema of it (docs/architecture.md,
+"Formats", "Slide record"): the same defaults for stores written before a field existed, and a
+malformed entry is a TileStoreError naming the store, the slide and the field.
+
+Changed with SlideRecord: ``TileStoreDataset.slides`` holds SlideRecord objects (attributes:
+``record.path``, ``record.tile_size``, ``record.label_counts`` as a list by label), not the raw
+JSON dicts (``entry["path"]``); ``record.to_json()`` gives the entry as tessera writes it.
+``dataset[i]["slide"]`` is still the slide's path. Tiles of a multiplex slide (other than 3
+channels, stored raw) are read as height x width x channels; a dataset refuses stores whose slides
+differ in tile size or channels, as tessera does.
 """
 import io
-import json
 import os
 import struct
 import weakref
@@ -19,6 +28,8 @@ import zlib
 
 import lmdb
 import numpy as np
+
+from tessera.slide_record import SlideRecord, TileStoreError, read_slide_entry
 
 try:  # torch is optional: without it the dataset is a plain sequence of samples
     from torch.utils.data import Dataset as _Base
@@ -29,9 +40,8 @@ HEADER = struct.Struct("<BBBBHHIIIII")  # version, encoding, channels, zero, wid
 VERSION = 1
 RAW, JPEG = 0, 1
 
-
-class TileStoreError(ValueError):
-    """A store, slide or tile that is missing, incomplete or corrupt; the message names it."""
+__all__ = ["SlideRecord", "TileStoreDataset", "TileStoreError", "decode_pixels", "find_tile_stores", "is_tile_store",
+           "parse_tile"]
 
 
 def is_tile_store(path):
@@ -86,17 +96,20 @@ def parse_tile(value, where):
     pixels = bytes(value[HEADER.size:])
     if zlib.crc32(pixels, zlib.crc32(bytes(value[:24]))) != crc:
         raise TileStoreError(f"{where}: checksum mismatch (the value is corrupt)")
-    if channels != 3 or encoding not in (RAW, JPEG):
+    # JPEG holds a colour image; a multiplex slide's channels are stored raw, interleaved.
+    if channels == 0 or encoding not in (RAW, JPEG) or (encoding == JPEG and channels != 3):
         raise TileStoreError(f"{where}: unsupported tile (channels {channels}, encoding {encoding})")
-    return {"encoding": encoding, "width": width, "height": height, "label": label, "x": x, "y": y}, pixels
+    return {"encoding": encoding, "channels": channels, "width": width, "height": height, "label": label, "x": x,
+            "y": y}, pixels
 
 
 def decode_pixels(header, pixels, where):
-    """The tile as a height x width x 3 uint8 RGB array."""
-    shape = (header["height"], header["width"], 3)
+    """The tile as a height x width x channels uint8 array (RGB for 3 channels of a colour image)."""
+    shape = (header["height"], header["width"], header["channels"])
     if header["encoding"] == RAW:
-        if len(pixels) != shape[0] * shape[1] * 3:
-            raise TileStoreError(f"{where}: raw tile has {len(pixels)} bytes, expected {shape[0] * shape[1] * 3}")
+        if len(pixels) != shape[0] * shape[1] * shape[2]:
+            raise TileStoreError(f"{where}: raw tile has {len(pixels)} bytes, expected "
+                                 f"{shape[0] * shape[1] * shape[2]}")
         return np.frombuffer(pixels, np.uint8).reshape(shape).copy()
     from PIL import Image  # only JPEG tiles need PIL
 
@@ -131,12 +144,15 @@ os.register_at_fork(before=_close_before_fork)
 class TileStoreDataset(_Base):
     """The tiles of one or more tile stores (or directories of them) as labelled samples.
 
-    ``dataset[i]`` is a dict: ``image`` (height x width x 3 uint8 RGB, or ``transform(image)``),
-    ``label`` (int), ``x`` and ``y`` (the tile's top-left corner in level-0 pixels), ``slide`` (the
-    slide's path as tiled), ``slide_index`` (its rank in tessera's order), ``level``, ``row`` and
-    ``column`` (the tile's place in its level's grid). PyTorch's default collate batches it.
-    Raises TileStoreError naming the store when a slide is not completely tiled, a store is
-    corrupt, or one slide is in two stores.
+    ``dataset[i]`` is a dict: ``image`` (height x width x 3 uint8 RGB, height x width x channels
+    for a multiplex store, or ``transform(image)``), ``label`` (int), ``x`` and ``y`` (the tile's
+    top-left corner in level-0 pixels), ``slide`` (the slide's path as tiled), ``slide_index`` (its
+    rank in tessera's order), ``level``, ``row`` and ``column`` (the tile's place in its level's
+    grid). PyTorch's default collate batches it. ``slides`` holds each slide's SlideRecord by rank;
+    ``tile_size``, ``channels`` and ``rgb`` are what every slide's tiles hold.
+    Raises TileStoreError naming the store when a slide entry is malformed, a slide is not
+    completely tiled, a store is corrupt, slides differ in tile size or channels, or one slide is
+    in two stores.
     """
 
     def __init__(self, paths, transform=None):
@@ -157,8 +173,8 @@ class TileStoreDataset(_Base):
             if listed and len(store_keys) != listed:
                 raise TileStoreError(f"{store}: its slides list {listed} tiles, the tiles database yields "
                                      f"{len(store_keys)} (a corrupt store)")
-            for slide_id, entry in entries:
-                slides.append((entry.get("fingerprint", ""), store_index, slide_id, entry))
+            for slide_id, record in entries:
+                slides.append((record.fingerprint, store_index, slide_id, record))
             keys.append(store_keys)
         slides.sort(key=lambda s: (s[0], s[1], s[2]))
         for previous, slide in zip(slides, slides[1:]):
@@ -166,34 +182,47 @@ class TileStoreDataset(_Base):
                 raise TileStoreError(f"slide {previous[2]} of {self.stores[previous[1]]} and slide {slide[2]} of "
                                      f"{self.stores[slide[1]]} are the same slide ({slide[0]}): its tiles would "
                                      "count twice")
-        self.slides = [entry for _, _, _, entry in slides]
-        self.tile_size = self.slides[0]["tile_size"] if self.slides else 0
+        self.slides = [record for _, _, _, record in slides]
+        self._check_alike(slides)
+        first = self.slides[0] if self.slides else SlideRecord()
+        self.tile_size, self.channels, self.rgb = first.tile_size, first.channels, first.rgb
         parts = []  # per slide: (store, slide rank, key rows)
-        for rank, (_, store_index, slide_id, _) in enumerate(slides):
+        for rank, (_, store_index, slide_id, record) in enumerate(slides):
             rows = keys[store_index][keys[store_index][:, 0] == slide_id]
+            if len(rows) != record.tiles:  # a zeroed page can read as a short database
+                raise TileStoreError(f"{self.stores[store_index]}: slide {slide_id} ({record.path}) lists "
+                                     f"{record.tiles} tiles, the store yields {len(rows)} (a corrupt store)")
             parts.append(np.column_stack([np.full(len(rows), store_index, np.uint32),
                                           np.full(len(rows), rank, np.uint32), rows]))
         # One row per tile: store, slide rank, then its key (slide id, level, row, column).
         self._tiles = np.concatenate(parts) if parts else np.zeros((0, 6), np.uint32)
-        counts = [entry.get("label_counts") or {} for entry in self.slides]
-        self.class_count = 1 + max([int(label) for c in counts for label, n in c.items() if n > 0], default=0)
+        self.class_count = max((record.class_count() for record in self.slides), default=1)
 
-    def _read_slides(self, txn, slides_db, store):
+    @staticmethod
+    def _read_slides(txn, slides_db, store):
         listed, entries = 0, []
         for key, value in txn.cursor(slides_db):
+            if len(key) != 4:
+                raise TileStoreError(f"{store}: a slide key has {len(key)} bytes")
             slide_id = struct.unpack(">I", key)[0]
-            entry = json.loads(bytes(value))
-            listed += entry.get("tiles", 0)
-            if not entry.get("complete", False):
-                raise TileStoreError(f"{store}: slide {slide_id} ({entry.get('path', '?')}) is not completely tiled: "
+            record = read_slide_entry(value, f"{store}: slide {slide_id}")
+            listed += record.tiles
+            if not record.complete:
+                raise TileStoreError(f"{store}: slide {slide_id} ({record.path}) is not completely tiled: "
                                      "run the same tessera tile command again to finish it")
-            size = entry.get("tile_size", 0)
-            if size <= 0:
-                raise TileStoreError(f"{store}: slide {slide_id} has no tile_size")
-            if entries and size != entries[0][1]["tile_size"]:
-                raise TileStoreError(f"{store}: slides with tile sizes {entries[0][1]['tile_size']} and {size}")
-            entries.append((slide_id, entry))
+            entries.append((slide_id, record))
         return listed, entries
+
+    def _check_alike(self, slides):
+        """One tile size and one kind of channels for all (a batch holds one shape), as tessera."""
+        for (_, _, _, previous), (_, store_index, slide_id, record) in zip(slides, slides[1:]):
+            where = self.stores[store_index]
+            if record.tile_size != previous.tile_size:
+                raise TileStoreError(f"{where}: slides with tile sizes {previous.tile_size} and {record.tile_size} "
+                                     f"in {', '.join(self.stores)}")
+            if (record.channels, record.rgb) != (previous.channels, previous.rgb):
+                raise TileStoreError(f"{where}: slide {slide_id} has {_channels_in_words(record)}, other slides "
+                                     f"{_channels_in_words(previous)} in {', '.join(self.stores)}")
 
     def __len__(self):
         return len(self._tiles)
@@ -211,8 +240,9 @@ class TileStoreDataset(_Base):
             env.close()
 
     def read(self, index):
-        """(header fields, pixel bytes) of tile ``index``, verified but not decoded."""
-        store_index, _, slide_id, level, row, column = (int(v) for v in self._tiles[index])
+        """(header fields, pixel bytes, the tile in messages) of tile ``index``, verified against its
+        slide's record as tessera verifies it, but not decoded."""
+        store_index, rank, slide_id, level, row, column = (int(v) for v in self._tiles[index])
         env, tiles_db, _ = self._environment(store_index)
         where = f"{self.stores[store_index]} tile slide {slide_id} level {level} row {row} column {column}"
         with env.begin() as txn:
@@ -220,9 +250,21 @@ class TileStoreDataset(_Base):
             if value is None:
                 raise TileStoreError(f"{where}: missing")
             header, pixels = parse_tile(value, where)
-        if header["width"] != self.tile_size or header["height"] != self.tile_size:
-            raise TileStoreError(f"{where}: tile is {header['width']}x{header['height']}, the store's slides say "
-                                 f"{self.tile_size}")
+        record = self.slides[rank]
+        if header["width"] != record.tile_size or header["height"] != record.tile_size:
+            raise TileStoreError(f"{where}: tile is {header['width']}x{header['height']}, its slide's tile size is "
+                                 f"{record.tile_size}")
+        if header["channels"] != record.channels:
+            raise TileStoreError(f"{where}: tile has {header['channels']} channels, its slide {record.channels}")
+        at = (record.tile_x(column), record.tile_y(row))
+        if (header["x"], header["y"]) != at:
+            raise TileStoreError(f"{where}: tile says it lies at ({header['x']}, {header['y']}), its place in the "
+                                 f"grid is ({at[0]}, {at[1]})")
+        # A label its slide's record does not count would reach the loss as an out-of-range class.
+        counts = record.label_counts
+        if header["label"] >= len(counts) or counts[header["label"]] == 0:
+            raise TileStoreError(f"{where}: label {header['label']}, a class its slide's label_counts do not list "
+                                 f"({len(counts)} classes counted): a corrupt or edited store")
         return header, pixels, where
 
     def __getitem__(self, index):
@@ -233,7 +275,7 @@ class TileStoreDataset(_Base):
         image = decode_pixels(header, pixels, where)
         _, rank, _, level, row, column = (int(v) for v in self._tiles[index])
         return {"image": self.transform(image) if self.transform else image, "label": header["label"],
-                "x": header["x"], "y": header["y"], "slide": self.slides[rank].get("path", ""),
+                "x": header["x"], "y": header["y"], "slide": self.slides[rank].path,
                 "slide_index": rank, "level": level, "row": row, "column": column}
 
     def slide_indices(self):
@@ -258,3 +300,9 @@ class TileStoreDataset(_Base):
                 taken += size
         validation = np.isin(groups, list(held_out))
         return np.flatnonzero(~validation), np.flatnonzero(validation)
+
+
+def _channels_in_words(record):
+    """"3 channels (RGB)", "3 channels (planes)", "5 channels", as tessera's messages say it."""
+    words = f"{record.channels} channel" + ("" if record.channels == 1 else "s")
+    return words + (" (RGB)" if record.rgb else " (planes)") if record.channels == 3 else words
