@@ -11,6 +11,8 @@ products on the CPU, and its bfloat16 ones, emulated without AVX512-BF16, ran UN
 over 10 minutes on the shared machine).
 Tessera's rate counts from the first tile on (after the network is built and its weights are
 loaded); PyTorch's from its first batch on (after its model is built), both over the same tiles.
+Each run also gives tessera's device-busy and data-wait fractions: how much of the run the device
+computed, and waited for tiles read straight from the slide.
 
 Run: /usr/bin/python3 bench/bench_vit.py --build build [--encoders vit-b16 uni] [--tiles 8]
      [--batch 4] [--precisions fp32 fp16] [--work DIR] [--keep]
@@ -95,6 +97,11 @@ def main():
                     "device": summary["device"],
                     "tessera_tiles_per_second": summary["features_per_second"],
                     "tessera_device_seconds": summary["device_seconds"],
+                    # The data path against the device: tiles read straight from the slide on
+                    # --workers threads ahead of it (jobs/README.md).
+                    "device_busy_fraction": summary["device_busy_fraction"],
+                    "data_wait_fraction": summary["data_wait_fraction"],
+                    "workers": summary["workers"],
                     "planned_device_bytes": summary["planned_device_bytes"],
                     "peak_device_bytes": summary["peak_device_bytes"],
                     "torch_dtype": "float32",

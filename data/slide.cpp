@@ -110,7 +110,10 @@ class TiffSlide final : public Slide {
 
   void read_region(int level_index, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
     const Level& level = levels_.at(static_cast<size_t>(level_index));
-    std::memset(rgb, 255, static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
+    // A region within the level is covered by its tiles: white goes only where a tile is missing.
+    // One reaching past the level's edge is whitened whole first.
+    const bool within = x >= 0 && y >= 0 && x + width <= level.shape.width && y + height <= level.shape.height;
+    if (!within) std::memset(rgb, 255, static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
     int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
     int64_t first_column = std::max<int64_t>(0, x / tile_width);
     int64_t last_column = std::min<int64_t>(level.columns - 1, (x + width - 1) / tile_width);
@@ -122,6 +125,8 @@ class TiffSlide final : public Slide {
         if (pixels)
           copy_overlap(pixels->data(), column * tile_width, row * tile_height, tile_width, tile_height, x, y, width,
                        height, rgb);
+        else if (within)
+          whiten_overlap(column * tile_width, row * tile_height, tile_width, tile_height, x, y, width, height, rgb);
       }
   }
 

@@ -83,6 +83,17 @@ inline void copy_overlap(const uint8_t* tile, int64_t tile_x, int64_t tile_y, in
                 tile + ((y - tile_y) * tile_width + (x0 - tile_x)) * 3, bytes);
 }
 
+// Whitens the part of a tile's square (origin tile_x, tile_y in level pixels) that overlaps the
+// region: a tile the file leaves out.
+inline void whiten_overlap(int64_t tile_x, int64_t tile_y, int tile_width, int tile_height, int64_t region_x,
+                           int64_t region_y, int region_width, int region_height, uint8_t* region) {
+  int64_t x0 = std::max(tile_x, region_x), x1 = std::min(tile_x + tile_width, region_x + region_width);
+  int64_t y0 = std::max(tile_y, region_y), y1 = std::min(tile_y + tile_height, region_y + region_height);
+  if (x0 >= x1 || y0 >= y1) return;
+  for (int64_t y = y0; y < y1; ++y)
+    std::memset(region + ((y - region_y) * region_width + (x0 - region_x)) * 3, 255, static_cast<size_t>(x1 - x0) * 3);
+}
+
 // A single-level image through libvips (stripped TIFF, OME-TIFF, PNG, JPEG ...), flattened on
 // white and converted to 8-bit sRGB. Throws BadInput naming the file and libvips' error.
 std::unique_ptr<Slide> open_vips_slide(const std::string& path);

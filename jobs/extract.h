@@ -42,8 +42,9 @@ int default_extract_workers();
 // Writes each model's feature file of every slide of the shard not finished before, resuming
 // partial files; prints the summary (per slide and in total: tiles/s, where the time went, the
 // device-busy and data-wait fractions, the tiles decoded) as a JSON line on stdout. A slide that
-// cannot be read stops the run there (BadInput, the slides before it complete), or with
-// skip_errors is named in the summary while the others go on (then BadInput at the end).
+// cannot be opened throws BadInput before any work; one whose tiles cannot be read stops the run
+// after the slides in flight (BadInput; the slides before it complete). With skip_errors either
+// is named in the summary's `skipped` and the others go on (no error).
 void extract_features(const ExtractOptions &options);
 
 }  // namespace tessera

@@ -202,8 +202,10 @@ void DevicePipeline::read_tiles(size_t slide, size_t read, const std::vector<int
   if (first == complete_file) return;
   auto source = open_slide_read(input, plan, run_.options(), masks);
   if (source->size() == 0)
-    run_.event({{"warning", input.path + ": no tissue tile at level " + std::to_string(plan.record.level) + " in " +
-                                std::to_string(plan.record.tile_size) + "-pixel tiles; its feature files are empty"},
+    run_.event({{"warning", (input.coords ? input.coords->file + ": holds no patch"
+                                          : input.path + ": no tissue tile at level " + std::to_string(plan.record.level) +
+                                                " in " + std::to_string(plan.record.tile_size) + "-pixel tiles") +
+                                "; its feature files are empty"},
                 {"slide", input.name}});
   reading.first = static_cast<size_t>(first);
   reading.capacity = static_cast<size_t>(run_.options().batch);
