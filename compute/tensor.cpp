@@ -1,5 +1,6 @@
 #include "compute/tensor.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -111,6 +112,12 @@ std::vector<float> from_half(std::span<const uint16_t> halves) {
     values[i] = static_cast<float>(half);
   }
   return values;
+}
+
+std::optional<size_t> first_non_finite(std::span<const float> values, std::span<const uint16_t> halves) {
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]) || (!halves.empty() && !is_finite_half(halves[i]))) return i;
+  return std::nullopt;
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,8 +63,16 @@ inline vk::BufferArg reads(const Tensor& t) { return vk::reads(t.buffer(), t.dty
 inline vk::BufferArg writes(const Tensor& t) { return vk::writes(t.buffer(), t.dtype() == DType::f16); }
 inline vk::BufferArg updates(const Tensor& t) { return vk::updates(t.buffer(), t.dtype() == DType::f16); }
 
-// Host conversions between float and IEEE half precision (round to nearest even).
+// Host conversions between float and IEEE binary16 (round to nearest even: exact at every power
+// of two, subnormals kept, magnitudes from 65520 up become infinities; tests/test_half.cpp checks
+// every float near each power of two against numpy). The one conversion: fp16 uploads and fp16
+// feature files both use it.
 std::vector<uint16_t> to_half(std::span<const float> values);
 std::vector<float> from_half(std::span<const uint16_t> halves);
+// Neither an infinity nor NaN (exponent bits not all ones).
+constexpr bool is_finite_half(uint16_t half) { return (half & 0x7C00) != 0x7C00; }
+// The index of the first of `values` that is not finite, or whose half is not (where `halves`,
+// to_half of `values`, is given: a value that fp16 would store as an infinity); nullopt when none.
+std::optional<size_t> first_non_finite(std::span<const float> values, std::span<const uint16_t> halves = {});
 
 }  // namespace tessera
