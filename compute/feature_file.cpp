@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/hdf5_lock.h"
+#include "common/units.h"
+#include "compute/tensor.h"
 
 namespace tessera {
 
@@ -20,8 +22,9 @@ using hdf5::Handle;
 
 namespace {
 
-// IEEE 754 binary16, which h5py reads as numpy float16; HDF5 converts float32
-// to it on write.
+// IEEE 754 binary16, which h5py reads as numpy float16. Written from to_half's bits with this
+// type in memory too: HDF5's own float32 conversion to it rounds wrongly just below a power of
+// two (0.031249 stored as 0.015625).
 hid_t float16_type() {
   hid_t type = H5Tcopy(H5T_IEEE_F32LE);
   H5Tset_fields(type, 15, 10, 5, 0, 10);
@@ -147,7 +150,8 @@ void check_feature_file_replaceable(const std::string &path, const FeatureFileLa
 }
 
 FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileLayout &layout, Existing existing)
-    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), lock_(path), width_(layout.width) {
+    : path_(path), partial_(path + ".partial"), rows_path_(path + ".partial.rows"), slide_name_(layout.name),
+      lock_(path), width_(layout.width), fp16_(layout.fp16) {
   const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   // Judged under the lock: another run may have finished the file since this one looked.
@@ -249,13 +253,29 @@ void FeatureFileWriter::record_rows() {
   if (error) throw Error(ExitCode::runtime_error, disk_message(rows_path_, "rename: " + error.message()));
 }
 
+BadInput FeatureFileWriter::refusal(float value, int64_t column, const int64_t *coords) const {
+  std::string what = format_number(static_cast<double>(value));
+  if (std::isfinite(value)) what += ", past float16's largest value (65504): extract it with --precision fp32";
+  return BadInput(slide_name_ + ": tile " + std::to_string(rows_) + " (level-0 x " + std::to_string(coords[0]) +
+                  ", y " + std::to_string(coords[1]) + "): feature " + std::to_string(column) + " is " + what +
+                  "; a feature file holds finite values only, so " + path_ + " is not written (the tiles before this "
+                  "one stay in " + partial_ + ")");
+}
+
 void FeatureFileWriter::append(const float *features, const int64_t *coords, int64_t count) {
-  const Hdf5Lock hdf5_lock;
   if (count == 0) return;
+  const std::span<const float> values(features, static_cast<size_t>(count * width_));
+  // Converted here by to_half rather than by HDF5 (float16_type), and checked before written.
+  std::vector<uint16_t> halves;
+  if (fp16_) halves = to_half(values);
+  const std::optional<size_t> refused = first_non_finite(values, halves);
+  // The rows before a refused one are written, so that the partial file ends at it.
+  const int64_t writable = refused ? static_cast<int64_t>(*refused) / width_ : count;
+  const Hdf5Lock hdf5_lock;
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread: appends run on the writer thread
   auto write = [&](hid_t dataset, hsize_t columns, hid_t memory_type, const void *data, const char *name) {
-    hsize_t dims[2] = {static_cast<hsize_t>(rows_ + count), columns};
-    hsize_t start[2] = {static_cast<hsize_t>(rows_), 0}, size[2] = {static_cast<hsize_t>(count), columns};
+    hsize_t dims[2] = {static_cast<hsize_t>(rows_ + writable), columns};
+    hsize_t start[2] = {static_cast<hsize_t>(rows_), 0}, size[2] = {static_cast<hsize_t>(writable), columns};
     if (H5Dset_extent(dataset, dims) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "extend"));
     Handle file_space(H5Dget_space(dataset), H5Sclose);
     H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, nullptr, size, nullptr);
@@ -263,11 +283,20 @@ void FeatureFileWriter::append(const float *features, const int64_t *coords, int
     if (H5Dwrite(dataset, memory_type, memory_space, file_space, H5P_DEFAULT, data) < 0)
       throw Error(ExitCode::runtime_error, disk_message(partial_, std::string("write ") + name));
   };
-  write(features_, static_cast<hsize_t>(width_), H5T_NATIVE_FLOAT, features, "features");
-  write(coords_, 2, H5T_NATIVE_INT64, coords, "coords");
-  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
-  rows_ += count;
-  record_rows();
+  if (writable > 0) {
+    if (fp16_) {
+      Handle half(float16_type(), H5Tclose);  // the file's type: HDF5 copies the bits as they are
+      write(features_, static_cast<hsize_t>(width_), half, halves.data(), "features");
+    } else {
+      write(features_, static_cast<hsize_t>(width_), H5T_NATIVE_FLOAT, features, "features");
+    }
+    write(coords_, 2, H5T_NATIVE_INT64, coords, "coords");
+    if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw Error(ExitCode::runtime_error, disk_message(partial_, "flush"));
+    rows_ += writable;
+    record_rows();
+  }
+  if (refused)
+    throw refusal(values[*refused], static_cast<int64_t>(*refused) % width_, coords + 2 * writable);
 }
 
 void FeatureFileWriter::finish() {

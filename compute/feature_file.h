@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "common/output.h"
 #include "compute/hdf5.h"
 
@@ -71,7 +72,9 @@ class FeatureFileWriter {
   int64_t rows() const { return rows_; }
   // Appends `count` rows (features [count,D] float32, coords [count,2]) and
   // flushes them to disk; throws a runtime error naming the file when the disk
-  // refuses (what was flushed stays).
+  // refuses (what was flushed stays). A fp16 file takes to_half's bits (tensor.h). A value that
+  // is not finite (or, in fp16, past 65504) is BadInput naming the slide, the tile and the
+  // feature, once the rows before its tile are written.
   void append(const float *features, const int64_t *coords, int64_t count);
   // Closes the file and renames it to `path`.
   void finish();
@@ -81,12 +84,14 @@ class FeatureFileWriter {
   void create(const FeatureFileLayout &layout);
   void record_rows();
   void close();
+  // Why the value at `column` of the next row (at `coords`) cannot be written.
+  BadInput refusal(float value, int64_t column, const int64_t *coords) const;
 
-  std::string path_, partial_, rows_path_;
+  std::string path_, partial_, rows_path_, slide_name_;
   OutputLock lock_;
   hid_t file_ = -1, features_ = -1, coords_ = -1;
   int64_t rows_ = 0, width_ = 0;
-  bool complete_ = false;
+  bool fp16_ = false, complete_ = false;
 };
 
 // Where a feature file's tiles lie on its slide: `coords` and the attributes on it.

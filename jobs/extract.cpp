@@ -146,7 +146,7 @@ void extract_features(const ExtractOptions &options) {
   if (!failures.empty() && !options.skip_errors) {
     std::string message = std::to_string(failures.size()) + " slide(s) failed (the ones before are complete):";
     for (auto &failure : failures) message += "\n  " + failure;
-    throw BadInput(message + "\n(--skip-errors goes on past a slide that cannot be read)");
+    throw BadInput(message + "\n(--skip-errors goes on past such a slide)");
   }
   if (!in_use.empty()) {
     std::string message = std::to_string(in_use.size()) +

@@ -43,8 +43,9 @@ int default_extract_workers();
 // partial files; prints the summary (per slide and in total: tiles/s, where the time went, the
 // device-busy and data-wait fractions, the tiles decoded) as a JSON line on stdout. A slide that
 // cannot be opened throws BadInput before any work; one whose tiles cannot be read stops the run
-// after the slides in flight (BadInput; the slides before it complete). With skip_errors either
-// is named in the summary's `skipped` and the others go on (no error).
+// after the slides in flight (BadInput; the slides before it complete), and so does one whose
+// features are not finite (FeatureFileWriter::append; its partial files stay, never renamed).
+// With skip_errors each is named in the summary's `skipped` and the others go on (no error).
 void extract_features(const ExtractOptions &options);
 
 }  // namespace tessera

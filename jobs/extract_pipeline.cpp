@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "common/error.h"
 #include "common/output.h"
@@ -302,11 +303,15 @@ void DevicePipeline::write() {
     SlideTimes times;
   };
   std::map<size_t, OpenSlide> open;
+  // Slides whose features a file refused (a value that is not finite): what still comes of them
+  // is dropped, and their partial files stay, never renamed.
+  std::set<size_t> refused;
   PipelineMessage message;
   while (features_.pop(message)) {
     const SlideInput &input = run_.inputs().slides[message.slide];
     const std::vector<ExtractModel> &models = run_.inputs().models;
     nlohmann::json summary = {{"slide", input.name}, {"file", feature_path(models[0], input)}, {"device", position_}};
+    if (refused.contains(message.slide)) continue;
     switch (message.kind) {
       case PipelineMessage::Kind::opened: {
         OpenSlide &slide = open[message.slide];
@@ -322,7 +327,19 @@ void DevicePipeline::write() {
         OpenSlide &slide = open.at(message.slide);
         auto start = Clock::now();
         const auto rows = static_cast<int64_t>(message.coords.size() / 2);
-        slide.files.at(message.model)->append(message.features.data(), message.coords.data(), rows);
+        try {
+          slide.files.at(message.model)->append(message.features.data(), message.coords.data(), rows);
+        } catch (const BadInput &e) {
+          // The slide fails as one that cannot be read does: the run stops after the slides in
+          // flight, or with --skip-errors goes on without it.
+          if (!run_.options().skip_errors) run_.halt();
+          summary.update({{"status", "failed"}, {"error", e.what()}});
+          slide.times += message.times;
+          run_.record(message.slide, std::move(summary), slide.times);
+          open.erase(message.slide);
+          refused.insert(message.slide);
+          break;
+        }
         slide.times.write_seconds += seconds_since(start);
         slide.times += message.times;
         if (message.model == slide.lead) run_.advance(static_cast<uint64_t>(rows), input.name);

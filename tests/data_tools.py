@@ -54,6 +54,17 @@ def synth(binary, path, width, height, seed, *flags):
     return summary(run(binary, "synth", path, "--width", width, "--height", height, "--seed", seed, *flags))
 
 
+def synth_raw_store(binary, work, slides, size):
+    """WORK/NAME.tiff for each NAME: (width, height, seed) of `slides`, tiled in that order into
+    WORK/tiles.lmdb at `size` with raw pixels; the store's path."""
+    paths = [os.path.join(work, name + ".tiff") for name in slides]
+    for path, (width, height, seed) in zip(paths, slides.values()):
+        synth(binary, path, width, height, seed)
+    store = os.path.join(work, "tiles.lmdb")
+    run(binary, "tile", *paths, "--out", store, "--size", size, "--encoding", "raw")
+    return store
+
+
 def read_store(path):
     """(tiles, slides): tiles maps key tuples (slide, level, row, column) to value bytes."""
     # Imported here, so that the tests that never open a store run where python3-lmdb is not

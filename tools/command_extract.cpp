@@ -54,11 +54,12 @@ void add_extract_command(CLI::App &app) {
   command->add_flag("--overwrite", options->overwrite,
                     "Replace feature files in --out that another slide or other settings made (without it, refused)");
   command->add_flag("--skip-errors", options->skip_errors,
-                    "A slide that cannot be read is named in the summary and the run goes on (without it, exit 5: a "
-                    "slide that cannot be opened stops the run before any work, one whose tiles cannot be read "
-                    "stops it there, the slides before it complete)");
+                    "A slide that cannot be read, or whose features are not finite, is named in the summary and the "
+                    "run goes on (without it, exit 5: a slide that cannot be opened stops the run before any work, "
+                    "one whose tiles cannot be read or whose features are not finite stops it there, the slides "
+                    "before it complete)");
   command->add_option("--batch", options->batch, "Tiles per dispatch")->capture_default_str();
-  command->add_option("--precision", *precision, "Stored features: fp32 or fp16")
+  command->add_option("--precision", *precision, "Stored features: fp32 or fp16 (an encoder then runs in fp16 too; a CNN stays fp32 and only stores fp16)")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
   command->add_option("--compression", *compression, "none or gzip")
