@@ -5,6 +5,7 @@ Run by ctest as: /usr/bin/python3 -m pytest tests/test_cli_checks.py (TESSERA_BI
 import hashlib
 import os
 import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -66,21 +67,78 @@ def test_forward_of_no_images_is_bad_input(tmp_path):
     assert not (tmp_path / "logits.h5").exists()
 
 
-@pytest.mark.parametrize("model", ["small-cnn", "resnet18"])
-def test_forward_propagates_nan_like_pytorch(tmp_path, model):
-    """ReLU and max pooling keep NaN (PyTorch does), so NaN inputs give NaN logits, not numbers."""
+@pytest.mark.parametrize("value, precision, what", [
+    (np.nan, "fp32", "is nan: images must be finite"), (np.inf, "fp32", "is inf: images must be finite"),
+    (-np.inf, "fp16", "is -inf: images must be finite"),
+    (1e5, "fp16", "is 1e+05: --precision fp16 converts images to float16, whose largest value is 65504 (give "
+                  "--precision fp32)")])
+def test_forward_refuses_a_pixel_that_is_not_finite(tmp_path, value, precision, what):
+    """A NaN pixel gave its image a row of NaN logits: a value that is not finite (or, with fp16
+    activations, that the upload's conversion makes an infinity) is exit 5 naming the image and the
+    pixel, before any work; nothing is written."""
     rng = np.random.default_rng(0)
-    images = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
-    images[1, :, 4:12, 4:12] = np.nan
+    images = rng.standard_normal((3, 3, 32, 32)).astype(np.float32)
+    images[1, 2, 5, 7] = value
+    images[2, 0, 0, 0] = value  # a later one too: the first is named
     write_images(tmp_path / "images.h5", images)
-    logits_path = tmp_path / "logits.h5"
-    result = tessera("forward", "--model", model, "--random-weights", "--input", str(tmp_path / "images.h5"),
-                     "--output", str(logits_path))
+    result = tessera("forward", "--model", "small-cnn", "--random-weights", "--input", str(tmp_path / "images.h5"),
+                     "--output", str(tmp_path / "logits.h5"), "--precision", precision)
+    assert result.returncode == 5, result.stderr
+    assert f"{tmp_path / 'images.h5'}: dataset x: image 1 (channel 2, y 5, x 7) {what}" in result.stderr, result.stderr
+    assert os.listdir(tmp_path) == ["images.h5"], os.listdir(tmp_path)
+    # Within float16's range the same images run in fp16.
+    if np.isfinite(value):
+        images[1, 2, 5, 7] = images[2, 0, 0, 0] = 65504
+        write_images(tmp_path / "images.h5", images)
+        result = tessera("forward", "--model", "small-cnn", "--random-weights", "--input",
+                         str(tmp_path / "images.h5"), "--output", str(tmp_path / "logits.h5"), "--precision", "fp16")
+        assert result.returncode == 0, result.stderr
+
+
+def positive_model(tmp_path):
+    """small-cnn with every weight made positive and no bias: for an image of one value v >= 0 every
+    activation is v times a constant, so its logits are v * K, K computed here in float64."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    from tessera_presets import build_preset
+    torch.manual_seed(5)
+    model = build_preset("small-cnn", 2, (16, 16), 8).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(parameter.abs() if name.endswith("weight") else torch.zeros_like(parameter))
+        constant = model.double()(torch.ones((1, 3, 16, 16), dtype=torch.float64))[0].numpy()
+    torch.save(model.float().state_dict(), tmp_path / "positive.pt")
+    converter = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "torch_to_tessera.py")
+    subprocess.run(["/usr/bin/python3", converter, "--state-dict", str(tmp_path / "positive.pt"), "--preset",
+                    "small-cnn", "--out", str(tmp_path / "positive.h5")], check=True, capture_output=True)
+    return str(tmp_path / "positive.h5"), constant
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_forward_refuses_logits_that_are_not_finite(tmp_path, precision):
+    """Finite pixels whose logits overflow (past float32's largest, or in fp16 past 65504) are exit 5
+    naming the image and the logit; no logits file is written. The images before it are not at fault."""
+    model, constant = positive_model(tmp_path)
+    largest = 65504.0 if precision == "fp16" else float(np.finfo(np.float32).max)
+    assert constant.min() > 0 and constant.max() < 1e4, constant
+    values = [1.0, 4 * largest / constant.min(), 1.0]  # image 1's every logit overflows
+    images = np.stack([np.full((3, 16, 16), v, np.float32) for v in values])
+    assert np.isfinite(images).all() and (precision == "fp32" or images.max() < 65504)
+    write_images(tmp_path / "images.h5", images)
+    result = tessera("forward", "--model", model, "--input", str(tmp_path / "images.h5"), "--output",
+                     str(tmp_path / "logits.h5"), "--precision", precision)
+    assert result.returncode == 5, result.stderr
+    assert f"{tmp_path / 'images.h5'}: dataset x: image 1: logit 0 is " in result.stderr, result.stderr
+    assert "the model's output is not finite" in result.stderr, result.stderr
+    assert ("--precision fp32" in result.stderr) == (precision == "fp16"), result.stderr
+    assert not (tmp_path / "logits.h5").exists() and not (tmp_path / "logits.h5.partial").exists()
+    # Without the image, the others' logits are v * K (to float32's rounding).
+    write_images(tmp_path / "images.h5", images[[0, 2]])
+    result = tessera("forward", "--model", model, "--input", str(tmp_path / "images.h5"), "--output",
+                     str(tmp_path / "logits.h5"), "--precision", precision)
     assert result.returncode == 0, result.stderr
-    with h5py.File(logits_path, "r") as f:
-        logits = f["logits"][()]
-    assert np.isfinite(logits[0]).all()
-    assert np.isnan(logits[1]).all()
+    with h5py.File(tmp_path / "logits.h5", "r") as f:
+        np.testing.assert_allclose(f["logits"][()], np.stack([constant, constant]), rtol=1e-2 if precision == "fp16" else 1e-5)
 
 
 @pytest.mark.parametrize("command", ["forward", "extract"])

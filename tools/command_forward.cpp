@@ -1,8 +1,11 @@
 // tessera forward: a model's logits for an HDF5 array of images, in eval mode.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <span>
 
 #include "common/error.h"
 #include "common/units.h"
@@ -10,6 +13,7 @@
 #include "common/output.h"
 #include "compute/checkpoint.h"
 #include "compute/network.h"
+#include "compute/tensor.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
@@ -23,6 +27,26 @@ struct ForwardFlags {
   bool random_weights = false, overwrite = false;
 };
 
+// Every pixel finite before the device is touched (one NaN gives its image a row of NaN logits),
+// and with fp16 activations finite as the upload's conversion (to_half) makes it.
+void refuse_unusable_images(const HostArray& x, const ForwardFlags& f) {
+  const int64_t height = x.shape[2], width = x.shape[3], per_image = x.shape[1] * height * width;
+  for (int64_t image = 0; image < x.shape[0]; ++image) {
+    std::span<const float> values(x.values.data() + image * per_image, static_cast<size_t>(per_image));
+    const auto halves = f.precision == "fp16" ? to_half(values) : std::vector<uint16_t>();
+    if (auto at = first_non_finite(values, halves)) {
+      const auto i = static_cast<int64_t>(*at);
+      throw BadInput(f.input + ": dataset x: image " + std::to_string(image) + " (channel " +
+                     std::to_string(i / (height * width)) + ", y " + std::to_string(i / width % height) + ", x " +
+                     std::to_string(i % width) + ") is " + format_number(static_cast<double>(values[*at])) +
+                     (std::isfinite(values[*at]) ? ": --precision fp16 converts images to float16, whose largest "
+                                                   "value is 65504 (give --precision fp32)"
+                                                 : ": images must be finite") +
+                     " (nothing was run or written)");
+    }
+  }
+}
+
 void run_forward(const ForwardFlags& f) {
   refuse_untrained_model(f.model, f.random_weights);
   refuse_output_over_inputs("--output", f.output, {{"--input", f.input}, {"--model", f.model}});
@@ -32,6 +56,7 @@ void run_forward(const ForwardFlags& f) {
   if (x.shape.size() != 4 || x.shape[1] != 3)
     throw BadInput(f.input + ": dataset x must be float32 [N,3,H,W] (normalised images), got " + to_string(x.shape));
   if (x.shape[0] == 0) throw BadInput(f.input + ": dataset x holds no images (shape " + to_string(x.shape) + ")");
+  refuse_unusable_images(x, f);
   const ResolvedModel model = resolve_model(f.model, f.classes, f.encoder);
   const int64_t n = x.shape[0], batch = std::min<int64_t>(f.batch, n);
   const int64_t per_image = x.shape[1] * x.shape[2] * x.shape[3];
@@ -64,6 +89,14 @@ void run_forward(const ForwardFlags& f) {
     device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (first == 0) first_batch_seconds = device_seconds;
     auto out = network.output().download();
+    if (auto at = first_non_finite(std::span<const float>(out.data(), static_cast<size_t>(count * classes)))) {
+      const auto i = static_cast<int64_t>(*at);
+      throw BadInput(f.input + ": dataset x: image " + std::to_string(first + i / classes) + ": logit " +
+                     std::to_string(i % classes) + " is " + format_number(static_cast<double>(out[*at])) +
+                     ": the model's output is not finite (its weights or this image's values are out of range" +
+                     (activations == DType::f16 ? ", or an fp16 activation passed 65504: try --precision fp32" : "") +
+                     "); " + f.output + " is not written");
+    }
     std::copy_n(out.begin(), count * classes, logits.values.begin() + first * classes);
   }
   write_hdf5_arrays(f.output, {{"logits", logits}});
