@@ -59,7 +59,9 @@ void add_extract_command(CLI::App &app) {
                     "one whose tiles cannot be read or whose features are not finite stops it there, the slides "
                     "before it complete)");
   command->add_option("--batch", options->batch, "Tiles per dispatch")->capture_default_str();
-  command->add_option("--precision", *precision, "Stored features: fp32 or fp16 (an encoder then runs in fp16 too; a CNN stays fp32 and only stores fp16)")
+  command->add_option("--precision", *precision,
+                      "Stored features: fp32 or fp16 (an encoder then runs in fp16 too; a CNN runs in fp32 and "
+                      "stores fp16)")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
   command->add_option("--compression", *compression, "none or gzip")
