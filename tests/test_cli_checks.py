@@ -138,7 +138,8 @@ def test_forward_refuses_logits_that_are_not_finite(tmp_path, precision):
                      str(tmp_path / "logits.h5"), "--precision", precision)
     assert result.returncode == 0, result.stderr
     with h5py.File(tmp_path / "logits.h5", "r") as f:
-        np.testing.assert_allclose(f["logits"][()], np.stack([constant, constant]), rtol=1e-2 if precision == "fp16" else 1e-5)
+        logits = f["logits"][()]
+    np.testing.assert_allclose(logits, np.stack([constant, constant]), rtol=1e-2 if precision == "fp16" else 1e-5)
 
 
 @pytest.mark.parametrize("command", ["forward", "extract"])
