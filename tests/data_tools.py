@@ -135,6 +135,17 @@ def workdir(name):
     return path
 
 
+# Under AddressSanitizer (tools/sanitize-tests.sh sets TESSERA_SANITIZED) shadow memory, redzones
+# and the allocator's quarantine add a few hundred MiB to every process: memory ceilings are the
+# plain run's to check.
+SANITIZED = bool(os.environ.get("TESSERA_SANITIZED"))
+
+
+def within_memory(peak, ceiling):
+    """Whether a process's peak resident bytes are under `ceiling` (always, under the sanitizers)."""
+    return SANITIZED or peak < ceiling
+
+
 def run_with_usage(command, timeout):
     """Runs `command`; (exit code, negative for a signal, stdout, stderr, peak resident bytes of the
     process and the children it waited for, CPU seconds, killed at `timeout` seconds)."""

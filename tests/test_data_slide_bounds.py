@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import openslide
 
-from data_tools import read_store, run, run_with_usage, summary, synth, workdir
+from data_tools import read_store, run, run_with_usage, summary, synth, within_memory, workdir
 from slide_files import APERIO, DEFLATE, pyramid, write_tiff
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
@@ -27,7 +27,7 @@ def refused(binary, slide, store, *words, code=5, flags=()):
     assert not killed and exit_code == code, (slide, exit_code, err)
     for word in (os.path.basename(slide), *words):
         assert word in err, (word, err)
-    assert peak < 256 * MiB, (slide, peak)
+    assert within_memory(peak, 256 * MiB), (slide, peak)
     assert not os.path.exists(store), "nothing is written for a refused input"
     print(f"{os.path.basename(slide)}: exit {exit_code}, {peak / MiB:.0f} MiB: {err.strip().splitlines()[-1]}")
 

@@ -17,7 +17,7 @@ import numpy as np
 import openslide
 import tifffile
 
-from data_tools import read_store, run, run_with_usage, workdir
+from data_tools import read_store, run, run_with_usage, within_memory, workdir
 from slide_files import APERIO, pyramid, write_tiff
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
@@ -142,7 +142,7 @@ def main(binary):
                 problem = f"still running after {TIME_LIMIT} s"
             elif code not in (0, 5):
                 problem = f"exit {code}"
-            elif peak >= GiB:
+            elif not within_memory(peak, GiB):
                 problem = f"peak {peak / GiB:.2f} GiB"
             elif kind == "cut" and code != 5:
                 problem = "a truncated file exited 0"

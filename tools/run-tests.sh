@@ -16,4 +16,6 @@ VK_ADD_LAYER_PATH="$PWD/build/tests/support/discrete_gpu" \
   VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation:VK_LAYER_TESSERA_discrete_gpu \
   ctest --test-dir build --no-tests=error --output-on-failure --parallel "$(nproc)" --timeout 900 -L discrete-gpu ||
   status=1
+# The bad-input and fuzz tests under AddressSanitizer and UndefinedBehaviorSanitizer.
+bash tools/sanitize-tests.sh || status=1
 exit $status
