@@ -202,7 +202,7 @@ class GeoJsonLabeler final : public TileLabeler {
         count += polygons;
         classes += (classes.empty() ? "" : ", ") + std::to_string(polygons) + " " + (name.empty() ? "unclassified" : name);
       }
-      add(plural(count, "polygon") + " (" + classes + ") annotate nothing: " +
+      add(plural(count, "polygon") + " (" + classes + (count == 1 ? ") annotates" : ") annotate") + " nothing: " +
           (options_.classes.empty() ? "--unclassified-as CLASS gives unclassified shapes a class"
                                     : "their classes are not among --classes " + class_names(",", ",")));
     }

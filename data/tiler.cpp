@@ -457,9 +457,13 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
             {"map_size", writer.map_size()},
             {"seconds", seconds},
             {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}};
-  } catch (...) {
+  } catch (const Error& e) {
     // A store this run made and stored no tile in goes with the run; one that was there keeps
     // its entries, and those without a tile are tiled again by a run with other settings.
+    if (!writer.created() || writer.tiles_committed() > 0) throw;
+    writer.discard();
+    throw Error(e.code(), std::string(e.what()) + " (no tile was stored: " + store + " is removed)");
+  } catch (...) {
     if (writer.created() && writer.tiles_committed() == 0) writer.discard();
     throw;
   }
