@@ -406,6 +406,7 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();
+  check_label_options(options.labelling);
   // Every input is opened and checked once, before the first tile is written; each slide is
   // tiled from what was opened, and closed once it is done.
   std::string too_small;  // slides the tile size does not fit
