@@ -93,7 +93,7 @@ def main():
     report(figures, "synth")
 
     seconds, peak, out, _ = timed([tessera, "tile", slide, "--out", store, "--labels", made["geojson"],
-                                "--workers", args.workers])
+                                "--unannotated", "Normal", "--workers", args.workers])
     tiled = json.loads(out.strip().splitlines()[-1])
     figures["tile"] = {"seconds": seconds, "peak_rss_bytes": peak, "peak_rss_mib": peak / 2**20,
                        "tiles": tiled["written"], "tiles_per_second": tiled["written"] / seconds,

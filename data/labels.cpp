@@ -36,7 +36,21 @@ class MaskLabeler final : public TileLabeler {
     check_values();
   }
 
-  uint32_t label(double x0, double y0, double x1, double y1) const override {
+  // A mask is exhaustive: every tile has a class.
+  std::optional<uint32_t> label(double x0, double y0, double x1, double y1) const override {
+    return class_of(x0, y0, x1, y1);
+  }
+
+  bool marks(double x0, double y0, double x1, double y1) const override { return class_of(x0, y0, x1, y1) != 0; }
+
+  std::string marked() const override { return "a class other than 0"; }
+
+  std::string description() const override {
+    return path_ + ": mask " + std::to_string(width_) + "x" + std::to_string(height_);
+  }
+
+ private:
+  uint32_t class_of(double x0, double y0, double x1, double y1) const {
     auto at = [&](double x, double y) {
       int column = std::clamp(static_cast<int>(x / scale_x_), 0, width_ - 1);
       int row = std::clamp(static_cast<int>(y / scale_y_), 0, height_ - 1);
@@ -54,11 +68,6 @@ class MaskLabeler final : public TileLabeler {
     return *most >= coverage_ * static_cast<double>(total) ? static_cast<uint32_t>(most - counts.begin()) : 0;
   }
 
-  std::string description() const override {
-    return path_ + ": mask " + std::to_string(width_) + "x" + std::to_string(height_);
-  }
-
- private:
   // The mask must cover the slide: at its declared downsample exactly (to a pixel), else with the
   // slide's shape (a mask of another slide, given in the wrong order, fails here).
   void check_extent(int64_t slide_width, int64_t slide_height) const {
@@ -164,16 +173,64 @@ class MaskLabeler final : public TileLabeler {
   std::vector<uint8_t> values_;
 };
 
+// The classes a tile header's label and a store's label_counts hold.
+constexpr size_t max_classes = 65536;
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ",") + name;
+  return text;
+}
+
 }  // namespace
 
-std::unique_ptr<TileLabeler> open_labels(const std::string& path, int64_t slide_width, int64_t slide_height,
-                                         LabelRule rule, double coverage, const std::string& label_class,
-                                         const std::string& unclassified_as) {
-  if (!std::filesystem::is_regular_file(path)) throw BadInput(path + ": no such label file");
+std::optional<uint32_t> LabelOptions::label_of(const std::string& name) const {
+  if (name.empty()) return std::nullopt;
+  if (classes.empty()) return name == label_class ? 1u : 0u;
+  auto found = std::find(classes.begin(), classes.end(), name);
+  if (found == classes.end()) return std::nullopt;
+  return static_cast<uint32_t>(found - classes.begin());
+}
+
+std::vector<std::string> parse_class_names(const std::string& text) {
+  std::vector<std::string> names;
+  for (size_t start = 0;;) {
+    size_t comma = text.find(',', start);
+    std::string name = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (name.empty())
+      throw UsageError("--classes: class names separated by commas (label 0 first), not '" + text +
+                       "': an empty name");
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      throw UsageError("--classes: '" + name + "' is named twice in '" + text + "'");
+    names.push_back(std::move(name));
+    if (names.size() > max_classes)
+      throw UsageError("--classes: more than " + std::to_string(max_classes) + " classes");
+    if (comma == std::string::npos) return names;
+    start = comma + 1;
+  }
+}
+
+void check_label_options(const LabelOptions& options) {
+  if (options.classes.empty()) {
+    if (options.label_class.empty()) throw UsageError("--label-class: a class name, not empty");
+    return;
+  }
+  for (auto [flag, name] : {std::pair{"--unannotated", &options.unannotated},
+                            std::pair{"--unclassified-as", &options.unclassified_as}})
+    if (!name->empty() && !options.label_of(*name))
+      throw UsageError(std::string(flag) + ": '" + *name + "' is not one of --classes " + listed(options.classes));
+}
+
+bool is_geojson_path(const std::string& path) {
   auto extension = std::filesystem::path(path).extension().string();
-  if (extension == ".geojson" || extension == ".json")
-    return open_geojson_labels(path, slide_width, slide_height, rule, coverage, label_class, unclassified_as);
-  return std::make_unique<MaskLabeler>(path, slide_width, slide_height, rule, coverage);
+  return extension == ".geojson" || extension == ".json";
+}
+
+std::unique_ptr<TileLabeler> open_labels(const std::string& path, int64_t slide_width, int64_t slide_height,
+                                         const LabelOptions& options) {
+  if (!std::filesystem::is_regular_file(path)) throw BadInput(path + ": no such label file");
+  if (is_geojson_path(path)) return open_geojson_labels(path, slide_width, slide_height, options);
+  return std::make_unique<MaskLabeler>(path, slide_width, slide_height, options.rule, options.coverage);
 }
 
 }  // namespace tessera::data

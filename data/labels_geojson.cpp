@@ -5,6 +5,8 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,6 +50,13 @@ class Polygon {
   const Box& box() const { return box_; }
   size_t holes() const { return rings_.size() - 1; }
 
+  // The exterior's area less its holes' (shoelace formula), for "the smallest shape" at a point.
+  double area() const {
+    double total = std::abs(ring_area(rings_.front()));
+    for (size_t hole = 1; hole < rings_.size(); ++hole) total -= std::abs(ring_area(rings_[hole]));
+    return std::max(0.0, total);
+  }
+
   bool overlaps_box(double x0, double y0, double x1, double y1) const {
     return x0 <= box_.x1 && x1 >= box_.x0 && y0 <= box_.y1 && y1 >= box_.y0;
   }
@@ -64,8 +73,21 @@ class Polygon {
   }
 
  private:
+  static double ring_area(const std::vector<Point>& ring) {
+    double twice = 0;
+    for (size_t i = 0, j = ring.size() - 1; i < ring.size(); j = i++) twice += ring[j].x * ring[i].y - ring[i].x * ring[j].y;
+    return twice / 2;
+  }
+
   std::vector<std::vector<Point>> rings_;
   Box box_;
+};
+
+// A polygon that annotates: its class's label.
+struct Shape {
+  Polygon polygon;
+  uint32_t label = 0;
+  double area = 0;
 };
 
 // What a file holds, for messages: shapes by class (empty: unclassified) and what is not an area.
@@ -90,10 +112,10 @@ std::string class_of(const nlohmann::json& properties) {
 
 class GeoJsonLabeler final : public TileLabeler {
  public:
-  GeoJsonLabeler(const std::string& path, int64_t slide_width, int64_t slide_height, LabelRule rule, double coverage,
-                 const std::string& label_class, const std::string& unclassified_as)
-      : path_(path), rule_(rule), coverage_(coverage), label_class_(label_class), unclassified_as_(unclassified_as),
-        slide_width_(slide_width), slide_height_(slide_height) {
+  GeoJsonLabeler(const std::string& path, int64_t slide_width, int64_t slide_height, const LabelOptions& options)
+      : path_(path), options_(options), slide_width_(slide_width), slide_height_(slide_height),
+        class_count_(options.classes.empty() ? 2 : options.classes.size()) {
+    if (!options.unannotated.empty()) unannotated_label_ = options.label_of(options.unannotated);
     std::ifstream file(path);
     if (!file) throw BadInput(path + ": cannot open the annotations");
     nlohmann::json document;
@@ -103,23 +125,27 @@ class GeoJsonLabeler final : public TileLabeler {
       throw BadInput(path + ": not valid JSON: " + e.what());
     }
     read_document(document);
-    if (!polygons_.empty() && !overlaps_slide())
+    // The smallest shape first: a tumour island drawn inside a stroma region is tumour. Equal
+    // areas go to the lower label, then to the file's order.
+    std::stable_sort(shapes_.begin(), shapes_.end(), [](const Shape& a, const Shape& b) {
+      return std::tie(a.area, a.label) < std::tie(b.area, b.label);
+    });
+    if (marking_box() && !overlaps_slide())
       throw BadInput(description() + ": none of them lies on the slide (the annotations of another slide?)");
   }
 
-  uint32_t label(double x0, double y0, double x1, double y1) const override {
-    if (rule_ == LabelRule::centre) return inside((x0 + x1) / 2, (y0 + y1) / 2) ? 1 : 0;
-    std::vector<const Polygon*> nearby;
-    for (auto& polygon : polygons_)
-      if (polygon.overlaps_box(x0, y0, x1, y1)) nearby.push_back(&polygon);
-    if (nearby.empty()) return 0;
-    int covered = 0;
-    for (int sy = 0; sy < coverage_samples; ++sy)
-      for (int sx = 0; sx < coverage_samples; ++sx) {
-        double x = x0 + (x1 - x0) * (sx + 0.5) / coverage_samples, y = y0 + (y1 - y0) * (sy + 0.5) / coverage_samples;
-        covered += std::any_of(nearby.begin(), nearby.end(), [&](auto* polygon) { return polygon->contains(x, y); });
-      }
-    return covered >= coverage_ * coverage_samples * coverage_samples ? 1 : 0;
+  std::optional<uint32_t> label(double x0, double y0, double x1, double y1) const override {
+    if (auto claimed = claim(x0, y0, x1, y1, true)) return claimed;
+    return unannotated_label_;
+  }
+
+  bool marks(double x0, double y0, double x1, double y1) const override {
+    auto claimed = claim(x0, y0, x1, y1, false);
+    return options_.classes.empty() ? claimed == 1u : claimed.has_value();
+  }
+
+  std::string marked() const override {
+    return options_.classes.empty() ? options_.label_class : "any of " + class_names(", ", " or ");
   }
 
   // "PATH: 2 features: 8 polygons (3 Tumor, 5 Invborder), 1 hole; label 1 is Tumor: 3 polygons
@@ -134,37 +160,53 @@ class GeoJsonLabeler final : public TileLabeler {
     }
     std::string text = path_ + ": " + plural(found_.features, "feature") + ": " + plural(polygons, "polygon") +
                        (classes.empty() ? "" : " (" + classes + ")");
-    if (polygons && polygons_.empty())
-      text += " spanning " + found_.extent.text() + " (the slide is " + slide_size() + ")";
+    auto box = marking_box();
+    if (polygons && !box) text += " spanning " + found_.extent.text() + " (the slide is " + slide_size() + ")";
     if (holes) text += ", " + plural(holes, "hole");
     if (found_.not_areas) text += ", " + plural(found_.not_areas, "point or line") + " (not areas, unused)";
     if (found_.without_geometry) text += ", " + plural(found_.without_geometry, "feature") + " without geometry";
-    if (!polygons_.empty()) {
-      Box box;
-      for (auto& polygon : polygons_) box.add(polygon.box());
-      return text + "; label 1 is " + label_class_ + ": " + plural(polygons_.size(), "polygon") + " spanning " +
-             box.text() + " of the slide's " + slide_size();
+    if (box) {
+      std::string which = options_.classes.empty()
+                              ? "label 1 is " + options_.label_class
+                              : "labels 0 to " + std::to_string(class_count_ - 1) + " are " + class_names(", ", ", ");
+      return text + "; " + which + ": " + plural(marking_count(), "polygon") + " spanning " + box->text() +
+             " of the slide's " + slide_size();
     }
-    text += "; none is " + label_class_;
-    std::string others;
+    text += "; none is " + (options_.classes.empty() ? options_.label_class : class_names(", ", " or "));
+    std::string others;  // the classes the file holds that mark nothing
     for (auto& [name, count] : found_.polygons)
-      if (!name.empty()) others += (others.empty() ? "" : " or ") + name;
-    if (!others.empty()) text += " (--label-class " + others + "?)";
-    if (found_.polygons.count("") && unclassified_as_.empty())
-      text += "; unclassified shapes take a class with --unclassified-as " + label_class_;
+      if (!name.empty() && (options_.classes.empty() ? name != options_.label_class : !options_.label_of(name)))
+        others += (others.empty() ? "" : " or ") + name;
+    if (!others.empty()) text += options_.classes.empty() ? " (--label-class " + others + "?)" : " (--classes with " + others + "?)";
+    if (found_.polygons.count("") && options_.unclassified_as.empty())
+      text += "; unclassified shapes take a class with --unclassified-as " +
+              (options_.classes.empty() ? options_.label_class : options_.classes.front());
     return text;
   }
 
+  // Shapes that mark tiles reaching past the slide, and shapes that annotate nothing (a class
+  // --classes does not list, or none without --unclassified-as), each named.
   std::string warning() const override {
-    Box box;
-    for (auto& polygon : polygons_) box.add(polygon.box());
+    std::string text;
+    auto add = [&](const std::string& line) { text += (text.empty() ? "" : "; ") + path_ + ": " + line; };
     double slack_x = 0.01 * static_cast<double>(slide_width_), slack_y = 0.01 * static_cast<double>(slide_height_);
-    if (polygons_.empty() || (box.x0 >= -slack_x && box.y0 >= -slack_y &&
-                              box.x1 <= static_cast<double>(slide_width_) + slack_x &&
-                              box.y1 <= static_cast<double>(slide_height_) + slack_y))
-      return "";
-    return path_ + ": the " + label_class_ + " shapes span " + box.text() + ", beyond the slide (" + slide_size() +
-           "); tiles are labelled where they overlap it";
+    if (auto box = marking_box(); box && (box->x0 < -slack_x || box->y0 < -slack_y ||
+                                          box->x1 > static_cast<double>(slide_width_) + slack_x ||
+                                          box->y1 > static_cast<double>(slide_height_) + slack_y))
+      add("the " + (options_.classes.empty() ? options_.label_class : class_names(", ", " and ")) + " shapes span " +
+          box->text() + ", beyond the slide (" + slide_size() + "); tiles are labelled where they overlap it");
+    if (!ignored_.empty()) {
+      size_t count = 0;
+      std::string classes;
+      for (auto& [name, polygons] : ignored_) {
+        count += polygons;
+        classes += (classes.empty() ? "" : ", ") + std::to_string(polygons) + " " + (name.empty() ? "unclassified" : name);
+      }
+      add(plural(count, "polygon") + " (" + classes + (count == 1 ? ") annotates" : ") annotate") + " nothing: " +
+          (options_.classes.empty() ? "--unclassified-as CLASS gives unclassified shapes a class"
+                                    : "their classes are not among --classes " + class_names(",", ",")));
+    }
+    return text;
   }
 
  private:
@@ -174,14 +216,68 @@ class GeoJsonLabeler final : public TileLabeler {
 
   std::string slide_size() const { return std::to_string(slide_width_) + "x" + std::to_string(slide_height_); }
 
+  std::string class_names(const std::string& separator, const std::string& last) const {
+    std::string text;
+    for (size_t i = 0; i < options_.classes.size(); ++i)
+      text += (i == 0 ? "" : i + 1 == options_.classes.size() ? last : separator) + options_.classes[i];
+    return text;
+  }
+
+  // The shapes whose tiles the checks count (marks()): the label class's, or with classes all.
+  bool marking(const Shape& shape) const { return !options_.classes.empty() || shape.label == 1; }
+
+  size_t marking_count() const {
+    return static_cast<size_t>(std::count_if(shapes_.begin(), shapes_.end(), [&](auto& s) { return marking(s); }));
+  }
+
+  // The extent of the marking shapes; none when there are none.
+  std::optional<Box> marking_box() const {
+    std::optional<Box> box;
+    for (auto& shape : shapes_)
+      if (marking(shape)) {
+        if (!box) box = Box();
+        box->add(shape.polygon.box());
+      }
+    return box;
+  }
+
   bool overlaps_slide() const {
-    return std::any_of(polygons_.begin(), polygons_.end(), [&](const Polygon& polygon) {
-      return polygon.overlaps_box(0, 0, static_cast<double>(slide_width_), static_cast<double>(slide_height_));
+    return std::any_of(shapes_.begin(), shapes_.end(), [&](const Shape& shape) {
+      return marking(shape) && shape.polygon.overlaps_box(0, 0, static_cast<double>(slide_width_),
+                                                          static_cast<double>(slide_height_));
     });
   }
 
-  bool inside(double x, double y) const {
-    return std::any_of(polygons_.begin(), polygons_.end(), [&](auto& polygon) { return polygon.contains(x, y); });
+  // The label the shapes give the rectangle: the centre rule's smallest shape at its centre, or
+  // the coverage rule's class covering the largest fraction (each sample point counting for the
+  // smallest shape holding it, the uncovered ones for --unannotated's class when `credit`), if it
+  // reaches the coverage fraction, ties to the lower label. None when no class claims it.
+  std::optional<uint32_t> claim(double x0, double y0, double x1, double y1, bool credit) const {
+    if (options_.rule == LabelRule::centre) {
+      double x = (x0 + x1) / 2, y = (y0 + y1) / 2;
+      for (auto& shape : shapes_)
+        if (shape.polygon.contains(x, y)) return shape.label;
+      return std::nullopt;
+    }
+    std::vector<const Shape*> nearby;  // still smallest first
+    for (auto& shape : shapes_)
+      if (shape.polygon.overlaps_box(x0, y0, x1, y1)) nearby.push_back(&shape);
+    std::vector<int> counts(class_count_, 0);
+    int uncovered = 0;
+    for (int sy = 0; sy < coverage_samples; ++sy)
+      for (int sx = 0; sx < coverage_samples; ++sx) {
+        double x = x0 + (x1 - x0) * (sx + 0.5) / coverage_samples, y = y0 + (y1 - y0) * (sy + 0.5) / coverage_samples;
+        auto holding = std::find_if(nearby.begin(), nearby.end(), [&](auto* shape) { return shape->polygon.contains(x, y); });
+        if (holding == nearby.end())
+          ++uncovered;
+        else
+          ++counts[(*holding)->label];
+      }
+    if (credit && unannotated_label_) counts[*unannotated_label_] += uncovered;
+    auto most = std::max_element(counts.begin(), counts.end());  // the first of the largest: the lower label
+    if (*most > 0 && *most >= options_.coverage * coverage_samples * coverage_samples)
+      return static_cast<uint32_t>(most - counts.begin());
+    return std::nullopt;
   }
 
   [[noreturn]] void invalid(size_t feature, const std::string& what) const {
@@ -269,26 +365,30 @@ class GeoJsonLabeler final : public TileLabeler {
     ++found_.polygons[name];
     found_.holes[name] += polygon.holes();
     found_.extent.add(polygon.box());
-    std::string effective = name.empty() ? unclassified_as_ : name;
-    if (!effective.empty() && effective == label_class_) polygons_.push_back(std::move(polygon));
+    std::string effective = name.empty() ? options_.unclassified_as : name;
+    if (auto label = options_.label_of(effective)) {
+      double area = polygon.area();
+      shapes_.push_back({std::move(polygon), *label, area});
+    } else {
+      ++ignored_[name];
+    }
   }
 
   std::string path_;
-  LabelRule rule_;
-  double coverage_;
-  std::string label_class_, unclassified_as_;
+  LabelOptions options_;
   int64_t slide_width_, slide_height_;
+  size_t class_count_;
+  std::optional<uint32_t> unannotated_label_;
   Found found_;
-  std::vector<Polygon> polygons_;  // those of the label class
+  std::vector<Shape> shapes_;               // those that annotate, smallest first
+  std::map<std::string, size_t> ignored_;  // polygons that annotate nothing, by class (empty: unclassified)
 };
 
 }  // namespace
 
 std::unique_ptr<TileLabeler> open_geojson_labels(const std::string& path, int64_t slide_width, int64_t slide_height,
-                                                 LabelRule rule, double coverage, const std::string& label_class,
-                                                 const std::string& unclassified_as) {
-  return std::make_unique<GeoJsonLabeler>(path, slide_width, slide_height, rule, coverage, label_class,
-                                          unclassified_as);
+                                                 const LabelOptions& options) {
+  return std::make_unique<GeoJsonLabeler>(path, slide_width, slide_height, options);
 }
 
 }  // namespace tessera::data

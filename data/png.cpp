@@ -2,9 +2,13 @@
 
 #include <png.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "common/error.h"
+#include "common/files.h"
+#include "common/output.h"
 
 namespace tessera::data {
 
@@ -34,12 +38,21 @@ bool write_rows(FILE* file, int width, int height, const uint8_t* rgb) {
 
 void write_png_rgb(const std::string& path, int width, int height, const uint8_t* rgb) {
   if (width < 1 || height < 1) throw Error(ExitCode::runtime_error, path + ": cannot write an empty image");
-  FILE* file = std::fopen(path.c_str(), "wb");
-  if (!file) throw Error(ExitCode::runtime_error, path + ": cannot create");
+  const std::string partial = path + ".partial";
+  UniqueFd created = create_new_file(partial);  // never through a link planted at the name
+  FILE* file = ::fdopen(created.get(), "wb");
+  if (!file) throw Error(ExitCode::runtime_error, partial + ": cannot write" + disk_full_hint());
+  created.release();  // the FILE owns it now
   bool written = write_rows(file, width, height, rgb);
   if (std::fclose(file) != 0 || !written) {
-    std::remove(path.c_str());
-    throw Error(ExitCode::runtime_error, path + ": cannot write the PNG (is the disk full?)");
+    ::unlink(partial.c_str());
+    throw Error(ExitCode::runtime_error, path + ": cannot write the PNG" + disk_full_hint());
+  }
+  try {
+    durable_rename(partial, path);
+  } catch (...) {
+    ::unlink(partial.c_str());
+    throw;
   }
 }
 

@@ -144,6 +144,7 @@ nlohmann::json SlideRecord::to_json() const {
                           {"done", done},
                           {"tiles", tiles},
                           {"corrupt_tiles", corrupt_tiles},
+                          {"unannotated", unannotated},
                           {"label_counts", counts},
                           {"complete", complete}};
   // Written only where they say something, as stores have always had them.
@@ -218,6 +219,7 @@ SlideRecord SlideRecord::from_json(const nlohmann::json& entry, const std::strin
   record.done = fields.count("done", 0);
   record.tiles = fields.count("tiles", 0);
   record.corrupt_tiles = fields.count("corrupt_tiles", 0);
+  record.unannotated = fields.count("unannotated", 0);
   record.label_counts = read_label_counts(fields);
   record.complete = fields.flag("complete", false);
   uint64_t counted = 0;
@@ -225,9 +227,13 @@ SlideRecord SlideRecord::from_json(const nlohmann::json& entry, const std::strin
   if (!record.label_counts.empty() && counted != record.tiles)
     fields.fail("label_counts", "add up to " + std::to_string(counted) + ", not its " + std::to_string(record.tiles) +
                                     " tiles");
-  if (fields.find("candidates") && record.tiles + record.corrupt_tiles > record.candidates)
-    fields.fail("tiles", std::to_string(record.tiles) + " and corrupt_tiles " + std::to_string(record.corrupt_tiles) +
-                             " are more than its " + std::to_string(record.candidates) + " candidates");
+  // By subtraction, so that no sum wraps around.
+  if (fields.find("candidates") &&
+      (record.tiles > record.candidates || record.corrupt_tiles > record.candidates - record.tiles ||
+       record.unannotated > record.candidates - record.tiles - record.corrupt_tiles))
+    fields.fail("tiles", std::to_string(record.tiles) + ", corrupt_tiles " + std::to_string(record.corrupt_tiles) +
+                             " and unannotated " + std::to_string(record.unannotated) + " are more than its " +
+                             std::to_string(record.candidates) + " candidates");
   if (fields.find("candidates") && record.done > record.candidates)
     fields.fail("done", "is " + std::to_string(record.done) + ", more than its " + std::to_string(record.candidates) +
                             " candidates");

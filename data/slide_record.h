@@ -45,6 +45,7 @@ struct SlideRecord {
   uint64_t done = 0;           // candidates processed
   uint64_t tiles = 0;          // tiles stored
   uint64_t corrupt_tiles = 0;  // candidates skipped as corrupt
+  uint64_t unannotated = 0;    // candidates left out: no annotation claims them (labels.h)
   std::vector<uint64_t> label_counts;  // tiles stored, by label
   bool complete = false;
 
@@ -59,7 +60,7 @@ struct SlideRecord {
   nlohmann::json to_json() const;
   // Throws BadInput naming `where` (the store and slide) when a field has the wrong type or an
   // impossible value: a negative size, a tile size of 0, a label that is not a class index,
-  // more tiles than candidates.
+  // more tiles, corrupt and unannotated candidates than candidates.
   static SlideRecord from_json(const nlohmann::json& entry, const std::string& where);
 };
 

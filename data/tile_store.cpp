@@ -184,9 +184,19 @@ const std::string& with_parent_directory(const std::string& path) {
 }  // namespace
 
 TileStoreWriter::TileStoreWriter(const std::string& path, uint64_t initial_map_size)
-    : path_(path), lock_(with_parent_directory(path)) {
+    : path_(path), lock_(with_parent_directory(path)), created_(!output_exists(path)) {
   // One writer per store: LMDB serialises transactions, not runs, and two runs would both take
   // the next slide id. The lock is taken before anything in the store is read or written.
+  try {
+    open(initial_map_size);
+  } catch (...) {
+    discard();  // a store this writer began and could not open (a full disk) is not left half made
+    throw;
+  }
+}
+
+void TileStoreWriter::open(uint64_t initial_map_size) {
+  const std::string& path = path_;
   unsigned flags = env_flags_for(path);
   if (!(flags & MDB_NOSUBDIR)) {
     std::error_code error;
@@ -227,6 +237,14 @@ TileStoreWriter::~TileStoreWriter() {
   if (env_) mdb_env_close(env_);
 }
 
+void TileStoreWriter::discard() noexcept {
+  if (!created_) return;
+  if (env_) mdb_env_close(std::exchange(env_, nullptr));
+  std::error_code ignored;
+  for (const char* file : {"data.mdb", "lock.mdb"}) fs::remove(fs::path(path_) / file, ignored);
+  fs::remove(path_, ignored);  // the directory, unless something else was put there meanwhile
+}
+
 std::map<uint32_t, SlideRecord> TileStoreWriter::slides() const {
   Transaction txn;
   if (int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn.txn)) fail(path_, "reading slides", rc);
@@ -264,7 +282,10 @@ void TileStoreWriter::commit(uint32_t slide, const SlideRecord& record, const st
   std::string text = record.to_json().dump();
   for (;;) {
     int rc = try_commit(slide, text, tiles);
-    if (rc == 0) return;
+    if (rc == 0) {
+      tiles_committed_ += tiles.size();
+      return;
+    }
     if (rc != MDB_MAP_FULL) fail(path_, "writing " + std::to_string(tiles.size()) + " tiles", rc);
     // Double the map: grows a store of any size in few steps; LMDB only reserves address space.
     if (int grow = mdb_env_set_mapsize(env_, map_size_ * 2)) fail(path_, "growing the map", grow);

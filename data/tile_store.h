@@ -26,7 +26,8 @@ class TileStoreWriter {
   // Opens or creates the store at `path` (a directory, or a single file if one exists there),
   // locked for this writer (common/output.h): a second writer fails at once, naming the store
   // and the run that holds it. Throws BadInput when the store's data file is truncated or not
-  // LMDB's, and Error when one of its files is a link (LMDB would write through it).
+  // LMDB's, and Error when one of its files is a link (LMDB would write through it); a store it
+  // was creating is removed then.
   explicit TileStoreWriter(const std::string& path, uint64_t initial_map_size = uint64_t{1} << 30);
   ~TileStoreWriter();
   TileStoreWriter(const TileStoreWriter&) = delete;
@@ -46,12 +47,22 @@ class TileStoreWriter {
 
   uint64_t map_size() const { return map_size_; }
   const std::string& path() const { return path_; }
+  // Whether nothing was at `path` before this writer: the store is this run's.
+  bool created() const { return created_; }
+  // Tiles this writer has committed.
+  uint64_t tiles_committed() const { return tiles_committed_; }
+  // Closes the store and removes it when this writer created it (nothing otherwise), so that a
+  // run that fails leaves nothing behind; the writer is of no further use.
+  void discard() noexcept;
 
  private:
+  void open(uint64_t initial_map_size);
   int try_commit(uint32_t slide, const std::string& entry, const std::vector<Tile>& tiles);
 
   std::string path_;
   OutputLock lock_;  // before env_, so it is released after the environment closes, and on a failed open
+  bool created_ = false;
+  uint64_t tiles_committed_ = 0;
   MDB_env* env_ = nullptr;
   MDB_dbi tiles_ = 0, slides_ = 0;
   uint64_t map_size_ = 0;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "common/error.h"
 #include "common/progress.h"
@@ -32,10 +33,16 @@ const char* encoding_name(TileEncoding encoding) { return encoding == TileEncodi
 // What one grid position became.
 struct TileResult {
   TileStoreWriter::Tile tile;
-  uint32_t label = 0;
+  std::optional<uint32_t> label;  // none: no annotation claims it, and it is left out
   bool copied = false;  // the file's JPEG bytes, not decoded and encoded again
   std::string corrupt;  // why the tile was skipped
 };
+
+// Adds `text` to the summary's warning (several are joined by "; ").
+void add_warning(nlohmann::json& summary, const std::string& text) {
+  std::string before = summary.value("warning", "");
+  summary["warning"] = before.empty() ? text : before + "; " + text;
+}
 
 // The settings that must match for a run to continue a slide an earlier run started.
 nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
@@ -46,12 +53,19 @@ nlohmann::json settings_of(const SlideJob& job, const TilerOptions& options) {
           {"min_tissue", options.min_tissue},
           {"tissue_threshold", options.tissue_threshold},
           {"labels", job.labels.empty() ? "" : canonical_path(job.labels)},
-          {"label_rule", options.label_rule == LabelRule::centre ? "centre" : "coverage"},
-          {"label_coverage", options.label_coverage},
-          {"label_class", options.label_class}};
+          {"label_rule", options.labelling.rule == LabelRule::centre ? "centre" : "coverage"},
+          {"label_coverage", options.labelling.coverage},
+          {"label_class", options.labelling.label_class}};
   // Recorded only when not the default, so that stores tiled before these settings existed resume.
   if (options.tissue != Stain::automatic) settings["tissue"] = stain_name(options.tissue);
-  if (!options.unclassified_as.empty()) settings["unclassified_as"] = options.unclassified_as;
+  if (!options.labelling.unclassified_as.empty()) settings["unclassified_as"] = options.labelling.unclassified_as;
+  // GeoJSON annotations are sparse: what tissue no shape claims became (a class, or null: left
+  // out) is always recorded, so that a store tiled when it was labelled 0 is not resumed.
+  if (!job.labels.empty() && is_geojson_path(job.labels)) {
+    const std::string& unannotated = options.labelling.unannotated;
+    settings["unannotated"] = unannotated.empty() ? nlohmann::json() : nlohmann::json(unannotated);
+    if (!options.labelling.classes.empty()) settings["classes"] = options.labelling.classes;
+  }
   if (options.intensity_window)
     settings["intensity_window"] = {options.intensity_window->low, options.intensity_window->high};
   return settings;
@@ -71,20 +85,21 @@ struct SlidePlan {
 };
 
 // Decides every job's slide id before any tile is written. Throws BadInput when a path the store
-// knows now holds other content, UsageError when settings differ from the earlier run's.
+// knows now holds other content, UsageError when settings differ from the earlier run's. An
+// entry that holds no tile (a failed or killed run's, or a slide without tissue) is no earlier
+// run to match: the slide is tiled again under its id with these settings.
 std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const TilerOptions& options,
                                    const std::map<uint32_t, SlideRecord>& slides, const std::string& store) {
   uint32_t next_id = slides.empty() ? 0 : slides.rbegin()->first + 1;
   std::vector<SlidePlan> plans;
+  std::set<uint32_t> replaced;
   std::map<std::string, std::string> given;  // fingerprint -> slide
   for (const SlideJob& job : jobs) {
     std::string path = canonical_path(job.slide), fingerprint = slide_fingerprint(job.slide);
     nlohmann::json settings = settings_of(job, options);
     SlidePlan plan{.fingerprint = fingerprint};
+    bool known = false;
     for (auto& [existing_id, existing] : slides) {
-      if (existing.tile_size != options.size)
-        throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.tile_size) +
-                         " pixels; use another --out for " + std::to_string(options.size));
       if (existing.fingerprint != fingerprint) {
         if (existing.path == path)
           throw BadInput(path + ": the file changed since it was tiled into " + store + " (was " +
@@ -92,16 +107,25 @@ std::vector<SlidePlan> plan_slides(const std::vector<SlideJob>& jobs, const Tile
                          "); tiles of two slides would mix under one name: use another --out");
         continue;
       }
-      if (existing.settings != settings)
+      known = true;
+      plan.id = existing_id;
+      if (existing.settings == settings && existing.tile_size == options.size)
+        plan.record = existing;
+      else if (existing.tiles == 0)
+        replaced.insert(existing_id);
+      else if (existing.tile_size == options.size)
         throw UsageError("--out: " + store + " already holds " + path + " tiled with other settings (" +
                          existing.settings.dump() + "); use another --out");
-      plan = {existing_id, fingerprint, existing};
     }
     if (!given.emplace(fingerprint, job.slide).second)
       throw UsageError("SLIDE: " + given[fingerprint] + " and " + job.slide + " are the same slide (same content)");
-    if (!plan.record) plan.id = next_id++;
+    if (!known) plan.id = next_id++;
     plans.push_back(std::move(plan));
   }
+  for (auto& [existing_id, existing] : slides)
+    if (!jobs.empty() && !replaced.count(existing_id) && existing.tile_size != options.size)
+      throw UsageError("--size: " + store + " holds tiles of " + std::to_string(existing.tile_size) +
+                       " pixels; use another --out for " + std::to_string(options.size));
   return plans;
 }
 
@@ -123,7 +147,7 @@ class SlideTiler {
                                                       settings_of(job_, options_));
     nlohmann::json summary = {{"slide", path}, {"id", id}};
     if (record.complete) {
-      summary.update({{"status", "already complete"}, {"tiles", record.tiles}});
+      summary.update({{"status", "already complete"}, {"tiles", record.tiles}, {"unannotated", record.unannotated}});
       return summary;
     }
 
@@ -145,7 +169,7 @@ class SlideTiler {
     Progress progress("tile", grid.kept.size());
     if (auto empty = why_empty(grid, level); !empty.empty()) {
       progress.event({{"warning", empty}, {"slide", path}});
-      summary["warning"] = empty;
+      add_warning(summary, empty);
     } else if (labeler_) {
       check_labels_fit(grid, tissue ? &*tissue : nullptr, progress, summary);
     }
@@ -179,9 +203,12 @@ class SlideTiler {
                             {"row", grid.row(done + i)},
                             {"column", grid.column(done + i)},
                             {"error", result.corrupt}});
+          } else if (!result.label) {
+            ++record.unannotated;  // no annotation claims it and --unannotated gives it no class
           } else {
-            if (result.label >= record.label_counts.size()) record.label_counts.resize(result.label + size_t{1});
-            ++record.label_counts[result.label];
+            const uint32_t label = *result.label;
+            if (label >= record.label_counts.size()) record.label_counts.resize(label + size_t{1});
+            ++record.label_counts[label];
             ++record.tiles;
             copied += result.copied;
             ++written;
@@ -195,6 +222,14 @@ class SlideTiler {
     if (record.tiles == 0 && record.corrupt_tiles > 0)
       throw BadInput(path + ": every tissue tile is corrupt (" + std::to_string(record.corrupt_tiles) +
                      "), the first: " + first_corrupt);
+    if (record.tiles == 0 && record.unannotated > 0) {
+      std::string none = path + ": no annotation of " + job_.labels + " claims any of its " +
+                         std::to_string(record.unannotated) +
+                         " tissue tiles, so none is stored (--unannotated CLASS gives the tissue outside the "
+                         "shapes a class)";
+      progress.event({{"warning", none}});
+      add_warning(summary, none);
+    }
     record.complete = true;
     commit(candidates);
     progress.finish();
@@ -209,6 +244,7 @@ class SlideTiler {
                     {"written", written},
                     {"copied_jpeg", copied},
                     {"corrupt_tiles", record.corrupt_tiles},
+                    {"unannotated", record.unannotated},
                     {"tiles", record.tiles},
                     {"label_counts", record.to_json()["label_counts"]},
                     {"seconds", seconds},
@@ -229,9 +265,10 @@ class SlideTiler {
     return {};
   }
 
-  // Labels that give no tile of the grid a class (GeoJSON beside the slide, an empty mask), or
-  // whose classes lie mostly off the tissue (the labels of another slide), are refused naming the
-  // file; --allow-empty-labels turns the first into a warning, for slides without tumour.
+  // Labels that mark no tile of the grid (GeoJSON beside the slide, an empty mask; TileLabeler::
+  // marks: the label class, or with --classes any class), or whose marks lie mostly off the
+  // tissue (the labels of another slide), are refused naming the file; --allow-empty-labels
+  // turns the first into a warning, for slides without tumour.
   void check_labels_fit(const TileGrid& grid, const TissueMask* tissue, Progress& progress,
                         nlohmann::json& summary) const {
     const double extent = grid.size * slide_->levels()[static_cast<size_t>(grid.level)].downsample;
@@ -239,7 +276,7 @@ class SlideTiler {
     for (int64_t row = 0; row < grid.rows; ++row)
       for (int64_t column = 0; column < grid.columns; ++column) {
         double x0 = static_cast<double>(column) * extent, y0 = static_cast<double>(row) * extent;
-        if (labeler_->label(x0, y0, x0 + extent, y0 + extent) == 0) continue;
+        if (!labeler_->marks(x0, y0, x0 + extent, y0 + extent)) continue;
         ++labelled;
         on_tissue += !tissue || tissue->tissue_fraction(x0, y0, x0 + extent, y0 + extent) > 0;
       }
@@ -247,15 +284,15 @@ class SlideTiler {
     std::string slide = job_.slide + " (" + std::to_string(base.width) + "x" + std::to_string(base.height) + ")";
     if (std::string warning = labeler_->warning(); !warning.empty()) {
       progress.event({{"warning", warning}});
-      summary["warning"] = warning;
+      add_warning(summary, warning);
     }
     if (labelled == 0) {
-      std::string message = job_.labels + ": labels no tile of " + slide + " with a class other than 0 (" +
+      std::string message = job_.labels + ": labels no tile of " + slide + " with " + labeler_->marked() + " (" +
                             labeler_->description() + ")";
       if (!options_.allow_empty_labels)
         throw BadInput(message + "; if the slide truly has none, pass --allow-empty-labels");
       progress.event({{"warning", message}});
-      summary["warning"] = message;
+      add_warning(summary, message);
     } else if (on_tissue * 2 < labelled) {
       throw BadInput(job_.labels + ": " + std::to_string(labelled - on_tissue) + " of the " + std::to_string(labelled) +
                      " tiles it labels lie on glass of " + slide + ": the labels of another slide?");
@@ -271,12 +308,13 @@ class SlideTiler {
     const auto x0 = static_cast<double>(origin.x), y0 = static_cast<double>(origin.y);
     TileResult result;
     result.label = labeler_ ? labeler_->label(x0, y0, x0 + extent, y0 + extent) : 0;
+    if (!result.label) return result;  // left out: neither read nor stored
     const auto channels = static_cast<size_t>(slide_->channels());
     TileHeader header{static_cast<uint16_t>(size),
                       static_cast<uint16_t>(size),
                       static_cast<uint8_t>(channels),
                       encoding(),
-                      result.label,
+                      *result.label,
                       static_cast<uint32_t>(origin.x),
                       static_cast<uint32_t>(origin.y)};
     result.tile.key = {id, static_cast<uint32_t>(options_.level), static_cast<uint32_t>(row),
@@ -368,6 +406,7 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
   auto start = Clock::now();
+  check_label_options(options.labelling);
   // Every input is opened and checked once, before the first tile is written; each slide is
   // tiled from what was opened, and closed once it is done.
   std::string too_small;  // slides the tile size does not fit
@@ -387,36 +426,48 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
     check_stain_fits(options.tissue, *slide);
     std::unique_ptr<TileLabeler> labeler;
     if (!job.labels.empty())
-      labeler = open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.label_rule,
-                            options.label_coverage, options.label_class, options.unclassified_as);
+      labeler = open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.labelling);
     opened.push_back({std::move(slide), std::move(labeler)});
   }
   if (!jobs.empty() && too_small_count == jobs.size())
     throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
                    std::to_string(options.level) + ": " + too_small);
   TileStoreWriter writer(store);
-  auto plans = plan_slides(jobs, options, writer.slides(), store);
-  nlohmann::json slides = nlohmann::json::array();
-  uint64_t written = 0, corrupt = 0, tiles = 0;
-  std::string reasons;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    auto summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
-    written += summary.value("written", uint64_t{0});
-    corrupt += summary.value("corrupt_tiles", uint64_t{0});
-    tiles += summary.value("tiles", uint64_t{0});
-    reasons += (reasons.empty() ? "" : "; ") + summary.value("warning", jobs[i].slide + ": no tile");
-    slides.push_back(std::move(summary));
+  try {
+    auto plans = plan_slides(jobs, options, writer.slides(), store);
+    nlohmann::json slides = nlohmann::json::array();
+    uint64_t written = 0, corrupt = 0, unannotated = 0, tiles = 0;
+    std::string reasons;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      auto summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
+      written += summary.value("written", uint64_t{0});
+      corrupt += summary.value("corrupt_tiles", uint64_t{0});
+      unannotated += summary.value("unannotated", uint64_t{0});
+      tiles += summary.value("tiles", uint64_t{0});
+      reasons += (reasons.empty() ? "" : "; ") + summary.value("warning", jobs[i].slide + ": no tile");
+      slides.push_back(std::move(summary));
+    }
+    // A run that tiles slides into nothing has failed, though every step succeeded.
+    if (!jobs.empty() && tiles == 0) throw BadInput("no tile from any slide: " + reasons);
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return {{"store", store},
+            {"slides", slides},
+            {"written", written},
+            {"corrupt_tiles", corrupt},
+            {"unannotated", unannotated},
+            {"map_size", writer.map_size()},
+            {"seconds", seconds},
+            {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}};
+  } catch (const Error& e) {
+    // A store this run made and stored no tile in goes with the run; one that was there keeps
+    // its entries, and those without a tile are tiled again by a run with other settings.
+    if (!writer.created() || writer.tiles_committed() > 0) throw;
+    writer.discard();
+    throw Error(e.code(), std::string(e.what()) + " (no tile was stored: " + store + " is removed)");
+  } catch (...) {
+    if (writer.created() && writer.tiles_committed() == 0) writer.discard();
+    throw;
   }
-  // A run that tiles slides into nothing has failed, though every step succeeded.
-  if (!jobs.empty() && tiles == 0) throw BadInput("no tile from any slide: " + reasons);
-  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return {{"store", store},
-          {"slides", slides},
-          {"written", written},
-          {"corrupt_tiles", corrupt},
-          {"map_size", writer.map_size()},
-          {"seconds", seconds},
-          {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}};
 }
 
 }  // namespace tessera::data

@@ -20,10 +20,7 @@ struct TilerOptions {
   double min_tissue = 0.5;
   int tissue_threshold = default_tissue_threshold;  // saturation 0-255, or signal above the background
   Stain tissue = Stain::automatic;
-  LabelRule label_rule = LabelRule::centre;
-  double label_coverage = 0.5;
-  std::string label_class = "Tumor";
-  std::string unclassified_as;  // GeoJSON shapes without a class take this one (empty: none)
+  LabelOptions labelling;  // how --labels become tile labels, and what becomes of unannotated tissue
   bool allow_empty_labels = false;  // labels that give no tile a class: a warning, not an error
   TileEncoding encoding = TileEncoding::jpeg;
   int quality = 90;
@@ -61,7 +58,9 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 // Tiles each slide into the store at `store` (created if needed), resuming slides a previous
 // run left unfinished and skipping finished ones. Throws BadInput naming the file when a slide
 // or label file cannot be read (before any tile is written); corrupt tiles are reported,
-// counted and skipped. Returns the summary.
+// counted and skipped, as are tiles no annotation claims (`unannotated`). A run that fails
+// before it stores a tile removes the store it created; a slide entry that holds no tile is
+// tiled again by a run with other settings. Returns the summary.
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options);
 
 }  // namespace tessera::data

@@ -59,7 +59,7 @@ def test_tiles_of_held_out_slides():
             geojsons.append(os.path.join(work, f"slide{index}.geojson"))
         store = os.path.join(work, "tiles.lmdb")
         tiled = summary(run(TESSERA, "tile", *slides, "--out", store, "--size", 32, "--labels", *geojsons,
-                            "--allow-empty-labels", "--workers", 2))
+                            "--unannotated", "Normal", "--allow-empty-labels", "--workers", 2))
         tiles = sum(entry["tiles"] for entry in tiled["slides"])
         assert tiles > 5000, tiled  # half held out: one point is some 25 tiles
         compare(f"tiles of 3 held-out slides ({tiles} tiles in all)", store, 3)

@@ -101,7 +101,7 @@ def check_shared_files():
     for label_class in ("Tumor", "Invborder"):
         store = os.path.join(WORK, f"big-{label_class}.lmdb")
         result = summary(tessera("tile", big, "--out", store, "--level", 1, "--size", 128, "--labels", ARRAY,
-                                 "--label-class", label_class))
+                                 "--label-class", label_class, "--unannotated", "Normal"))
         labels = check_labels(store, polygons_of(ARRAY, label_class), 128 * 32)
         positive = sum(label for label, _, _ in labels.values())
         print(f"{os.path.basename(ARRAY)} ({label_class}): {positive} of {len(labels)} tiles labelled")
@@ -110,7 +110,8 @@ def check_shared_files():
     holed = os.path.join(WORK, "holed.tiff")
     sparse_slide(holed, 14336, 20480, (8, 16), (9000, 15000, 14336, 20480))
     store = os.path.join(WORK, "holed.lmdb")
-    tessera("tile", holed, "--out", store, "--level", 1, "--size", 32, "--labels", HOLED, "--unclassified-as", "Tumor")
+    tessera("tile", holed, "--out", store, "--level", 1, "--size", 32, "--labels", HOLED, "--unclassified-as", "Tumor",
+            "--unannotated", "Normal")
     polygons = polygons_of(HOLED, None)
     labels = check_labels(store, polygons, 256)
     hole = np.array(polygons[0][1])
@@ -156,7 +157,8 @@ def check_forms():
                                      "geometries": [{"type": "Polygon", "coordinates": ring} for ring in rings]}}, []),
     }
     reference = os.path.join(WORK, "reference.lmdb")
-    tessera("tile", slide, "--out", reference, "--size", 128, "--labels", os.path.join(WORK, "s.geojson"))
+    tessera("tile", slide, "--out", reference, "--size", 128, "--labels", os.path.join(WORK, "s.geojson"),
+            "--unannotated", "Normal")
     expected = labels_of(reference)
     assert sum(label for label, _, _ in expected.values()) > 5, expected
     for name, (document, flags) in forms.items():
@@ -164,7 +166,7 @@ def check_forms():
         with open(path, "w") as f:
             json.dump(document, f)
         store = os.path.join(WORK, f"{name}.lmdb")
-        tessera("tile", slide, "--out", store, "--size", 128, "--labels", path, *flags)
+        tessera("tile", slide, "--out", store, "--size", 128, "--labels", path, "--unannotated", "Normal", *flags)
         assert labels_of(store) == expected, name
     print(f"{len(forms)} other forms give the FeatureCollection's {len(expected)} labels")
 

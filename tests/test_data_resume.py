@@ -15,7 +15,7 @@ import lmdb
 from data_tools import parse_value, read_store, run, summary, synth, workdir
 
 # Re-encoded 128-pixel tiles, one worker and small transactions: slow enough to kill midway.
-TILE_FLAGS = ["--size", "128", "--workers", "1", "--commit-tiles", "16", "--quality", "80"]
+TILE_FLAGS = ["--size", "128", "--workers", "1", "--commit-tiles", "16", "--quality", "80", "--unannotated", "Normal"]
 
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")

@@ -130,6 +130,23 @@ TEST(Tissue, DetectedTissueMatchesTheSyntheticTissueArea) {
   EXPECT_EQ(mask.tissue_fraction(0, 0, 64, 64), 0.0) << "the corner is glass";
 }
 
+namespace {
+
+// Label settings: a rule, its coverage fraction and what unannotated tissue becomes.
+LabelOptions labelling(LabelRule rule, double coverage, const std::string& unannotated = "",
+                       std::vector<std::string> classes = {}) {
+  LabelOptions options;
+  options.rule = rule;
+  options.coverage = coverage;
+  options.unannotated = unannotated;
+  options.classes = std::move(classes);
+  return options;
+}
+
+constexpr std::optional<uint32_t> left_out;
+
+}  // namespace
+
 TEST(Labels, GeoJsonPolygonsWithHolesAndMultiPolygons) {
   auto path = directory() / "shapes.geojson";
   write_text(path, R"({"type":"FeatureCollection","features":[
@@ -139,29 +156,94 @@ TEST(Labels, GeoJsonPolygonsWithHolesAndMultiPolygons) {
      "coordinates":[[[[200,0],[300,0],[300,100],[200,100],[200,0]]],[[[400,0],[500,0],[500,100],[400,100],[400,0]]]]}},
     {"type":"Feature","properties":{"classification":{"name":"Stroma"}},"geometry":{"type":"Polygon",
      "coordinates":[[[600,0],[700,0],[700,100],[600,100],[600,0]]]}}]})");
-  auto centre = open_labels(path.string(), 1000, 1000, LabelRule::centre, 0.5, "Tumor");
-  EXPECT_EQ(centre->label(0, 0, 100, 100), 0u) << "the centre lies in the hole";
+  auto centre = open_labels(path.string(), 1000, 1000, labelling(LabelRule::centre, 0.5));
+  EXPECT_EQ(centre->label(0, 0, 100, 100), left_out) << "the centre lies in the hole: no shape claims it";
   EXPECT_EQ(centre->label(0, 0, 40, 40), 1u);
   EXPECT_EQ(centre->label(200, 0, 300, 100), 1u);
   EXPECT_EQ(centre->label(400, 0, 500, 100), 1u);
-  EXPECT_EQ(centre->label(300, 0, 400, 100), 0u);
-  EXPECT_EQ(centre->label(600, 0, 700, 100), 0u) << "Stroma is not the label class";
-  // The square with its hole is 96% covered; half of [50, 150) x [0, 100) is.
-  auto coverage = open_labels(path.string(), 1000, 1000, LabelRule::coverage, 0.9, "Tumor");
+  EXPECT_EQ(centre->label(300, 0, 400, 100), left_out);
+  EXPECT_EQ(centre->label(600, 0, 700, 100), 0u) << "Stroma is a named class other than the label class";
+  EXPECT_TRUE(centre->marks(200, 0, 300, 100));
+  EXPECT_FALSE(centre->marks(600, 0, 700, 100)) << "only the label class marks tiles";
+  auto exhaustive = open_labels(path.string(), 1000, 1000, labelling(LabelRule::centre, 0.5, "Normal"));
+  EXPECT_EQ(exhaustive->label(0, 0, 100, 100), 0u) << "--unannotated Normal: the rest is label 0";
+  EXPECT_EQ(exhaustive->label(300, 0, 400, 100), 0u);
+  EXPECT_EQ(exhaustive->label(200, 0, 300, 100), 1u);
+  // The square with its hole is 96% covered; of [50, 150) x [0, 100), 30 of 64 samples are
+  // tumour (two fall in the hole) and 34 uncovered.
+  auto coverage = open_labels(path.string(), 1000, 1000, labelling(LabelRule::coverage, 0.9));
   EXPECT_EQ(coverage->label(0, 0, 100, 100), 1u);
-  EXPECT_EQ(coverage->label(50, 0, 150, 100), 0u);
-  auto half = open_labels(path.string(), 1000, 1000, LabelRule::coverage, 0.45, "Tumor");
-  EXPECT_EQ(half->label(50, 0, 150, 100), 1u);
+  EXPECT_EQ(coverage->label(50, 0, 150, 100), left_out);
+  auto half = open_labels(path.string(), 1000, 1000, labelling(LabelRule::coverage, 0.45));
+  EXPECT_EQ(half->label(50, 0, 150, 100), 1u) << "30/64 tumour reaches 0.45";
+  auto credited = open_labels(path.string(), 1000, 1000, labelling(LabelRule::coverage, 0.45, "Normal"));
+  EXPECT_EQ(credited->label(50, 0, 150, 100), 0u) << "the 34 uncovered samples are Normal's: the larger class";
+  EXPECT_TRUE(credited->marks(50, 0, 150, 100)) << "the checks count the tumour alone";
+  auto high = open_labels(path.string(), 1000, 1000, labelling(LabelRule::coverage, 0.9, "Normal"));
+  EXPECT_EQ(high->label(50, 0, 150, 100), 0u) << "no class reaches 0.9: unannotated, so Normal";
+}
+
+TEST(Labels, ClassesNestedShapesAndShapesThatAnnotateNothing) {
+  auto path = directory() / "classes.geojson";
+  // A Stroma region holding a smaller Tumor island, a Necrosis square (not listed) and an
+  // unclassified one; label i is the i-th of --classes.
+  write_text(path, R"([
+    {"type":"Feature","properties":{"classification":{"name":"Stroma"}},"geometry":{"type":"Polygon",
+     "coordinates":[[[0,0],[400,0],[400,400],[0,400],[0,0]]]}},
+    {"type":"Feature","properties":{"classification":{"name":"Tumor"}},"geometry":{"type":"Polygon",
+     "coordinates":[[[100,100],[300,100],[300,300],[100,300],[100,100]]]}},
+    {"type":"Feature","properties":{"classification":{"name":"Necrosis"}},"geometry":{"type":"Polygon",
+     "coordinates":[[[500,0],[600,0],[600,100],[500,100],[500,0]]]}},
+    {"type":"Feature","geometry":{"type":"Polygon","coordinates":[[[700,0],[800,0],[800,100],[700,100],[700,0]]]}}])");
+  auto classes = labelling(LabelRule::centre, 0.5, "", {"Tumor", "Stroma", "Normal"});
+  auto labels = open_labels(path.string(), 1000, 1000, classes);
+  EXPECT_EQ(labels->label(150, 150, 250, 250), 0u) << "the smallest shape at the centre: the island";
+  EXPECT_EQ(labels->label(0, 0, 100, 100), 1u);
+  EXPECT_EQ(labels->label(500, 0, 600, 100), left_out) << "Necrosis is not among the classes";
+  EXPECT_EQ(labels->label(700, 0, 800, 100), left_out) << "unclassified, without --unclassified-as";
+  EXPECT_TRUE(labels->marks(0, 0, 100, 100)) << "with classes, every listed class marks";
+  EXPECT_EQ(labels->warning(), path.string() + ": 2 polygons (1 unclassified, 1 Necrosis) annotate nothing: their "
+                                               "classes are not among --classes Tumor,Stroma,Normal");
+  classes.unannotated = "Normal";
+  classes.unclassified_as = "Stroma";
+  auto exhaustive = open_labels(path.string(), 1000, 1000, classes);
+  EXPECT_EQ(exhaustive->label(500, 0, 600, 100), 2u);
+  EXPECT_EQ(exhaustive->label(700, 0, 800, 100), 1u) << "unclassified as Stroma";
+  // Coverage: of [200, 400) x [200, 400), a quarter is the island, the rest Stroma.
+  classes.rule = LabelRule::coverage;
+  auto coverage = open_labels(path.string(), 1000, 1000, classes);
+  EXPECT_EQ(coverage->label(200, 200, 400, 400), 1u);
+  EXPECT_EQ(coverage->label(350, 350, 450, 450), 2u) << "a quarter Stroma, the rest unannotated: Normal";
+  classes.unannotated.clear();
+  EXPECT_EQ(open_labels(path.string(), 1000, 1000, classes)->label(350, 350, 450, 450), left_out);
+}
+
+TEST(Labels, ClassOptionsAreChecked) {
+  EXPECT_EQ(parse_class_names("Tumor,Stroma,Normal"), (std::vector<std::string>{"Tumor", "Stroma", "Normal"}));
+  EXPECT_THROW(parse_class_names("Tumor,,Normal"), UsageError);
+  EXPECT_THROW(parse_class_names("Tumor,Tumor"), UsageError);
+  auto options = labelling(LabelRule::centre, 0.5, "Other", {"Tumor", "Stroma"});
+  try {
+    check_label_options(options);
+    FAIL() << "--unannotated Other is not among the classes";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "--unannotated: 'Other' is not one of --classes Tumor,Stroma");
+  }
+  options.classes.clear();
+  EXPECT_NO_THROW(check_label_options(options)) << "binary: any name other than the label class is 0";
+  EXPECT_EQ(options.label_of("Other"), 0u);
+  EXPECT_EQ(options.label_of("Tumor"), 1u);
 }
 
 TEST(Labels, MaskAndGeoJsonOfASyntheticSlideAgree) {
   synthetic();
-  auto mask = open_labels((directory() / "slide.mask.tiff").string(), 3072, 2048, LabelRule::centre, 0.5, "Tumor");
-  auto geojson = open_labels((directory() / "slide.geojson").string(), 3072, 2048, LabelRule::centre, 0.5, "Tumor");
+  auto mask = open_labels((directory() / "slide.mask.tiff").string(), 3072, 2048, labelling(LabelRule::centre, 0.5));
+  auto geojson = open_labels((directory() / "slide.geojson").string(), 3072, 2048,
+                             labelling(LabelRule::centre, 0.5, "Normal"));
   int agree = 0, tumour = 0, total = 0;
   for (int y = 0; y < 2048; y += 64)
     for (int x = 0; x < 3072; x += 64, ++total) {
-      uint32_t a = mask->label(x, y, x + 64, y + 64), b = geojson->label(x, y, x + 64, y + 64);
+      uint32_t a = mask->label(x, y, x + 64, y + 64).value(), b = geojson->label(x, y, x + 64, y + 64).value();
       agree += a == b;
       tumour += b;
     }
@@ -186,12 +268,14 @@ TEST(Labels, ASlideWithoutTumourHasTheSameTissueAndEmptyGroundTruth) {
   nlohmann::json annotations = nlohmann::json::parse(std::ifstream(geojson_path));
   EXPECT_EQ(annotations["type"], "FeatureCollection");
   EXPECT_EQ(annotations["features"], nlohmann::json::array());
-  auto mask = open_labels(mask_path.string(), 3072, 2048, LabelRule::coverage, 0.01, "Tumor");
-  auto geojson = open_labels(geojson_path.string(), 3072, 2048, LabelRule::coverage, 0.01, "Tumor");
+  auto mask = open_labels(mask_path.string(), 3072, 2048, labelling(LabelRule::coverage, 0.01));
+  auto geojson = open_labels(geojson_path.string(), 3072, 2048, labelling(LabelRule::coverage, 0.01, "Normal"));
+  auto sparse = open_labels(geojson_path.string(), 3072, 2048, labelling(LabelRule::coverage, 0.01));
   for (int y = 0; y < 2048; y += 256)
     for (int x = 0; x < 3072; x += 256) {
       EXPECT_EQ(mask->label(x, y, x + 256, y + 256), 0u) << x << "," << y;
       EXPECT_EQ(geojson->label(x, y, x + 256, y + 256), 0u) << x << "," << y;
+      EXPECT_EQ(sparse->label(x, y, x + 256, y + 256), left_out) << x << "," << y;
     }
 }
 
@@ -250,12 +334,12 @@ TEST(BadInput, NotASlideAtAll) {
 TEST(BadInput, InvalidGeoJson) {
   auto broken = directory() / "broken.geojson";
   write_text(broken, R"({"type":"FeatureCollection","features":[{"type":"Feature")");
-  auto message = bad_input_message([&] { open_labels(broken.string(), 100, 100, LabelRule::centre, 0.5, "Tumor"); });
+  auto message = bad_input_message([&] { open_labels(broken.string(), 100, 100, LabelOptions{}); });
   EXPECT_NE(message.find("broken.geojson: not valid JSON"), std::string::npos) << message;
   auto wrong = directory() / "wrong.geojson";
   write_text(wrong, R"({"type":"FeatureCollection","features":[{"type":"Feature","properties":{"classification":
     {"name":"Tumor"}},"geometry":{"type":"Polygon","coordinates":[[[0,0],[1,"a"],[1,1],[0,0]]]}}]})");
-  message = bad_input_message([&] { open_labels(wrong.string(), 100, 100, LabelRule::centre, 0.5, "Tumor"); });
+  message = bad_input_message([&] { open_labels(wrong.string(), 100, 100, LabelOptions{}); });
   EXPECT_NE(message.find("wrong.geojson: feature 0: a position is not [x, y]"), std::string::npos) << message;
 }
 
@@ -316,9 +400,11 @@ TEST(Tiler, CopiesFileJpegsAndLabelsTumourTiles) {
   fs::remove_all(store);
   TilerOptions options;
   options.workers = 2;
+  options.labelling.unannotated = "Normal";  // the synthetic GeoJSON outlines every tumour
   auto summary = tile_slides({{slide_path(), (directory() / "slide.geojson").string()}}, store.string(), options);
   auto& result = summary["slides"][0];
   int written = result["written"];
+  EXPECT_EQ(result["unannotated"], 0);
   EXPECT_EQ(result["copied_jpeg"], written) << "256-pixel tiles at level 0 match the file's tiles";
   EXPECT_EQ(result["grid"], nlohmann::json::parse("[12, 8]"));
   // About the tissue area in tiles (tiles at least half tissue).

@@ -312,6 +312,7 @@ void expect_same_record(const SlideRecord& read, const SlideRecord& written) {
   EXPECT_EQ(read.done, written.done);
   EXPECT_EQ(read.tiles, written.tiles);
   EXPECT_EQ(read.corrupt_tiles, written.corrupt_tiles);
+  EXPECT_EQ(read.unannotated, written.unannotated);
   EXPECT_EQ(read.label_counts, written.label_counts);
   EXPECT_EQ(read.complete, written.complete);
 }
@@ -346,6 +347,7 @@ SlideRecord multiplex_record() {
   record.done = 700;
   record.tiles = 690;
   record.corrupt_tiles = 3;
+  record.unannotated = 7;
   record.label_counts = {600, 0, 90};
   record.complete = false;
   return record;
@@ -456,7 +458,18 @@ TEST(SlideRecord, MalformedEntriesAreRefusedNamingStoreSlideAndField) {
       {[](nlohmann::json& e) { e["channels"] = 5, e["rgb"] = true; }, "rgb is true for 5 channels"},
       {[](nlohmann::json& e) { e["sample_bits"] = 16, e["intensity_windows"] = {{9, 3}}; },
        "intensity_windows holds [9,3], not [low, high] with low < high <= 65535"},
-      {[](nlohmann::json& e) { e["corrupt_tiles"] = 1; }, "tiles 3 and corrupt_tiles 1 are more than its 3 candidates"},
+      {[](nlohmann::json& e) { e["corrupt_tiles"] = 1; },
+       "tiles 3, corrupt_tiles 1 and unannotated 0 are more than its 3 candidates"},
+      {[](nlohmann::json& e) { e["unannotated"] = 1; },
+       "tiles 3, corrupt_tiles 0 and unannotated 1 are more than its 3 candidates"},
+      // Counts whose sum wraps around 64 bits are still more than the candidates.
+      {[](nlohmann::json& e) {
+         const uint64_t half = (uint64_t{1} << 63) + 1;
+         e["candidates"] = UINT64_MAX, e["tiles"] = half, e["label_counts"] = {{"0", half}};
+         e["corrupt_tiles"] = half, e["unannotated"] = half;
+       },
+       "tiles 9223372036854775809, corrupt_tiles 9223372036854775809 and unannotated 9223372036854775809 are more "
+       "than its 18446744073709551615 candidates"},
   };
   for (const Case& bad : cases) {
     nlohmann::json entry = plain_entry();

@@ -28,8 +28,11 @@ def main(binary):
 
     store = os.path.join(work, "tiles.lmdb")
     geojson = os.path.join(work, "slide.geojson")
-    result = summary(run(binary, "tile", slide, "--out", store, "--labels", geojson, "--workers", 2))
+    # The synthetic GeoJSON outlines every tumour: the rest of the tissue is normal.
+    result = summary(run(binary, "tile", slide, "--out", store, "--labels", geojson, "--unannotated", "Normal",
+                         "--workers", 2))
     tiled = result["slides"][0]
+    assert tiled["unannotated"] == 0 and tiled["tiles"] == tiled["candidates"], tiled
     tiles, slides = read_store(store)
     assert len(tiles) == tiled["written"] == tiled["tiles"], (len(tiles), tiled)
     assert tiled["copied_jpeg"] == tiled["written"], "aligned 256-pixel tiles are copied, not re-encoded"
@@ -75,7 +78,8 @@ def main(binary):
     assert tile["encoding"] == 0 and tile["width"] == 128 and (tile["x"], tile["y"]) == (key[3] * 256, key[2] * 256)
     assert raw_slides[0]["downsample"] == 2.0
 
-    # --no-tumour: the same tissue, no tumour; its empty GeoJSON labels every tile 0.
+    # --no-tumour: the same tissue, no tumour; its empty GeoJSON with --unannotated Normal labels
+    # every tile 0.
     normal = os.path.join(work, "normal.tiff")
     made_normal = synth(binary, normal, 4096, 4096, 21, "--no-tumour")
     assert made_normal["tumour_regions"] == 0 and made_normal["tumour_fraction"] == 0, made_normal
@@ -85,8 +89,9 @@ def main(binary):
     empty = run(binary, "tile", normal, "--out", normal_store, "--labels", os.path.join(work, "normal.geojson"),
                 check=False)
     assert empty.returncode == 5 and "normal.geojson: labels no tile" in empty.stderr, empty.stderr
+    assert not os.path.exists(normal_store), "a run that stores no tile leaves no store"
     tiled_normal = summary(run(binary, "tile", normal, "--out", normal_store, "--labels",
-                               os.path.join(work, "normal.geojson"), "--allow-empty-labels"))
+                               os.path.join(work, "normal.geojson"), "--unannotated", "Normal", "--allow-empty-labels"))
     assert "labels no tile" in tiled_normal["slides"][0]["warning"], tiled_normal
     normal_tiles, _ = read_store(normal_store)
     assert normal_tiles.keys() == tiles.keys()

@@ -55,7 +55,8 @@ def stores(work, size):
             synth(TESSERA, slide, 1536, 1536, seed)
         store = os.path.join(work, f"s{seed}-{size}.lmdb")
         tiled = summary(run("tile", slide, "--out", store, "--size", size, "--labels",
-                            os.path.join(work, f"slide{seed}.geojson"), "--allow-empty-labels"))
+                            os.path.join(work, f"slide{seed}.geojson"), "--unannotated", "Normal",
+                            "--allow-empty-labels"))
         assert tiled["slides"][0]["tiles"] > 0, tiled
         made.append(store)
     return made

@@ -6,7 +6,10 @@ legend band under the thumbnail holds the colour bar from viridis(0) to viridis(
 A tumour-free synthetic slide is dark under the fixed scale and has a bright spot only under
 --scale slide. Bad input exits 5 and names the file: a missing feature file, a truncated
 checkpoint, coords outside the slide, and the features of another slide (by the name and size
-the feature file records), named with the slide."""
+the feature file records), named with the slide. The PNG follows the writer discipline: an
+existing one is replaced only with --overwrite (exit 2 naming --out otherwise, the file unchanged),
+a link at --out is refused and with --overwrite replaced by the PNG, never written through, an
+input given as --out is exit 2 and unchanged, and no temporary or lock file is left."""
 import json
 import os
 import shutil
@@ -176,6 +179,35 @@ def main():
               f"largest colour error {error:.2f}")
         assert error < 2.0, error
         assert expected[tumour].mean() > 0.7 and expected[~tumour].mean() < 0.3, expected
+
+        # The writer discipline (common/output.h).
+        def unchanged(path, run_it):
+            with open(path, "rb") as f:
+                before = f.read()
+            process = run_it()
+            with open(path, "rb") as f:
+                assert f.read() == before, path
+            return process
+
+        process = unchanged(painted, lambda: heatmap(painted, 0.0))
+        assert process.returncode == 2 and "--out" in process.stderr and "heat.png" in process.stderr and \
+               "--overwrite" in process.stderr, process.stderr
+        assert heatmap(painted, 0.0, slide_file, model, slide, "--overwrite").returncode == 0
+        with open(painted, "rb") as f, open(plain, "rb") as g:
+            assert f.read() == g.read(), "replaced: now the plain thumbnail"
+        victim, link = os.path.join(work, "victim.txt"), os.path.join(work, "link.png")
+        with open(victim, "w") as f:
+            f.write("not yours\n")
+        os.symlink(victim, link)
+        process = unchanged(victim, lambda: heatmap(link, 0.5))
+        assert process.returncode == 2 and "link.png" in process.stderr, process.stderr
+        process = unchanged(victim, lambda: heatmap(link, 0.5, slide_file, model, slide, "--overwrite"))
+        assert process.returncode == 0 and not os.path.islink(link), process.stderr
+        assert Image.open(link).size == (512, 512 + summary["legend_height"])
+        for given, flag in ((slide_file, "--features"), (model, "--model"), (slide, "--slide")):
+            process = unchanged(given, lambda: heatmap(given, 0.5, slide_file, model, slide, "--overwrite"))
+            assert process.returncode == 2 and f"is the input {flag}" in process.stderr, process.stderr
+        assert not [name for name in os.listdir(work) if name.endswith((".partial", ".lock"))], os.listdir(work)
 
         # A mean head scores each tile by its tumour probability, within [0, 1].
         mean_model = os.path.join(work, "mean.h5")

@@ -52,7 +52,7 @@ def main():
 
         store = os.path.join(work, "tiles.lmdb")
         tiled = summary(run(TESSERA, "tile", *slides, "--out", store, "--size", TILE, "--labels", *geojsons,
-                            "--allow-empty-labels", "--workers", 2))
+                            "--unannotated", "Normal", "--allow-empty-labels", "--workers", 2))
         for index, entry in enumerate(tiled["slides"]):
             tumour_tiles = entry["label_counts"].get("1", 0)
             assert (tumour_tiles > 0) == (index % 2 == 0), (index, entry)

@@ -4,8 +4,9 @@ binary; tests/dump_loader.cpp, built with tessera's data library, is the C++ sid
 - An entry of an old store (no rgb, fingerprint, name or grid) reads with the documented
   defaults; an entry of a tile size alone takes every default; 4 channels without rgb are planes.
 - Malformed entries (a string width, a negative tile_size, label_counts naming "x" or not adding
-  up to the tiles, rgb true for 5 channels, an intensity window [9, 3], more tiles than candidates,
-  text that is not JSON) are refused by the dataset with the message tessera gives, word for word:
+  up to the tiles, rgb true for 5 channels, an intensity window [9, 3], more tiles, corrupt and
+  unannotated candidates than candidates, even where their sum wraps around 64 bits, a negative
+  unannotated count, text that is not JSON) are refused by the dataset with the message tessera gives, word for word:
   "STORE: slide ID: slide entry: FIELD ...".
 - to_json(from_json(entry)) equals tessera's SlideRecord::to_json of the same entry, for full,
   old, bare and multiplex entries; a full entry is its own to_json.
@@ -115,7 +116,7 @@ FULL = {"path": "/slides/case 1.svs", "name": "case 1.svs", "format": "openslide
         "mpp_y": 0.5, "channels": 3, "level": 0, "level_width": 46000, "level_height": 32914, "downsample": 1.0,
         "tile_size": TILE, "settings": {"level": 0, "tile_size": TILE, "min_tissue": 0.5, "labels": ""},
         "grid": [5750, 4114], "tissue": {"stain": "brightfield", "chosen": "automatic", "median_brightness": 212},
-        "tissue_level": 3, "candidates": 5, "done": 5, "tiles": 4, "corrupt_tiles": 1,
+        "tissue_level": 3, "candidates": 7, "done": 7, "tiles": 4, "corrupt_tiles": 1, "unannotated": 2,
         "label_counts": {"0": 3, "1": 1}, "complete": True}
 # As stores were written before rgb, fingerprint, name and grid (and with a label of no tiles).
 OLD = {"path": "/data/cases/old.svs", "format": "openslide:aperio", "channels": 3, "width": 46000,
@@ -131,8 +132,8 @@ MULTIPLEX = {"path": "/slides/panel.ome.tiff", "name": "panel.ome.tiff", "format
              "level": 1, "level_width": 2000, "level_height": 1500, "downsample": 2.0005, "tile_size": TILE,
              "settings": {"level": 1, "tile_size": TILE, "intensity_window": [0, 4000]}, "grid": [250, 187],
              "tissue": {"stain": "fluorescence", "chosen": "automatic", "background": 31.5}, "tissue_level": 2,
-             "candidates": 6, "done": 6, "tiles": 5, "corrupt_tiles": 1, "label_counts": {"0": 2, "2": 3},
-             "complete": True}
+             "candidates": 6, "done": 6, "tiles": 5, "corrupt_tiles": 1, "unannotated": 0,
+             "label_counts": {"0": 2, "2": 3}, "complete": True}
 
 
 def test_old_entry_reads_with_the_documented_defaults(work):
@@ -171,7 +172,14 @@ MALFORMED = [  # (the change to OLD, or None for text that is not JSON; what fol
     ({"channels": 5, "rgb": True}, ": slide entry: rgb is true for 5 channels"),
     ({"sample_bits": 16, "intensity_windows": [[9, 3]]},
      ": slide entry: intensity_windows holds [9,3], not [low, high] with low < high <= 65535"),
-    ({"corrupt_tiles": 1}, ": slide entry: tiles 3 and corrupt_tiles 1 are more than its 3 candidates"),
+    ({"corrupt_tiles": 1}, ": slide entry: tiles 3, corrupt_tiles 1 and unannotated 0 are more than its 3 candidates"),
+    ({"unannotated": 1}, ": slide entry: tiles 3, corrupt_tiles 0 and unannotated 1 are more than its 3 candidates"),
+    ({"unannotated": -1}, ": slide entry: unannotated is -1, not a whole number from 0 to 18446744073709551615"),
+    # Counts whose sum wraps around 64 bits are still more than the candidates.
+    ({"candidates": 2 ** 64 - 1, "tiles": 2 ** 63 + 1, "label_counts": {"0": 2 ** 63 + 1},
+      "corrupt_tiles": 2 ** 63 + 1, "unannotated": 2 ** 63 + 1},
+     ": slide entry: tiles 9223372036854775809, corrupt_tiles 9223372036854775809 and unannotated "
+     "9223372036854775809 are more than its 18446744073709551615 candidates"),
     ({"width": 5.0}, ": slide entry: width is 5.0, not a whole number from 0 to 2147483648"),
     ({"complete": 1}, ": slide entry: complete is not true or false"),
     (None, " entry is not JSON"),

@@ -42,7 +42,7 @@ def work():
         synth(TESSERA, slide, 2048, 1536, 40 + index)  # two levels: 2048 and 1024 pixels wide
         slides.append(slide)
     labels = [s.replace(".tiff", ".geojson") for s in slides]
-    common = ["--labels", *labels, "--size", TILE, "--allow-empty-labels", "--workers", 2]
+    common = ["--labels", *labels, "--unannotated", "Normal", "--size", TILE, "--allow-empty-labels", "--workers", 2]
     os.makedirs(os.path.join(path, "shards"))
     for shard in range(2):  # JPEG (the default) in two stores, read as their directory
         run(TESSERA, "tile", *slides, "--out", os.path.join(path, "shards", f"part{shard}.lmdb"), *common,

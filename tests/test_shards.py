@@ -71,7 +71,8 @@ def main():
         def tile(order, out, *flags):
             given = [slides[i] for i in order]
             return summary(run(TESSERA, "tile", *given, "--labels", *(label_of[s] for s in given), "--out", out,
-                               "--size", TILE, "--allow-empty-labels", "--workers", 2, *flags))
+                               "--size", TILE, "--unannotated", "Normal", "--allow-empty-labels", "--workers", 2,
+                               *flags))
 
         whole = os.path.join(work, "all.lmdb")
         tile([3, 0, 4, 1, 2], whole)

@@ -144,7 +144,8 @@ def check_multiplex_ome():
     # The model's input follows the channels: train (tumour tiles against the rest: a classifier
     # needs two classes), then extract with the trained weights.
     store, checkpoint = os.path.join(WORK, "panel-labelled.lmdb"), os.path.join(WORK, "panel.h5")
-    tessera("tile", slide, "--out", store, "--size", 64, "--level", 1, "--labels", os.path.join(WORK, "panel.ome.geojson"))
+    tessera("tile", slide, "--out", store, "--size", 64, "--level", 1, "--labels", os.path.join(WORK, "panel.ome.geojson"),
+            "--unannotated", "Normal")
     tessera("train", "--data", store, "--model", "small-cnn", "--epochs", 1, "--batch", 8, "--val-fraction", 0,
             "--checkpoint", checkpoint)
     with h5py.File(checkpoint, "r") as f:

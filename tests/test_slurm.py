@@ -39,6 +39,7 @@ def command(*args):
 def tile_command(slides, out, shard):
     labels = [s.replace(".tiff", ".geojson") for s in slides]
     return command(TESSERA, "tile", *slides, "--labels", *labels, "--size", 32, "--allow-empty-labels",
+                   "--unannotated", "Normal",
                    "--workers", 1, "--out", out, "--shard", shard)
 
 

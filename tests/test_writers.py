@@ -195,7 +195,7 @@ def dup_stores(tmp_path_factory):
         synth(TESSERA, slide, 512, 512, seed)
         store = work / f"{folder}.lmdb"
         expect(tessera("tile", slide, "--out", store, "--size", 64, "--labels", work / folder / "s1.geojson",
-                       "--allow-empty-labels"), 0)
+                       "--unannotated", "Normal", "--allow-empty-labels"), 0)
         stores.append(store)
     return stores
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/output.h"
 #include "compute/checkpoint.h"
 #include "compute/feature_file.h"
 #include "compute/vk/context.h"
@@ -16,6 +17,7 @@
 #include "data/slide.h"
 #include "jobs/mil.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 #include "tools/heatmap_image.h"
 
 namespace tessera::cli {
@@ -27,6 +29,7 @@ struct HeatmapFlags {
   int max_size = 1024;
   double alpha = 0.5;
   int device = -1;
+  bool overwrite = false;
 };
 
 // The feature file must be this slide's: the slide it records (name and size of its tile level)
@@ -64,6 +67,12 @@ void run_heatmap(const HeatmapFlags& flags) {
   if (!(flags.alpha >= 0 && flags.alpha <= 1)) throw UsageError("--alpha must be in [0, 1]");
   if (flags.scale != "fixed" && flags.scale != "slide")
     throw UsageError("--scale: fixed (the probability, 0 to 1) or slide (stretched), not '" + flags.scale + "'");
+  // The writer discipline (common/output.h): no input replaced, the PNG locked for the run, an
+  // existing one replaced only with --overwrite, and written to a new temporary renamed over it.
+  refuse_output_over_inputs("--out", flags.out,
+                            {{"--features", flags.features}, {"--model", flags.model}, {"--slide", flags.slide}});
+  OutputLock lock(flags.out);
+  check_replaceable(flags.out, "--out", flags.overwrite ? Existing::overwrite : Existing::refuse);
   FeatureFileTiles tiles = read_feature_tiles(flags.features);
   auto slide = data::open_slide(flags.slide);
   check_same_slide(tiles, *slide, flags.features);
@@ -114,6 +123,7 @@ void add_heatmap_command(CLI::App& app) {
   command->add_option("--model", flags->model, "A head's checkpoint (tessera train --features)")->required();
   command->add_option("--slide", flags->slide, "The slide the feature file was extracted from")->required();
   command->add_option("--out", flags->out, "PNG to write")->required();
+  command->add_flag("--overwrite", flags->overwrite, "Replace an existing --out (otherwise refused)");
   command
       ->add_option("--scale", flags->scale,
                    "fixed: colours mean the same probability on every slide (0 to 1); slide: stretched over "

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "common/error.h"
 #include "common/units.h"
@@ -16,7 +17,7 @@ namespace {
 
 struct TileFlags {
   std::vector<std::string> slides, labels;
-  std::string out, encoding = "jpeg", label_rule = "centre", commit_bytes = "64MiB", tile_cache = "64MiB";
+  std::string out, encoding = "jpeg", label_rule = "centre", commit_bytes = "64MiB", tile_cache = "64MiB", classes;
   data::TilerOptions options;
   data::Shard shard;
 };
@@ -33,18 +34,27 @@ void add_tile_command(CLI::App& app) {
   add_shard_flag(*command, flags->shard);
   command->add_option("--labels", flags->labels,
                       "Per slide, in order: a label mask TIFF or GeoJSON annotations (.geojson)");
+  auto& label_options = flags->options.labelling;
   command
       ->add_option("--label-rule", flags->label_rule,
-                   "centre: the class at the tile centre; coverage: a class "
-                   "covering --label-coverage of the tile")
+                   "centre: the class of the smallest shape at the tile centre; coverage: the class covering the "
+                   "largest fraction of the tile, if it reaches --label-coverage")
       ->capture_default_str();
-  command->add_option("--label-coverage", flags->options.label_coverage, "Fraction for --label-rule coverage")
+  command->add_option("--label-coverage", label_options.coverage, "Fraction for --label-rule coverage")
       ->capture_default_str()
       ->check(finite_in(0, 1));
-  command->add_option("--label-class", flags->options.label_class, "GeoJSON classification name of label 1")
-      ->capture_default_str();
-  command->add_option("--unclassified-as", flags->options.unclassified_as,
+  auto* label_class = command
+                          ->add_option("--label-class", label_options.label_class,
+                                       "GeoJSON class of label 1 (label 0: any other class); not with --classes")
+                          ->capture_default_str();
+  auto* classes = command->add_option("--classes", flags->classes,
+                      "GeoJSON classes in label order, e.g. Tumor,Stroma,Normal (label 0 is the first); shapes of "
+                      "other classes annotate nothing");
+  command->add_option("--unclassified-as", label_options.unclassified_as,
                       "GeoJSON shapes without a classification take this class (e.g. Tumor, as --label-class)");
+  command->add_option("--unannotated", label_options.unannotated,
+                      "The class of tissue no GeoJSON shape claims (e.g. Normal, for outlines of every tumour); "
+                      "without it such tiles are left out of the store and counted");
   command->add_flag("--allow-empty-labels", flags->options.allow_empty_labels,
                     "Labels that give no tile a class are a warning, not an error (slides without tumour)");
   command->add_option("--encoding", flags->encoding, "Pixels in the store: jpeg or raw")->capture_default_str();
@@ -59,7 +69,7 @@ void add_tile_command(CLI::App& app) {
       ->capture_default_str()
       ->check(finite_in(1, 1e9));
   command->add_option("--tile-cache", flags->tile_cache, "Decoded slide tiles kept in memory")->capture_default_str();
-  command->callback([flags] {
+  command->callback([flags, label_class, classes] {
     auto& options = flags->options;
     if (flags->encoding == "jpeg")
       options.encoding = data::TileEncoding::jpeg;
@@ -67,17 +77,27 @@ void add_tile_command(CLI::App& app) {
       options.encoding = data::TileEncoding::raw;
     else
       throw UsageError("--encoding: jpeg or raw, not '" + flags->encoding + "'");
+    auto& labelling = options.labelling;
     if (flags->label_rule == "centre" || flags->label_rule == "center")
-      options.label_rule = data::LabelRule::centre;
+      labelling.rule = data::LabelRule::centre;
     else if (flags->label_rule == "coverage")
-      options.label_rule = data::LabelRule::coverage;
+      labelling.rule = data::LabelRule::coverage;
     else
       throw UsageError("--label-rule: centre or coverage, not '" + flags->label_rule + "'");
-    if (options.label_coverage == 0) throw UsageError("--label-coverage: a fraction above 0");
+    if (labelling.coverage == 0) throw UsageError("--label-coverage: a fraction above 0");
+    if (classes->count() > 0) {
+      if (label_class->count() > 0)
+        throw UsageError("--label-class: with --classes, the classes name every label; give one or the other");
+      labelling.classes = data::parse_class_names(flags->classes);
+    }
+    data::check_label_options(labelling);
     options.commit_bytes = parse_bytes(flags->commit_bytes, "--commit-bytes");
     options.tile_cache_bytes = parse_bytes(flags->tile_cache, "--tile-cache");
-    if (flags->labels.empty() && !options.unclassified_as.empty())
-      throw UsageError("--unclassified-as applies to GeoJSON --labels, and none are given");
+    for (auto [flag, given] : {std::pair{"--unclassified-as", !labelling.unclassified_as.empty()},
+                               std::pair{"--classes", !labelling.classes.empty()},
+                               std::pair{"--unannotated", !labelling.unannotated.empty()}})
+      if (flags->labels.empty() && given)
+        throw UsageError(std::string(flag) + " applies to GeoJSON --labels, and none are given");
     if (!flags->labels.empty() && flags->labels.size() != flags->slides.size())
       throw UsageError("--labels: one per slide (" + std::to_string(flags->slides.size()) + "), got " +
                        std::to_string(flags->labels.size()));

@@ -21,6 +21,6 @@ done
 rm -rf "$work/tiles.lmdb"
 # Level 2 (4x downsampled) tiles of 32 px: a small task that trains in minutes on a CPU.
 "$tessera" tile "${slides[@]}" --out "$work/tiles.lmdb" --size 32 --level 2 --min-tissue 0.5 \
-  --labels "${labels[@]}" --label-rule coverage --label-coverage 0.5
+  --labels "${labels[@]}" --unannotated Normal --label-rule coverage --label-coverage 0.5
 "$tessera" train --data "$work/tiles.lmdb" --model small-cnn --epochs 3 --batch 32 --optimizer adam \
   --lr 0.001 --val-fraction 0.25 --augment --checkpoint "$work/small-cnn.h5" --overwrite   # names the checkpoint at the end

@@ -161,6 +161,7 @@ class SlideRecord:
     done: int = 0  # candidates processed
     tiles: int = 0  # tiles stored
     corrupt_tiles: int = 0  # candidates skipped as corrupt
+    unannotated: int = 0  # candidates left out: no annotation claims them
     label_counts: List[int] = field(default_factory=list)  # tiles stored, by label
     complete: bool = False
 
@@ -248,14 +249,16 @@ class SlideRecord:
         record.done = fields.count("done", 0)
         record.tiles = fields.count("tiles", 0)
         record.corrupt_tiles = fields.count("corrupt_tiles", 0)
+        record.unannotated = fields.count("unannotated", 0)
         record.label_counts = _read_label_counts(fields)
         record.complete = fields.flag("complete", False)
         counted = sum(record.label_counts)
         if record.label_counts and counted != record.tiles:
             fields.fail("label_counts", f"add up to {counted}, not its {record.tiles} tiles")
-        if fields.find("candidates") is not None and record.tiles + record.corrupt_tiles > record.candidates:
-            fields.fail("tiles", f"{record.tiles} and corrupt_tiles {record.corrupt_tiles} are more than its "
-                                 f"{record.candidates} candidates")
+        if (fields.find("candidates") is not None
+                and record.tiles + record.corrupt_tiles + record.unannotated > record.candidates):
+            fields.fail("tiles", f"{record.tiles}, corrupt_tiles {record.corrupt_tiles} and unannotated "
+                                 f"{record.unannotated} are more than its {record.candidates} candidates")
         if fields.find("candidates") is not None and record.done > record.candidates:
             fields.fail("done", f"is {record.done}, more than its {record.candidates} candidates")
         return record
@@ -268,7 +271,7 @@ class SlideRecord:
                  "level_width": self.level_width, "level_height": self.level_height,
                  "downsample": float(self.downsample), "tile_size": self.tile_size, "settings": self.settings,
                  "candidates": self.candidates, "done": self.done, "tiles": self.tiles,
-                 "corrupt_tiles": self.corrupt_tiles,
+                 "corrupt_tiles": self.corrupt_tiles, "unannotated": self.unannotated,
                  "label_counts": {str(label): tiles for label, tiles in enumerate(self.label_counts) if tiles},
                  "complete": self.complete}
         # Written only where they say something, as stores have always had them.
