@@ -14,10 +14,11 @@ output. OME-TIFFs are written with tifffile and their OME-XML edited with tifffi
   file holds; SizeX and Type agreeing with the planes. A Latin-1 channel name (a raw JSON error,
   exit 1, before) is kept, its invalid byte replaced by U+FFFD as Python's 'replace' does.
 - Sizes from files and flags: a DICOM pixel spacing of 6.5e-9 mm made extract's read size
-  overflow to 0 (SIGFPE); tiles past 256 MiB (`tile --size`), a synthetic slide of more tiles than
-  a TIFF directory numbers (`synth --width/--height`), a pixel size a TIFF cannot record
-  (`synth --mpp`), a thumbnail of 100,000 pixels (`heatmap --max-size`); a QPTIFF of 300 channels;
-  a patch file whose label shape's product wraps to 1; coordinates whose level0_width is 1e300.
+  overflow to 0 (SIGFPE); tiles past 256 MiB (`tile --size`); a mask's downsample of -1 (taken as
+  none); a synthetic slide of more tiles than a TIFF directory numbers (`synth --width/--height`),
+  a pixel size a TIFF cannot record (`synth --mpp`), a thumbnail of 100,000 pixels (`heatmap
+  --max-size`); a QPTIFF of 300 channels; a patch file whose label shape's product wraps to 1;
+  coordinates whose level0_width is 1e300.
 - `--intensity-window` on slides that are all 8-bit (ignored before): exit 2 naming the flag and
   the slides; with a 16-bit slide beside an 8-bit one, a warning naming the 8-bit one.
 - A slide whose file name is Latin-1 (a raw JSON error naming no file before): exit 5 naming it."""
@@ -181,6 +182,13 @@ def check_sizes(work):
     store = os.path.join(work, "big.lmdb")
     refused(["tile", big, "--out", store, "--size", 9500], "--size 9500", "big.tiff", "9500 x 9500 pixels x 3",
             "256 MiB", code=2, outputs=[store])
+
+    # A label mask declaring downsample -1 (read as "not declared" before).
+    mask = os.path.join(work, "big.mask.tiff")
+    values = tifffile.imread(mask)
+    tifffile.imwrite(mask, values, metadata=None,
+                     description=json.dumps({"downsample": -1, "values": {"0": "other", "1": "Tumor"}}))
+    refused(["tile", big, "--labels", mask, "--out", store], "big.mask.tiff", "downsample is -1", outputs=[store])
 
     # synth: more tiles than a TIFF directory numbers; a pixel size its resolution cannot hold.
     out = os.path.join(work, "huge.tiff")
