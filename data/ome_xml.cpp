@@ -129,7 +129,7 @@ int64_t required_size(const std::string& tag, const char* name, const std::strin
 
 // Microns per unit of OME's UnitsLength that a pixel size can sensibly be given in; 0 otherwise.
 double microns_per(const std::string& unit) {
-  static const std::map<std::string, double> units{{"nm", 1e-3}, {"µm", 1},  {"um", 1},     {"mm", 1e3},
+  static const std::map<std::string, double> units{{"nm", 1e-3}, {"µm", 1},  {"um", 1},    {"mm", 1e3},
                                                    {"cm", 1e4},  {"m", 1e6}, {"in", 25400}};
   auto found = units.find(unit);
   return found == units.end() ? 0 : found->second;
@@ -170,7 +170,8 @@ std::string xml_element_text(const std::string& xml, const std::string& element)
   if (open == std::string::npos) return "";
   open += element.size() + 2;
   size_t close = xml.find("</" + element + ">", open);
-  return close == std::string::npos ? "" : valid_utf8(decode_entities(std::string_view(xml).substr(open, close - open)));
+  return close == std::string::npos ? ""
+                                    : valid_utf8(decode_entities(std::string_view(xml).substr(open, close - open)));
 }
 
 int64_t OmePixels::plane_index(int64_t c, int64_t z, int64_t t) const {
@@ -203,8 +204,8 @@ std::optional<OmePixels> read_ome_pixels(const std::string& xml, const std::stri
                        "Z, C and T once each)");
   pixels.dimension_order = *order;
 
-  static constexpr std::array<std::string_view, 11> types{"int8",  "int16",  "int32",   "uint8",          "uint16", "uint32",
-                                                          "float", "double", "complex", "double-complex", "bit"};
+  static constexpr std::array<std::string_view, 11> types{
+      "int8", "int16", "int32", "uint8", "uint16", "uint32", "float", "double", "complex", "double-complex", "bit"};
   std::optional<std::string> type = xml_attribute(tag, "Type");
   Field type_field(path, "OME-XML Pixels Type");
   if (!type) type_field.refuse("is missing (the OME schema requires it)");
@@ -237,9 +238,10 @@ std::optional<OmePixels> read_ome_pixels(const std::string& xml, const std::stri
   }
   if (!pixels.channels.empty()) {
     pixels.samples_per_pixel = pixels.channels[0].samples_per_pixel;
-    if (static_cast<int64_t>(pixels.channels.size()) * pixels.samples_per_pixel != pixels.size_c)
-    {
-      auto count = [](int64_t n, const char* one, const char* many) { return std::to_string(n) + (n == 1 ? one : many); };
+    if (static_cast<int64_t>(pixels.channels.size()) * pixels.samples_per_pixel != pixels.size_c) {
+      auto count = [](int64_t n, const char* one, const char* many) {
+        return std::to_string(n) + (n == 1 ? one : many);
+      };
       const auto elements = static_cast<int64_t>(pixels.channels.size());
       Field(path, "OME-XML Pixels SizeC")
           .refuse("is " + std::to_string(pixels.size_c) + ", but its " +
@@ -286,7 +288,8 @@ std::vector<uint32_t> ome_plane_directories(const OmePixels& pixels, const std::
   std::vector<uint32_t> directory_of(static_cast<size_t>(planes), unmapped);
   std::vector<size_t> block_of(static_cast<size_t>(planes), 0);
   if (pixels.tiff_data.empty())  // no TiffData: the planes fill the directories in order
-    for (int64_t plane = 0; plane < planes; ++plane) directory_of[static_cast<size_t>(plane)] = static_cast<uint32_t>(plane);
+    for (int64_t plane = 0; plane < planes; ++plane)
+      directory_of[static_cast<size_t>(plane)] = static_cast<uint32_t>(plane);
   for (size_t b = 0; b < pixels.tiff_data.size(); ++b) {
     const std::string& block = pixels.tiff_data[b];
     auto field = [&](const char* name) { return Field(path, "OME-XML TiffData " + std::to_string(b) + " " + name); };
@@ -299,12 +302,13 @@ std::vector<uint32_t> ome_plane_directories(const OmePixels& pixels, const std::
                                              first_of("FirstT", pixels.size_t_));
     Field ifd_field = field("IFD");
     std::optional<int64_t> given_ifd = whole_attribute(block, "IFD", ifd_field);
-    const int64_t ifd = within(given_ifd.value_or(0), 0, int64_t{directories} - 1, ifd_field,
-                               "the file's TIFF directories, from 0");
+    const int64_t ifd =
+        within(given_ifd.value_or(0), 0, int64_t{directories} - 1, ifd_field, "the file's TIFF directories, from 0");
     // The schema's default: one plane where an IFD is given, else the planes from the first on.
     Field count_field = field("PlaneCount");
-    const int64_t count = within(whole_attribute(block, "PlaneCount", count_field).value_or(given_ifd ? 1 : planes - first),
-                                 0, planes - first, count_field, "the planes from FirstC, FirstZ and FirstT on");
+    const int64_t count =
+        within(whole_attribute(block, "PlaneCount", count_field).value_or(given_ifd ? 1 : planes - first), 0,
+               planes - first, count_field, "the planes from FirstC, FirstZ and FirstT on");
     if (ifd + count > directories)
       count_field.refuse("is " + std::to_string(count) + " from IFD " + std::to_string(ifd) +
                          ", past the file's last TIFF directory (" + std::to_string(directories - 1) + ")");
@@ -320,8 +324,7 @@ std::vector<uint32_t> ome_plane_directories(const OmePixels& pixels, const std::
   std::map<uint32_t, int64_t> plane_in;  // directory -> the plane it holds
   for (int64_t plane = 0; plane < planes; ++plane) {
     uint32_t directory = directory_of[static_cast<size_t>(plane)];
-    if (directory == unmapped)
-      Field(path, "OME-XML TiffData").refuse("maps no TIFF directory to " + plane_name(plane));
+    if (directory == unmapped) Field(path, "OME-XML TiffData").refuse("maps no TIFF directory to " + plane_name(plane));
     if (auto [held, fresh] = plane_in.emplace(directory, plane); !fresh)
       Field(path, "OME-XML TiffData")
           .refuse("maps " + plane_name(held->second) + " and " + plane_name(plane) + " to one TIFF directory, IFD " +

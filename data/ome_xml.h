@@ -30,11 +30,11 @@ struct OmePixels {
   std::string type;             // uint8, uint16, int8, float ...
   int64_t size_x = 0, size_y = 0, size_c = 0, size_z = 0, size_t_ = 0;
   std::vector<OmeChannel> channels;
-  int64_t samples_per_pixel = 1;    // of every channel: 3 for an RGB image, else 1
-  double microns_per_pixel = 0;     // PhysicalSizeX in microns; 0 when not given (or in pixels)
-  std::vector<std::string> files;   // UUID FileName of TiffData blocks
+  int64_t samples_per_pixel = 1;       // of every channel: 3 for an RGB image, else 1
+  double microns_per_pixel = 0;        // PhysicalSizeX in microns; 0 when not given (or in pixels)
+  std::vector<std::string> files;      // UUID FileName of TiffData blocks
   std::vector<std::string> tiff_data;  // TiffData start tags
-  size_t images = 1;                // Image elements in the document
+  size_t images = 1;                   // Image elements in the document
 
   // Planes a (Z, T) point holds: SizeC, or SizeC / SamplesPerPixel where samples are interleaved.
   int64_t channel_planes() const { return size_c / samples_per_pixel; }

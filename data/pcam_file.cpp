@@ -44,7 +44,8 @@ class PcamFile : public PatchSource {
     width_ = static_cast<int>(x_dims[2]);
     auto y_dims = dims(y_);
     hsize_t per_label = 1;  // checked: dimensions whose product wraps to 1 are not one label
-    for (size_t d = 1; d < y_dims.size(); ++d) per_label = multiply(per_label, y_dims[d], Field(path, "dataset y shape"));
+    for (size_t d = 1; d < y_dims.size(); ++d)
+      per_label = multiply(per_label, y_dims[d], Field(path, "dataset y shape"));
     if (y_dims.empty() || y_dims[0] != count_ || per_label != 1)
       fail("y", "must hold one label per patch ([N] or [N,1,1,1]) for the " + std::to_string(count_) + " patches of x");
     check_written("x", x_);

@@ -107,8 +107,7 @@ void check_plane(TIFF* tiff, const OmePixels& pixels, const std::string& path, u
                    std::to_string(pixels.size_y));
   if (shape.samples != pixels.samples_per_pixel)
     throw BadInput(where + " holds " + std::to_string(shape.samples) + (shape.samples == 1 ? " sample" : " samples") +
-                   " a pixel, but OME-XML Channel SamplesPerPixel says " +
-                   std::to_string(pixels.samples_per_pixel));
+                   " a pixel, but OME-XML Channel SamplesPerPixel says " + std::to_string(pixels.samples_per_pixel));
   if (shape.bits != (pixels.type == "uint16" ? 16 : 8))
     throw BadInput(where + " holds " + std::to_string(shape.bits) + "-bit samples, but OME-XML Pixels Type says " +
                    pixels.type);
@@ -206,8 +205,8 @@ std::optional<Layout> qptiff_layout(TIFF* tiff, const std::string& path) {
   enter(tiff, layout.levels[0][0]);
   TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLESPERPIXEL, &samples);
   if (samples > 1) return std::nullopt;  // bright-field RGB: the ordinary readers
-  within(static_cast<int64_t>(channels), 1, max_slide_channels, Field(path, "QPTIFF channels (FullResolution directories)"),
-         "channels a tile header holds");
+  within(static_cast<int64_t>(channels), 1, max_slide_channels,
+         Field(path, "QPTIFF channels (FullResolution directories)"), "channels a tile header holds");
   for (size_t first = 0; first + channels <= reduced.size(); first += channels) {
     layout.levels.emplace_back();
     for (size_t c = 0; c < channels; ++c) layout.levels.back().push_back(reduced[first + c].first);
@@ -330,18 +329,20 @@ class PlanesSlide final : public Slide {
     plane->height = within(int64_t{height}, 1, int64_t{1} << 31, Field(path_, where + "ImageLength"));
     // A tile is at most max_tile_side a side; a strip as many samples (it spans the plane's width).
     const int64_t max_tile_samples = int64_t{max_tile_side} * max_tile_side;
-    plane->tile_height = static_cast<int>(within(int64_t{tile_height}, 1, plane->tiled ? max_tile_side : max_tile_samples / plane->width,
-                                                 Field(path_, where + (plane->tiled ? "TileLength" : "RowsPerStrip")),
-                                                 plane->tiled ? "a tile side tessera decodes" : "a strip of at most 4096 x 4096 samples"));
-    plane->tile_width = static_cast<int>(plane->tiled ? within(int64_t{tile_width}, 1, max_tile_side, Field(path_, where + "TileWidth"))
-                                                      : plane->width);
+    plane->tile_height = static_cast<int>(
+        within(int64_t{tile_height}, 1, plane->tiled ? max_tile_side : max_tile_samples / plane->width,
+               Field(path_, where + (plane->tiled ? "TileLength" : "RowsPerStrip")),
+               plane->tiled ? "a tile side tessera decodes" : "a strip of at most 4096 x 4096 samples"));
+    plane->tile_width = static_cast<int>(
+        plane->tiled ? within(int64_t{tile_width}, 1, max_tile_side, Field(path_, where + "TileWidth")) : plane->width);
     plane->columns = (plane->width + tile_width - 1) / tile_width;
     plane->rows = (plane->height + tile_height - 1) / tile_height;
     // As many byte counts as libtiff holds for the directory, never more than the grid reads.
     uint64_t* counts = nullptr;
     const uint64_t stored = plane->tiled ? TIFFNumberOfTiles(tiff) : TIFFNumberOfStrips(tiff);
     if (TIFFGetField(tiff, plane->tiled ? TIFFTAG_TILEBYTECOUNTS : TIFFTAG_STRIPBYTECOUNTS, &counts) && counts)
-      plane->byte_counts.assign(counts, counts + std::min<uint64_t>(stored, static_cast<uint64_t>(plane->columns * plane->rows)));
+      plane->byte_counts.assign(
+          counts, counts + std::min<uint64_t>(stored, static_cast<uint64_t>(plane->columns * plane->rows)));
     return plane;
   }
 

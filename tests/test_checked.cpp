@@ -119,13 +119,13 @@ TEST(Checked, RoundedRefusesNonFiniteAndOutOfRange) {
 
 TEST(Utf8, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(valid_utf8("DAPI"), "DAPI");
-  EXPECT_EQ(valid_utf8("Caf\xc3\xa9"), "Caf\xc3\xa9");                  // é in UTF-8 stays
-  EXPECT_EQ(valid_utf8("Caf\xe9"), "Caf\xEF\xBF\xBD");                  // é in Latin-1
-  EXPECT_EQ(valid_utf8("\xc0\xaf"), "\xEF\xBF\xBD\xEF\xBF\xBD");        // an overlong '/'
-  EXPECT_EQ(valid_utf8("\xed\xa0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(valid_utf8("Caf\xc3\xa9"), "Caf\xc3\xa9");                                            // é in UTF-8 stays
+  EXPECT_EQ(valid_utf8("Caf\xe9"), "Caf\xEF\xBF\xBD");                                            // é in Latin-1
+  EXPECT_EQ(valid_utf8("\xc0\xaf"), "\xEF\xBF\xBD\xEF\xBF\xBD");                                  // an overlong '/'
+  EXPECT_EQ(valid_utf8("\xed\xa0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");                  // a surrogate
   EXPECT_EQ(valid_utf8("\xf4\x90\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // past U+10FFFF
-  EXPECT_EQ(valid_utf8("\xf0\x9f\x94\xac"), "\xf0\x9f\x94\xac");        // U+1F52C stays
-  EXPECT_EQ(valid_utf8("a\xe2\x82"), "a\xEF\xBF\xBD\xEF\xBF\xBD");      // cut short
+  EXPECT_EQ(valid_utf8("\xf0\x9f\x94\xac"), "\xf0\x9f\x94\xac");                                  // U+1F52C stays
+  EXPECT_EQ(valid_utf8("a\xe2\x82"), "a\xEF\xBF\xBD\xEF\xBF\xBD");                                // cut short
   EXPECT_TRUE(is_valid_utf8("\xce\xbcm"));
   EXPECT_FALSE(is_valid_utf8("caf\xe9.svs"));
 }

@@ -148,7 +148,9 @@ def fuzz_ome(binary, work, store):
                     break
                 tile_pixels = np.frombuffer(value[28:], np.uint8).reshape(height, width, channels)
                 blocks = data[:, row * 64:(row + 1) * 64, column * 64:(column + 1) * 64]
-                if not all(any(np.array_equal(tile_pixels[..., c], block) for block in blocks) for c in range(channels)):
+                planes_there = [any(np.array_equal(tile_pixels[..., c], block) for block in blocks)
+                                for c in range(channels)]
+                if not all(planes_there):
                     problem = f"tile row {row} column {column} holds a channel that is none of the file's planes"
                     break
         if problem:

@@ -62,7 +62,8 @@ def refused(command, *words, code=5, outputs=()):
 def planes(count=4, side=512, dtype=np.uint8):
     """`count` grey planes on a dark background, a bright block in each (tissue for fluorescence)."""
     data = np.full((count, side, side), 3, dtype)
-    data[:, side // 4:3 * side // 4, side // 4:3 * side // 4] = (np.arange(count) * 40 + 60)[:, None, None].astype(dtype)
+    inside = slice(side // 4, 3 * side // 4)
+    data[:, inside, inside] = (np.arange(count) * 40 + 60)[:, None, None].astype(dtype)
     return data
 
 
@@ -135,7 +136,8 @@ def check_ome_schema(work):
          ["PhysicalSizeX is '-0.5'"]),
     ]
     for name, data, edit, words in cases:
-        slide = ome_tiff(os.path.join(work, f"{name}.ome.tif"), data, edit=edit, tile=(16, 16) if data.shape[1] < 256 else (256, 256))
+        tile = (16, 16) if data.shape[1] < 256 else (256, 256)
+        slide = ome_tiff(os.path.join(work, f"{name}.ome.tif"), data, edit=edit, tile=tile)
         if name == "channels-200M":
             assert os.path.getsize(slide) < 32 << 10, os.path.getsize(slide)
         print(f"{name}: ", end="")
