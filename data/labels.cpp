@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/units.h"
 
 namespace tessera::data {
 
@@ -79,7 +80,7 @@ class MaskLabeler final : public TileLabeler {
       };
       if (!covers(width_, slide_width) || !covers(height_, slide_height))
         throw BadInput(path_ + ": does not fit the slide: " + sizes + " and the mask says downsample " +
-                       std::to_string(downsample_) + " (the mask of another slide?)");
+                       format_number(downsample_) + " (the mask of another slide?)");
     } else if (std::abs(scale_x_ - scale_y_) > 0.02 * std::max(scale_x_, scale_y_)) {
       throw BadInput(path_ + ": does not fit the slide: " + sizes + ", another shape (the mask of another slide?)");
     }
@@ -115,8 +116,13 @@ class MaskLabeler final : public TileLabeler {
     if (!TIFFGetField(tiff, TIFFTAG_IMAGEDESCRIPTION, &text) || !text) return;
     auto description = nlohmann::json::parse(text, nullptr, false);
     if (!description.is_object()) return;
-    if (description.contains("downsample") && description["downsample"].is_number())
+    if (description.contains("downsample") && description["downsample"].is_number()) {
       downsample_ = description["downsample"].get<double>();
+      // 0 or -1 read as "not declared" before, so the mask's shape alone decided whether it fit.
+      if (!(downsample_ > 0))
+        throw BadInput(path_ + ": its description's downsample is " + description["downsample"].dump() +
+                       ", not a positive number of slide pixels a mask pixel");
+    }
     if (description.contains("values") && description["values"].is_object())
       for (auto& [key, name] : description["values"].items()) {
         char* end = nullptr;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/hdf5_lock.h"
 
@@ -123,8 +124,8 @@ PatchCoords read_patch_coords(const std::string& path) {
     coords.patch_size_level0 = static_cast<double>(patch_side(*level0, "patch_size_level0", path));
     std::optional<double> width = number_attribute(dataset.id, "level0_width", path);
     std::optional<double> height = number_attribute(dataset.id, "level0_height", path);
-    coords.level0_width = width ? std::llround(*width) : 0;
-    coords.level0_height = height ? std::llround(*height) : 0;
+    coords.level0_width = width ? rounded<int64_t>(*width, Field(path, "coords attribute level0_width"), 0) : 0;
+    coords.level0_height = height ? rounded<int64_t>(*height, Field(path, "coords attribute level0_height"), 0) : 0;
     return coords;
   }
   coords.layout = "clam";
@@ -135,8 +136,8 @@ PatchCoords read_patch_coords(const std::string& path) {
   coords.patch_level = std::llround(*level);
   // CLAM's level_dim is the size of patch_level; at level 0 that is the slide's.
   if (auto dim = pair_attribute(dataset.id, "level_dim", path); dim && coords.patch_level == 0) {
-    coords.level0_width = std::llround(dim->first);
-    coords.level0_height = std::llround(dim->second);
+    coords.level0_width = rounded<int64_t>(dim->first, Field(path, "coords attribute level_dim"), 0);
+    coords.level0_height = rounded<int64_t>(dim->second, Field(path, "coords attribute level_dim"), 0);
   }
   return coords;
 }

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/hdf5_lock.h"
+#include "data/tile_format.h"
 
 namespace tessera::data {
 
@@ -33,12 +35,17 @@ class PcamFile : public PatchSource {
     if (x_dims[1] < 1 || x_dims[2] < 1 || x_dims[1] > max_patch_side || x_dims[2] > max_patch_side)
       fail("x", "holds patches of " + std::to_string(x_dims[1]) + "x" + std::to_string(x_dims[2]) +
                     " pixels; tessera reads 1 to " + std::to_string(max_patch_side) + " a side");
+    if (x_dims[1] * x_dims[2] * 3 > max_tile_pixel_bytes)  // each side at most 65535: no overflow
+      fail("x", "holds patches of " + std::to_string(x_dims[1]) + "x" + std::to_string(x_dims[2]) + " pixels, " +
+                    std::to_string(x_dims[1] * x_dims[2] * 3) + " bytes each; tessera reads patches of at most " +
+                    std::to_string(max_tile_pixel_bytes) + " bytes (256 MiB)");
     count_ = x_dims[0];
     height_ = static_cast<int>(x_dims[1]);
     width_ = static_cast<int>(x_dims[2]);
     auto y_dims = dims(y_);
-    hsize_t per_label = 1;
-    for (size_t d = 1; d < y_dims.size(); ++d) per_label *= y_dims[d];
+    hsize_t per_label = 1;  // checked: dimensions whose product wraps to 1 are not one label
+    for (size_t d = 1; d < y_dims.size(); ++d)
+      per_label = multiply(per_label, y_dims[d], Field(path, "dataset y shape"));
     if (y_dims.empty() || y_dims[0] != count_ || per_label != 1)
       fail("y", "must hold one label per patch ([N] or [N,1,1,1]) for the " + std::to_string(count_) + " patches of x");
     check_written("x", x_);

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "data/jpeg.h"
 #include "data/slide_parts.h"
 
@@ -217,8 +218,7 @@ class TiffSlide final : public Slide {
 
   TileCache::Pixels decoded_tile(int level_index, int64_t column, int64_t row) const {
     const Level& level = levels_[static_cast<size_t>(level_index)];
-    uint64_t key =
-        (static_cast<uint64_t>(level_index) << 56) | (static_cast<uint64_t>(row) << 28) | static_cast<uint64_t>(column);
+    const TileCache::Key key{static_cast<uint32_t>(level_index), 0, row, column};
     if (auto cached = cache_.find(key)) return cached;
     int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
     auto pixels = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(tile_width) * tile_height * 3);
@@ -382,10 +382,8 @@ bool is_tiled_tiff(const std::string& path) {
   return tiled;
 }
 
-}  // namespace
-
-std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader,
-                                  std::optional<IntensityWindow> window) {
+std::unique_ptr<Slide> open_reader(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader,
+                                   std::optional<IntensityWindow> window) {
   if (!std::filesystem::is_regular_file(path) && !std::filesystem::is_directory(path))
     throw BadInput(path + ": no such slide");
   // What a TIFF declares is checked against its bytes first, whatever reader follows (NDPI
@@ -410,6 +408,19 @@ std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_b
   probe_openslide(path);
   auto slide = std::make_unique<OpenSlideSlide>(path, vendor);
   if (vendor && std::strcmp(vendor, "aperio") == 0) check_levels_nest(path, slide->levels());  // one pyramid
+  return slide;
+}
+
+}  // namespace
+
+std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_bytes, SlideReader reader,
+                                  std::optional<IntensityWindow> window) {
+  // Stores, feature files and summaries record the path as a UTF-8 string.
+  if (!is_valid_utf8(path))
+    throw BadInput(valid_utf8(path) + ": the path is not valid UTF-8 (a Latin-1 name?); stores and feature files "
+                   "record it as UTF-8: rename the file");
+  auto slide = open_reader(path, tile_cache_bytes, reader, window);
+  check_slide_declares(*slide);
   return slide;
 }
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "data/slide_parts.h"
 
@@ -211,6 +212,27 @@ void check_levels_nest(const std::string& path, const std::vector<SlideLevel>& l
                      std::to_string(levels[0].width) + "x" + std::to_string(levels[0].height) +
                      ") by one factor: a corrupt file");
   }
+}
+
+void check_slide_declares(const Slide& slide) {
+  const std::string& path = slide.path();
+  if (slide.levels().empty()) throw BadInput(path + ": holds no image level");
+  for (size_t l = 0; l < slide.levels().size(); ++l) {
+    const SlideLevel& level = slide.levels()[l];
+    const std::string name = "level " + std::to_string(l) + " ";
+    within(level.width, 1, int64_t{1} << 31, Field(path, name + "width"), "a slide side tessera reads");
+    within(level.height, 1, int64_t{1} << 31, Field(path, name + "height"), "a slide side tessera reads");
+    within(level.tile_width, 1, 65535, Field(path, name + "tile width"));
+    within(level.tile_height, 1, 65535, Field(path, name + "tile height"));
+    if (!std::isfinite(level.downsample) || level.downsample < 1 - 1e-9)
+      throw BadInput(path + ": " + name + "downsample is " + std::to_string(level.downsample) +
+                     ", not a finite number of at least 1");
+  }
+  for (auto [name, mpp] : {std::pair{"x", slide.mpp_x()}, std::pair{"y", slide.mpp_y()}})
+    if (!std::isfinite(mpp) || mpp < 0)
+      throw BadInput(path + ": microns per pixel (" + name + ") is " + std::to_string(mpp) +
+                     ", not a finite number >= 0 (a corrupt resolution or pixel spacing)");
+  within(slide.channels(), 1, 255, Field(path, "channels"), "channels a tile header holds");
 }
 
 }  // namespace tessera::data

@@ -29,17 +29,28 @@ void check_tiff_structure(const std::string& path);
 // side rounded within a pixel): a corrupt width or height makes the levels disagree.
 void check_levels_nest(const std::string& path, const std::vector<SlideLevel>& levels);
 
+// Throws BadInput naming the slide and the field unless what its reader reports is usable: at least
+// one level, each 1 to 2^31 pixels a side with tiles of 1 to 65535 and a finite downsample of at
+// least 1, microns per pixel finite and >= 0 (0: not given), 1 to 255 channels.
+void check_slide_declares(const Slide& slide);
+
 // Opens the slide with OpenSlide in a child process and reads a little of every level; throws
 // BadInput naming the file when OpenSlide refuses it or crashes (a signal ends the child only).
 void probe_openslide(const std::string& path);
 
-// Decoded tiles, least recently used first out, bounded in bytes.
+// Decoded tiles, least recently used first out, bounded in bytes. A tile is known by its level,
+// channel (0 for RGB), row and column, each whole: no two tiles share a key, whatever their numbers.
 class TileCache {
  public:
+  struct Key {
+    uint32_t level = 0, channel = 0;
+    int64_t row = 0, column = 0;
+    bool operator==(const Key&) const = default;
+  };
   explicit TileCache(uint64_t capacity) : capacity_(capacity) {}
   using Pixels = std::shared_ptr<const std::vector<uint8_t>>;
 
-  Pixels find(uint64_t key) {
+  Pixels find(const Key& key) {
     std::lock_guard lock(mutex_);
     auto found = index_.find(key);
     if (found == index_.end()) return nullptr;
@@ -47,7 +58,7 @@ class TileCache {
     return found->second->second;
   }
 
-  void insert(uint64_t key, Pixels pixels) {
+  void insert(const Key& key, Pixels pixels) {
     std::lock_guard lock(mutex_);
     if (index_.count(key) || pixels->size() > capacity_) return;
     order_.emplace_front(key, pixels);
@@ -61,10 +72,18 @@ class TileCache {
   }
 
  private:
+  struct Hash {
+    size_t operator()(const Key& key) const {
+      uint64_t h = (uint64_t{key.level} << 32 | key.channel) * 0x9E3779B97F4A7C15ull;
+      h ^= static_cast<uint64_t>(key.row) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+      h ^= static_cast<uint64_t>(key.column) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+      return static_cast<size_t>(h);
+    }
+  };
   uint64_t capacity_, bytes_ = 0;
   std::mutex mutex_;
-  std::list<std::pair<uint64_t, Pixels>> order_;
-  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, Pixels>>::iterator> index_;
+  std::list<std::pair<Key, Pixels>> order_;
+  std::unordered_map<Key, std::list<std::pair<Key, Pixels>>::iterator, Hash> index_;
 };
 
 inline std::string tile_name(int level, int64_t column, int64_t row) {

@@ -7,15 +7,14 @@
 #include <tiffio.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
 
+#include "common/checked.h"
 #include "common/error.h"
+#include "data/ome_xml.h"
 #include "data/slide_parts.h"
 
 namespace tessera::data {
@@ -45,40 +44,6 @@ struct Layout {
   std::vector<std::vector<Directory>> levels;
   double mpp = 0;
 };
-
-// ---- A little XML: start tags and their attributes, enough for OME's Pixels and QPTIFF's fields.
-
-std::vector<std::string> start_tags(const std::string& xml, const std::string& element) {
-  std::vector<std::string> tags;
-  for (size_t at = xml.find("<" + element); at != std::string::npos; at = xml.find("<" + element, at + 1)) {
-    char after = at + element.size() + 1 < xml.size() ? xml[at + element.size() + 1] : '>';
-    if (after != ' ' && after != '>' && after != '/' && after != '\n' && after != '\t') continue;
-    tags.push_back(xml.substr(at, xml.find('>', at) - at));
-  }
-  return tags;
-}
-
-std::optional<std::string> attribute(const std::string& tag, const std::string& name) {
-  std::smatch match;
-  if (std::regex_search(tag, match, std::regex("\\s" + name + "\\s*=\\s*\"([^\"]*)\""))) return match[1].str();
-  return std::nullopt;
-}
-
-int64_t number_attribute(const std::string& tag, const std::string& name, int64_t fallback) {
-  auto text = attribute(tag, name);
-  if (!text) return fallback;
-  char* end = nullptr;
-  long long value = std::strtoll(text->c_str(), &end, 10);
-  return end && *end == '\0' && !text->empty() && value >= 0 ? value : fallback;
-}
-
-std::string element_text(const std::string& xml, const std::string& element) {
-  size_t open = xml.find("<" + element + ">");
-  if (open == std::string::npos) return "";
-  open += element.size() + 2;
-  size_t close = xml.find("</" + element + ">", open);
-  return close == std::string::npos ? "" : xml.substr(open, close - open);
-}
 
 std::string description_of(TIFF* tiff) {
   char* text = nullptr;
@@ -113,66 +78,88 @@ std::string unreadable_samples(TIFF* tiff) {
                                        "samples (export such a plane first, e.g. bfconvert -z 0 -t 0 -pixeltype uint16)");
 }
 
-// The plane of each channel (z = 0, t = 0) in the main chain, from the TiffData blocks (or in
-// DimensionOrder when there are none).
-std::vector<Directory> ome_planes(const std::string& pixels, const std::string& path, int64_t size_c, int64_t size_z,
-                                  int64_t size_t_) {
-  std::string order = attribute(start_tags(pixels, "Pixels").front(), "DimensionOrder").value_or("XYZCT");
-  std::map<char, int64_t> sizes{{'Z', size_z}, {'C', size_c}, {'T', size_t_}}, stride;
-  int64_t step = 1;
-  for (char axis : order.substr(2)) {
-    stride[axis] = step;
-    step *= sizes[axis];
-  }
-  std::vector<int64_t> directory_of(static_cast<size_t>(step), -1);
-  auto blocks = start_tags(pixels, "TiffData");
-  std::string file = std::filesystem::path(path).filename().string();
-  for (auto& uuid : start_tags(pixels, "UUID"))
-    if (auto name = attribute(uuid, "FileName"); name && *name != file)
-      refuse(path, "a multi-file OME-TIFF (planes in " + *name + ")");
-  if (blocks.empty()) blocks.push_back("<TiffData");
-  for (auto& block : blocks) {
-    int64_t first = number_attribute(block, "FirstC", 0) * stride['C'] + number_attribute(block, "FirstZ", 0) * stride['Z'] +
-                    number_attribute(block, "FirstT", 0) * stride['T'];
-    int64_t ifd = number_attribute(block, "IFD", 0);
-    int64_t count = number_attribute(block, "PlaneCount", attribute(block, "IFD") ? 1 : step);
-    for (int64_t k = 0; k < count && first + k < step; ++k) directory_of[static_cast<size_t>(first + k)] = ifd + k;
-  }
-  std::vector<Directory> planes;
-  for (int64_t c = 0; c < size_c; ++c) {
-    int64_t ifd = directory_of[static_cast<size_t>(c * stride['C'])];
-    if (ifd < 0) throw BadInput(path + ": its OME-XML places no TIFF directory for channel " + std::to_string(c));
-    planes.push_back({false, static_cast<uint64_t>(ifd)});
-  }
-  return planes;
+// The IFD's width, height and samples: what its OME-XML says of it must be what it holds.
+struct PlaneShape {
+  uint32_t width = 0, height = 0;
+  uint16_t samples = 1, bits = 8;
+};
+
+PlaneShape shape_of(TIFF* tiff) {
+  PlaneShape shape;
+  TIFFGetField(tiff, TIFFTAG_IMAGEWIDTH, &shape.width);
+  TIFFGetField(tiff, TIFFTAG_IMAGELENGTH, &shape.height);
+  TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLESPERPIXEL, &shape.samples);
+  TIFFGetFieldDefaulted(tiff, TIFFTAG_BITSPERSAMPLE, &shape.bits);
+  return shape;
+}
+
+// Checks that the plane in directory `ifd` is what the OME-XML declares: SizeX x SizeY,
+// SamplesPerPixel samples of Type's bits.
+void check_plane(TIFF* tiff, const OmePixels& pixels, const std::string& path, uint32_t ifd, const std::string& plane) {
+  if (!TIFFSetDirectory(tiff, ifd))
+    throw BadInput(path + ": OME-XML TiffData: " + plane + " is in TIFF directory " + std::to_string(ifd) +
+                   ", which cannot be read");
+  PlaneShape shape = shape_of(tiff);
+  std::string where = path + ": " + plane + " (TIFF directory " + std::to_string(ifd) + ")";
+  if (shape.width != pixels.size_x || shape.height != pixels.size_y)
+    throw BadInput(where + " is " + std::to_string(shape.width) + "x" + std::to_string(shape.height) +
+                   ", but OME-XML Pixels SizeX x SizeY says " + std::to_string(pixels.size_x) + "x" +
+                   std::to_string(pixels.size_y));
+  if (shape.samples != pixels.samples_per_pixel)
+    throw BadInput(where + " holds " + std::to_string(shape.samples) + (shape.samples == 1 ? " sample" : " samples") +
+                   " a pixel, but OME-XML Channel SamplesPerPixel says " + std::to_string(pixels.samples_per_pixel));
+  if (shape.bits != (pixels.type == "uint16" ? 16 : 8))
+    throw BadInput(where + " holds " + std::to_string(shape.bits) + "-bit samples, but OME-XML Pixels Type says " +
+                   pixels.type);
 }
 
 std::optional<Layout> ome_layout(TIFF* tiff, const std::string& path, const std::string& xml) {
-  auto pixels_tags = start_tags(xml, "Pixels");
-  if (pixels_tags.empty()) return std::nullopt;
-  size_t begin = xml.find(pixels_tags.front()), end = xml.find("</Pixels>", begin);
-  std::string pixels = xml.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-  const std::string& tag = pixels_tags.front();
-  int64_t size_c = number_attribute(tag, "SizeC", 1), size_z = number_attribute(tag, "SizeZ", 1);
-  int64_t size_t_ = number_attribute(tag, "SizeT", 1);
-  std::string type = attribute(tag, "Type").value_or("uint8");
-  auto channels = start_tags(pixels, "Channel");
-  int64_t samples = channels.empty() ? 1 : number_attribute(channels.front(), "SamplesPerPixel", 1);
-  if (size_z > 1 || size_t_ > 1 || (type != "uint8" && type != "uint16")) {
+  std::optional<OmePixels> read = read_ome_pixels(xml, path);
+  if (!read) return std::nullopt;
+  OmePixels& pixels = *read;
+  std::string file = std::filesystem::path(path).filename().string();
+  for (const std::string& name : pixels.files)
+    if (name != file) refuse(path, "a multi-file OME-TIFF (planes in " + name + ")");
+  const int64_t size_c = pixels.size_c, size_z = pixels.size_z, size_t_ = pixels.size_t_;
+  if (size_z > 1 || size_t_ > 1 || (pixels.type != "uint8" && pixels.type != "uint16")) {
     std::string holds = "an OME-TIFF of " + std::to_string(size_c) + (size_c == 1 ? " channel" : " channels");
     if (size_z > 1) holds += ", a z-stack of " + std::to_string(size_z) + " focal planes";
     if (size_t_ > 1) holds += ", a time series of " + std::to_string(size_t_) + " time points";
-    refuse(path, holds + ", of " + ome_type_words(type) + " samples");
+    refuse(path, holds + ", of " + ome_type_words(pixels.type) + " samples");
   }
-  // A colour image (its channel three samples a pixel) is for the ordinary readers; grey planes,
-  // one or many, are channels (a single DAPI plane too, with its SubIFD pyramid).
-  if (samples > 1) return std::nullopt;
+  // Without Channel elements, an IFD of SizeC samples is one interleaved (RGB) image.
+  TIFFSetDirectory(tiff, 0);
+  if (pixels.channels.empty() && size_c > 1 && shape_of(tiff).samples == size_c) pixels.samples_per_pixel = size_c;
+  const tdir_t directory_count = TIFFNumberOfDirectories(tiff);
+  std::vector<uint32_t> directories = ome_plane_directories(pixels, path, directory_count);
+  for (int64_t c = 0; c < pixels.channel_planes(); ++c)
+    check_plane(tiff, pixels, path, directories[static_cast<size_t>(pixels.plane_index(c, 0, 0))],
+                "OME-XML plane (C " + std::to_string(c) + ", Z 0, T 0)");
+  // A colour image (one channel of three samples) is for the ordinary readers; grey planes, one or
+  // many, are channels (a single DAPI plane too, with its SubIFD pyramid).
+  if (pixels.samples_per_pixel == 3 && size_c == 3) return std::nullopt;
+  if (pixels.samples_per_pixel > 1)
+    refuse(path, "an OME-TIFF of " + std::to_string(pixels.channel_planes()) + " channels of " +
+                     std::to_string(pixels.samples_per_pixel) + " samples each (SamplesPerPixel)");
+  // Another directory the size of the planes that no plane maps is a channel the OME-XML leaves
+  // out (SizeC below what the file holds). Checked only where one Image describes the file.
+  if (pixels.images == 1)
+    for (uint32_t ifd = 0; ifd < directory_count; ++ifd) {
+      if (std::find(directories.begin(), directories.end(), ifd) != directories.end() || !TIFFSetDirectory(tiff, ifd))
+        continue;
+      PlaneShape shape = shape_of(tiff);
+      if (shape.width == pixels.size_x && shape.height == pixels.size_y && shape.samples == 1)
+        throw BadInput(path + ": TIFF directory " + std::to_string(ifd) + " is another " + std::to_string(shape.width) +
+                       "x" + std::to_string(shape.height) + " plane, which its OME-XML maps to no channel (SizeC " +
+                       std::to_string(size_c) + "): the file holds more channels than it declares");
+    }
   Layout layout{"ome-tiff", {}, {}, 0};
-  for (int64_t c = 0; c < size_c; ++c)
-    layout.names.push_back(c < static_cast<int64_t>(channels.size())
-                               ? attribute(channels[static_cast<size_t>(c)], "Name").value_or("")
-                               : "");
-  auto planes = ome_planes(pixels, path, size_c, size_z, size_t_);
+  std::vector<Directory> planes;
+  for (int64_t c = 0; c < size_c; ++c) {
+    auto index = static_cast<size_t>(c);
+    layout.names.push_back(index < pixels.channels.size() ? pixels.channels[index].name : "");
+    planes.push_back({false, directories[static_cast<size_t>(pixels.plane_index(c, 0, 0))]});
+  }
   // Each plane's SubIFDs are its smaller levels; the levels every channel has are the pyramid's.
   size_t level_count = SIZE_MAX;
   std::vector<std::vector<uint64_t>> sub_levels;
@@ -190,8 +177,7 @@ std::optional<Layout> ome_layout(TIFF* tiff, const std::string& path, const std:
     layout.levels[0].push_back(planes[c]);
     for (size_t level = 1; level < level_count; ++level) layout.levels[level].push_back({true, sub_levels[c][level - 1]});
   }
-  if (std::string unit = attribute(tag, "PhysicalSizeXUnit").value_or("µm"); unit == "µm" || unit == "um")
-    layout.mpp = std::strtod(attribute(tag, "PhysicalSizeX").value_or("0").c_str(), nullptr);
+  layout.mpp = pixels.microns_per_pixel;
   return layout;
 }
 
@@ -204,11 +190,11 @@ std::optional<Layout> qptiff_layout(TIFF* tiff, const std::string& path) {
   TIFFSetDirectory(tiff, 0);
   do {
     std::string xml = description_of(tiff);
-    std::string type = element_text(xml, "ImageType");
+    std::string type = xml_element_text(xml, "ImageType");
     if (type == "FullResolution") {
       if (layout.levels.empty()) layout.levels.emplace_back();
       layout.levels[0].push_back({false, index});
-      layout.names.push_back(element_text(xml, "Name"));
+      layout.names.push_back(xml_element_text(xml, "Name"));
     } else if (type == "ReducedResolution") {
       reduced.push_back({{false, index}, ""});
     }
@@ -219,6 +205,8 @@ std::optional<Layout> qptiff_layout(TIFF* tiff, const std::string& path) {
   enter(tiff, layout.levels[0][0]);
   TIFFGetFieldDefaulted(tiff, TIFFTAG_SAMPLESPERPIXEL, &samples);
   if (samples > 1) return std::nullopt;  // bright-field RGB: the ordinary readers
+  within(static_cast<int64_t>(channels), 1, max_slide_channels,
+         Field(path, "QPTIFF channels (FullResolution directories)"), "channels a tile header holds");
   for (size_t first = 0; first + channels <= reduced.size(); first += channels) {
     layout.levels.emplace_back();
     for (size_t c = 0; c < channels; ++c) layout.levels.back().push_back(reduced[first + c].first);
@@ -260,6 +248,7 @@ class PlanesSlide final : public Slide {
     for (auto& shape : shapes_)
       shape.downsample = 0.5 * (static_cast<double>(shapes_[0].width) / static_cast<double>(shape.width) +
                                 static_cast<double>(shapes_[0].height) / static_cast<double>(shape.height));
+    check_levels_nest(path, shapes_);
     mpp_ = layout_.mpp;
     if (mpp_ <= 0) mpp_ = resolution_mpp(planes_[0][0]->tiff.get());
     if (planes_[0][0]->sample_bytes == 2)
@@ -334,17 +323,26 @@ class PlanesSlide final : public Slide {
       tile_width = width;
       tile_height = std::min(rows_per_strip, height);
     }
-    if (!width || !height || !tile_width || !tile_height)
-      throw BadInput(path_ + ": a level " + std::to_string(level) + " channel has no image or tile size");
-    plane->width = width;
-    plane->height = height;
-    plane->tile_width = static_cast<int>(tile_width);
-    plane->tile_height = static_cast<int>(tile_height);
-    plane->columns = (width + tile_width - 1) / tile_width;
-    plane->rows = (height + tile_height - 1) / tile_height;
+    // Sides within what tessera decodes, before anything is sized from them.
+    const std::string where = "level " + std::to_string(level) + " channel TIFF directory ";
+    plane->width = within(int64_t{width}, 1, int64_t{1} << 31, Field(path_, where + "ImageWidth"));
+    plane->height = within(int64_t{height}, 1, int64_t{1} << 31, Field(path_, where + "ImageLength"));
+    // A tile is at most max_tile_side a side; a strip as many samples (it spans the plane's width).
+    const int64_t max_tile_samples = int64_t{max_tile_side} * max_tile_side;
+    plane->tile_height = static_cast<int>(
+        within(int64_t{tile_height}, 1, plane->tiled ? max_tile_side : max_tile_samples / plane->width,
+               Field(path_, where + (plane->tiled ? "TileLength" : "RowsPerStrip")),
+               plane->tiled ? "a tile side tessera decodes" : "a strip of at most 4096 x 4096 samples"));
+    plane->tile_width = static_cast<int>(
+        plane->tiled ? within(int64_t{tile_width}, 1, max_tile_side, Field(path_, where + "TileWidth")) : plane->width);
+    plane->columns = (plane->width + tile_width - 1) / tile_width;
+    plane->rows = (plane->height + tile_height - 1) / tile_height;
+    // As many byte counts as libtiff holds for the directory, never more than the grid reads.
     uint64_t* counts = nullptr;
+    const uint64_t stored = plane->tiled ? TIFFNumberOfTiles(tiff) : TIFFNumberOfStrips(tiff);
     if (TIFFGetField(tiff, plane->tiled ? TIFFTAG_TILEBYTECOUNTS : TIFFTAG_STRIPBYTECOUNTS, &counts) && counts)
-      plane->byte_counts.assign(counts, counts + plane->columns * plane->rows);
+      plane->byte_counts.assign(
+          counts, counts + std::min<uint64_t>(stored, static_cast<uint64_t>(plane->columns * plane->rows)));
     return plane;
   }
 
@@ -375,8 +373,7 @@ class PlanesSlide final : public Slide {
 
   // The plane's tile (or strip), decoded to 8 bits; zeros where the file stores none.
   TileCache::Pixels decoded(int level, size_t channel, int64_t column, int64_t row) const {
-    uint64_t key = (static_cast<uint64_t>(level) << 56) | (static_cast<uint64_t>(channel) << 48) |
-                   (static_cast<uint64_t>(row) << 24) | static_cast<uint64_t>(column);
+    const TileCache::Key key{static_cast<uint32_t>(level), static_cast<uint32_t>(channel), row, column};
     if (auto cached = cache_.find(key)) return cached;
     const Plane& plane = *planes_[static_cast<size_t>(level)][channel];
     auto pixels = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(plane.tile_width) * plane.tile_height);
@@ -454,10 +451,15 @@ std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_c
   if (!tiff) return nullptr;  // the TIFF readers name what is wrong
   std::string xml = description_of(tiff.get());
   std::optional<Layout> layout;
-  if (xml.find("<OME") != std::string::npos)
+  if (xml.find("<OME") != std::string::npos) {
     layout = ome_layout(tiff.get(), path, xml);
-  else if (xml.find("PerkinElmer-QPI-ImageDescription") != std::string::npos)
+    // OME-XML that describes no pixels is cut short, or keeps them in another file (BinaryOnly).
+    if (!layout && xml.find("<Pixels") == std::string::npos)
+      throw BadInput(path + ": its OME-XML has no Pixels element (cut short, or its metadata in another file: " +
+                     "a multi-file OME-TIFF); tessera reads OME-TIFFs whose first description holds their Pixels");
+  } else if (xml.find("PerkinElmer-QPI-ImageDescription") != std::string::npos) {
     layout = qptiff_layout(tiff.get(), path);
+  }
   if (!layout) return nullptr;
   return std::make_unique<PlanesSlide>(path, std::move(*layout), tile_cache_bytes, window);
 }

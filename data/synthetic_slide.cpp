@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "common/error.h"
@@ -176,13 +177,15 @@ std::string channel_name(int channel) {
 }
 
 std::string ome_xml(const SyntheticSlideOptions& options, const std::string& name) {
+  std::ostringstream mpp;  // to 10 digits: std::to_string keeps 6 decimals (0.001234 for 0.0012345)
+  mpp.precision(10);
+  mpp << options.mpp;
   std::string xml =
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?><OME xmlns=\"http://www.openmicroscopy.org/Schemas/OME/2016-06\" "
       "Creator=\"tessera synth\"><Image ID=\"Image:0\" Name=\"" + name + "\"><Pixels ID=\"Pixels:0\" "
       "DimensionOrder=\"XYCZT\" Type=\"uint8\" BigEndian=\"false\" SizeX=\"" + std::to_string(options.width) +
       "\" SizeY=\"" + std::to_string(options.height) + "\" SizeC=\"" + std::to_string(options.channels) +
-      "\" SizeZ=\"1\" SizeT=\"1\" PhysicalSizeX=\"" + std::to_string(options.mpp) + "\" PhysicalSizeY=\"" +
-      std::to_string(options.mpp) + "\">";
+      "\" SizeZ=\"1\" SizeT=\"1\" PhysicalSizeX=\"" + mpp.str() + "\" PhysicalSizeY=\"" + mpp.str() + "\">";
   for (int c = 0; c < options.channels; ++c)
     xml += "<Channel ID=\"Channel:0:" + std::to_string(c) + "\" Name=\"" + channel_name(c) + "\" SamplesPerPixel=\"1\"/>";
   return xml + "<TiffData IFD=\"0\" PlaneCount=\"" + std::to_string(options.channels) + "\"/></Pixels></Image></OME>";

@@ -215,8 +215,9 @@ class TissueModel {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> uniform(0, 1);
     double aspect = static_cast<double>(width) / static_cast<double>(height);
-    int columns = std::max(1, static_cast<int>(std::lround(2 * aspect)));
-    int rows = std::max(1, static_cast<int>(std::lround(2 / aspect)));
+    // At most 64 cells a side: a slide of any aspect (1 x 2^31) lays out a bounded number of shapes.
+    int columns = static_cast<int>(std::clamp(std::lround(2 * aspect), 1l, 64l));
+    int rows = static_cast<int>(std::clamp(std::lround(2 / aspect), 1l, 64l));
     double cell_width = static_cast<double>(width) / columns, cell_height = static_cast<double>(height) / rows;
     double cell_size = std::min(cell_width, cell_height);
     std::vector<std::pair<int, int>> cells;

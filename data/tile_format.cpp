@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "data/jpeg.h"
 
@@ -72,7 +73,7 @@ std::vector<uint8_t> encode_tile_value(const TileHeader& header, const uint8_t* 
   put_little_endian(out + 8, header.label);
   put_little_endian(out + 12, header.x);
   put_little_endian(out + 16, header.y);
-  put_little_endian(out + 20, static_cast<uint32_t>(size));
+  put_little_endian(out + 20, narrow<uint32_t>(size, Field("a tile value", "pixel byte count")));
   if (size) std::memcpy(out + tile_header_size, pixels, size);
   put_little_endian(out + 24, checksum(out, out + tile_header_size, size));
   return value;

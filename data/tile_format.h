@@ -39,6 +39,10 @@ struct TileHeader {
 };
 
 constexpr uint8_t tile_value_version = 1;
+// A tile's side as its header holds it (u16), and the most bytes of pixels tessera reads a tile
+// into (--size 9000 of RGB; 4096 of 16 channels).
+constexpr int max_tile_size = 65535;
+constexpr uint64_t max_tile_pixel_bytes = uint64_t{256} << 20;
 constexpr size_t tile_header_size = 28;
 
 std::vector<uint8_t> encode_tile_value(const TileHeader& header, const uint8_t* pixels, size_t size);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/checked.h"
 #include "common/error.h"
 
 namespace tessera::data {
@@ -11,6 +12,8 @@ namespace {
 
 // TRIDENT's tolerance on a level's downsample (get_best_level_and_custom_downsample).
 constexpr double level_tolerance = 0.1;
+// The largest square a model's input is read from: 192 MiB of RGB, 15 times the side of a 518-pixel input.
+constexpr int max_read_side = 8192;
 
 std::string microns(double mpp) {
   std::ostringstream text;
@@ -59,7 +62,13 @@ std::optional<TissueMask> find_tissue(const Slide& slide, double extent, const T
 
 TileGrid tissue_grid(const Slide& slide, int level, int size, const TissueMask* mask, double min_tissue) {
   const SlideLevel& tiled = slide.levels().at(static_cast<size_t>(level));
+  within(size, 1, max_tile_size, Field(slide.path(), "tile size"), "pixels a tile header holds a side");
   TileGrid grid{level, size, tiled.width / size, tiled.height / size, {}};
+  // Grid positions are 32-bit (TileGrid::kept, the store's keys): a grid of more is refused.
+  Field grid_field(slide.path(), "tile grid of level " + std::to_string(level) + " in " + std::to_string(size) +
+                                     "-pixel tiles (columns x rows)");
+  within(multiply(grid.columns, grid.rows, grid_field), 0, int64_t{UINT32_MAX}, grid_field,
+         "positions a grid index holds: use a larger tile size or a coarser level");
   const double extent = size * tiled.downsample;
   for (int64_t row = 0; row < grid.rows; ++row)
     for (int64_t column = 0; column < grid.columns; ++column) {
@@ -107,7 +116,12 @@ MagnificationRead read_at_magnification(const std::string& slide, const std::vec
     } else if (downsamples[level] <= wanted && downsamples[level] > downsamples[chosen]) {
       chosen = level;
     }
-  return {static_cast<int>(chosen), static_cast<int>(std::llround(image_size * wanted / downsamples[chosen]))};
+  // A pixel size the slide gives wrongly (1e-14 um) must not make the square overflow to nothing.
+  std::ostringstream read_at;
+  read_at << "the square " << model << " reads at level " << chosen << " (its input " << image_size << " pixels at "
+          << microns(microns_per_pixel) << ", the slide's level 0 at " << microns(slide_mpp) << ")";
+  return {static_cast<int>(chosen),
+          rounded<int>(image_size * wanted / downsamples[chosen], Field(slide, read_at.str()), 1, max_read_side)};
 }
 
 }  // namespace tessera::data

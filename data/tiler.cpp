@@ -11,8 +11,10 @@
 #include <optional>
 #include <set>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/progress.h"
+#include "common/utf8.h"
 #include "common/units.h"
 #include "data/jpeg.h"
 #include "data/ordered_parallel.h"
@@ -312,7 +314,7 @@ class SlideTiler {
     const auto channels = static_cast<size_t>(slide_->channels());
     TileHeader header{static_cast<uint16_t>(size),
                       static_cast<uint16_t>(size),
-                      static_cast<uint8_t>(channels),
+                      narrow<uint8_t>(channels, Field(job_.slide, "channels")),
                       encoding(),
                       *result.label,
                       static_cast<uint32_t>(origin.x),
@@ -361,6 +363,12 @@ class SlideTiler {
 
 namespace {
 
+std::vector<const Slide*> opened_slides(const std::vector<OpenedSlide>& opened) {
+  std::vector<const Slide*> slides;
+  for (const OpenedSlide& slide : opened) slides.push_back(slide.slide.get());
+  return slides;
+}
+
 // `part` as a whole unsigned number, no sign, space or trailing text.
 bool whole_number(std::string_view part, uint32_t& value) {
   auto [end, error] = std::from_chars(part.data(), part.data() + part.size(), value);
@@ -388,6 +396,35 @@ IntensityWindow parse_intensity_window(const std::string& text) {
     throw UsageError("--intensity-window: LOW,HIGH with 0 <= LOW < HIGH <= 65535 (16-bit sample values), not '" +
                      text + "'");
   return window;
+}
+
+void check_intensity_window_applies(const std::vector<const Slide*>& slides,
+                                    const std::optional<IntensityWindow>& window, const std::string& task) {
+  if (!window || slides.empty()) return;
+  std::string eight_bit;
+  size_t eight_bit_count = 0;
+  for (const Slide* slide : slides)
+    if (slide->sample_bits() != 16) {
+      eight_bit += (eight_bit.empty() ? "" : ", ") + slide->path();
+      ++eight_bit_count;
+    }
+  const std::string flag = "--intensity-window " + std::to_string(window->low) + "," + std::to_string(window->high);
+  if (eight_bit_count == slides.size())
+    throw UsageError(flag + " maps 16-bit channels, and " +
+                     (slides.size() == 1 ? "the slide is" : "all " + std::to_string(slides.size()) + " slides are") +
+                     " 8-bit (" + eight_bit + "): it would change nothing; leave it out");
+  if (eight_bit_count)
+    report(task, {{"warning", flag + " maps the 16-bit slides only; " + std::to_string(eight_bit_count) +
+                                  " 8-bit slides are read as they are: " + eight_bit}});
+}
+
+void check_tile_bytes(const Field& size_field, const std::string& slide, int64_t size, int64_t channels) {
+  within(size, 1, max_tile_size, size_field, "pixels a tile header holds a side");
+  Field bytes = size_field.renamed(size_field.name() + " " + std::to_string(size) + ": a tile of " + slide + ", " +
+                                   std::to_string(size) + " x " + std::to_string(size) + " pixels x " +
+                                   std::to_string(channels) + " channels, in bytes");
+  within(multiply(multiply(size, size, bytes), channels, bytes), 1, static_cast<int64_t>(max_tile_pixel_bytes), bytes,
+         "256 MiB, the most tessera reads a tile into");
 }
 
 std::vector<size_t> shard_members(const std::vector<std::string>& slides, const Shard& shard, const std::string& flag) {
@@ -422,13 +459,19 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
       too_small += (too_small.empty() ? "" : ", ") + job.slide + " is " + std::to_string(level.width) + "x" +
                    std::to_string(level.height);
       ++too_small_count;
+    } else {  // a slide the tile does not fit gives no tile (a warning), whatever its bytes
+      check_tile_bytes(Field::flag("--size"), job.slide, options.size, slide->channels());
     }
     check_stain_fits(options.tissue, *slide);
     std::unique_ptr<TileLabeler> labeler;
+    if (!is_valid_utf8(job.labels))  // the store's settings record it
+      throw BadInput(valid_utf8(job.labels) + ": the path is not valid UTF-8 (a Latin-1 name?); the store records "
+                     "it as UTF-8: rename the file");
     if (!job.labels.empty())
       labeler = open_labels(job.labels, slide->levels()[0].width, slide->levels()[0].height, options.labelling);
     opened.push_back({std::move(slide), std::move(labeler)});
   }
+  check_intensity_window_applies(opened_slides(opened), options.intensity_window, "tile");
   if (!jobs.empty() && too_small_count == jobs.size())
     throw BadInput("--size " + std::to_string(options.size) + ": no slide holds a whole tile at level " +
                    std::to_string(options.level) + ": " + too_small);

@@ -8,7 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/checked.h"
+
 #include "data/labels.h"
+#include "data/slide.h"
 #include "data/tile_format.h"
 #include "data/tissue.h"
 
@@ -49,6 +52,17 @@ Shard parse_shard(const std::string& text);
 
 // Parses "LOW,HIGH" (16-bit sample values, LOW < HIGH); throws UsageError naming --intensity-window.
 IntensityWindow parse_intensity_window(const std::string& text);
+
+// --intensity-window maps 16-bit channels to 8 bits. Where every slide is 8-bit it would change
+// nothing: UsageError naming the flag and the slides. Where some are, a warning (report()) names
+// those it leaves as they are. Nothing without a window.
+void check_intensity_window_applies(const std::vector<const Slide*>& slides,
+                                    const std::optional<IntensityWindow>& window, const std::string& task);
+
+// Refuses, through `size_field` (a flag: exit 2; a file's field: exit 5), a tile side of more than a
+// tile header holds, or tiles of `size` pixels of `channels` bytes a pixel of more than
+// max_tile_pixel_bytes, naming the slide.
+void check_tile_bytes(const Field& size_field, const std::string& slide, int64_t size, int64_t channels);
 
 // The positions in `slides` that belong to `shard`: the slides sorted by absolute path, the i-th
 // belongs to shard i mod count, so the N shards divide the list without overlap or gaps whatever

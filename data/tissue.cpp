@@ -248,13 +248,18 @@ void TissueMask::detect_fluorescence(const std::vector<uint16_t>& raw_signal) {
 }
 
 double TissueMask::tissue_fraction(double x0, double y0, double x1, double y1) const {
-  // Mask pixels whose centres fall inside the rectangle; at least the one under its centre.
-  auto first = [](double edge, double scale) { return static_cast<int>(std::ceil(edge / scale - 0.5)); };
-  int column0 = std::max(0, first(x0, scale_x_)), column1 = std::min(width_, first(x1, scale_x_));
-  int row0 = std::max(0, first(y0, scale_y_)), row1 = std::min(height_, first(y1, scale_y_));
+  // Mask pixels whose centres fall inside the rectangle; at least the one under its centre. Clamped
+  // as doubles: a rectangle far past the mask never converts to an int out of range.
+  auto first = [](double edge, double scale, int size) {
+    return static_cast<int>(std::clamp(std::ceil(edge / scale - 0.5), 0.0, static_cast<double>(size)));
+  };
+  int column0 = first(x0, scale_x_, width_), column1 = first(x1, scale_x_, width_);
+  int row0 = first(y0, scale_y_, height_), row1 = first(y1, scale_y_, height_);
   if (column0 >= column1 || row0 >= row1) {
-    int column = std::clamp(static_cast<int>((x0 + x1) / 2 / scale_x_), 0, width_ - 1);
-    int row = std::clamp(static_cast<int>((y0 + y1) / 2 / scale_y_), 0, height_ - 1);
+    auto at = [](double centre, double scale, int size) {
+      return static_cast<int>(std::clamp(std::floor(centre / scale), 0.0, static_cast<double>(size - 1)));
+    };
+    int column = at((x0 + x1) / 2, scale_x_, width_), row = at((y0 + y1) / 2, scale_y_, height_);
     return tissue_[static_cast<size_t>(row) * width_ + column];
   }
   size_t tissue = 0;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <set>
 
+#include "common/checked.h"
 #include "common/error.h"
 
 namespace tessera {
@@ -130,6 +131,8 @@ SlideInput live_slide(const ExtractOptions& options, std::vector<ExtractModel>& 
   input.reads = group_reads(
       models, [&](const ExtractModel& model) { return live_read(options, model, slide, path, input.coords); },
       [&](int level, int size) {
+        data::check_tile_bytes(input.coords ? Field(input.coords->file, "coords patch_size") : Field::flag("--size"),
+                               path, size, slide.channels());
         nlohmann::json settings =
             input.coords ? coords_settings(*input.coords, level, size) : live_settings(options.tiler, level, size);
         return data::describe_slide(slide, canonical, fingerprint, level, size, settings);
@@ -239,6 +242,10 @@ ExtractInputs gather_extract_inputs(const ExtractOptions& options, std::vector<E
       }
     }
   }
+  std::vector<const data::Slide*> opened;
+  for (const SlideInput& slide : inputs.slides)
+    if (slide.slide) opened.push_back(slide.slide.get());
+  data::check_intensity_window_applies(opened, options.tiler.intensity_window, "extract");
   std::map<std::string, std::string> writing;  // feature file name -> the slide writing it
   for (const SlideInput& slide : inputs.slides)
     if (auto [at, fresh] = writing.emplace(slide.name, slide.path); !fresh)

@@ -112,3 +112,20 @@ def pyramid(image, factors):
     for factor in factors:
         levels.append(np.asarray(base.resize((image.shape[1] // factor, image.shape[0] // factor), Image.BOX)))
     return levels
+
+
+def ome_tiff(path, planes, edit=None, names=None, tile=(256, 256)):
+    """An OME-TIFF of grey planes (C x H x W) as tifffile writes one: a main directory a plane,
+    Channel elements, TiffData IFD 0 PlaneCount C. Its OME-XML is passed through `edit` (str to
+    str, or to bytes for a description that is not UTF-8) and written back with
+    tifffile.tiffcomment: the description a test wants, over planes that are really there."""
+    import tifffile  # here: the TIFF writers above stay independent of it
+    metadata = {"axes": "CYX"}
+    if names is not None:
+        metadata["Channel"] = {"Name": list(names)}
+    tifffile.imwrite(path, planes, ome=True, photometric="minisblack", tile=tile, metadata=metadata)
+    if edit is not None:
+        with tifffile.TiffFile(path) as tiff:
+            xml = tiff.pages[0].description
+        tifffile.tiffcomment(path, edit(xml))
+    return path

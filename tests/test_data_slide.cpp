@@ -10,6 +10,7 @@
 #include "data/jpeg.h"
 #include "data/labels.h"
 #include "data/slide.h"
+#include "data/slide_parts.h"
 #include "data/synthetic_slide.h"
 #include "data/tile_store.h"
 #include "data/tiler.h"
@@ -277,6 +278,23 @@ TEST(Labels, ASlideWithoutTumourHasTheSameTissueAndEmptyGroundTruth) {
       EXPECT_EQ(geojson->label(x, y, x + 256, y + 256), 0u) << x << "," << y;
       EXPECT_EQ(sparse->label(x, y, x + 256, y + 256), left_out) << x << "," << y;
     }
+}
+
+// Channel 256 of level 0 and channel 0 of level 1 shared a key before (the channel had 8 bits
+// beside the level); so did row 2^24 and channel 1. Every key is now whole: no two tiles meet.
+TEST(Slide, DecodedTileKeysNeverCollide) {
+  TileCache cache(uint64_t{1} << 20);
+  auto pixels = [](uint8_t value) { return std::make_shared<const std::vector<uint8_t>>(4, value); };
+  const std::vector<TileCache::Key> keys{{0, 256, 0, 0},       {1, 0, 0, 0},         {0, 1, 0, 0},
+                                         {0, 0, int64_t{1} << 24, 0}, {0, 0, 0, int64_t{1} << 24},
+                                         {0, 0, 1, 0},         {0, 0, 0, 1},         {0, 0, int64_t{1} << 28, 0}};
+  for (size_t i = 0; i < keys.size(); ++i) cache.insert(keys[i], pixels(static_cast<uint8_t>(i)));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto found = cache.find(keys[i]);
+    ASSERT_TRUE(found) << i;
+    EXPECT_EQ((*found)[0], i) << i;
+  }
+  EXPECT_FALSE(cache.find({0, 255, 0, 0}));
 }
 
 TEST(BadInput, MissingSlide) {

@@ -6,10 +6,18 @@ directories and tag values, DICOM headers, often to boundary values) and in thei
 files cut short. Each run exits 0 or 5, never by a signal or at the time limit, with a peak
 resident size under 1 GiB (getrusage of the child, which on Linux also counts what this test
 process held when it started the child: an upper bound); a truncated file is exit 5; exit 0 only
-where every tile of the clean file was written or named as corrupt."""
+where every tile of the clean file was written or named as corrupt.
+
+A second corpus edits the OME-XML of a 4-channel OME-TIFF (tifffile's, rewritten with
+tifffile.tiffcomment; fixed seed): attributes of Pixels, Channel and TiffData set to boundary
+values, signs, words and the other dimension orders, or removed; TiffData blocks added; Latin-1
+bytes in a channel name; the XML cut short. Each is accepted, every channel of every tile then
+one of the file's planes at that place, or refused with exit 5 naming the file, never with raw
+library text."""
 import json
 import os
 import random
+import re
 import shutil
 import struct
 
@@ -17,8 +25,8 @@ import numpy as np
 import openslide
 import tifffile
 
-from data_tools import read_store, run, run_with_usage, within_memory, workdir
-from slide_files import APERIO, pyramid, write_tiff
+from data_tools import HEADER, read_store, run, run_with_usage, within_memory, workdir
+from slide_files import APERIO, ome_tiff, pyramid, write_tiff
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 SLIDES = os.path.normpath(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
@@ -27,6 +35,13 @@ GiB = 1 << 30
 MUTANTS, CUTS = 30, 6  # per source: 7 sources, 252 runs
 TIME_LIMIT = 300  # seconds of wall time per run: a hang, not a slow run, reaches it
 INTERESTING = [0, 1, 2, 0x7F, 0x80, 0xFF, 0xFFFF, 0x10000, 0x7FFFFFFF, 0xFFFFFFFF]
+OME_MUTANTS = 80
+OME_ATTRIBUTES = ["DimensionOrder", "Type", "SizeX", "SizeY", "SizeC", "SizeZ", "SizeT", "PhysicalSizeX",
+                  "SamplesPerPixel", "Name", "IFD", "PlaneCount", "FirstC", "FirstZ", "FirstT"]
+OME_VALUES = [0, 1, 2, 3, 4, 5, 255, 256, -1, -4, 2 ** 31, 2 ** 32, 2 ** 63 - 1, 2 ** 64, "", "abc", "1e9", "0x10",
+              " 3 ", "+2", "2.5", "nan", "XYZCT", "XYZTC", "XYCTZ", "XYCZT", "XYTCZ", "XYTZC", "XYCCT", "XYZT", "CZTXY",
+              "uint8", "uint16", "int8", "float", "uint12"]
+RAW = ("basic_string", "max_size", "json.exception", "std::", "bad_alloc", "terminate")
 
 
 def tiff_regions(path):
@@ -71,6 +86,80 @@ def mutate(content, regions, generator):
             at = generator.randrange(start, min(end, len(mutated)))
             mutated[at] = generator.randrange(256)
     return bytes(mutated)
+
+
+def mutate_ome(xml, generator):
+    """The OME-XML with one to three edits (OME_ATTRIBUTES set to OME_VALUES or removed, TiffData
+    added, Latin-1 in a name, the text cut short); bytes, since Latin-1 is not UTF-8."""
+    for _ in range(generator.randint(1, 3)):
+        kind = generator.random()
+        if kind < 0.6:
+            name = generator.choice(OME_ATTRIBUTES)
+            found = list(re.finditer(rf'\b{name}="[^"]*"', xml))
+            if found:
+                match = generator.choice(found)
+                value = generator.choice(OME_VALUES + [None])
+                xml = xml[:match.start()] + ("" if value is None else f'{name}="{value}"') + xml[match.end():]
+        elif kind < 0.75:
+            extra = " ".join(f'{name}="{generator.choice(OME_VALUES[:12])}"'
+                             for name in generator.sample(["IFD", "PlaneCount", "FirstC", "FirstZ", "FirstT"], 2))
+            xml = xml.replace("</Pixels>", f"<TiffData {extra}/></Pixels>")
+        elif kind < 0.85:
+            xml = xml.replace('SamplesPerPixel="1" Name="', 'SamplesPerPixel="1" Name="\xe9\xff', 1)
+        else:
+            xml = xml[:generator.randrange(len(xml) // 2, len(xml))]
+    return xml.encode("latin-1")
+
+
+def fuzz_ome(binary, work, store):
+    """(runs, exits, failures, worst peak) of `tile` over OME_MUTANTS edits of one OME-TIFF's XML."""
+    generator = random.Random(34)
+    data = np.full((4, 256, 256), 4, np.uint8)
+    data[:, 64:192, 32:224] = np.random.default_rng(34).integers(40, 250, size=(4, 128, 192), dtype=np.uint8)
+    clean = ome_tiff(os.path.join(work, "clean", "panel.ome.tif"), data, names=["DAPI", "CD3", "CD8", "CD20"],
+                     tile=(64, 64))
+    with tifffile.TiffFile(clean) as tiff:
+        xml = tiff.pages[0].description
+    runs, exits, failures, worst_peak = 0, {}, [], 0
+    for index in range(OME_MUTANTS):
+        case = os.path.join(work, f"ome-{index}.ome.tif")
+        shutil.copy(clean, case)
+        tifffile.tiffcomment(case, mutate_ome(xml, generator))
+        code, _, err, peak, _, killed = tile(binary, case, store, ["--size", 64])
+        runs += 1
+        exits[code] = exits.get(code, 0) + 1
+        worst_peak = max(worst_peak, peak)
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        problem = None
+        if killed or code not in (0, 5):
+            problem = f"still running after {TIME_LIMIT} s" if killed else f"exit {code}"
+        elif peak >= GiB:
+            problem = f"peak {peak / GiB:.2f} GiB"
+        elif any(raw in err for raw in RAW):
+            problem = "raw library text"
+        elif code == 5 and os.path.basename(case) not in last:
+            problem = "exit 5 without naming the file"
+        elif code == 0:
+            # Accepted: every channel of every tile is one of the file's planes there.
+            for (_, _, row, column), value in read_store(store)[0].items():
+                _, encoding, channels, _, width, height = HEADER.unpack_from(value)[:6]
+                if encoding != 0:
+                    problem = f"tile row {row} column {column} is JPEG, not the planes raw"
+                    break
+                tile_pixels = np.frombuffer(value[28:], np.uint8).reshape(height, width, channels)
+                blocks = data[:, row * 64:(row + 1) * 64, column * 64:(column + 1) * 64]
+                planes_there = [any(np.array_equal(tile_pixels[..., c], block) for block in blocks)
+                                for c in range(channels)]
+                if not all(planes_there):
+                    problem = f"tile row {row} column {column} holds a channel that is none of the file's planes"
+                    break
+        if problem:
+            kept = os.path.join(work, "failed", os.path.basename(case))
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            shutil.copy(case, kept)
+            failures.append(f"OME-XML mutant {index} ({kept}): {problem}: {last}")
+        os.remove(case)
+    return runs, exits, failures, worst_peak
 
 
 def named_corrupt(stderr):
@@ -159,8 +248,11 @@ def main(binary):
             shutil.rmtree(case)
     print(f"{runs} damaged slides: exits {exits}, largest peak {worst_peak / (1 << 20):.0f} MiB, "
           f"most CPU {worst_cpu:.1f} s")
+    ome_runs, ome_exits, ome_failures, ome_peak = fuzz_ome(binary, work, store)
+    print(f"{ome_runs} OME-XML mutants: exits {ome_exits}, largest peak {ome_peak / (1 << 20):.0f} MiB")
+    failures += ome_failures
     assert not failures, "\n".join(failures)
-    assert runs >= 200
+    assert runs >= 200 and ome_runs == OME_MUTANTS and ome_exits.get(0) and ome_exits.get(5)
     shutil.rmtree(work)
 
 

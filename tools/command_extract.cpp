@@ -101,6 +101,9 @@ void add_extract_command(CLI::App &app) {
       for (const char *flag : {"--size", "--level", "--tissue", "--min-tissue", "--tissue-threshold"})
         if (command->count(flag))
           throw UsageError(std::string(flag) + " is not for --coords: its patches are the file's");
+    if (!options->tiles.empty() && command->count("--intensity-window"))
+      throw UsageError("--intensity-window is not for --tiles: a store's tiles are 8-bit already (give it to tessera "
+                       "tile, or read the slides with --slides)");
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";

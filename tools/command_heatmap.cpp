@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/output.h"
 #include "compute/checkpoint.h"
@@ -63,7 +64,7 @@ void check_same_slide(const FeatureFileTiles& tiles, const data::Slide& slide, c
 }
 
 void run_heatmap(const HeatmapFlags& flags) {
-  if (flags.max_size < 1) throw UsageError("--max-size must be at least 1");
+  within(flags.max_size, 1, 16384, Field::flag("--max-size"), "the thumbnail's longer side, pixels");
   if (!(flags.alpha >= 0 && flags.alpha <= 1)) throw UsageError("--alpha must be in [0, 1]");
   if (flags.scale != "fixed" && flags.scale != "slide")
     throw UsageError("--scale: fixed (the probability, 0 to 1) or slide (stretched), not '" + flags.scale + "'");

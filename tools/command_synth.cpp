@@ -4,6 +4,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/output.h"
 #include "data/synthetic_slide.h"
@@ -41,9 +42,10 @@ void add_synth_command(CLI::App& app) {
       ->capture_default_str()
       ->check(finite_in(16, 4096));
   command->add_option("--quality", flags->options.quality, "JPEG quality")->capture_default_str()->check(finite_in(1, 100));
+  // Within what a TIFF resolution (a 32-bit rational of pixels per centimetre) records faithfully.
   command->add_option("--mpp", flags->options.mpp, "Microns per level-0 pixel")
       ->capture_default_str()
-      ->check(finite_positive());
+      ->check(finite_in(0.001, 1000));
   command->add_option("--mask", flags->mask, "Label mask to write (default: OUT's name with .mask.tiff)");
   command->add_option("--geojson", flags->geojson, "Tumour annotations to write (default: OUT's name with .geojson)");
   command->add_option("--workers", flags->options.workers, "Threads rendering and compressing tiles")
@@ -69,6 +71,11 @@ void add_synth_command(CLI::App& app) {
     if (!options.fluorescence && channels->count() > 0 && options.channels != 3)
       throw UsageError("--channels: a bright-field slide is RGB (3); other counts need --stain fluorescence");
     if (options.tile_size % 16) throw UsageError("--tile-size: a multiple of 16 (TIFF tiles)");
+    // A TIFF directory numbers its tiles in 32 bits.
+    Field tiles = Field::flag("--width and --height in --tile-size tiles (columns x rows)");
+    within(multiply((options.width + options.tile_size - 1) / options.tile_size,
+                    (options.height + options.tile_size - 1) / options.tile_size, tiles),
+           1, int64_t{UINT32_MAX} - 1, tiles, "the tiles a TIFF directory numbers: use a larger --tile-size");
     data::SyntheticSlidePaths paths{flags->out, flags->mask.empty() ? beside(flags->out, ".mask.tiff") : flags->mask,
                                     flags->geojson.empty() ? beside(flags->out, ".geojson") : flags->geojson};
     OutputLock lock(paths.slide);  // the three files are written together

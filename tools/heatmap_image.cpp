@@ -57,37 +57,50 @@ int thumbnail_level(const data::Slide& slide, int max_size) {
 
 Image read_thumbnail(const data::Slide& slide, int level, int max_size) {
   const auto& source_level = slide.levels()[static_cast<size_t>(level)];
-  auto source_width = static_cast<int>(source_level.width), source_height = static_cast<int>(source_level.height);
+  const int64_t source_width = source_level.width, source_height = source_level.height;
   const auto channels = static_cast<size_t>(slide.channels());
-  std::vector<uint8_t> source(static_cast<size_t>(source_width) * static_cast<size_t>(source_height) * channels);
-  slide.read_region(level, 0, 0, source_width, source_height, source.data());
   double scale = std::min(1.0, max_size / static_cast<double>(std::max(source_width, source_height)));
-  Image image{std::max(1, static_cast<int>(std::lround(source_width * scale))),
-              std::max(1, static_cast<int>(std::lround(source_height * scale))), {}};
+  Image image{std::max(1, static_cast<int>(std::lround(static_cast<double>(source_width) * scale))),
+              std::max(1, static_cast<int>(std::lround(static_cast<double>(source_height) * scale))), {}};
   image.rgb.resize(static_cast<size_t>(image.width) * static_cast<size_t>(image.height) * 3);
-  auto span = [](int index, int from, int to) {
-    int first = static_cast<int>(static_cast<int64_t>(index) * from / to);
-    int last = std::max(first + 1, static_cast<int>((static_cast<int64_t>(index) + 1) * from / to));
+  // The source pixels under thumbnail pixel `index`: consecutive spans that cover the source.
+  auto span = [](int64_t index, int64_t from, int64_t to) {
+    int64_t first = index * from / to, last = std::max(first + 1, (index + 1) * from / to);
     return std::pair{first, std::min(last, from)};
   };
+  // The level is read in blocks of at most 16 MiB, whatever its size (a slide with no small level).
+  const auto block_side = static_cast<int64_t>(std::max(64.0, std::sqrt((16 << 20) / static_cast<double>(channels))));
+  std::vector<uint8_t> block(static_cast<size_t>(block_side * block_side) * channels);
+  std::vector<uint64_t> sums(static_cast<size_t>(image.width) * 3);
   // One channel is grey; two are red and green; more give their first three.
   auto channel_of = [&](size_t c) { return std::min(c, channels - 1); };
   for (int y = 0; y < image.height; ++y) {
     auto [y0, y1] = span(y, source_height, image.height);
+    std::fill(sums.begin(), sums.end(), 0);
+    for (int64_t band = y0; band < y1; band += block_side) {
+      const auto rows = static_cast<int>(std::min(block_side, y1 - band));
+      for (int64_t left = 0; left < source_width; left += block_side) {
+        const auto columns = static_cast<int>(std::min(block_side, source_width - left));
+        slide.read_region(level, left, band, columns, rows, block.data());
+        int64_t x = std::min<int64_t>(image.width - 1, left * image.width / source_width);
+        while (x > 0 && span(x, source_width, image.width).first > left) --x;
+        for (int64_t sx = left; sx < left + columns; ++sx) {
+          while (span(x, source_width, image.width).second <= sx) ++x;
+          for (int row = 0; row < rows; ++row) {
+            const uint8_t* pixel = &block[(static_cast<size_t>(row) * static_cast<size_t>(columns) +
+                                           static_cast<size_t>(sx - left)) * channels];
+            for (size_t c = 0; c < 3; ++c)
+              sums[static_cast<size_t>(x) * 3 + c] += channels == 2 && c == 2 ? 0 : pixel[channel_of(c)];
+          }
+        }
+      }
+    }
     for (int x = 0; x < image.width; ++x) {
       auto [x0, x1] = span(x, source_width, image.width);
-      std::array<uint32_t, 3> sum{};
-      for (int sy = y0; sy < y1; ++sy)
-        for (int sx = x0; sx < x1; ++sx)
-          for (size_t c = 0; c < 3; ++c)
-            sum[c] += channels == 2 && c == 2
-                          ? 0
-                          : source[(static_cast<size_t>(sy) * static_cast<size_t>(source_width) +
-                                    static_cast<size_t>(sx)) * channels + channel_of(c)];
-      auto count = static_cast<uint32_t>((y1 - y0) * (x1 - x0));
+      auto count = static_cast<uint64_t>((y1 - y0) * (x1 - x0));
       for (size_t c = 0; c < 3; ++c)
         image.rgb[(static_cast<size_t>(y) * static_cast<size_t>(image.width) + static_cast<size_t>(x)) * 3 + c] =
-            static_cast<uint8_t>((sum[c] + count / 2) / count);
+            static_cast<uint8_t>((sums[static_cast<size_t>(x) * 3 + c] + count / 2) / count);
     }
   }
   return image;
