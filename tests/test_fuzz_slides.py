@@ -133,7 +133,7 @@ def fuzz_ome(binary, work, store):
         problem = None
         if killed or code not in (0, 5):
             problem = f"still running after {TIME_LIMIT} s" if killed else f"exit {code}"
-        elif peak >= GiB:
+        elif not within_memory(peak, GiB):
             problem = f"peak {peak / GiB:.2f} GiB"
         elif any(raw in err for raw in RAW):
             problem = "raw library text"

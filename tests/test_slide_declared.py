@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 import tifffile
 
-from data_tools import read_store, run, run_with_usage, summary, workdir
+from data_tools import read_store, run, run_with_usage, summary, within_memory, workdir
 from slide_files import ome_tiff
 
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
@@ -52,7 +52,7 @@ def refused(command, *words, code=5, outputs=()):
         assert word in last, (word, last)
     for raw in RAW:
         assert raw not in err, (raw, err[-2000:])
-    assert peak < GiB, (command, peak)
+    assert within_memory(peak, GiB), (command, peak)
     for output in outputs:
         assert not os.path.exists(output), f"{output} left behind"
     print(f"exit {exit_code}, {peak >> 20} MiB: {last}")

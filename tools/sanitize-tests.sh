@@ -23,7 +23,8 @@ export TESSERA_BINARY="$PWD/build-sanitize/tools/tessera"
 export TESSERA_SANITIZED=1
 status=0
 /usr/bin/python3 -m pytest -p no:cacheprovider -q -rA \
-  tests/test_data_bad_input.py tests/test_data_slide_bounds.py tests/test_fuzz_slides.py tests/test_error_messages.py ||
+  tests/test_data_bad_input.py tests/test_data_slide_bounds.py tests/test_fuzz_slides.py tests/test_error_messages.py \
+  tests/test_slide_declared.py ||
   status=1
 if compgen -G "$reports/*" >/dev/null; then
   echo "sanitizer reports:" >&2
