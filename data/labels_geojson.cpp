@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_input.h"
 #include "data/labels.h"
 
 namespace tessera::data {
@@ -18,6 +19,9 @@ namespace {
 
 // Samples per side of the grid that estimates a tile's coverage by polygons.
 constexpr int coverage_samples = 8;
+// An annotation file: QuPath's export of a whole slide's cells is tens of MB; 1 GiB bounds what
+// is read whole before it is parsed.
+constexpr uint64_t kMaxAnnotationBytes = 1ull << 30;
 
 struct Point {
   double x, y;
@@ -94,15 +98,7 @@ class GeoJsonLabeler final : public TileLabeler {
                  const std::string& label_class, const std::string& unclassified_as)
       : path_(path), rule_(rule), coverage_(coverage), label_class_(label_class), unclassified_as_(unclassified_as),
         slide_width_(slide_width), slide_height_(slide_height) {
-    std::ifstream file(path);
-    if (!file) throw BadInput(path + ": cannot open the annotations");
-    nlohmann::json document;
-    try {
-      document = nlohmann::json::parse(file);
-    } catch (const nlohmann::json::exception& e) {
-      throw BadInput(path + ": not valid JSON: " + e.what());
-    }
-    read_document(document);
+    read_document(read_json_file(path, path, kMaxAnnotationBytes));
     if (!polygons_.empty() && !overlaps_slide())
       throw BadInput(description() + ": none of them lies on the slide (the annotations of another slide?)");
   }
