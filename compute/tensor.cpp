@@ -1,5 +1,7 @@
 #include "compute/tensor.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -111,6 +113,14 @@ std::vector<float> from_half(std::span<const uint16_t> halves) {
     values[i] = static_cast<float>(half);
   }
   return values;
+}
+
+void refuse_non_finite(std::span<const float> values, const std::string& what) {
+  auto bad = std::find_if(values.begin(), values.end(), [](float value) { return !std::isfinite(value); });
+  if (bad == values.end()) return;
+  throw BadInput(what + " holds " + (std::isnan(*bad) ? "NaN" : *bad > 0 ? "+Inf" : "-Inf") + " at index " +
+                 std::to_string(bad - values.begin()) + " (of " + std::to_string(values.size()) +
+                 ", in row-major order)");
 }
 
 }  // namespace tessera

@@ -66,4 +66,8 @@ inline vk::BufferArg updates(const Tensor& t) { return vk::updates(t.buffer(), t
 std::vector<uint16_t> to_half(std::span<const float> values);
 std::vector<float> from_half(std::span<const uint16_t> halves);
 
+// Throws BadInput "WHAT holds NaN at index I (of N, in row-major order)" at the first value that
+// is not finite: weights are checked where they enter, since one NaN makes every feature NaN.
+void refuse_non_finite(std::span<const float> values, const std::string& what);
+
 }  // namespace tessera
