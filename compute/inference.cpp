@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/json_input.h"
 #include "compute/safetensors.h"
 #include "compute/vit.h"
 
@@ -29,7 +30,7 @@ uint64_t bytes_of(const Shape& shape, DType dtype) {
 
 ResolvedModel resolve_model(const std::string& model, int classes, const std::string& encoder) {
   if (!encoder.empty()) {
-    nlohmann::json graph = load_model_description(encoder, classes);
+    nlohmann::json graph = load_model_description(encoder, classes, 32, "--encoder");
     if (model.empty()) return {std::move(graph), std::nullopt, "", encoder};
     if (is_safetensors_path(model)) return {std::move(graph), std::nullopt, model, model};
     if (!is_checkpoint_path(model))
@@ -37,7 +38,7 @@ ResolvedModel resolve_model(const std::string& model, int classes, const std::st
                        ": a .safetensors file or a checkpoint .h5 (tools/torch_to_tessera.py)");
     Checkpoint checkpoint = read_checkpoint(model);
     if (check_model_description(checkpoint.model, model + " (attribute 'model')") != graph)
-      throw UsageError("--model " + model + " holds the weights of " + checkpoint.model.dump() + ", not of --encoder " +
+      throw UsageError("--model " + model + " holds the weights of " + json_excerpt(checkpoint.model) + ", not of --encoder " +
                        encoder);
     return {std::move(graph), std::move(checkpoint), "", model};
   }

@@ -9,12 +9,18 @@
 #include <random>
 #include <string_view>
 
+#include "common/json_input.h"
 #include "compute/ops/registry.h"
 #include "compute/vit.h"
 
 namespace tessera {
 
 namespace {
+
+// A description file: a ResNet-152 graph is 60 KB, a ViT's settings under 1 KB.
+constexpr uint64_t kMaxDescriptionBytes = 16ull << 20;
+// Layers of a graph: a ResNet-152 has 500, a ViT of the deepest depth vit_graph allows (256) 2800.
+constexpr size_t kMaxLayers = 4096;
 
 // conv, pool, conv, pool, dense, dropout, dense; channels w, 2w and 4w.
 nlohmann::json small_cnn(int classes, int width) {
@@ -99,6 +105,18 @@ std::string preset_list() {
   return names;
 }
 
+// Values of one tensor: 2^40 (4 TiB of fp32) is past every device's memory, and keeps the sums of
+// a plan of up to kMaxLayers layers far from 2^64 (every size is a product of fields and inputs).
+constexpr int64_t kMaxTensorValues = int64_t{1} << 40;
+
+void refuse_oversized(const std::string& layer, const std::string& tensor, const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape)
+    if (extent < 0 || __builtin_mul_overflow(count, extent, &count) || count > kMaxTensorValues)
+      throw ModelError("model: layer '" + layer + "': " + tensor + " " + to_string(shape) +
+                       " holds more than 2^40 values (at this batch)");
+}
+
 uint32_t name_hash(const std::string& name) {
   return static_cast<uint32_t>(std::hash<std::string>{}(name) & 0xffffffffu);
 }
@@ -117,14 +135,23 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   if (!description.is_object() || !description.contains("preset")) return description;
   auto& preset = description["preset"];
   if (!preset.is_string()) throw ModelError("model: field 'preset' must be a string");
-  auto classes = description.value("classes", 2);
-  auto width = description.value("width", 32);
-  if (classes < 1) throw ModelError("model: field 'classes' must be at least 1");
-  if (width < 1) throw ModelError("model: field 'width' must be at least 1");
+  // A whole number in [1, most], read before it reaches an int.
+  auto bounded = [&](const char* field, int fallback, int64_t most) {
+    auto value = description.find(field);
+    if (value == description.end()) return fallback;
+    if (!value->is_number_integer() || value->get<int64_t>() < 1 || value->get<int64_t>() > most)
+      throw ModelError(std::string("model: field '") + field + "' must be an integer from 1 to " +
+                       std::to_string(most) + ", got " + json_excerpt(*value));
+    return static_cast<int>(value->get<int64_t>());
+  };
+  const int classes = bounded("classes", 2, kMaxLayerInteger);
+  // small-cnn's fc1 has 4 x width features, a layer field like any other.
+  const int width = bounded("width", 32, kMaxLayerInteger / 4);
   if (preset == "small-cnn") return small_cnn(classes, width);
   if (preset == "resnet18") return resnet("resnet18", classes, false, {2, 2, 2, 2});
   if (preset == "resnet50") return resnet("resnet50", classes, true, {3, 4, 6, 3});
-  throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (" + preset_list() + ")");
+  throw ModelError("model: preset '" + quoted_excerpt(preset.get<std::string>()) + "' is not known (" + preset_list() +
+                   ")");
 }
 
 nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source) {
@@ -142,6 +169,8 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
     auto layers = graph.find("layers");
     if (layers == graph.end() || !layers->is_array() || layers->empty())
       throw fail("must be a non-empty array of layers");
+    if (layers->size() > kMaxLayers)
+      throw fail("holds " + std::to_string(layers->size()) + " layers (at most " + std::to_string(kMaxLayers) + ")");
     for (size_t i = 0; i < layers->size(); ++i) {
       where = "/layers/" + std::to_string(i);
       const nlohmann::json& entry = (*layers)[i];
@@ -150,7 +179,7 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
       if (auto inputs = entry.find("inputs"); inputs != entry.end())
         if (!inputs->is_array() || inputs->empty() ||
             std::any_of(inputs->begin(), inputs->end(), [](auto& name) { return !name.is_string(); }))
-          throw fail("field 'inputs' must be a non-empty array of layer names, got " + inputs->dump());
+          throw fail("field 'inputs' must be a non-empty array of layer names, got " + json_excerpt(*inputs));
     }
     return graph;
   } catch (const ModelError& e) {
@@ -161,20 +190,18 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
   }
 }
 
-nlohmann::json load_model_description(const std::string& model, int classes, int width) {
+nlohmann::json read_model_description(const std::string& path, const std::string& flag) {
+  if (!std::filesystem::exists(path))
+    throw BadInput(flag + " " + path + ": neither a preset (" + preset_list() + ") nor an existing file");
+  return read_json_file(path, path, kMaxDescriptionBytes);
+}
+
+nlohmann::json load_model_description(const std::string& model, int classes, int width, const std::string& flag) {
   if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
   // A ViT preset by name is the encoder: its features, no head.
   if (is_vit_description({{"preset", model}})) return expand_presets({{"preset", model}});
-  if (!std::filesystem::exists(model))
-    throw BadInput("--model " + model + ": neither a preset (" + preset_list() + ") nor an existing file");
-  std::ifstream in(model);
-  nlohmann::json description;
-  try {
-    description = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(model + ": not valid JSON: " + e.what());
-  }
+  nlohmann::json description = read_model_description(model, flag);
   if (description.is_object() && description.contains("preset") && !is_vit_description(description)) {
     description.emplace("classes", classes);
     description.emplace("width", width);
@@ -217,7 +244,7 @@ void Network::add_layers(const nlohmann::json& layers, bool from_model) {
     if (auto inputs = entry.find("inputs"); inputs != entry.end()) {
       if (!inputs->is_array() || inputs->empty()) config.fail("inputs", "must be a non-empty array of layer names");
       for (auto& name : *inputs) {
-        if (!name.is_string()) config.fail("inputs", "must hold layer names, got " + name.dump());
+        if (!name.is_string()) config.fail("inputs", "must hold layer names, got " + json_excerpt(name));
         input_names.push_back(name.get<std::string>());
       }
     } else {
@@ -238,7 +265,7 @@ void Network::add_layer(const LayerConfig& config, std::shared_ptr<Op> op, const
   for (auto& name : input_names) {
     auto it = index_of_.find(name);
     if (it == index_of_.end())
-      config.fail("inputs", "names '" + name + "', which is not an earlier layer (or 'input')");
+      config.fail("inputs", "names '" + quoted_excerpt(name) + "', which is not an earlier layer (or 'input')");
     l.inputs.push_back(it->second);
     shapes.push_back(it->second < 0 ? inputs_[static_cast<size_t>(-1 - it->second)].shape
                                     : layers_[static_cast<size_t>(it->second)].output_shape);
@@ -253,6 +280,8 @@ void Network::add_layer(const LayerConfig& config, std::shared_ptr<Op> op, const
                      ": " + e.what());
   }
   l.specs = l.op->tensors();
+  refuse_oversized(l.name, config.type() + "'s output", l.output_shape);
+  for (auto& spec : l.specs) refuse_oversized(l.name, spec.name, spec.shape);
   index_of_[l.name] = static_cast<int>(layers_.size());
   layers_.push_back(std::move(l));
 }

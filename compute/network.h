@@ -20,7 +20,11 @@ class LayerConfig;
 // The model description for `--model`: a preset name (small-cnn, resnet18, resnet50; a ViT's,
 // compute/vit.h, without a head) or a JSON file, completed with the class count and width where
 // the description of a CNN preset leaves them open.
-nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
+nlohmann::json load_model_description(const std::string& model, int classes, int width = 32,
+                                      const std::string& flag = "--model");
+// A model description file as JSON (common/json_input.h's limits, at most 16 MiB), not yet
+// checked; BadInput naming `flag` where there is no such file.
+nlohmann::json read_model_description(const std::string& path, const std::string& flag);
 // Expands {"preset": NAME, "classes": K, "width": W} and ViT descriptions to a graph; returns
 // graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
