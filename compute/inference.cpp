@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/json_input.h"
+#include "compute/ops/registry.h"
 #include "compute/safetensors.h"
 #include "compute/vit.h"
 
@@ -54,7 +55,7 @@ namespace {
 
 // The network of the pass: the model up to options.layer between the prologue and nothing.
 std::unique_ptr<Network> build_network(const ResolvedModel& model, const InferenceOptions& options,
-                                       std::string& layer) {
+                                       std::string& layer) try {
   nlohmann::json graph = model.graph;
   layer.clear();
   if (!options.layer.empty()) {
@@ -67,6 +68,8 @@ std::unique_ptr<Network> build_network(const ResolvedModel& model, const Inferen
   network->set_activation_dtype(options.activations);
   if (layer.empty()) layer = network->layers().back().name;
   return network;
+} catch (const ModelError& e) {
+  throw model_error_of(model.source, e);
 }
 
 // In the order they are allocated: the graph's buffers (an activation's handed on once read,

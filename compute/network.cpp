@@ -154,6 +154,13 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
                    ")");
 }
 
+ModelError model_error_of(const std::string& source, const ModelError& error) {
+  std::string_view problem = error.what();
+  if (problem.rfind(source + ": ", 0) == 0) return error;
+  if (problem.rfind("model: ", 0) == 0) problem.remove_prefix(7);
+  return ModelError(source + ": " + std::string(problem));
+}
+
 nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source) {
   std::string where = "the model";
   // Messages of the layer checks start "model: "; here the file says whose model it is.

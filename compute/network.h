@@ -16,6 +16,7 @@
 namespace tessera {
 
 class LayerConfig;
+struct ModelError;
 
 // The model description for `--model`: a preset name (small-cnn, resnet18, resnet50; a ViT's,
 // compute/vit.h, without a head) or a JSON file, completed with the class count and width where
@@ -33,6 +34,10 @@ nlohmann::json expand_presets(const nlohmann::json& description);
 // op, only fields that op reads and `inputs` an array of names. Throws ModelError (exit 5)
 // naming `source` (the file, or a checkpoint's attribute) and where in it ("/layers/3").
 nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source);
+
+// A layer check's ModelError ("model: layer 'fc': ...") as `source`'s: "SOURCE: layer 'fc': ...",
+// for errors found where the graph is built for its input (shapes, sizes).
+ModelError model_error_of(const std::string& source, const ModelError& error);
 
 // Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
 // cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).

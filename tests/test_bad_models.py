@@ -17,7 +17,7 @@ upper bound, see test_fuzz_slides.py) and nothing left under the output.
   before), a mean too large for a float, microns per pixel of 1e6; a graph of 100000 layers;
   a conv2d of 70000 channels before a batch norm: `train --dry-run` planned it and the run then
   dispatched 70000 workgroups, past Vulkan's guaranteed 65535 (a validation error, undefined on
-  a GPU); now refused naming out_channels.
+  a GPU); now refused naming out_channels. A padding that makes an output of 2^55 values.
 """
 import json
 import os
@@ -319,9 +319,16 @@ def test_absurd_graphs_are_refused_before_any_plan(work):
         {"name": "bn1", "type": "batch_norm2d"}, {"name": "pool", "type": "global_avg_pool"},
         {"name": "flatten", "type": "flatten"}, {"name": "fc", "type": "linear", "out_features": 2}]}))
     width = write(os.path.join(work, "wide-preset.json"), json.dumps({"preset": "small-cnn", "width": 1 << 33}))
+    # Every field within its bound, but a padding that makes an output of 3.6e16 values (a plan
+    # of 2^58 bytes before: a wider one wrapped past 2^64).
+    padded = write(os.path.join(work, "padded.json"), json.dumps({"name": "padded", "layers": [
+        {"name": "conv1", "type": "conv2d", "out_channels": 65535, "kernel": 1, "padding": 65535},
+        {"name": "pool", "type": "global_avg_pool"}, {"name": "flatten", "type": "flatten"},
+        {"name": "fc", "type": "linear", "out_features": 2}]}))
     cases = {many: "/layers: holds 100000 layers (at most 4096)",
              wide: "layer 'conv1': field 'out_channels' must be an integer from 1 to 65535, got 70000",
-             width: "field 'width' must be an integer from 1 to 16383, got 8589934592"}
+             width: "field 'width' must be an integer from 1 to 16383, got 8589934592",
+             padded: "layer 'conv1': conv2d's output [32,65535,131086,131086] holds more than 2^40 values"}
     checkpoint = os.path.join(work, "graph.h5")
     for path, message in cases.items():
         for dry in (["--dry-run"], []):
