@@ -17,7 +17,8 @@ upper bound, see test_fuzz_slides.py) and nothing left under the output.
   before), a mean too large for a float, microns per pixel of 1e6; a graph of 100000 layers;
   a conv2d of 70000 channels before a batch norm: `train --dry-run` planned it and the run then
   dispatched 70000 workgroups, past Vulkan's guaranteed 65535 (a validation error, undefined on
-  a GPU); now refused naming out_channels. A padding that makes an output of 2^55 values.
+  a GPU); now refused naming out_channels. Likewise a linear layer of 4198400 input features
+  (65600 workgroups for its input gradient). A padding that makes an output of 2^55 values.
 """
 import json
 import os
@@ -318,6 +319,11 @@ def test_absurd_graphs_are_refused_before_any_plan(work):
         {"name": "conv1", "type": "conv2d", "out_channels": 70000, "kernel": 1, "stride": 16},
         {"name": "bn1", "type": "batch_norm2d"}, {"name": "pool", "type": "global_avg_pool"},
         {"name": "flatten", "type": "flatten"}, {"name": "fc", "type": "linear", "out_features": 2}]}))
+    # 4198400 features into a linear layer: its input gradient's 4198400 rows were 65600
+    # workgroups on lavapipe (a plan of 338 MB that fit, then a validation error).
+    flat = write(os.path.join(work, "flat.json"), json.dumps({"name": "flat", "layers": [
+        {"name": "conv1", "type": "conv2d", "out_channels": 16400, "kernel": 1},
+        {"name": "flatten", "type": "flatten"}, {"name": "fc", "type": "linear", "out_features": 2}]}))
     width = write(os.path.join(work, "wide-preset.json"), json.dumps({"preset": "small-cnn", "width": 1 << 33}))
     # Every field within its bound, but a padding that makes an output of 3.6e16 values (a plan
     # of 2^58 bytes before: a wider one wrapped past 2^64).
@@ -328,10 +334,12 @@ def test_absurd_graphs_are_refused_before_any_plan(work):
     cases = {many: "/layers: holds 100000 layers (at most 4096)",
              wide: "layer 'conv1': field 'out_channels' must be an integer from 1 to 65535, got 70000",
              width: "field 'width' must be an integer from 1 to 16383, got 8589934592",
-             padded: "layer 'conv1': conv2d's output [32,65535,131086,131086] holds more than 2^40 values"}
+             padded: "layer 'conv1': conv2d's output [4,65535,131086,131086] holds more than 2^40 values",
+             flat: "layer 'fc' (linear) cannot take the output of 'flatten' [4,4198400]: linear: 4198400 input "
+                   "features (at most 1048576)"}
     checkpoint = os.path.join(work, "graph.h5")
     for path, message in cases.items():
         for dry in (["--dry-run"], []):
-            assert_refused(tessera("train", "--data", patches, "--model", path, "--checkpoint", checkpoint, *dry), 5,
-                           [path, message])
+            assert_refused(tessera("train", "--data", patches, "--model", path, "--batch", 4, "--checkpoint", checkpoint,
+                                   *dry), 5, [path, message])
             assert not os.path.exists(checkpoint)
