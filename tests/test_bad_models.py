@@ -7,7 +7,8 @@ upper bound, see test_fuzz_slides.py) and nothing left under the output.
   description (train --model, also --dry-run), a checkpoint's `model` attribute (forward), a
   GeoJSON labels file (tile --labels) and a tile store's slide entry (extract --tiles): refused
   at 64 levels, naming the file; error messages quote 80 bytes of the input at most.
-- safetensors: a header length over 64 MiB (a sparse file of 100 MB) and past the file; a tensor
+- safetensors: a header length over 64 MiB (a sparse file of 100 MB) and past the file; a 63 MiB
+  header of 22 million empty objects (2.2 GB before, refused at 2^20 values now); a tensor
   named twice (nlohmann kept the last); NaN or Inf in F32, F16 and BF16 weights, naming the
   tensor and the first bad index as numpy finds it; data_offsets past the file, a byte count
   that does not match the shape, a shape whose product passes 2^64. A checkpoint holding a NaN
@@ -225,6 +226,16 @@ def test_safetensors_headers_that_lie_are_refused(work, vit):
     cases[sparse] = ["a header of 100000000 bytes (at most 67108864)"]
     cases[write(os.path.join(work, "past-end.safetensors"), struct.pack("<Q", 5_000_000) + valid[8:])] = [
         "the header is said to hold 5000000 bytes, but the file has"]
+    # 63 MiB of empty objects, within the size: 2.2 GB and 5 s to parse before; now refused at the
+    # 2^20th value.
+    objects = os.path.join(work, "objects.safetensors")
+    count = (63 << 20) // 3
+    with open(objects, "wb") as f:
+        f.write(struct.pack("<Q", 1 + 3 * count) + b"[")
+        for _ in range(count // 65536):
+            f.write(b"{}," * 65536)
+        f.write(b"{}," * (count % 65536 - 1) + b"{}]")
+    cases[objects] = ["the header: JSON refused: more than 1048576 values"]
     # A tensor named twice: the first one would have been lost.
     twice = write(os.path.join(work, "twice.safetensors"), safetensors_bytes(
         tensors, header_edit=lambda text: text.replace(
