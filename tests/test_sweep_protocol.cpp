@@ -233,10 +233,10 @@ TEST(SweepProtocol, AStoredSpaceOrTrialTheCommandLineWouldRefuseIsBadInput) {
 // line off the protocol, and the row is bad input naming it.
 TEST(SweepProtocol, DeeplyNestedJsonIsIgnoredOrRefusedNotASignal) {
   auto dir = work_dir();
-  auto options = sweep_running(dir, std::string("awk 'BEGIN { s = \"{\\\"type\\\":\\\"final\\\",\\\"value\\\":0.25,"
-                                                "\\\"metrics\\\":\"; for (i = 0; i < 100000; ++i) s = s \"[\"; "
-                                                "for (i = 0; i < 100000; ++i) s = s \"]\"; print s \"}\" }' >&3\n"
-                                                "echo '") + final_line + "' >&3\n");
+  std::ofstream(dir / "deep.json") << R"({"type":"final","value":0.25,"metrics":)" << std::string(100000, '[')
+                                     << std::string(100000, ']') << "}\n";
+  auto options =
+      sweep_running(dir, "cat '" + (dir / "deep.json").string() + "' >&3\necho '" + final_line + "' >&3\n");
   run_sweep(options);
   auto trials = trials_of(options);
   ASSERT_EQ(trials.size(), 1u);
