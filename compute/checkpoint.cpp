@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/hdf5_lock.h"
+#include "common/json_input.h"
 #include "compute/hdf5.h"
 
 namespace tessera {
@@ -73,7 +74,10 @@ void read_dataset(hid_t root, const char* name, ArrayVisit& v) {
   Handle dataset(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
   std::string what = *v.path + ": dataset " + *v.group + "/" + name;
   if (!dataset.valid()) throw BadInput(what + " cannot be opened (corrupt)");
-  (*v.arrays)[name] = read_float_dataset(dataset, what);
+  HostArray& array = (*v.arrays)[name] = read_float_dataset(dataset, what);
+  // Weights and optimizer state as tessera writes them are finite (a run that diverges writes
+  // none); one NaN would make every output NaN.
+  refuse_non_finite(array.values, what);
 }
 
 void read_arrays(hid_t file, const std::string& path, const std::string& group_name,
@@ -209,11 +213,7 @@ nlohmann::json read_checkpoint_progress(const std::string& path) {
   Handle train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
   auto progress = read_string_attribute(train, "progress");
   if (!progress) return nullptr;
-  try {
-    return nlohmann::json::parse(*progress);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw BadInput(path + ": attribute train/progress is not valid JSON: " + e.what());
-  }
+  return parse_json_input(*progress, path + ": attribute train/progress");
 }
 
 namespace {
@@ -221,11 +221,7 @@ namespace {
 nlohmann::json read_model_attribute(hid_t file, const std::string& path) {
   auto model = read_string_attribute(file, "model");
   if (!model) throw BadInput(path + ": attribute 'model' (the model description) is missing");
-  try {
-    return nlohmann::json::parse(*model);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw BadInput(path + ": attribute 'model' is not valid JSON: " + e.what());
-  }
+  return parse_json_input(*model, path + ": attribute 'model'");
 }
 
 }  // namespace
@@ -252,7 +248,8 @@ Checkpoint read_checkpoint(const std::string& path) {
   read_arrays(file, path, "train", checkpoint.train);
   if (H5Lexists(file, "train", H5P_DEFAULT) > 0) {
     Handle train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
-    if (auto progress = read_string_attribute(train, "progress")) checkpoint.progress = nlohmann::json::parse(*progress);
+    if (auto progress = read_string_attribute(train, "progress"))
+      checkpoint.progress = parse_json_input(*progress, path + ": attribute train/progress");
   }
   return checkpoint;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/json_input.h"
 #include "common/files.h"
 #include "common/hdf5_lock.h"
 #include "common/units.h"
@@ -57,7 +58,9 @@ nlohmann::json identity(nlohmann::json extraction) {
 
 nlohmann::json json_attribute(hid_t object, const char *name) {
   auto text = hdf5::read_string_attribute(object, name);
-  return text ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+  // One that is not JSON says nothing: the file is then not this run's.
+  auto parsed = text ? try_parse_json_input(*text) : std::nullopt;
+  return parsed ? std::move(*parsed) : nlohmann::json();
 }
 
 std::string describe_slide(const nlohmann::json &slide) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/json_input.h"
+#include "compute/ops/registry.h"
 #include "compute/safetensors.h"
 #include "compute/vit.h"
 
@@ -29,7 +31,7 @@ uint64_t bytes_of(const Shape& shape, DType dtype) {
 
 ResolvedModel resolve_model(const std::string& model, int classes, const std::string& encoder) {
   if (!encoder.empty()) {
-    nlohmann::json graph = load_model_description(encoder, classes);
+    nlohmann::json graph = load_model_description(encoder, classes, 32, "--encoder");
     if (model.empty()) return {std::move(graph), std::nullopt, "", encoder};
     if (is_safetensors_path(model)) return {std::move(graph), std::nullopt, model, model};
     if (!is_checkpoint_path(model))
@@ -37,7 +39,7 @@ ResolvedModel resolve_model(const std::string& model, int classes, const std::st
                        ": a .safetensors file or a checkpoint .h5 (tools/torch_to_tessera.py)");
     Checkpoint checkpoint = read_checkpoint(model);
     if (check_model_description(checkpoint.model, model + " (attribute 'model')") != graph)
-      throw UsageError("--model " + model + " holds the weights of " + checkpoint.model.dump() + ", not of --encoder " +
+      throw UsageError("--model " + model + " holds the weights of " + json_excerpt(checkpoint.model) + ", not of --encoder " +
                        encoder);
     return {std::move(graph), std::move(checkpoint), "", model};
   }
@@ -53,7 +55,7 @@ namespace {
 
 // The network of the pass: the model up to options.layer between the prologue and nothing.
 std::unique_ptr<Network> build_network(const ResolvedModel& model, const InferenceOptions& options,
-                                       std::string& layer) {
+                                       std::string& layer) try {
   nlohmann::json graph = model.graph;
   layer.clear();
   if (!options.layer.empty()) {
@@ -66,6 +68,8 @@ std::unique_ptr<Network> build_network(const ResolvedModel& model, const Inferen
   network->set_activation_dtype(options.activations);
   if (layer.empty()) layer = network->layers().back().name;
   return network;
+} catch (const ModelError& e) {
+  throw model_error_of(model.source, e);
 }
 
 // In the order they are allocated: the graph's buffers (an activation's handed on once read,

@@ -9,6 +9,8 @@
 #include <random>
 #include <string_view>
 
+#include "common/json_input.h"
+#include "compute/cnn_presets.h"
 #include "compute/ops/registry.h"
 #include "compute/vit.h"
 
@@ -16,87 +18,27 @@ namespace tessera {
 
 namespace {
 
-// conv, pool, conv, pool, dense, dropout, dense; channels w, 2w and 4w.
-nlohmann::json small_cnn(int classes, int width) {
-  nlohmann::json layers = nlohmann::json::array();
-  layers.push_back(layer_description("conv1", "conv2d", {{"out_channels", width}, {"kernel", 3}, {"padding", 1}}));
-  layers.push_back(layer_description("relu1", "relu"));
-  layers.push_back(layer_description("pool1", "max_pool2d", {{"kernel_size", 2}}));
-  layers.push_back(layer_description("conv2", "conv2d", {{"out_channels", 2 * width}, {"kernel", 3}, {"padding", 1}}));
-  layers.push_back(layer_description("relu2", "relu"));
-  layers.push_back(layer_description("pool2", "max_pool2d", {{"kernel_size", 2}}));
-  layers.push_back(layer_description("flatten", "flatten"));
-  layers.push_back(layer_description("fc1", "linear", {{"out_features", 4 * width}}));
-  layers.push_back(layer_description("relu3", "relu"));
-  layers.push_back(layer_description("dropout", "dropout", {{"p", 0.5}}));
-  layers.push_back(layer_description("fc2", "linear", {{"out_features", classes}}));
-  return {{"name", "small-cnn"}, {"layers", layers}};
-}
-
-// torchvision's resnet18 (basic blocks) and resnet50 (bottlenecks, stride on the 3x3 conv as
-// torchvision's v1.5): the names of parameters match its state_dict. A block's layers end in
-// "<stage>.<block>.relu<last>", so that "layer1.0" and "layer1" name the outputs PyTorch's
-// modules of those names give (see Network::layer).
-nlohmann::json resnet(const std::string& name, int classes, bool bottleneck, const std::vector<int>& blocks) {
-  nlohmann::json layers = nlohmann::json::array();
-  auto conv = [](const std::string& conv_name, int out, int kernel, int stride, int padding, std::string input) {
-    return layer_description(
-        conv_name, "conv2d",
-        {{"out_channels", out}, {"kernel", kernel}, {"stride", stride}, {"padding", padding}, {"bias", false}},
-        {std::move(input)});
-  };
-  layers.push_back(conv("conv1", 64, 7, 2, 3, "input"));
-  layers.push_back(layer_description("bn1", "batch_norm2d"));
-  layers.push_back(layer_description("relu", "relu"));
-  layers.push_back(layer_description("maxpool", "max_pool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}));
-  std::string previous = "maxpool";
-  int channels = 64;
-  const int expansion = bottleneck ? 4 : 1;
-  for (int stage = 1; stage <= static_cast<int>(blocks.size()); ++stage) {
-    int width = 64 << (stage - 1), out = width * expansion;
-    for (int block = 0; block < blocks[static_cast<size_t>(stage - 1)]; ++block) {
-      std::string prefix = "layer" + std::to_string(stage) + "." + std::to_string(block) + ".";
-      int stride = (stage > 1 && block == 0) ? 2 : 1;
-      // Basic: 3x3 (stride), 3x3. Bottleneck: 1x1, 3x3 (stride), 1x1 to width * 4.
-      std::vector<std::pair<int, int>> convs;  // (kernel, stride)
-      if (bottleneck)
-        convs = {{1, 1}, {3, stride}, {1, 1}};
-      else
-        convs = {{3, stride}, {3, 1}};
-      std::string branch = previous;
-      for (size_t c = 0; c < convs.size(); ++c) {
-        auto index = std::to_string(c + 1);
-        bool last = c + 1 == convs.size();
-        auto [kernel, conv_stride] = convs[c];
-        layers.push_back(conv(prefix + "conv" + index, last ? out : width, kernel, conv_stride, kernel / 2, branch));
-        layers.push_back(layer_description(prefix + "bn" + index, "batch_norm2d"));
-        branch = prefix + "bn" + index;
-        if (!last) {
-          layers.push_back(layer_description(prefix + "relu" + index, "relu"));
-          branch = prefix + "relu" + index;
-        }
-      }
-      std::string identity = previous;
-      if (stride != 1 || channels != out) {
-        layers.push_back(conv(prefix + "downsample.0", out, 1, stride, 0, previous));
-        layers.push_back(layer_description(prefix + "downsample.1", "batch_norm2d"));
-        identity = prefix + "downsample.1";
-      }
-      layers.push_back(layer_description(prefix + "add", "add", {}, {branch, identity}));
-      previous = prefix + "relu" + std::to_string(convs.size());
-      layers.push_back(layer_description(previous, "relu"));
-      channels = out;
-    }
-  }
-  layers.push_back(layer_description("avgpool", "global_avg_pool"));
-  layers.push_back(layer_description("fc", "linear", {{"out_features", classes}}));
-  return {{"name", name}, {"layers", layers}};
-}
+// A description file: a ResNet-152 graph is 60 KB, a ViT's settings under 1 KB.
+constexpr uint64_t kMaxDescriptionBytes = 16ull << 20;
+// Layers of a graph: a ResNet-152 has 500, a ViT of the deepest depth vit_graph allows (256) 2800.
+constexpr size_t kMaxLayers = 4096;
 
 std::string preset_list() {
   std::string names = "small-cnn, resnet18, resnet50";
   for (auto& name : vit_preset_names()) names += ", " + name;
   return names;
+}
+
+// Values of one tensor: 2^40 (4 TiB of fp32) is past every device's memory, and keeps the sums of
+// a plan of up to kMaxLayers layers far from 2^64 (every size is a product of fields and inputs).
+constexpr int64_t kMaxTensorValues = int64_t{1} << 40;
+
+void refuse_oversized(const std::string& layer, const std::string& tensor, const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape)
+    if (extent < 0 || __builtin_mul_overflow(count, extent, &count) || count > kMaxTensorValues)
+      throw ModelError("model: layer '" + layer + "': " + tensor + " " + to_string(shape) +
+                       " holds more than 2^40 values (at this batch)");
 }
 
 uint32_t name_hash(const std::string& name) {
@@ -117,14 +59,30 @@ nlohmann::json expand_presets(const nlohmann::json& description) {
   if (!description.is_object() || !description.contains("preset")) return description;
   auto& preset = description["preset"];
   if (!preset.is_string()) throw ModelError("model: field 'preset' must be a string");
-  auto classes = description.value("classes", 2);
-  auto width = description.value("width", 32);
-  if (classes < 1) throw ModelError("model: field 'classes' must be at least 1");
-  if (width < 1) throw ModelError("model: field 'width' must be at least 1");
+  // A whole number in [1, most], read before it reaches an int.
+  auto bounded = [&](const char* field, int fallback, int64_t most) {
+    auto value = description.find(field);
+    if (value == description.end()) return fallback;
+    if (!value->is_number_integer() || value->get<int64_t>() < 1 || value->get<int64_t>() > most)
+      throw ModelError(std::string("model: field '") + field + "' must be an integer from 1 to " +
+                       std::to_string(most) + ", got " + json_excerpt(*value));
+    return static_cast<int>(value->get<int64_t>());
+  };
+  const int classes = bounded("classes", 2, kMaxLayerInteger);
+  // small-cnn's fc1 has 4 x width features, a layer field like any other.
+  const int width = bounded("width", 32, kMaxLayerInteger / 4);
   if (preset == "small-cnn") return small_cnn(classes, width);
   if (preset == "resnet18") return resnet("resnet18", classes, false, {2, 2, 2, 2});
   if (preset == "resnet50") return resnet("resnet50", classes, true, {3, 4, 6, 3});
-  throw ModelError("model: preset '" + preset.get<std::string>() + "' is not known (" + preset_list() + ")");
+  throw ModelError("model: preset '" + quoted_excerpt(preset.get<std::string>()) + "' is not known (" + preset_list() +
+                   ")");
+}
+
+ModelError model_error_of(const std::string& source, const ModelError& error) {
+  std::string_view problem = error.what();
+  if (problem.rfind(source + ": ", 0) == 0) return error;
+  if (problem.rfind("model: ", 0) == 0) problem.remove_prefix(7);
+  return ModelError(source + ": " + std::string(problem));
 }
 
 nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source) {
@@ -142,6 +100,8 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
     auto layers = graph.find("layers");
     if (layers == graph.end() || !layers->is_array() || layers->empty())
       throw fail("must be a non-empty array of layers");
+    if (layers->size() > kMaxLayers)
+      throw fail("holds " + std::to_string(layers->size()) + " layers (at most " + std::to_string(kMaxLayers) + ")");
     for (size_t i = 0; i < layers->size(); ++i) {
       where = "/layers/" + std::to_string(i);
       const nlohmann::json& entry = (*layers)[i];
@@ -150,7 +110,7 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
       if (auto inputs = entry.find("inputs"); inputs != entry.end())
         if (!inputs->is_array() || inputs->empty() ||
             std::any_of(inputs->begin(), inputs->end(), [](auto& name) { return !name.is_string(); }))
-          throw fail("field 'inputs' must be a non-empty array of layer names, got " + inputs->dump());
+          throw fail("field 'inputs' must be a non-empty array of layer names, got " + json_excerpt(*inputs));
     }
     return graph;
   } catch (const ModelError& e) {
@@ -161,20 +121,18 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
   }
 }
 
-nlohmann::json load_model_description(const std::string& model, int classes, int width) {
+nlohmann::json read_model_description(const std::string& path, const std::string& flag) {
+  if (!std::filesystem::exists(path))
+    throw BadInput(flag + " " + path + ": neither a preset (" + preset_list() + ") nor an existing file");
+  return read_json_file(path, path, kMaxDescriptionBytes);
+}
+
+nlohmann::json load_model_description(const std::string& model, int classes, int width, const std::string& flag) {
   if (model == "small-cnn" || model == "resnet18" || model == "resnet50")
     return expand_presets({{"preset", model}, {"classes", classes}, {"width", width}});
   // A ViT preset by name is the encoder: its features, no head.
   if (is_vit_description({{"preset", model}})) return expand_presets({{"preset", model}});
-  if (!std::filesystem::exists(model))
-    throw BadInput("--model " + model + ": neither a preset (" + preset_list() + ") nor an existing file");
-  std::ifstream in(model);
-  nlohmann::json description;
-  try {
-    description = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ModelError(model + ": not valid JSON: " + e.what());
-  }
+  nlohmann::json description = read_model_description(model, flag);
   if (description.is_object() && description.contains("preset") && !is_vit_description(description)) {
     description.emplace("classes", classes);
     description.emplace("width", width);
@@ -217,7 +175,7 @@ void Network::add_layers(const nlohmann::json& layers, bool from_model) {
     if (auto inputs = entry.find("inputs"); inputs != entry.end()) {
       if (!inputs->is_array() || inputs->empty()) config.fail("inputs", "must be a non-empty array of layer names");
       for (auto& name : *inputs) {
-        if (!name.is_string()) config.fail("inputs", "must hold layer names, got " + name.dump());
+        if (!name.is_string()) config.fail("inputs", "must hold layer names, got " + json_excerpt(name));
         input_names.push_back(name.get<std::string>());
       }
     } else {
@@ -238,7 +196,7 @@ void Network::add_layer(const LayerConfig& config, std::shared_ptr<Op> op, const
   for (auto& name : input_names) {
     auto it = index_of_.find(name);
     if (it == index_of_.end())
-      config.fail("inputs", "names '" + name + "', which is not an earlier layer (or 'input')");
+      config.fail("inputs", "names '" + quoted_excerpt(name) + "', which is not an earlier layer (or 'input')");
     l.inputs.push_back(it->second);
     shapes.push_back(it->second < 0 ? inputs_[static_cast<size_t>(-1 - it->second)].shape
                                     : layers_[static_cast<size_t>(it->second)].output_shape);
@@ -253,6 +211,8 @@ void Network::add_layer(const LayerConfig& config, std::shared_ptr<Op> op, const
                      ": " + e.what());
   }
   l.specs = l.op->tensors();
+  refuse_oversized(l.name, config.type() + "'s output", l.output_shape);
+  for (auto& spec : l.specs) refuse_oversized(l.name, spec.name, spec.shape);
   index_of_[l.name] = static_cast<int>(layers_.size());
   layers_.push_back(std::move(l));
 }

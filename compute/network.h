@@ -16,11 +16,16 @@
 namespace tessera {
 
 class LayerConfig;
+struct ModelError;
 
 // The model description for `--model`: a preset name (small-cnn, resnet18, resnet50; a ViT's,
 // compute/vit.h, without a head) or a JSON file, completed with the class count and width where
 // the description of a CNN preset leaves them open.
-nlohmann::json load_model_description(const std::string& model, int classes, int width = 32);
+nlohmann::json load_model_description(const std::string& model, int classes, int width = 32,
+                                      const std::string& flag = "--model");
+// A model description file as JSON (common/json_input.h's limits, at most 16 MiB), not yet
+// checked; BadInput naming `flag` where there is no such file.
+nlohmann::json read_model_description(const std::string& path, const std::string& flag);
 // Expands {"preset": NAME, "classes": K, "width": W} and ViT descriptions to a graph; returns
 // graphs unchanged.
 nlohmann::json expand_presets(const nlohmann::json& description);
@@ -29,6 +34,10 @@ nlohmann::json expand_presets(const nlohmann::json& description);
 // op, only fields that op reads and `inputs` an array of names. Throws ModelError (exit 5)
 // naming `source` (the file, or a checkpoint's attribute) and where in it ("/layers/3").
 nlohmann::json check_model_description(const nlohmann::json& description, const std::string& source);
+
+// A layer check's ModelError ("model: layer 'fc': ...") as `source`'s: "SOURCE: layer 'fc': ...",
+// for errors found where the graph is built for its input (shapes, sizes).
+ModelError model_error_of(const std::string& source, const ModelError& error);
 
 // Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
 // cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).

@@ -5,11 +5,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_input.h"
 
 namespace tessera {
 
@@ -17,8 +19,16 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 
 namespace {
 
-// The format's own bound on the header (safetensors' MAX_HEADER_SIZE).
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Headers of real weights are well under 10 MB (a few hundred bytes a tensor; UNI2-h's is 60 KB);
+// safetensors' own bound is 100 MB. 64 MiB refuses what no model writes before it is read.
+constexpr uint64_t kMaxHeaderBytes = 64ull << 20;
+// JSON values in a header: about ten a tensor, so 2^20 is 100000 tensors, 40 times a 70B
+// language model's. It keeps the parsed header to a few hundred MB whatever the bytes hold.
+constexpr uint64_t kMaxHeaderValues = 1ull << 20;
+// Dimensions of a tensor: weights have at most 5 (a 3D convolution's).
+constexpr size_t kMaxDimensions = 16;
+// Problems listed in one refusal; the rest are counted.
+constexpr size_t kProblemsShown = 20;
 
 size_t dtype_size(const std::string& dtype) {
   if (dtype == "F32") return 4;
@@ -45,66 +55,82 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   if (!in.read(reinterpret_cast<char*>(length_bytes), 8)) fail("cannot read the header length");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | length_bytes[i];
+  // Both before the header is allocated.
+  if (header_bytes > kMaxHeaderBytes)
+    fail("a header of " + std::to_string(header_bytes) + " bytes (at most " + std::to_string(kMaxHeaderBytes) + ")");
   if (header_bytes > size - 8)
     fail("the header is said to hold " + std::to_string(header_bytes) + " bytes, but the file has " +
          std::to_string(size - 8) + " after the length (truncated?)");
-  if (header_bytes > kMaxHeaderBytes) fail("a header of " + std::to_string(header_bytes) + " bytes (at most 100 MB)");
   std::string text(header_bytes, '\0');
   if (!in.read(text.data(), static_cast<std::streamsize>(header_bytes))) fail("cannot read the header");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(std::string("the header is not JSON: ") + e.what());
-  }
+  // A tensor named twice is a duplicate key, refused here (nlohmann would keep the last).
+  const nlohmann::json header =
+      parse_json_input(text, path_ + ": not a valid .safetensors file: the header", {.max_values = kMaxHeaderValues});
+  text = std::string();
   if (!header.is_object()) fail("the header is not a JSON object");
   data_offset_ = 8 + header_bytes;
   const uint64_t data_bytes = size - data_offset_;
   for (auto& [name, value] : header.items()) {
     if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& problem) { fail("tensor '" + name + "' " + problem); };
+    auto bad = [&](const std::string& problem) { fail("tensor '" + quoted_excerpt(name) + "' " + problem); };
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shape") ||
         !value["shape"].is_array() || !value.contains("data_offsets") || !value["data_offsets"].is_array() ||
         value["data_offsets"].size() != 2)
-      bad("needs a dtype, a shape and two data_offsets, got " + value.dump());
+      bad("needs a dtype, a shape and two data_offsets, got " + json_excerpt(value));
     Entry entry{name, value["dtype"].get<std::string>(), {}, 0, 0};
+    // The element count, each step checked: a shape whose product passes 2^64 must not wrap to
+    // one that matches the byte range.
     uint64_t count = 1;
+    if (value["shape"].size() > kMaxDimensions)
+      bad("has " + std::to_string(value["shape"].size()) + " dimensions (at most " + std::to_string(kMaxDimensions) +
+          ")");
     for (auto& extent : value["shape"]) {
-      if (!extent.is_number_unsigned()) bad("has shape " + value["shape"].dump());
+      if (!extent.is_number_unsigned() || extent.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        bad("has shape " + json_excerpt(value["shape"]) + " (extents are whole numbers below 2^63)");
       entry.shape.push_back(extent.get<int64_t>());
-      count *= extent.get<uint64_t>();
+      if (__builtin_mul_overflow(count, extent.get<uint64_t>(), &count))
+        bad("has shape " + json_excerpt(value["shape"]) + ", more than 2^64 values");
     }
     for (auto& offset : value["data_offsets"])
-      if (!offset.is_number_unsigned()) bad("has data_offsets " + value["data_offsets"].dump());
+      if (!offset.is_number_unsigned()) bad("has data_offsets " + json_excerpt(value["data_offsets"]));
     entry.begin = value["data_offsets"][0].get<uint64_t>();
     entry.end = value["data_offsets"][1].get<uint64_t>();
     if (entry.begin > entry.end || entry.end > data_bytes)
       bad("lies at bytes [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
           ") of data, but the file holds " + std::to_string(data_bytes) + " bytes of data (truncated?)");
-    if (size_t item = dtype_size(entry.dtype); item != 0 && entry.end - entry.begin != count * item)
-      bad("holds " + std::to_string(entry.end - entry.begin) + " bytes, but " + std::to_string(count) + " " +
-          entry.dtype + " values of shape " + shape_text(entry.shape) + " take " + std::to_string(count * item));
+    uint64_t needed = 0;
+    if (size_t item = dtype_size(entry.dtype); item != 0) {
+      const bool overflows = __builtin_mul_overflow(count, item, &needed);
+      if (overflows || entry.end - entry.begin != needed)
+        bad("holds " + std::to_string(entry.end - entry.begin) + " bytes, but " + std::to_string(count) + " " +
+            entry.dtype + " values of shape " + shape_text(entry.shape) + " take " +
+            (overflows ? "more than 2^64" : std::to_string(needed)));
+    }
     entries_.push_back(std::move(entry));
   }
   // Two tensors sharing bytes would be a lying header.
   std::vector<const Entry*> by_offset;
   for (auto& entry : entries_) by_offset.push_back(&entry);
   std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i]->begin < by_offset[i - 1]->end && by_offset[i]->begin != by_offset[i]->end)
-      fail("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");
+  const Entry* reaching = nullptr;  // of the tensors before, the one that ends last
+  for (const Entry* entry : by_offset) {
+    if (entry->begin == entry->end) continue;  // empty: holds no bytes to share
+    if (reaching && entry->begin < reaching->end)
+      fail("tensors '" + quoted_excerpt(reaching->name) + "' and '" + quoted_excerpt(entry->name) + "' overlap");
+    if (!reaching || entry->end > reaching->end) reaching = entry;
+  }
 }
 
 std::vector<float> SafetensorsFile::read(const Entry& entry) const {
   const size_t item = dtype_size(entry.dtype);
   if (item == 0)
-    throw BadInput(path_ + ": tensor '" + entry.name + "' has dtype " + entry.dtype +
+    throw BadInput(path_ + ": tensor '" + quoted_excerpt(entry.name) + "' has dtype " + quoted_excerpt(entry.dtype) +
                    " (tessera reads F32, F16, BF16)");
   std::vector<char> bytes(entry.end - entry.begin);
   std::ifstream in(path_, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(data_offset_ + entry.begin));
   if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())))
-    throw BadInput(path_ + ": cannot read tensor '" + entry.name + "' (the file changed while read?)");
+    throw BadInput(path_ + ": cannot read tensor '" + quoted_excerpt(entry.name) + "' (the file changed while read?)");
   const size_t count = bytes.size() / item;
   std::vector<float> values(count);
   if (entry.dtype == "F32") {
@@ -120,6 +146,7 @@ std::vector<float> SafetensorsFile::read(const Entry& entry) const {
       std::memcpy(&values[i], &bits, 4);
     }
   }
+  refuse_non_finite(values, path_ + ": tensor '" + quoted_excerpt(entry.name) + "' (" + entry.dtype + ")");
   return values;
 }
 
@@ -131,10 +158,11 @@ void load_safetensors(const std::string& path, Network& network,
   for (auto& entry : file.entries()) {
     std::string name = rename(entry.name);
     if (auto [it, fresh] = given.emplace(name, &entry); !fresh)
-      problems.push_back("tensors '" + it->second->name + "' and '" + entry.name + "' both name '" + name + "'");
+      problems.push_back("tensors '" + quoted_excerpt(it->second->name) + "' and '" + quoted_excerpt(entry.name) +
+                         "' both name '" + quoted_excerpt(name) + "'");
   }
   auto shown = [](const SafetensorsFile::Entry& entry, const std::string& name) {
-    return "'" + entry.name + "'" + (entry.name == name ? "" : " ('" + name + "')");
+    return "'" + quoted_excerpt(entry.name) + "'" + (entry.name == name ? "" : " ('" + quoted_excerpt(name) + "')");
   };
   std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> loads;
   std::map<std::string, bool> needed;
@@ -150,7 +178,7 @@ void load_safetensors(const std::string& path, Network& network,
       problems.push_back("tensor " + shown(entry, named.name) + " has shape " + to_string(entry.shape) +
                          ", the model needs " + to_string(named.spec.shape));
     else if (dtype_size(entry.dtype) == 0)
-      problems.push_back("tensor " + shown(entry, named.name) + " has dtype " + entry.dtype +
+      problems.push_back("tensor " + shown(entry, named.name) + " has dtype " + quoted_excerpt(entry.dtype) +
                          " (tessera reads F32, F16, BF16)");
     else
       loads.emplace_back(named.tensor, &entry);
@@ -160,9 +188,13 @@ void load_safetensors(const std::string& path, Network& network,
       problems.push_back("unexpected tensor " + shown(*entry, name) + " " + to_string(entry->shape));
   if (!problems.empty()) {
     std::string text;
-    for (auto& problem : problems) text += "\n  " + problem;
-    throw BadInput(path + " does not fit the model " + network.description().value("name", std::string("")) + ":" +
-                   text);
+    for (size_t i = 0; i < std::min(problems.size(), kProblemsShown); ++i) text += "\n  " + problems[i];
+    if (problems.size() > kProblemsShown)
+      text += "\n  and " + std::to_string(problems.size() - kProblemsShown) + " more";
+    auto name = network.description().find("name");
+    throw BadInput(path + " does not fit the model" +
+                   (name != network.description().end() && name->is_string() ? " " + quoted_excerpt(name->get_ref<const std::string&>()) : "") +
+                   ":" + text);
   }
   for (auto& [tensor, entry] : loads) tensor->upload(file.read(*entry));
 }

@@ -120,4 +120,12 @@ std::optional<size_t> first_non_finite(std::span<const float> values, std::span<
   return std::nullopt;
 }
 
+void refuse_non_finite(std::span<const float> values, const std::string& what) {
+  std::optional<size_t> bad = first_non_finite(values);
+  if (!bad) return;
+  const float value = values[*bad];
+  throw BadInput(what + " holds " + (std::isnan(value) ? "NaN" : value > 0 ? "+Inf" : "-Inf") + " at index " +
+                 std::to_string(*bad) + " (of " + std::to_string(values.size()) + ", in row-major order)");
+}
+
 }  // namespace tessera

@@ -75,4 +75,8 @@ constexpr bool is_finite_half(uint16_t half) { return (half & 0x7C00) != 0x7C00;
 // to_half of `values`, is given: a value that fp16 would store as an infinity); nullopt when none.
 std::optional<size_t> first_non_finite(std::span<const float> values, std::span<const uint16_t> halves = {});
 
+// Throws BadInput "WHAT holds NaN at index I (of N, in row-major order)" at the first value that
+// is not finite: weights are checked where they enter, since one NaN makes every feature NaN.
+void refuse_non_finite(std::span<const float> values, const std::string& what);
+
 }  // namespace tessera

@@ -1,6 +1,9 @@
 #include "compute/vit.h"
 
+#include <cmath>
 #include <regex>
+
+#include "common/json_input.h"
 
 #include "compute/ops/registry.h"
 
@@ -10,6 +13,16 @@ namespace tessera {
 extern const char* const kVitPresetsJson;
 
 namespace {
+
+// Limits of a description, far past every real ViT (ViT-22B: width 6144, depth 48, mlp ratio 4;
+// UNI2-h at 224 px: 265 tokens), checked before anything is built so that a description cannot
+// make a graph, a plan or a run of absurd size.
+constexpr int64_t kMaxWidth = 16384, kMaxDepth = 256;
+constexpr double kMaxMlpRatio = 16;
+// Tokens of an image: attention's cost grows with their square; 65536 is a 4096-pixel image in
+// 16-pixel patches.
+constexpr int64_t kMaxTokens = 65536;
+constexpr double kMaxLayerScale = 1000;
 
 const nlohmann::json& presets() {
   static const nlohmann::json parsed = nlohmann::json::parse(kVitPresetsJson);
@@ -26,7 +39,7 @@ std::vector<std::string> vit_preset_names() {
 
 bool is_vit_description(const nlohmann::json& description) {
   if (!description.is_object()) return false;
-  if (description.value("family", "") == "vit") return true;
+  if (auto family = description.find("family"); family != description.end() && *family == "vit") return true;
   auto preset = description.find("preset");
   return preset != description.end() && preset->is_string() && presets().contains(preset->get<std::string>());
 }
@@ -35,7 +48,7 @@ nlohmann::json vit_settings(const nlohmann::json& description) {
   nlohmann::json settings = nlohmann::json::object();
   if (auto preset = description.find("preset"); preset != description.end()) {
     if (!preset->is_string() || !presets().contains(preset->get<std::string>()))
-      throw ModelError("model: preset " + preset->dump() + " is not a ViT preset");
+      throw ModelError("model: preset " + json_excerpt(*preset) + " is not a ViT preset");
     settings = presets()[preset->get<std::string>()];
   }
   for (auto& [field, value] : description.items())
@@ -59,8 +72,9 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
 
   const int64_t image_size = config.integer("image_size", std::nullopt, 1),
                 patch = config.integer("patch_size", std::nullopt, 1);
-  const int64_t width = config.integer("width", std::nullopt, 1), depth = config.integer("depth", std::nullopt, 1);
-  const int64_t heads = config.integer("heads", std::nullopt, 1);
+  const int64_t width = config.integer("width", std::nullopt, 1, kMaxWidth),
+                depth = config.integer("depth", std::nullopt, 1, kMaxDepth);
+  const int64_t heads = config.integer("heads", std::nullopt, 1, width);
   const std::string mlp = config.choice("mlp", "gelu", {"gelu", "swiglu"});
   const double mlp_ratio = config.number("mlp_ratio", 4.0);
   const bool class_token = config.boolean("class_token", true);
@@ -77,8 +91,22 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   config.refuse_unread();
 
   // timm's Block: hidden_features = int(dim * mlp_ratio); the packed SwiGLU's fc1 gives both halves.
+  if (!(mlp_ratio > 0 && mlp_ratio <= kMaxMlpRatio))
+    config.fail("mlp_ratio", "must be above 0 and at most " + std::to_string(static_cast<int>(kMaxMlpRatio)));
   const auto hidden = static_cast<int64_t>(static_cast<double>(width) * mlp_ratio);
+  if (hidden > kMaxLayerInteger)
+    config.fail("mlp_ratio", "gives " + std::to_string(hidden) + " hidden features (at most " +
+                                 std::to_string(kMaxLayerInteger) + ")");
+  if (patch > image_size) config.fail("patch_size", "must be at most image_size " + std::to_string(image_size));
   if (image_size % patch != 0) config.fail("image_size", "must be a multiple of patch_size " + std::to_string(patch));
+  const int64_t grid = image_size / patch, tokens = grid * grid + (class_token ? 1 : 0) + registers;
+  if (tokens > kMaxTokens)
+    config.fail(registers > grid * grid ? "register_tokens" : "image_size", "gives " + std::to_string(tokens) + " tokens ((image_size / patch_size)^2 " +
+                                  std::to_string(grid) + "^2, the class token and registers; at most " +
+                                  std::to_string(kMaxTokens) + ")");
+  if (!(std::abs(layer_scale_init) <= kMaxLayerScale))
+    config.fail("layer_scale", "must be from -1000 to 1000 (an initial value: real ones are 1e-5 to 1)");
+  if (!(eps > 0 && eps <= 1)) config.fail("norm_eps", "must be above 0 and at most 1");
   if (width % heads != 0) config.fail("heads", "must divide width " + std::to_string(width));
   if (hidden < 1 || (mlp == "swiglu" && hidden % 2 != 0))
     config.fail("mlp_ratio", "gives " + std::to_string(hidden) + " hidden features" +

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/units.h"
+#include "common/json_input.h"
 
 namespace tessera::data {
 
@@ -114,8 +115,9 @@ class MaskLabeler final : public TileLabeler {
   void read_declaration(TIFF* tiff) {
     char* text = nullptr;
     if (!TIFFGetField(tiff, TIFFTAG_IMAGEDESCRIPTION, &text) || !text) return;
-    auto description = nlohmann::json::parse(text, nullptr, false);
-    if (!description.is_object()) return;
+    auto parsed = try_parse_json_input(text);  // a description that is not JSON declares nothing
+    if (!parsed || !parsed->is_object()) return;
+    const nlohmann::json& description = *parsed;
     if (description.contains("downsample") && description["downsample"].is_number()) {
       downsample_ = description["downsample"].get<double>();
       // 0 or -1 read as "not declared" before, so the mask's shape alone decided whether it fit.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/json_input.h"
 #include "data/labels.h"
 
 namespace tessera::data {
@@ -20,6 +21,9 @@ namespace {
 
 // Samples per side of the grid that estimates a tile's coverage by polygons.
 constexpr int coverage_samples = 8;
+// An annotation file: QuPath's export of a whole slide's cells is tens of MB; 1 GiB bounds what
+// is read whole before it is parsed.
+constexpr uint64_t kMaxAnnotationBytes = 1ull << 30;
 
 struct Point {
   double x, y;
@@ -116,15 +120,7 @@ class GeoJsonLabeler final : public TileLabeler {
       : path_(path), options_(options), slide_width_(slide_width), slide_height_(slide_height),
         class_count_(options.classes.empty() ? 2 : options.classes.size()) {
     if (!options.unannotated.empty()) unannotated_label_ = options.label_of(options.unannotated);
-    std::ifstream file(path);
-    if (!file) throw BadInput(path + ": cannot open the annotations");
-    nlohmann::json document;
-    try {
-      document = nlohmann::json::parse(file);
-    } catch (const nlohmann::json::exception& e) {
-      throw BadInput(path + ": not valid JSON: " + e.what());
-    }
-    read_document(document);
+    read_document(read_json_file(path, path, kMaxAnnotationBytes));
     // The smallest shape first: a tumour island drawn inside a stroma region is tumour. Equal
     // areas go to the lower label, then to the file's order.
     std::stable_sort(shapes_.begin(), shapes_.end(), [](const Shape& a, const Shape& b) {

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/json_input.h"
 
 namespace tessera::data {
 
@@ -154,9 +155,7 @@ std::map<uint32_t, SlideRecord> read_slides(MDB_txn* txn, MDB_dbi slides, const 
     uint32_t id = uint32_t{k[0]} << 24 | uint32_t{k[1]} << 16 | uint32_t{k[2]} << 8 | k[3];
     auto text = std::string_view(static_cast<const char*>(value.mv_data), value.mv_size);
     std::string where = store + ": slide " + std::to_string(id);
-    nlohmann::json entry = nlohmann::json::parse(text, nullptr, false);
-    if (entry.is_discarded()) throw BadInput(where + " entry is not JSON");
-    records.emplace(id, SlideRecord::from_json(entry, where));
+    records.emplace(id, SlideRecord::from_json(parse_json_input(text, where + ": slide entry"), where));
   }
   return records;
 }

@@ -6,6 +6,9 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_input.h"
+#include "compute/network.h"
+#include "compute/ops/input_normalize.h"
 #include "compute/ops/registry.h"
 #include "compute/vit.h"
 
@@ -21,11 +24,7 @@ std::string microns(double mpp) {
 
 nlohmann::json read_description(const std::string& encoder) {
   if (is_vit_description({{"preset", encoder}})) return {{"preset", encoder}};
-  std::ifstream in(encoder);
-  if (!in) throw BadInput("--encoder " + encoder + ": neither a ViT preset nor a readable model JSON");
-  nlohmann::json description = nlohmann::json::parse(in, nullptr, false);
-  if (description.is_discarded()) throw ModelError("--encoder " + encoder + ": not valid JSON");
-  return description;
+  return read_model_description(encoder, "--encoder");
 }
 
 }  // namespace
@@ -37,19 +36,28 @@ EncoderInput encoder_input(const std::string& encoder) {
                      "prov-gigapath, vit-b16; or a model JSON with \"family\": \"vit\")");
   nlohmann::json settings = vit_settings(description);
   nlohmann::json preprocessing = settings.value("preprocessing", nlohmann::json::object());
-  preprocessing.update({{"name", "--encoder " + encoder + " preprocessing"}, {"type", "preprocessing"}});
-  LayerConfig fields(preprocessing);
+  if (!preprocessing.is_object())
+    throw ModelError(encoder + ": field 'preprocessing' must be an object, got " + json_excerpt(preprocessing));
+  preprocessing.update({{"name", "preprocessing"}, {"type", "preprocessing"}});
   EncoderInput input;
   input.name = encoder;
   // vit_graph has checked the description's own fields (resolve_model builds it first).
   input.image_size = settings.value("image_size", 224);
-  std::vector<double> mean = fields.numbers("mean", {0.485, 0.456, 0.406});
-  std::vector<double> std = fields.numbers("std", {0.229, 0.224, 0.225});
-  std::copy(mean.begin(), mean.end(), input.mean.begin());
-  std::copy(std.begin(), std.end(), input.std.begin());
-  input.microns_per_pixel = fields.number("microns_per_pixel", 0.5);
-  if (!(input.microns_per_pixel > 0)) fields.fail("microns_per_pixel", "must be positive");
-  fields.refuse_unread();
+  try {
+    LayerConfig fields(preprocessing);
+    Normalisation normalisation = read_normalisation(fields);
+    std::copy(normalisation.mean.begin(), normalisation.mean.end(), input.mean.begin());
+    std::copy(normalisation.std.begin(), normalisation.std.end(), input.std.begin());
+    input.microns_per_pixel = fields.number("microns_per_pixel", 0.5);
+    // Encoders read at 0.25 to 2 um/px (40x to 5x); 100 is a 0.1x objective, past any scanner.
+    if (!(input.microns_per_pixel > 0 && input.microns_per_pixel <= 100))
+      fields.fail("microns_per_pixel", "must be above 0 and at most 100");
+    fields.refuse_unread();
+  } catch (const ModelError& e) {
+    // "model: layer 'preprocessing': field 'std' ...": here the file says whose.
+    std::string problem = e.what();
+    throw ModelError(encoder + ": preprocessing: " + problem.substr(std::min(problem.size(), problem.find("field"))));
+  }
   return input;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "common/error.h"
 #include "common/progress.h"
@@ -51,7 +52,13 @@ void check_two_classes(const data::PatchSource& source, const std::vector<uint64
 // Throws ModelError naming `model` when it has no parameters: nothing to train, and no gradient
 // for the loss to send back.
 void check_trainable(const TrainingJob& job, const std::string& model) {
-  Network network(job.graph, job.staged, true, job.prologue);
+  std::optional<Network> built;
+  try {
+    built.emplace(job.graph, job.staged, true, job.prologue);
+  } catch (const ModelError& e) {
+    throw model_error_of(model, e);
+  }
+  const Network& network = *built;
   for (auto& layer : network.layers())
     for (auto& spec : layer.specs)
       if (spec.role == TensorRole::parameter) return;

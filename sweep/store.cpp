@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "common/json_input.h"
 #include "sweep/database.h"
 
 namespace tessera::sweep {
@@ -35,11 +36,7 @@ CREATE TABLE attempts(
 )sql";
 
 nlohmann::json parse_json(const std::string& text, const char* what) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    throw BadInput(std::string("the study's ") + what + " is damaged");
-  }
+  return parse_json_input(text, std::string("the study's ") + what + " (damaged)");
 }
 
 // Non-finite values are null in JSON, and read back as NaN.

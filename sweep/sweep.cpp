@@ -23,6 +23,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/json_input.h"
 #include "common/mpi_launcher.h"
 #include "common/progress.h"
 #include "sweep/child.h"
@@ -165,8 +166,9 @@ class SweepRun {
     std::vector<std::string> info_command = options_.tessera;
     info_command.insert(info_command.end(), {"info", "--json"});
     auto info = run_captured(info_command);
-    auto parsed = nlohmann::json::parse(info.output, nullptr, false);
-    if (!WIFEXITED(info.wait_status) || WEXITSTATUS(info.wait_status) != 0 || !parsed.contains("devices"))
+    auto parsed = try_parse_json_input(info.output).value_or(nlohmann::json());
+    if (!WIFEXITED(info.wait_status) || WEXITSTATUS(info.wait_status) != 0 || !parsed.is_object() ||
+        !parsed.contains("devices") || !parsed["devices"].is_array())
       throw Error(ExitCode::runtime_error, "'tessera info --json' failed: " + info.errors);
     std::string present;
     for (auto& device : parsed["devices"])
@@ -296,8 +298,9 @@ class SweepRun {
   // Takes one report line; returns true when the pruner stops the trial. Lines that do not
   // follow the protocol are ignored: a trial cannot break the sweep.
   bool take_report(int number, const std::string& line, bool& final_seen) {
-    auto record = nlohmann::json::parse(line, nullptr, false);
-    if (!record.is_object()) return false;
+    auto parsed = try_parse_json_input(line);
+    if (!parsed || !parsed->is_object()) return false;
+    const nlohmann::json& record = *parsed;
     Trial& trial = trials_[static_cast<size_t>(number)];
     Attempt& attempt = trial.attempts.back();
     auto type = record.value("type", nlohmann::json()).is_string() ? record["type"].get<std::string>() : "";

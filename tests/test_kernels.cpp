@@ -10,7 +10,9 @@
 
 #include "common/error.h"
 #include "compute/vk/context.h"
+#include "compute/tensor.h"
 #include "compute/vk/kernels.h"
+#include "compute/vk/recorder.h"
 #include "tests/support/vulkan_environment.h"
 
 namespace tessera {
@@ -73,6 +75,30 @@ TEST(Kernels, AnActivationKernelHoldsBothVariants) {
   EXPECT_EQ(vk::kernel::relu_forward.f32.name, "relu_forward");
   EXPECT_EQ(vk::kernel::relu_forward.f16.name, "relu_forward_f16");
   EXPECT_NE(vk::kernel::relu_forward.f32.spirv, vk::kernel::relu_forward.f16.spirv);
+}
+
+// A dispatch past the device's maxComputeWorkGroupCount never reaches the driver (undefined
+// behaviour on a GPU): the recorder refuses it naming the kernel and the layer recording it.
+// Plans refuse every such layer first (compute/ops/gemm.h, registry.h); this is the backstop.
+TEST(Kernels, ADispatchPastTheDevicesWorkgroupCountIsRefused) {
+  auto& context = test::context();
+  const uint32_t most = context.properties().limits.maxComputeWorkGroupCount[1];
+  Tensor step(context, "step", {1}, DType::u32);
+  vk::Program program(context);
+  vk::Recorder recorder(context, program);
+  recorder.set_scope("fc");
+  auto& kernels = context.kernels();
+  std::string message;
+  try {
+    recorder.dispatch(kernels.get(vk::kernel::optimizer_step), {vk::updates(step.buffer())}, 1, most + 1);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    message = e.what();
+  }
+  EXPECT_EQ(message, "kernel optimizer_step (fc): " + std::to_string(most + 1) + " workgroups in y, more than the "
+                     "device's " + std::to_string(most) + ": a layer too large for its kernel");
+  recorder.finish();
+  EXPECT_EQ(context.validation_messages(), 0u);
 }
 
 }  // namespace

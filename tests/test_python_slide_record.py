@@ -6,8 +6,10 @@ binary; tests/dump_loader.cpp, built with tessera's data library, is the C++ sid
 - Malformed entries (a string width, a negative tile_size, label_counts naming "x" or not adding
   up to the tiles, rgb true for 5 channels, an intensity window [9, 3], more tiles, corrupt and
   unannotated candidates than candidates, even where their sum wraps around 64 bits, a negative
-  unannotated count, text that is not JSON) are refused by the dataset with the message tessera gives, word for word:
-  "STORE: slide ID: slide entry: FIELD ...".
+  unannotated count, text that is not JSON) are refused by the dataset with the message tessera
+  gives, word for word: "STORE: slide ID: slide entry: FIELD ..." (for text that is not JSON, its
+  start: the parsers' own words follow). JSON tessera does not read (NaN, a number beyond a
+  double, a key given twice, nesting deeper than 64 levels, 100000 too) is refused alike by both.
 - to_json(from_json(entry)) equals tessera's SlideRecord::to_json of the same entry, for full,
   old, bare and multiplex entries; a full entry is its own to_json.
 - A 5-channel, 16-bit multiplex store (raw tiles at level 1) reads as height x width x 5, equal to
@@ -182,7 +184,7 @@ MALFORMED = [  # (the change to OLD, or None for text that is not JSON; what fol
      "9223372036854775809 are more than its 18446744073709551615 candidates"),
     ({"width": 5.0}, ": slide entry: width is 5.0, not a whole number from 0 to 2147483648"),
     ({"complete": 1}, ": slide entry: complete is not true or false"),
-    (None, " entry is not JSON"),
+    (None, ": slide entry: not valid JSON: "),
 ]
 
 
@@ -198,6 +200,10 @@ def test_malformed_entry_is_refused_naming_store_slide_and_field(work, index):
     store = malformed_store(work, index)
     with pytest.raises(TileStoreError) as refused:
         TileStoreDataset(store)
+    # Text that is not JSON: the parsers' own words follow the same start.
+    if change is None:
+        assert str(refused.value).startswith(f"{store}: slide 3{message}"), str(refused.value)
+        return
     assert str(refused.value) == f"{store}: slide 3{message}"
     if change is not None:
         with pytest.raises(TileStoreError) as refused:
@@ -209,13 +215,37 @@ def test_malformed_entry_is_refused_naming_store_slide_and_field(work, index):
 def test_malformed_entry_is_refused_alike_by_tessera(work, index):
     store = malformed_store(work, index)
     code, stderr, _ = dump(work, f"malformed{index}", store)
-    assert code != 0 and stderr == f"dump_loader: {store}: slide 3{MALFORMED[index][1]}\n"
+    expected = f"dump_loader: {store}: slide 3{MALFORMED[index][1]}"
+    assert code != 0 and (stderr.startswith(expected) if MALFORMED[index][0] is None else stderr == expected + "\n")
 
 
-def test_json_tessera_does_not_parse_is_refused():
-    for text in (b'{"tile_size": 8, "mpp_x": NaN}', b'{"tile_size": 8, "path": "\xff"}'):
-        with pytest.raises(TileStoreError, match="^here entry is not JSON$"):
-            read_slide_entry(text, "here")
+# JSON tessera does not read (common/json_input.h): (entry text, how the message goes on).
+UNREAD_JSON = [
+    (b'{"tile_size": 8, "mpp_x": NaN}', "not valid JSON: "),
+    (b'{"tile_size": 8, "path": "\xff"}', "not valid JSON: "),
+    (b'{"tile_size": 8, "mpp_x": 1e999}', "not valid JSON: "),
+    (b'{"tile_size": 8, "tile_size": 16}', 'JSON refused: the key "tile_size" is given twice in one object'),
+    (b'{"tile_size": 8, "settings": ' + b"[" * 65 + b"]" * 65 + b"}", "JSON refused: nested deeper than 64 levels"),
+    (b'{"tile_size": 8, "settings": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+     "JSON refused: nested deeper than 64 levels"),
+]
+
+
+@pytest.mark.parametrize("index", range(len(UNREAD_JSON)))
+def test_json_tessera_does_not_read_is_refused_alike(work, index):
+    text, message = UNREAD_JSON[index]
+    with pytest.raises(TileStoreError) as refused:
+        read_slide_entry(text, "here")
+    assert str(refused.value).startswith("here: slide entry: " + message), str(refused.value)
+    store = write_store(os.path.join(work, f"unread{index}.lmdb"), {3: text})
+    code, stderr, _ = dump(work, f"unread{index}", store)
+    assert code != 0 and stderr.startswith(f"dump_loader: {store}: slide 3: slide entry: {message}"), stderr[:1000]
+    assert len(stderr) < 400, stderr[:1000]
+
+
+def test_json_at_tessera_s_limits_is_read():
+    nested = b'{"tile_size": 8, "settings": ' + b"[" * 63 + b"]" * 63 + b"}"  # 64 levels, the entry's object one
+    assert read_slide_entry(nested, "here").settings == json.loads(nested)["settings"]
 
 
 def test_python_to_json_equals_tessera_to_json(work):

@@ -228,5 +228,32 @@ TEST(SweepProtocol, AStoredSpaceOrTrialTheCommandLineWouldRefuseIsBadInput) {
   }
 }
 
+// JSON nested 100000 deep, in a trial's report line and in the study: the sweep copied a line's
+// metrics (a SIGSEGV of the sweep itself) and its study's rows; now the line is ignored as any
+// line off the protocol, and the row is bad input naming it.
+TEST(SweepProtocol, DeeplyNestedJsonIsIgnoredOrRefusedNotASignal) {
+  auto dir = work_dir();
+  std::ofstream(dir / "deep.json") << R"({"type":"final","value":0.25,"metrics":)" << std::string(100000, '[')
+                                     << std::string(100000, ']') << "}\n";
+  auto options =
+      sweep_running(dir, "cat '" + (dir / "deep.json").string() + "' >&3\necho '" + final_line + "' >&3\n");
+  run_sweep(options);
+  auto trials = trials_of(options);
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0].state, TrialState::complete) << trials[0].attempts[0].stderr_tail;
+  EXPECT_EQ(trials[0].attempts[0].value, 0.5);  // the well-formed line's
+  edit_study(options, "UPDATE trials SET params = '" + std::string(100000, '[') + std::string(100000, ']') + "'");
+  try {
+    run_sweep(resuming(options));
+    ADD_FAILURE() << "a study with nested parameters was continued";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("the study's trial parameters (damaged): JSON refused: nested deeper than 64 "
+                                         "levels"),
+              std::string::npos)
+        << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::sweep

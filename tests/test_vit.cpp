@@ -4,6 +4,7 @@
 // to train. Outputs against PyTorch: tests/test_vit_timm.py and tests/test_vit_b16_torch.py.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "compute/network.h"
@@ -102,7 +103,28 @@ TEST(Vit, DescriptionsAreCheckedFieldByField) {
   expect_model_error(with("heads", 5), "field 'heads' must divide width 48");
   expect_model_error(with("image_size", 30), "field 'image_size' must be a multiple of patch_size 8");
   expect_model_error(with("mlp", "relu"), "field 'mlp' must be one of 'gelu', 'swiglu'");
-  expect_model_error(with("depth", 0), "field 'depth' must be an integer of at least 1");
+  expect_model_error(with("depth", 0), "field 'depth' must be an integer from 1 to 256, got 0");
+  // Limits past every real ViT, checked before any layer is made.
+  expect_model_error(with("depth", 257), "field 'depth' must be an integer from 1 to 256, got 257");
+  expect_model_error(with("width", 16400), "field 'width' must be an integer from 1 to 16384, got 16400");
+  expect_model_error(with("heads", 49), "field 'heads' must be an integer from 1 to 48, got 49");
+  expect_model_error(with("mlp_ratio", 16.5), "field 'mlp_ratio' must be above 0 and at most 16");
+  expect_model_error(with("mlp_ratio", std::nan("")), "field 'mlp_ratio' must be above 0 and at most 16");
+  expect_model_error(with("mlp_ratio", -1), "field 'mlp_ratio' must be above 0 and at most 16");
+  expect_model_error(with("patch_size", 64), "field 'patch_size' must be at most image_size 32");
+  expect_model_error(with("image_size", 70000), "field 'image_size' must be an integer from 1 to 65535, got 70000");
+  nlohmann::json many_tokens = with("image_size", 4104);  // (4104 / 8)^2 + 1 = 263170 tokens
+  expect_model_error(many_tokens, "field 'image_size' gives 263170 tokens");
+  expect_model_error(with("register_tokens", 65520), "field 'register_tokens' gives 65537 tokens");
+  expect_model_error(with("layer_scale", 1e300), "field 'layer_scale' must be from -1000 to 1000");
+  expect_model_error(with("norm_eps", 0), "field 'norm_eps' must be above 0 and at most 1");
+  expect_model_error(with("classes", 70000), "field 'classes' must be an integer from 0 to 65535, got 70000");
+  // At the limit: 65536 tokens ((2040 / 8)^2, the class token and 510 registers), one more refused.
+  nlohmann::json at_limit = with("image_size", 2040);
+  at_limit["register_tokens"] = 510;
+  EXPECT_NO_THROW(vit_graph(at_limit));
+  at_limit["register_tokens"] = 511;
+  expect_model_error(at_limit, "field 'image_size' gives 65537 tokens");
   expect_model_error(with("dropout", 0.1), "field 'dropout' is not a field of vit");
   nlohmann::json odd = with("mlp", "swiglu");
   odd["mlp_ratio"] = 1.021;  // int(48 * 1.021) = 49 hidden features: not two halves

@@ -49,6 +49,12 @@ Shape Conv2d::infer(const std::vector<Shape>& inputs) {
   if (s.height + 2 * s.padding < s.kernel_h || s.width + 2 * s.padding < s.kernel_w)
     throw ShapeError("conv2d: input " + to_string(x) + " with padding " + std::to_string(s.padding) +
                      " is smaller than the kernel " + std::to_string(s.kernel_h) + "x" + std::to_string(s.kernel_w));
+  // The weight gradient's columns; checked before any product of the shape is taken.
+  int64_t columns = 0;
+  if (__builtin_mul_overflow(s.in_channels, s.kernel_h * s.kernel_w, &columns) || columns > kMaxGemmDimension)
+    throw ShapeError("conv2d: " + std::to_string(s.in_channels) + " input channels of a " + std::to_string(s.kernel_h) +
+                     "x" + std::to_string(s.kernel_w) + " kernel, more than " + std::to_string(kMaxGemmDimension) +
+                     " weights an output channel");
   s.out_height = (s.height + 2 * s.padding - s.kernel_h) / s.stride + 1;
   s.out_width = (s.width + 2 * s.padding - s.kernel_w) / s.stride + 1;
 

@@ -11,6 +11,12 @@
 
 namespace tessera {
 
+// The largest GEMM dimension a dispatch covers in one workgroup count (a linear layer's input
+// features, rows of its input gradient; a convolution's in_channels x kernel area, columns of its
+// weight gradient): 2^20 is 65535 workgroups (Vulkan's guaranteed count) of 16 rows or columns,
+// fewer than any tile shape takes. No real layer comes near: VGG's classifier reads 25088.
+constexpr int64_t kMaxGemmDimension = int64_t{1} << 20;
+
 // Which kernels the GEMM-shaped ops record. registers: shaders/gemm_block.glsl, blocks in
 // registers shared by subgroup shuffles, no barriers (CPU devices: lavapipe, where loads cost
 // far more than FMAs and a barrier switches every lane's coroutine: 25x the GFLOPS of the

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/json_input.h"
+
 namespace tessera {
 
 namespace {
@@ -12,13 +14,23 @@ struct NormalizePush {
 };
 // Channels that are not RGB (a multiplex slide's) have no ImageNet statistics: [0, 1] to [-1, 1].
 constexpr float kOtherMean = 0.5f, kOtherStd = 0.5f;
+// Bounds of the normalisation constants (read_normalisation).
+constexpr double kMaxMean = 1000, kMinStd = 1e-3, kMaxStd = 1000;
 }  // namespace
 
+Normalisation read_normalisation(const LayerConfig& layer) {
+  Normalisation read{layer.numbers("mean", {0.485, 0.456, 0.406}), layer.numbers("std", {0.229, 0.224, 0.225})};
+  auto within = [](double low, double high) { return [=](double value) { return value >= low && value <= high; }; };
+  if (!std::all_of(read.mean.begin(), read.mean.end(), within(-kMaxMean, kMaxMean)))
+    layer.fail("mean", "must hold numbers from -1000 to 1000, got " + json_excerpt(read.mean));
+  if (!std::all_of(read.std.begin(), read.std.end(), within(kMinStd, kMaxStd)))
+    layer.fail("std", "must hold numbers from 0.001 to 1000, got " + json_excerpt(read.std));
+  return read;
+}
+
 std::unique_ptr<Op> make_input_normalize(const LayerConfig& layer) {
-  std::vector<double> std = layer.numbers("std", {0.229, 0.224, 0.225});
-  if (std::any_of(std.begin(), std.end(), [](double s) { return !(s > 0); }))
-    layer.fail("std", "must be positive, got " + nlohmann::json(std).dump());
-  return std::make_unique<InputNormalize>(layer.numbers("mean", {0.485, 0.456, 0.406}), std::move(std));
+  Normalisation normalisation = read_normalisation(layer);
+  return std::make_unique<InputNormalize>(std::move(normalisation.mean), std::move(normalisation.std));
 }
 
 Shape InputNormalize::infer(const std::vector<Shape>& inputs) {

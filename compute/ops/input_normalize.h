@@ -24,4 +24,12 @@ class InputNormalize : public Op {
 
 std::unique_ptr<Op> make_input_normalize(const LayerConfig& layer);
 
+// A layer's "mean" and "std" (3 each, ImageNet's where absent), checked: a std of 1e-300 turns
+// every feature into NaN, so each mean must lie within [-1000, 1000] and each std within
+// [0.001, 1000] (real ones are near 0.5 and 0.2 for pixels in [0, 1]); fails naming the field.
+struct Normalisation {
+  std::vector<double> mean, std;
+};
+Normalisation read_normalisation(const LayerConfig& layer);
+
 }  // namespace tessera

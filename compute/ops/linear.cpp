@@ -20,6 +20,9 @@ Shape Linear::infer(const std::vector<Shape>& inputs) {
     throw ShapeError("linear takes [batch, features] or [batch, tokens, features], got " + to_string(inputs[0]) +
                      " (flatten first)");
   in_features_ = inputs[0].back();
+  if (in_features_ > kMaxGemmDimension)
+    throw ShapeError("linear: " + std::to_string(in_features_) + " input features (at most " +
+                     std::to_string(kMaxGemmDimension) + ")");
   batch_ = element_count(inputs[0]) / std::max<int64_t>(in_features_, 1);
   Shape output = inputs[0];
   output.back() = out_features_;

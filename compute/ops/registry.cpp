@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "common/json_input.h"
+
 #include "compute/ops/activation.h"
 #include "compute/ops/add.h"
 #include "compute/ops/attention_gate.h"
@@ -26,19 +28,27 @@
 
 namespace tessera {
 
+namespace {
+// Names appear in messages, checkpoints and feature files: "blocks.39.mlp.fc1" is 17 bytes.
+constexpr size_t kMaxNameBytes = 256;
+}  // namespace
+
 LayerConfig::LayerConfig(const nlohmann::json& layer) : layer_(layer) {
-  if (!layer.is_object()) throw ModelError("model: every layer must be a JSON object, got " + layer.dump());
+  if (!layer.is_object()) throw ModelError("model: every layer must be a JSON object, got " + json_excerpt(layer));
   auto name = layer.find("name");
   if (name == layer.end() || !name->is_string() || name->get<std::string>().empty())
-    throw ModelError("model: layer " + layer.dump() + ": field 'name' must be a non-empty string");
+    throw ModelError("model: layer " + json_excerpt(layer) + ": field 'name' must be a non-empty string");
   name_ = name->get<std::string>();
+  if (name_.size() > kMaxNameBytes)
+    throw ModelError("model: layer '" + quoted_excerpt(name_) + "': field 'name' is " + std::to_string(name_.size()) +
+                     " bytes long (at most " + std::to_string(kMaxNameBytes) + ")");
   auto type = layer.find("type");
   if (type == layer.end() || !type->is_string()) fail("type", "must be a string");
   type_ = type->get<std::string>();
 }
 
 void LayerConfig::fail(const std::string& field, const std::string& problem) const {
-  throw ModelError("model: layer '" + name_ + "': field '" + field + "' " + problem);
+  throw ModelError("model: layer '" + quoted_excerpt(name_) + "': field '" + quoted_excerpt(field) + "' " + problem);
 }
 
 const nlohmann::json* LayerConfig::find(const char* field) const {
@@ -47,14 +57,17 @@ const nlohmann::json* LayerConfig::find(const char* field) const {
   return it == layer_.end() ? nullptr : &*it;
 }
 
-int64_t LayerConfig::integer(const char* field, std::optional<int64_t> fallback, int64_t minimum) const {
+int64_t LayerConfig::integer(const char* field, std::optional<int64_t> fallback, int64_t minimum,
+                             int64_t maximum) const {
   const nlohmann::json* value = find(field);
   if (!value) {
     if (!fallback) fail(field, "is required");
     return *fallback;
   }
-  if (!value->is_number_integer() || value->get<int64_t>() < minimum)
-    fail(field, "must be an integer of at least " + std::to_string(minimum) + ", got " + value->dump());
+  // A number_unsigned past 2^63 reads as a negative int64: refused as below the minimum.
+  if (!value->is_number_integer() || value->get<int64_t>() < minimum || value->get<int64_t>() > maximum)
+    fail(field, "must be an integer from " + std::to_string(minimum) + " to " + std::to_string(maximum) + ", got " +
+                    json_excerpt(*value));
   return value->get<int64_t>();
 }
 
@@ -64,7 +77,7 @@ double LayerConfig::number(const char* field, std::optional<double> fallback) co
     if (!fallback) fail(field, "is required");
     return *fallback;
   }
-  if (!value->is_number()) fail(field, "must be a number, got " + value->dump());
+  if (!value->is_number()) fail(field, "must be a number, got " + json_excerpt(*value));
   return value->get<double>();
 }
 
@@ -73,7 +86,7 @@ std::vector<double> LayerConfig::numbers(const char* field, std::vector<double> 
   if (!value) return fallback;
   if (!value->is_array() || value->size() != fallback.size() ||
       !std::all_of(value->begin(), value->end(), [](const nlohmann::json& v) { return v.is_number(); }))
-    fail(field, "must be an array of " + std::to_string(fallback.size()) + " numbers, got " + value->dump());
+    fail(field, "must be an array of " + std::to_string(fallback.size()) + " numbers, got " + json_excerpt(*value));
   return value->get<std::vector<double>>();
 }
 
@@ -83,7 +96,7 @@ bool LayerConfig::boolean(const char* field, std::optional<bool> fallback) const
     if (!fallback) fail(field, "is required");
     return *fallback;
   }
-  if (!value->is_boolean()) fail(field, "must be true or false, got " + value->dump());
+  if (!value->is_boolean()) fail(field, "must be true or false, got " + json_excerpt(*value));
   return value->get<bool>();
 }
 
@@ -94,7 +107,7 @@ std::string LayerConfig::choice(const char* field, const std::string& fallback,
   std::string names;
   for (auto& name : allowed) names += (names.empty() ? "'" : ", '") + name + "'";
   if (!value->is_string() || std::find(allowed.begin(), allowed.end(), value->get<std::string>()) == allowed.end())
-    fail(field, "must be one of " + names + ", got " + value->dump());
+    fail(field, "must be one of " + names + ", got " + json_excerpt(*value));
   return value->get<std::string>();
 }
 
@@ -130,7 +143,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
   if (it == factories.end()) {
     std::string known;
     for (auto& [type, factory] : factories) known += (known.empty() ? "" : ", ") + type;
-    layer.fail("type", "'" + layer.type() + "' is not an op (known: " + known + ")");
+    layer.fail("type", "'" + quoted_excerpt(layer.type()) + "' is not an op (known: " + known + ")");
   }
   auto op = it->second(layer);
   layer.refuse_unread();

@@ -19,6 +19,13 @@ struct ModelError : BadInput {
   using BadInput::BadInput;
 };
 
+// The largest whole number a layer's field may hold (channels, features, kernel, stride, padding,
+// heads, tokens of a grid). Vulkan guarantees 65535 workgroups a dispatch dimension and no more;
+// ops dispatch one workgroup per channel (batch norm, bias gradients), so a larger field would
+// plan and then fail inside the kernel. No real model comes near: ViT-22B is 6144 wide with
+// 24576 hidden features, and a class count is a tile label (below 65536).
+constexpr int64_t kMaxLayerInteger = 65535;
+
 // One layer of a model description ({"name": "conv1", "type": "conv2d", "out_channels": 64, ...})
 // with typed reads that name the layer and the field when a value is missing or malformed.
 class LayerConfig {
@@ -28,7 +35,9 @@ class LayerConfig {
   const std::string& type() const { return type_; }
   const nlohmann::json& json() const { return layer_; }
 
-  int64_t integer(const char* field, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 0) const;
+  // At most `maximum`: by default kMaxLayerInteger.
+  int64_t integer(const char* field, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 0,
+                  int64_t maximum = kMaxLayerInteger) const;
   double number(const char* field, std::optional<double> fallback = std::nullopt) const;
   // An array of as many numbers as `fallback` holds.
   std::vector<double> numbers(const char* field, std::vector<double> fallback) const;

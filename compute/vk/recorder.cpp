@@ -132,6 +132,15 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
     throw Error(ExitCode::runtime_error, "kernel " + kernel.name + " takes " +
                                              std::to_string(kernel.binding_count) + " buffers, given " +
                                              std::to_string(buffers.size()));
+  // What no plan let through: a count past the device's is undefined behaviour on a GPU.
+  const uint32_t groups[3] = {groups_x, groups_y, groups_z};
+  const uint32_t* most = context_.properties().limits.maxComputeWorkGroupCount;
+  for (int axis = 0; axis < 3; ++axis)
+    if (groups[axis] > most[axis])
+      throw Error(ExitCode::bad_input, "kernel " + kernel.name + (scope_.empty() ? "" : " (" + scope_ + ")") +
+                                           ": " + std::to_string(groups[axis]) + " workgroups in " + "xyz"[axis] +
+                                           ", more than the device's " + std::to_string(most[axis]) +
+                                           ": a layer too large for its kernel");
   // Hazards first: a barrier must precede this dispatch, not split its own arguments.
   bool any_hazard = false;
   for (auto& arg : buffers) any_hazard = any_hazard || hazard(arg.buffer->handle(), arg.access);

@@ -17,6 +17,7 @@ MAX_CLASSES = 65536  # a label is a class index below this
 MAX_PIXELS = 1 << 31  # a side of any slide tessera reads
 MAX_CHANNELS = 255  # what a tile header holds
 MAX_WHOLE = (1 << 64) - 1  # JSON integers tessera reads as such (larger ones are not whole numbers)
+MAX_JSON_DEPTH = 64  # arrays and objects within each other (common/json_input.h)
 
 
 class TileStoreError(ValueError):
@@ -291,11 +292,55 @@ class SlideRecord:
         return entry
 
 
+class _Refused(ValueError):
+    """JSON past the limits tessera's reader keeps (common/json_input.h)."""
+
+
+def _finite_number(text):
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: Python reads inf, tessera refuses it
+        raise ValueError("a number beyond the range of a double")
+    return value
+
+
+def _unique_keys(pairs):
+    keys = set()
+    for key, _ in pairs:
+        if key in keys:
+            raise _Refused(f'the key "{key[:80]}" is given twice in one object')
+        keys.add(key)
+    return dict(pairs)
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting(text):
+    """The deepest nesting of arrays and objects in JSON text, strings left out."""
+    depth = deepest = 0
+    for char in _STRING.sub("", text):
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def read_slide_entry(value, where):
     """The SlideRecord of a stored entry (JSON bytes); TileStoreError naming `where` when the bytes
-    are not JSON (NaN and Infinity are not: tessera refuses them too) or a field is malformed."""
+    are not JSON (NaN, Infinity and numbers beyond a double are not: tessera refuses them too), when
+    they pass tessera's limits (nesting deeper than MAX_JSON_DEPTH, a key given twice in one
+    object), or a field is malformed. The messages start as tessera's do."""
+    prefix = f"{where}: slide entry: "
     try:
-        entry = json.loads(bytes(value).decode("utf-8"), parse_constant=_refuse_constant)
+        text = bytes(value).decode("utf-8")
+        if _nesting(text) > MAX_JSON_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        entry = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_number,
+                           object_pairs_hook=_unique_keys)
+    except _Refused as error:
+        raise TileStoreError(f"{prefix}JSON refused: {error}") from error
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise TileStoreError(f"{where} entry is not JSON") from error
+        raise TileStoreError(f"{prefix}not valid JSON: {error}") from error
     return SlideRecord.from_json(entry, where)
