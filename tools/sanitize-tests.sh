@@ -24,7 +24,7 @@ export TESSERA_SANITIZED=1
 status=0
 /usr/bin/python3 -m pytest -p no:cacheprovider -q -rA \
   tests/test_data_bad_input.py tests/test_data_slide_bounds.py tests/test_fuzz_slides.py tests/test_error_messages.py \
-  tests/test_slide_declared.py ||
+  tests/test_slide_declared.py tests/test_bad_models.py tests/test_fuzz_models.py ||
   status=1
 if compgen -G "$reports/*" >/dev/null; then
   echo "sanitizer reports:" >&2
