@@ -93,7 +93,8 @@ void run_forward(const ForwardFlags& f) {
       const auto i = static_cast<int64_t>(*at);
       throw BadInput(f.input + ": dataset x: image " + std::to_string(first + i / classes) + ": logit " +
                      std::to_string(i % classes) + " is " + format_number(static_cast<double>(out[*at])) +
-                     ": the model's output is not finite (its weights or this image's values are out of range" +
+                     ": the model's output is not finite (the weights of " + model.source +
+                     " or this image's values are out of range" +
                      (activations == DType::f16 ? ", or an fp16 activation passed 65504: try --precision fp32" : "") +
                      "); " + f.output + " is not written");
     }
