@@ -295,4 +295,6 @@ def read_slide_entry(value, where):
         entry = json.loads(bytes(value).decode("utf-8"), parse_constant=_refuse_constant)
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise TileStoreError(f"{where} entry is not JSON") from error
+    except RecursionError:  # arrays or objects nested deeper than Python's stack: never an entry
+        raise TileStoreError(f"{where}: slide entry: the entry is not a JSON object (nested too deeply)") from None
     return SlideRecord.from_json(entry, where)
