@@ -41,9 +41,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TILE_FLAGS = ["--size", "64", "--workers", "1"]
 PAGE = 4096  # LMDB's page on this machine
 
-# Reads every tile of a store; prints the count, or the exception's type and message.
+# Reads every tile of a store; prints the count, or the exception's type and message. Without
+# torch (optional to the reader): importing it would be most of each read's time.
 READER = """
 import json, sys
+sys.modules["torch"] = None
 sys.path.insert(0, sys.argv[1])
 from tessera.tile_store import TileStoreDataset
 try:
