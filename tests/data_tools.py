@@ -129,6 +129,20 @@ def tumour_polygons(geojson_path):
     return polygons
 
 
+def holds_flock(pid, path):
+    """Whether process `pid` holds a flock on `path` (from /proc/locks, without taking the lock); the
+    lock file exists only while a run holds it."""
+    if not os.path.exists(path):
+        return False
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] == "FLOCK" and int(fields[4]) == pid and int(fields[5].split(":")[-1]) == inode:
+                return True
+    return False
+
+
 def workdir(name):
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tessera_{name}_{os.getpid()}")
     os.makedirs(path, exist_ok=True)

@@ -13,7 +13,7 @@ import time
 
 import lmdb
 
-from data_tools import read_store, run, summary, synth, workdir
+from data_tools import holds_flock, read_store, run, summary, synth, workdir
 
 TILE_FLAGS = ["--size", "128", "--workers", "1", "--commit-tiles", "16"]
 
@@ -22,20 +22,6 @@ def expect(result, code, *words):
     assert result.returncode == code, (result.returncode, code, result.stderr)
     for word in words:
         assert word in result.stderr, (word, result.stderr)
-
-
-def holds_flock(pid, path):
-    """Whether process `pid` holds a flock on `path` (from /proc/locks, without taking the lock); the
-    lock file exists only while a run holds it."""
-    if not os.path.exists(path):
-        return False
-    inode = os.stat(path).st_ino
-    with open("/proc/locks") as f:
-        for line in f:
-            fields = line.split()
-            if fields[1] == "FLOCK" and int(fields[4]) == pid and int(fields[5].split(":")[-1]) == inode:
-                return True
-    return False
 
 
 def tiles_of(store, slide_id):

@@ -13,6 +13,16 @@ column as big-endian uint32 -> a 28-byte little-endian header, then the pixels) 
 "Formats", "Slide record"): the same defaults for stores written before a field existed, and a
 malformed entry is a TileStoreError naming the store, the slide and the field.
 
+Every failure to read a store is one exception, :class:`TileStoreError`, naming the store and,
+where there is one, the slide and the tile; never a signal. A store is refused while a ``tessera
+tile`` run holds its lock; before lmdb maps it, its data file is checked against LMDB's meta pages
+(a truncated file would be SIGBUS) and its B-trees are walked, so that no page or value lmdb will
+touch lies past the file (:mod:`tessera.store_checks`). As tessera does, a dataset refuses slides
+that are not completely tiled, a slide whose tiles are not as many as its record lists, no tiles
+at all (train and extract refuse that), and, on reading a tile, one whose header (version, byte
+count, CRC, size, channels, origin, label) disagrees with its key or its slide's record; and,
+where tessera's reader passes over them, tiles of a slide the store does not list.
+
 Changed with SlideRecord: ``TileStoreDataset.slides`` holds SlideRecord objects (attributes:
 ``record.path``, ``record.tile_size``, ``record.label_counts`` as a list by label), not the raw
 JSON dicts (``entry["path"]``); ``record.to_json()`` gives the entry as tessera writes it.
@@ -30,6 +40,7 @@ import lmdb
 import numpy as np
 
 from tessera.slide_record import SlideRecord, TileStoreError, read_slide_entry
+from tessera.store_checks import check_data_file, check_database, check_not_being_written
 
 try:  # torch is optional: without it the dataset is a plain sequence of samples
     from torch.utils.data import Dataset as _Base
@@ -39,6 +50,7 @@ except ImportError:  # pragma: no cover - exercised where torch is missing
 HEADER = struct.Struct("<BBBBHHIIIII")  # version, encoding, channels, zero, width, height, label, x, y, bytes, crc
 VERSION = 1
 RAW, JPEG = 0, 1
+KEY = struct.Struct(">IIII")  # slide, level, row, column
 
 __all__ = ["SlideRecord", "TileStoreDataset", "TileStoreError", "decode_pixels", "find_tile_stores", "is_tile_store",
            "parse_tile"]
@@ -61,7 +73,11 @@ def find_tile_stores(paths):
         if is_tile_store(path) or not os.path.isdir(path):
             stores.append(path)
             continue
-        inside = sorted(os.path.join(path, name) for name in os.listdir(path) if is_tile_store(os.path.join(path, name)))
+        try:
+            names = os.listdir(path)
+        except OSError as error:
+            raise TileStoreError(f"{path}: cannot list: {error.strerror}") from None
+        inside = sorted(os.path.join(path, name) for name in names if is_tile_store(os.path.join(path, name)))
         if not inside:
             raise TileStoreError(f"{path}: neither a tile store nor a directory holding tile stores")
         stores.extend(inside)
@@ -75,13 +91,68 @@ def find_tile_stores(paths):
 
 
 def _open_environment(path):
+    """(environment, tiles database, slides database, page size) of a store checked as lmdb needs."""
     if not os.path.exists(path):
         raise TileStoreError(f"{path}: no such tile store")
+    page_size = check_data_file(path)
     try:
         env = lmdb.open(path, readonly=True, subdir=os.path.isdir(path), max_dbs=2, create=False)
-        return env, env.open_db(b"tiles", create=False), env.open_db(b"slides", create=False)
     except lmdb.Error as error:
         raise TileStoreError(f"{path}: not a readable tile store ({error})") from error
+    try:
+        return env, env.open_db(b"tiles", create=False), env.open_db(b"slides", create=False), page_size
+    except lmdb.NotFoundError:
+        env.close()
+        raise TileStoreError(f"{path}: no `tiles` and `slides` databases (not a tessera tile store)") from None
+    except lmdb.Error as error:
+        env.close()
+        raise TileStoreError(f"{path}: not a readable tile store ({error})") from error
+
+
+def _read_index(store):
+    """(slide id -> SlideRecord, the tiles' keys as rows of slide, level, row, column) of a store,
+    read in one transaction; a key, entry or count that is not as tessera writes it is refused."""
+    env, tiles_db, slides_db, page_size = _open_environment(store)
+    try:
+        with env.begin(buffers=True) as txn:
+            # Their trees first: lmdb would read a value that a corrupt length runs past the file.
+            for name in ("slides", "tiles"):
+                check_database(store, page_size, txn.get(name.encode()), name)
+            entries = _read_slides(txn, slides_db, store)
+            keys = []
+            for key in txn.cursor(tiles_db).iternext(keys=True, values=False):
+                if len(key) != KEY.size:
+                    raise TileStoreError(f"{store}: a tile key has {len(key)} bytes, expected {KEY.size}")
+                keys.append(bytes(key))
+            counted = txn.stat(tiles_db)["entries"]
+    except lmdb.Error as error:
+        raise TileStoreError(f"{store}: reading the store: {error} (a corrupt store)") from error
+    finally:
+        env.close()
+    # A zeroed or stale page can read as a short database that LMDB ends without an error.
+    if counted != len(keys):
+        raise TileStoreError(f"{store}: its tiles database counts {counted} tiles, a walk through it yields "
+                             f"{len(keys)} (a corrupt store)")
+    rows = np.frombuffer(b"".join(keys), dtype=">u4").astype(np.uint32).reshape(-1, 4)
+    unlisted = sorted(set(np.unique(rows[:, 0]).tolist()) - set(entries))
+    if unlisted:
+        raise TileStoreError(f"{store}: holds tiles of slide {unlisted[0]}, which its slides database does not "
+                             "list (a corrupt store)")
+    return entries, rows
+
+
+def _read_slides(txn, slides_db, store):
+    entries = {}
+    for key, value in txn.cursor(slides_db):
+        if len(key) != 4:
+            raise TileStoreError(f"{store}: a slide key has {len(key)} bytes")
+        slide_id = struct.unpack(">I", key)[0]
+        record = read_slide_entry(value, f"{store}: slide {slide_id}")
+        if not record.complete:
+            raise TileStoreError(f"{store}: slide {slide_id} ({record.path}) is not completely tiled: "
+                                 "run the same tessera tile command again to finish it")
+        entries[slide_id] = record
+    return entries
 
 
 def parse_tile(value, where):
@@ -111,21 +182,23 @@ def decode_pixels(header, pixels, where):
             raise TileStoreError(f"{where}: raw tile has {len(pixels)} bytes, expected "
                                  f"{shape[0] * shape[1] * shape[2]}")
         return np.frombuffer(pixels, np.uint8).reshape(shape).copy()
-    from PIL import Image  # only JPEG tiles need PIL
+    from PIL import Image, UnidentifiedImageError  # only JPEG tiles need PIL
 
+    # PIL raises what its decoders raise (OSError, ValueError, SyntaxError, DecompressionBombError,
+    # ...) on bytes that are not a good JPEG; each is this tile's error.
     try:
-        with Image.open(io.BytesIO(pixels)) as image:
+        with Image.open(io.BytesIO(pixels), formats=["JPEG"]) as image:
+            if image.size != (shape[1], shape[0]):  # before decoding: the header bounds the work
+                raise TileStoreError(f"{where}: JPEG of {image.size[0]}x{image.size[1]}, the header says "
+                                     f"{shape[1]}x{shape[0]}")
             image = image.convert("RGB") if image.mode != "RGB" else image
-            rgb = np.array(image, dtype=np.uint8)  # writable, as torch wants
-    except (OSError, ValueError) as error:
-        raise TileStoreError(f"{where}: {error}") from error
-    if rgb.shape != shape:
-        raise TileStoreError(f"{where}: JPEG of {rgb.shape[1]}x{rgb.shape[0]}, the header says {shape[1]}x{shape[0]}")
-    return rgb
-
-
-def _key(slide, level, row, column):
-    return struct.pack(">IIII", slide, level, row, column)
+            return np.array(image, dtype=np.uint8)  # writable, as torch wants
+    except TileStoreError:
+        raise
+    except UnidentifiedImageError:
+        raise TileStoreError(f"{where}: the tile's bytes are not a JPEG image") from None
+    except Exception as error:  # noqa: BLE001 - see above
+        raise TileStoreError(f"{where}: the JPEG does not decode ({type(error).__name__}: {error})") from error
 
 
 # An LMDB environment must not cross a fork (DataLoader workers): datasets close theirs before any
@@ -157,23 +230,15 @@ class TileStoreDataset(_Base):
 
     def __init__(self, paths, transform=None):
         self.stores = find_tile_stores(paths)
+        if not self.stores:
+            raise TileStoreError("no tile stores given")
         self.transform = transform
         self._environments = {}  # store index -> (environment, tiles, slides), opened on first use
         slides, keys = [], []
         for store_index, store in enumerate(self.stores):
-            env, tiles_db, slides_db = _open_environment(store)
-            try:
-                with env.begin() as txn:
-                    listed, entries = self._read_slides(txn, slides_db, store)
-                    store_keys = np.array([struct.unpack(">IIII", key) for key in
-                                           txn.cursor(tiles_db).iternext(keys=True, values=False)],
-                                          dtype=np.uint32).reshape(-1, 4)
-            finally:
-                env.close()
-            if listed and len(store_keys) != listed:
-                raise TileStoreError(f"{store}: its slides list {listed} tiles, the tiles database yields "
-                                     f"{len(store_keys)} (a corrupt store)")
-            for slide_id, record in entries:
+            check_not_being_written(store)
+            entries, store_keys = _read_index(store)
+            for slide_id, record in entries.items():
                 slides.append((record.fingerprint, store_index, slide_id, record))
             keys.append(store_keys)
         slides.sort(key=lambda s: (s[0], s[1], s[2]))
@@ -196,22 +261,11 @@ class TileStoreDataset(_Base):
                                           np.full(len(rows), rank, np.uint32), rows]))
         # One row per tile: store, slide rank, then its key (slide id, level, row, column).
         self._tiles = np.concatenate(parts) if parts else np.zeros((0, 6), np.uint32)
+        if not len(self._tiles):  # as tessera's train and extract refuse it: nothing to read is a fault
+            held = f"its {len(self.slides)} slides hold no tiles" if self.slides else \
+                "holds no slides (as a tile run leaves a store it was stopped in before its first slide)"
+            raise TileStoreError(f"{', '.join(self.stores)}: {held}")
         self.class_count = max((record.class_count() for record in self.slides), default=1)
-
-    @staticmethod
-    def _read_slides(txn, slides_db, store):
-        listed, entries = 0, []
-        for key, value in txn.cursor(slides_db):
-            if len(key) != 4:
-                raise TileStoreError(f"{store}: a slide key has {len(key)} bytes")
-            slide_id = struct.unpack(">I", key)[0]
-            record = read_slide_entry(value, f"{store}: slide {slide_id}")
-            listed += record.tiles
-            if not record.complete:
-                raise TileStoreError(f"{store}: slide {slide_id} ({record.path}) is not completely tiled: "
-                                     "run the same tessera tile command again to finish it")
-            entries.append((slide_id, record))
-        return listed, entries
 
     def _check_alike(self, slides):
         """One tile size and one kind of channels for all (a batch holds one shape), as tessera."""
@@ -229,7 +283,7 @@ class TileStoreDataset(_Base):
 
     def _environment(self, store_index):
         if store_index not in self._environments:
-            self._environments[store_index] = _open_environment(self.stores[store_index])
+            self._environments[store_index] = _open_environment(self.stores[store_index])[:3]
             _reading.add(self)
         return self._environments[store_index]
 
@@ -245,18 +299,25 @@ class TileStoreDataset(_Base):
         store_index, rank, slide_id, level, row, column = (int(v) for v in self._tiles[index])
         env, tiles_db, _ = self._environment(store_index)
         where = f"{self.stores[store_index]} tile slide {slide_id} level {level} row {row} column {column}"
-        with env.begin() as txn:
-            value = txn.get(_key(slide_id, level, row, column), db=tiles_db)
-            if value is None:
-                raise TileStoreError(f"{where}: missing")
-            header, pixels = parse_tile(value, where)
+        try:
+            with env.begin(buffers=True) as txn:  # a view, copied once (by parse_tile)
+                value = txn.get(KEY.pack(slide_id, level, row, column), db=tiles_db)
+                if value is None:
+                    raise TileStoreError(f"{where}: missing")
+                header, pixels = parse_tile(value, where)
+        except lmdb.Error as error:
+            raise TileStoreError(f"{where}: {error} (a corrupt store)") from error
         record = self.slides[rank]
         if header["width"] != record.tile_size or header["height"] != record.tile_size:
             raise TileStoreError(f"{where}: tile is {header['width']}x{header['height']}, its slide's tile size is "
                                  f"{record.tile_size}")
         if header["channels"] != record.channels:
             raise TileStoreError(f"{where}: tile has {header['channels']} channels, its slide {record.channels}")
-        at = (record.tile_x(column), record.tile_y(row))
+        try:
+            at = (record.tile_x(column), record.tile_y(row))
+        except OverflowError:  # a downsample so large that the place is past any number
+            raise TileStoreError(f"{where}: its place in the grid (column {column}, row {row} of {record.tile_size} "
+                                 f"pixels, downsample {record.downsample}) is past any level-0 pixel") from None
         if (header["x"], header["y"]) != at:
             raise TileStoreError(f"{where}: tile says it lies at ({header['x']}, {header['y']}), its place in the "
                                  f"grid is ({at[0]}, {at[1]})")
