@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks the GPU bundle where none of tessera's dependencies are installed: a minimal Debian 12
-# made by debootstrap (from the mirror apt uses here), given only what the bundle does not carry
-# and the GPU machine has: a Vulkan driver (lavapipe from mesa-vulkan-drivers stands in for the
-# GPU's) and Python 3 with numpy, h5py, pytest, Pillow and tifffile (no torch, lmdb or
-# openslide: the tests that import them are skipped with the reason). Checks that every library
+# made by debootstrap (tools/debian-chroot.sh, from the mirrors apt uses here), given only what the
+# bundle does not carry and the GPU machine has: a Vulkan driver (lavapipe from mesa-vulkan-drivers
+# stands in for the GPU's) and Python 3 with numpy, h5py, pytest, Pillow and tifffile (no torch,
+# lmdb or openslide: the tests that import them are skipped with the reason). Checks that every library
 # tessera loads there comes from the bundle or is the C/C++ runtime, then runs run-on-gpu.sh
 # (--quick benchmarks, the suite on lavapipe) and leaves its output in OUT_DIR.
 #
@@ -16,28 +16,19 @@ archive=$(realpath "${1:-.gpu-bundle/tessera-bundle.tar.xz}")
 out=$(mkdir -p "${2:-.gpu-bundle/check}" && realpath "${2:-.gpu-bundle/check}")
 shift $(($# < 2 ? $# : 2))
 root=/var/tmp/tessera-bundle-root
-mirror=$(apt-cache policy | awk '$2 ~ /^https?:/ && $3 == "bookworm/main" {print $2; exit}')
-mirror=${mirror:-http://deb.debian.org/debian}
+source tools/debian-chroot.sh
 # The GPU machine's Python has these (and torch), not python3-lmdb or python3-openslide.
 packages="mesa-vulkan-drivers python3 python3-numpy python3-h5py python3-pytest python3-pil python3-tifffile"
-if [[ ! -e $root/.ready ]]; then
-  rm -rf "$root"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$out"/debootstrap.log
-  cp /etc/resolv.conf "$root"/etc/resolv.conf
-fi
+[[ -e $root/.ready ]] || fresh_debian12 "$root" "$out"/debootstrap.log
 if [[ "$(cat "$root"/.ready 2>/dev/null)" != "$packages" ]]; then
+  chroot "$root" apt-get update -qq
   # shellcheck disable=SC2086  # one word per package
   chroot "$root" apt-get install -y -qq --no-install-recommends $packages >/dev/null
   echo "$packages" >"$root"/.ready
 fi
 
-mounts=()
-cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount "${mounts[i]}"; done; }
-trap cleanup EXIT
-for fs in proc sys dev; do
-  mount --bind "/$fs" "$root/$fs"
-  mounts+=("$root/$fs")
-done
+trap unmount_system_dirs EXIT
+mount_system_dirs "$root"
 mkdir -p "$root"/check
 rm -rf "$root"/check/*
 cp "$archive" "$root"/check/bundle.tar.xz
