@@ -1,63 +1,82 @@
 #!/usr/bin/env bash
-# Checks the Debian package where nothing is installed: a fresh minimal Debian 12
-# (tools/debian-chroot.sh: debootstrap, the mirrors apt uses here) in which `apt-get install
-# ./tessera_*.deb` alone brings what tessera needs. Then, with nothing else installed, it runs
-# `tessera doctor` (`tessera info` where this tessera has no doctor) and the demo's synth, tile and
-# train (tools/demo.sh --installed), and prints what was installed and how each command ended.
-# A manual check: it downloads and installs a few hundred packages and trains for minutes, so it
-# is not part of CI. Its figures go into README.md ("Install from a Debian package").
+# Checks the Debian package where nothing of tessera's is installed. It makes the package
+# (`cmake --build build --target package`), then a fresh minimal Debian 12 (tools/debian-chroot.sh:
+# debootstrap from the mirrors apt uses here, once, then unpacked from build/debian12-minbase.tar),
+# in which `apt install ./tessera_*.deb` alone brings what tessera needs. There, with nothing else
+# installed, it runs `tessera --version`, `tessera doctor` (where this tessera has one) and the
+# demo's synth, tile and train (tools/demo.sh --installed), and fails unless each exits 0.
 #
-# Usage (root): bash tools/check-package.sh [PACKAGE.deb] [OUT_DIR] [--keep]
-#   defaults: the newest build/tessera_*.deb, and build/package-check. OUT_DIR gets apt.log,
-#   installed-packages.txt (each package apt installed, with its installed KiB), ldd.txt,
-#   commands.log and summary.json. The Debian tree, /var/tmp/tessera-package-root, is deleted at
-#   the end unless --keep.
+# Usage (root, in a configured build: tools/build.sh): bash tools/check-package.sh [--keep] [--skip-offline]
+#   --keep           leaves the Debian tree (/var/tmp/tessera-package-root.*) for a look inside
+#   --skip-offline   exits 0, saying so, when debootstrap cannot reach the mirror (tools/run-tests.sh)
+# build/package-check/ gets debootstrap.log, apt.log, installed-packages.txt (each package apt
+# installed, with its installed KiB), ldd.txt, commands.log and summary.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-keep=0 arguments=()
+keep=0 skip_offline=0
 for argument in "$@"; do
-  [[ $argument == --keep ]] && keep=1 || arguments+=("$argument")
+  case "$argument" in
+    --keep) keep=1 ;;
+    --skip-offline) skip_offline=1 ;;
+    *) echo "check-package: unknown option '$argument' (--keep, --skip-offline)" >&2; exit 2 ;;
+  esac
 done
 [[ $(id -u) == 0 ]] || { echo "check-package: run it as root (debootstrap, chroot, mount)" >&2; exit 2; }
-package=${arguments[0]:-$(ls -t build/tessera_*.deb 2>/dev/null | head -1)}
-[[ -f $package ]] || { echo "check-package: no package '${package}' (cmake --build build --target package)" >&2; exit 2; }
-package=$(realpath "$package")
-out=$(mkdir -p "${arguments[1]:-build/package-check}" && realpath "${arguments[1]:-build/package-check}")
-root=/var/tmp/tessera-package-root
+[[ -f build/CMakeCache.txt ]] || { echo "check-package: build/ is not configured (bash tools/build.sh)" >&2; exit 2; }
+out=build/package-check
+rm -rf "$out" && mkdir -p "$out" && out=$(realpath "$out")
+started=$SECONDS
+seconds_since() { echo $((SECONDS - $1)); }
+
+echo "check-package: cmake --build build --target package"
+phase=$SECONDS
+cmake --build build --target package >"$out"/cpack.log 2>&1 ||
+  { tail -20 "$out"/cpack.log >&2; echo "check-package: making the package failed (all of it in $out/cpack.log)" >&2; exit 1; }
+package=$(sed -n 's/^CPack: - package: \(.*\.deb\) generated\.$/\1/p' "$out"/cpack.log | tail -1)
+[[ -f $package ]] || { echo "check-package: cpack named no .deb (see $out/cpack.log)" >&2; exit 1; }
+package_seconds=$(seconds_since "$phase")
+deb_kb=$(($(stat -c %s "$package") / 1000))
+echo "check-package: $(basename "$package"), $deb_kb kB, in $package_seconds s"
+echo "  Depends: $(dpkg-deb -f "$package" Depends)"
+
 source tools/debian-chroot.sh
+root=$(mktemp -d /var/tmp/tessera-package-root.XXXXXX)
 in_root() { chroot "$root" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root TMPDIR=/tmp LANG=C.UTF-8 "$@"; }
 finish() {
   unmount_system_dirs
-  ((keep)) || remove_root "$root"
+  if ((keep)); then echo "check-package: the Debian tree stays in $root"; else remove_root "$root"; fi
 }
 trap finish EXIT
 
 echo "check-package: a fresh Debian 12 in $root"
-fresh_debian12 "$root" "$out"/debootstrap.log
-installed_before=$(in_root dpkg-query -W -f '${Package}\n' | sort)
+phase=$SECONDS
+fresh_debian12 "$root" "$out"/debootstrap.log || {
+  status=$?
+  if ((status == 3 && skip_offline)); then
+    echo "check-package: SKIPPED: no Debian mirror reachable, so no Debian 12 to install the package into"
+    exit 0
+  fi
+  exit 1
+}
+root_seconds=$(seconds_since "$phase")
+installed_before=$(in_root dpkg-query -W -f '${Package}\n')
 mount_system_dirs "$root"
 mkdir -p "$root"/check
 cp "$package" tools/demo.sh "$root"/check/
 
-# The package and what apt brings with it (its Depends and Recommends), as a user installs it.
-echo "check-package: apt-get install ./$(basename "$package")"
-start=$SECONDS
-in_root sh -c "cd /check && DEBIAN_FRONTEND=noninteractive apt-get install -y ./$(basename "$package")" >"$out"/apt.log 2>&1 ||
-  { tail -20 "$out"/apt.log >&2; echo "check-package: apt-get install failed (all of it in $out/apt.log)" >&2; exit 1; }
-install_seconds=$((SECONDS - start))
-in_root dpkg-query -W -f '${Package} ${Installed-Size}\n' | sort >"$out"/all-packages.txt
-join -v1 "$out"/all-packages.txt <(echo "$installed_before") >"$out"/installed-packages.txt
-rm "$out"/all-packages.txt
+# The package and what apt brings with it, as a user installs it.
+echo "check-package: apt install ./$(basename "$package")"
+phase=$SECONDS
+in_root sh -c "cd /check && DEBIAN_FRONTEND=noninteractive apt install -y ./$(basename "$package")" >"$out"/apt.log 2>&1 ||
+  { tail -20 "$out"/apt.log >&2; echo "check-package: apt install failed (all of it in $out/apt.log)" >&2; exit 1; }
+install_seconds=$(seconds_since "$phase")
+in_root dpkg-query -W -f '${Package} ${Installed-Size}\n' |
+  awk 'NR == FNR {before[$1] = 1; next} !($1 in before)' <(echo "$installed_before") - | sort >"$out"/installed-packages.txt
 package_count=$(wc -l <"$out"/installed-packages.txt)
-installed_mb=$(awk '{kib += $2} END {printf "%d", kib / 1024}' "$out"/installed-packages.txt)
+installed_mib=$(awk '{kib += $2} END {printf "%d", kib / 1024}' "$out"/installed-packages.txt)
 download=$(grep -o 'Need to get [^ ]* [kMG]B' "$out"/apt.log | head -1 | cut -d' ' -f4-)
-deb_kb=$(($(stat -c %s "$package") / 1000))
-deb_installed_kb=$(dpkg-deb -f "$package" Installed-Size)
-depends=$(dpkg-deb -f "$package" Depends)
-recommends=$(dpkg-deb -f "$package" Recommends)
-echo "check-package: $(basename "$package"): $deb_kb kB, $deb_installed_kb KiB installed"
-echo "check-package: apt installed $package_count packages (with tessera; $download downloaded," \
-     "$installed_mb MiB installed) in $install_seconds s; the list in $out/installed-packages.txt"
+echo "check-package: apt installed $package_count packages ($download downloaded, $installed_mib MiB installed)" \
+     "in $install_seconds s; the list in $out/installed-packages.txt"
 
 # Every library tessera loads comes from a package apt installed.
 in_root ldd /usr/bin/tessera >"$out"/ldd.txt
@@ -68,21 +87,35 @@ if grep -q 'not found' "$out"/ldd.txt; then
 fi
 echo "check-package: tessera loads $(grep -c '=> /' "$out"/ldd.txt) libraries, all found"
 
-# The commands, as a user runs them after the install, in a folder of their own.
-echo "check-package: tools/demo.sh --installed (tessera doctor or info, synth, tile, train)"
+# The commands, as a user runs them after the install, in a folder of their own; demo.sh prints
+# "demo.sh: NAME exit STATUS, SECONDS s" after each and stops at the first that fails.
+echo "check-package: tessera --version, then tools/demo.sh --installed (doctor or info, synth, tile, train)"
+phase=$SECONDS
 status=0
-in_root sh -c 'mkdir -p /root/demo && cd /root/demo && bash /check/demo.sh --installed' 2>&1 |
-  tee "$out"/commands.log || status=$?
+in_root sh -c 'mkdir -p /root/demo && cd /root/demo && tessera --version && echo "demo.sh: --version exit 0, 0.0 s" &&
+               bash /check/demo.sh --installed' 2>&1 | tee "$out"/commands.log || status=$?
+demo_seconds=$(seconds_since "$phase")
+for name in --version synth tile train; do
+  grep -Eq "^demo.sh: $name( [^ ]+)? exit 0, " "$out"/commands.log ||
+    { echo "check-package: '$name' did not run to exit 0 (see $out/commands.log)" >&2; status=1; }
+done
+if grep -Eq '^ +doctor ' <<<"$(in_root tessera --help)" && ! grep -q '^demo.sh: doctor exit 0, ' "$out"/commands.log; then
+  echo "check-package: 'doctor' did not run to exit 0 (see $out/commands.log)" >&2
+  status=1
+fi
 
-# The record: what was installed, and each command's exit status and seconds (demo.sh's lines).
+# The record: the package, what apt installed, each command's exit status and seconds.
 steps=$(sed -n 's/^demo.sh: \(.*\) exit \([0-9]*\), \([0-9.]*\) s$/{"command": "\1", "exit": \2, "seconds": \3}/p' \
           "$out"/commands.log | paste -sd, | sed 's/},{/}, {/g')
 cat >"$out"/summary.json <<EOF
 {"date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "package": "$(basename "$package")", "package_kb": $deb_kb,
- "package_installed_kib": $deb_installed_kb, "depends": "$depends", "recommends": "$recommends",
- "apt_packages_installed": $package_count, "apt_download": "$download", "apt_installed_mib": $installed_mb,
- "apt_seconds": $install_seconds, "commands": [$steps], "exit": $status}
+ "depends": "$(dpkg-deb -f "$package" Depends)",
+ "apt_packages_installed": $package_count, "apt_download": "$download", "apt_installed_mib": $installed_mib,
+ "seconds": {"package": $package_seconds, "debian12_root": $root_seconds, "apt_install": $install_seconds,
+             "commands": $demo_seconds, "total": $(seconds_since "$started")},
+ "commands": [$steps], "exit": $status}
 EOF
-echo "check-package: summary in $out/summary.json"
-sed -n '/"commands"/,$p' "$out"/summary.json
+echo "check-package: $( ((status == 0)) && echo passed || echo FAILED) in $(seconds_since "$started") s" \
+     "(package $package_seconds s, Debian 12 root $root_seconds s, apt install $install_seconds s," \
+     "commands $demo_seconds s); summary in $out/summary.json"
 exit "$status"

@@ -5,13 +5,15 @@
 # -updates, -security, as Debian's installer writes them), from the same mirrors.
 #
 #   fresh_debian12 ROOT LOG     makes ROOT a fresh minimal Debian 12 with current package lists.
-#                               debootstrap runs once into $debian12_base (its log in LOG); every
-#                               later ROOT is a copy of that tree, which is never entered.
+#                               debootstrap runs once (its log in LOG) into a tarball,
+#                               $debian12_base_tarball (build/debian12-minbase.tar); every ROOT
+#                               after is unpacked from it. Delete the tarball to debootstrap again.
+#                               Exit 3 when debootstrap cannot reach the mirror.
 #   mount_system_dirs ROOT      binds /proc, /sys and /dev into ROOT
 #   unmount_system_dirs         undoes every mount_system_dirs (call it from the script's EXIT trap)
 #   remove_root ROOT            deletes ROOT, refusing while anything is mounted inside it
 
-debian12_base=/var/tmp/tessera-debian12-minbase
+debian12_base_tarball=${TESSERA_DEBIAN12_TARBALL:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/debian12-minbase.tar}
 debian_chroot_mounts=()
 
 # "deb URL SUITE main" for each bookworm suite apt uses here; Debian's own mirror if none.
@@ -22,22 +24,46 @@ debian12_sources() {
   echo "${sources:-deb http://deb.debian.org/debian bookworm main}"
 }
 
-fresh_debian12() {
-  local root=$1 log=$2 sources mirror
-  sources=$(debian12_sources)
-  if [[ ! -e $debian12_base/.complete ]]; then
-    command -v debootstrap >/dev/null || { echo "debian-chroot: debootstrap is missing (apt-get install debootstrap)" >&2; return 2; }
-    remove_root "$debian12_base"
-    mirror=$(awk '$3 == "bookworm" {print $2; exit}' <<<"$sources")
-    debootstrap --variant=minbase bookworm "$debian12_base" "${mirror:-http://deb.debian.org/debian}" >"$log"
-    echo "$sources" >"$debian12_base"/etc/apt/sources.list
-    touch "$debian12_base"/.complete
+# Whether debootstrap can fetch bookworm's Release file from MIRROR, with debootstrap's own wget.
+debian12_mirror_reachable() {
+  wget -q --timeout=20 --tries=2 -O /dev/null "$1/dists/bookworm/Release"
+}
+
+# The tarball of a minimal Debian 12, made by debootstrap when there is none.
+debian12_base() {
+  local log=$1 mirror staging
+  [[ -s $debian12_base_tarball ]] && return 0
+  command -v debootstrap >/dev/null || { echo "debian-chroot: debootstrap is missing (apt-get install debootstrap)" >&2; return 2; }
+  mirror=$(debian12_sources | awk '$3 == "bookworm" {print $2; exit}')
+  if ! debian12_mirror_reachable "$mirror"; then
+    echo "debian-chroot: debootstrap cannot reach the Debian mirror $mirror (the one apt uses here)" >&2
+    return 3
   fi
-  remove_root "$root"
-  cp -a "$debian12_base" "$root"
-  rm "$root"/.complete
-  cp /etc/resolv.conf "$root"/etc/resolv.conf
-  chroot "$root" apt-get update -qq
+  mkdir -p "$(dirname "$debian12_base_tarball")" && staging=$(mktemp -d /var/tmp/tessera-debootstrap.XXXXXX) || return
+  if ! debootstrap --variant=minbase bookworm "$staging" "$mirror" >"$log" 2>&1; then
+    tail -5 "$log" >&2
+    echo "debian-chroot: debootstrap failed (all of it in $log)" >&2
+    rm -rf --one-file-system "$staging"
+    return 1
+  fi
+  # Refetched by every root (lists/partial stays: apt's download user owns it).
+  find "$staging"/var/cache/apt/archives "$staging"/var/lib/apt/lists -maxdepth 1 -type f -delete
+  chmod 755 "$staging" &&  # mktemp's 0700 would keep apt's download user out of the root
+    tar --numeric-owner -C "$staging" -cf "$debian12_base_tarball.partial" . &&
+    mv "$debian12_base_tarball.partial" "$debian12_base_tarball"
+  local status=$?
+  rm -rf --one-file-system "$staging"
+  return $status
+}
+
+fresh_debian12() {
+  local root=$1 log=$2
+  # Chained: a caller's `||` turns off set -e in here.
+  debian12_base "$log" && remove_root "$root" && mkdir -p "$root" &&
+    tar --numeric-owner -C "$root" -xpf "$debian12_base_tarball" && chmod 755 "$root" &&
+    debian12_sources >"$root"/etc/apt/sources.list &&
+    cp /etc/resolv.conf "$root"/etc/resolv.conf &&
+    chroot "$root" apt-get update -qq
 }
 
 mount_system_dirs() {

@@ -34,9 +34,10 @@ step() {
   ((status == 0)) || exit "$status"
 }
 
-# What the machine offers tessera (`doctor` where this tessera has it, else `info`).
+# What the machine offers tessera (`doctor` where this tessera has it, else `info`). Its --help
+# lists the subcommands (`tessera doctor --help` prints the same help where there is no doctor).
 checkup=info
-"$tessera" doctor --help >/dev/null 2>&1 && checkup=doctor
+grep -Eq '^ +doctor ' <<<"$("$tessera" --help)" && checkup=doctor
 step "$checkup" "$tessera" "$checkup"
 slides=() labels=()
 for seed in 1 2 3 4; do
