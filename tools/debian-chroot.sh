@@ -8,7 +8,8 @@
 #                               debootstrap runs once (its log in LOG) into a tarball,
 #                               $debian12_base_tarball (build/debian12-minbase.tar); every ROOT
 #                               after is unpacked from it. Delete the tarball to debootstrap again.
-#                               Exit 3 when debootstrap cannot reach the mirror.
+#                               Returns 3 when the mirror does not answer (no debootstrap, no
+#                               package lists).
 #   mount_system_dirs ROOT      binds /proc, /sys and /dev into ROOT
 #   unmount_system_dirs         undoes every mount_system_dirs (call it from the script's EXIT trap)
 #   remove_root ROOT            deletes ROOT, refusing while anything is mounted inside it
@@ -24,9 +25,13 @@ debian12_sources() {
   echo "${sources:-deb http://deb.debian.org/debian bookworm main}"
 }
 
-# Whether debootstrap can fetch bookworm's Release file from MIRROR, with debootstrap's own wget.
+# Whether bookworm's Release file comes from the mirror, fetched as debootstrap fetches (wget).
 debian12_mirror_reachable() {
-  wget -q --timeout=20 --tries=2 -O /dev/null "$1/dists/bookworm/Release"
+  local mirror
+  mirror=$(debian12_sources | awk '$3 == "bookworm" {print $2; exit}')
+  wget -q --timeout=20 --tries=2 -O /dev/null "$mirror/dists/bookworm/Release" && return 0
+  echo "debian-chroot: the Debian mirror $mirror (the one apt uses here) does not answer" >&2
+  return 3
 }
 
 # The tarball of a minimal Debian 12, made by debootstrap when there is none.
@@ -35,10 +40,6 @@ debian12_base() {
   [[ -s $debian12_base_tarball ]] && return 0
   command -v debootstrap >/dev/null || { echo "debian-chroot: debootstrap is missing (apt-get install debootstrap)" >&2; return 2; }
   mirror=$(debian12_sources | awk '$3 == "bookworm" {print $2; exit}')
-  if ! debian12_mirror_reachable "$mirror"; then
-    echo "debian-chroot: debootstrap cannot reach the Debian mirror $mirror (the one apt uses here)" >&2
-    return 3
-  fi
   mkdir -p "$(dirname "$debian12_base_tarball")" && staging=$(mktemp -d /var/tmp/tessera-debootstrap.XXXXXX) || return
   if ! debootstrap --variant=minbase bookworm "$staging" "$mirror" >"$log" 2>&1; then
     tail -5 "$log" >&2
@@ -59,7 +60,7 @@ debian12_base() {
 fresh_debian12() {
   local root=$1 log=$2
   # Chained: a caller's `||` turns off set -e in here.
-  debian12_base "$log" && remove_root "$root" && mkdir -p "$root" &&
+  debian12_mirror_reachable && debian12_base "$log" && remove_root "$root" && mkdir -p "$root" &&
     tar --numeric-owner -C "$root" -xpf "$debian12_base_tarball" && chmod 755 "$root" &&
     debian12_sources >"$root"/etc/apt/sources.list &&
     cp /etc/resolv.conf "$root"/etc/resolv.conf &&
