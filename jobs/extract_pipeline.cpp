@@ -45,10 +45,12 @@ nlohmann::json SlideTimes::to_json() const {
 
 SharedRun::SharedRun(const ExtractInputs &inputs, const ExtractOptions &options, size_t devices)
     : inputs_(inputs), options_(options), next_(devices), summaries_(inputs.slides.size()),
-      progress_("extract", inputs.slides.size()) {}
+      taken_(inputs.slides.size(), false), progress_("extract", inputs.slides.size()) {}
 
-std::optional<size_t> SharedRun::checked(size_t slide) const {
+std::optional<size_t> SharedRun::checked(size_t slide) {
   if (halted_ || slide >= inputs_.slides.size()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  taken_[slide] = true;
   return slide;
 }
 
@@ -85,13 +87,25 @@ void SharedRun::record(size_t slide, nlohmann::json summary, const SlideTimes &t
   summaries_[slide] = std::move(summary);
 }
 
-const std::vector<nlohmann::json> &SharedRun::finish(SlideTimes &total) {
+const std::vector<nlohmann::json> &SharedRun::finish(SlideTimes &total, std::exception_ptr &error) {
   progress_.finish();
-  if (error_) std::rethrow_exception(error_);
-  // Slides after one that could not be read, when the run stopped there.
-  for (size_t slide = 0; slide < summaries_.size(); ++slide)
-    if (summaries_[slide].is_null())
-      summaries_[slide] = {{"slide", inputs_.slides[slide].name}, {"status", "not started"}};
+  error = error_;
+  std::string why;
+  try {
+    if (error_) std::rethrow_exception(error_);
+  } catch (const std::exception &e) {
+    why = e.what();
+  }
+  // Slides in flight when an error ended the run, and those after one that could not be read
+  // (when the run stopped there) or after the error.
+  for (size_t slide = 0; slide < summaries_.size(); ++slide) {
+    if (!summaries_[slide].is_null()) continue;
+    summaries_[slide] = {{"slide", inputs_.slides[slide].name}, {"path", inputs_.slides[slide].path}};
+    if (error_ && taken_[slide])
+      summaries_[slide].update({{"status", "interrupted"}, {"error", "the run ended while it was read: " + why}});
+    else
+      summaries_[slide]["status"] = "not started";
+  }
   total = total_;
   return summaries_;
 }
@@ -134,7 +148,7 @@ void DevicePipeline::read() {
       std::vector<int64_t> rows;
       if (!open_files(*slide, opened.files, rows)) {
         run_.record(*slide,
-                    {{"slide", input.name}, {"file", feature_path(run_.inputs().models[0], input)},
+                    {{"slide", input.name}, {"path", input.path}, {"file", feature_path(run_.inputs().models[0], input)},
                      {"status", "already complete"}, {"device", position_}},
                     {});
         continue;
@@ -310,7 +324,8 @@ void DevicePipeline::write() {
   while (features_.pop(message)) {
     const SlideInput &input = run_.inputs().slides[message.slide];
     const std::vector<ExtractModel> &models = run_.inputs().models;
-    nlohmann::json summary = {{"slide", input.name}, {"file", feature_path(models[0], input)}, {"device", position_}};
+    nlohmann::json summary = {
+        {"slide", input.name}, {"path", input.path}, {"file", feature_path(models[0], input)}, {"device", position_}};
     if (refused.contains(message.slide)) continue;
     switch (message.kind) {
       case PipelineMessage::Kind::opened: {

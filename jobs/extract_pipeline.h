@@ -87,11 +87,12 @@ class SharedRun {
   void advance(uint64_t tiles, const std::string &slide);
   void record(size_t slide, nlohmann::json summary, const SlideTimes &times);
 
-  // After every thread has ended: the slides' summaries and their times summed, or the error.
-  const std::vector<nlohmann::json> &finish(SlideTimes &total);
+  // After every thread has ended: the slides' summaries (those in flight when an error ended the
+  // run "interrupted", those never taken "not started") and their times summed, and the error.
+  const std::vector<nlohmann::json> &finish(SlideTimes &total, std::exception_ptr &error);
 
  private:
-  std::optional<size_t> checked(size_t slide) const;
+  std::optional<size_t> checked(size_t slide);  // marks it taken
 
   const ExtractInputs &inputs_;
   const ExtractOptions &options_;
@@ -99,6 +100,7 @@ class SharedRun {
   std::atomic<bool> halted_{false};
   std::mutex mutex_;  // guards what follows
   std::vector<nlohmann::json> summaries_;
+  std::vector<bool> taken_;
   SlideTimes total_;
   Progress progress_;
   uint64_t recorded_ = 0, tiles_ = 0;  // slides recorded, tiles extracted
