@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 
@@ -24,10 +25,6 @@ namespace {
 constexpr uint64_t max_report_bytes = uint64_t{256} << 20;
 
 const char* const temporary_suffix = ".partial";
-
-bool ends_with(const std::string& text, const std::string& end) {
-  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
-}
 
 // The fields of a report that `tessera report` reads, with what each must be.
 class ReportChecks {
@@ -50,6 +47,12 @@ class ReportChecks {
                  value.get<int64_t>() >= 0);
     if (!fits) fail(field, "is " + json_excerpt(value) + ", not " + type_name(type));
     return value;
+  }
+  void one_of(const nlohmann::json& value, const std::string& field, const std::vector<std::string>& allowed) const {
+    if (std::find(allowed.begin(), allowed.end(), value.get<std::string>()) != allowed.end()) return;
+    std::string list;
+    for (const std::string& name : allowed) list += (list.empty() ? "" : ", ") + name;
+    fail(field, json_excerpt(value) + " is not one of " + list);
   }
   // Counts and rates: numbers >= 0 where given.
   void amounts(const nlohmann::json& object, const std::string& where, std::initializer_list<const char*> keys) const {
@@ -81,18 +84,24 @@ std::string runs_directory(const std::string& out) {
 }
 
 std::string utc_time(std::chrono::system_clock::time_point time, bool basic) {
-  std::time_t seconds = std::chrono::system_clock::to_time_t(time);
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(time);
+  const auto milliseconds =
+      std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count() % 1000;
   std::tm utc{};
   gmtime_r(&seconds, &utc);
-  char text[32] = {};
-  std::strftime(text, sizeof text, basic ? "%Y%m%dT%H%M%SZ" : "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
+  char text[40] = {};
+  std::strftime(text, sizeof text, basic ? "%Y%m%dT%H%M%S" : "%Y-%m-%dT%H:%M:%S", &utc);
+  char fraction[8] = {};
+  std::snprintf(fraction, sizeof fraction, ".%03dZ", static_cast<int>(milliseconds));
+  return std::string(text) + fraction;
 }
 
-std::string write_run_report(const std::string& out, const nlohmann::json& report,
-                             std::chrono::system_clock::time_point started) {
-  if (!output_exists(out)) return "";
-  const std::string directory = runs_directory(out);
+RunReportFile::RunReportFile(std::string out, std::chrono::system_clock::time_point started)
+    : out_(std::move(out)), stem_(utc_time(started, true)) {}
+
+std::string RunReportFile::write(const nlohmann::json& report) {
+  if (!output_exists(out_)) return "";
+  const std::string directory = runs_directory(out_);
   if (::mkdir(directory.c_str(), 0755) != 0 && errno != EEXIST) {
     int error = errno;
     throw Error(ExitCode::runtime_error, directory + ": cannot create: " + std::strerror(error) +
@@ -101,21 +110,60 @@ std::string write_run_report(const std::string& out, const nlohmann::json& repor
   struct stat status {};
   if (::lstat(directory.c_str(), &status) != 0 || !S_ISDIR(status.st_mode))
     throw Error(ExitCode::runtime_error,
-                directory + ": not a directory (a link, or a file); tessera never writes through links: remove it");
-  const std::string stem = utc_time(started, true) + "-" + std::to_string(::getpid());
-  const std::string temporary = directory + "/." + stem + ".json" + temporary_suffix;
+                directory + ": not a folder (a link, or a file); tessera never writes through links: remove it");
+  // Named by the pid: two runs started in the same millisecond never share a temporary.
+  const std::string temporary = directory + "/." + stem_ + "-" + std::to_string(::getpid()) + temporary_suffix;
+  const std::string text = report.dump(1, '\t', false, nlohmann::json::error_handler_t::replace) + "\n";
   try {
-    write_new_file(temporary, report.dump(1, '\t', false, nlohmann::json::error_handler_t::replace) + "\n");
+    write_new_file(temporary, text);
+    if (!path_.empty()) {
+      durable_rename(temporary, path_);
+      return path_;
+    }
     for (int attempt = 1; attempt <= 1000; ++attempt) {
-      std::string path = directory + "/" + stem + (attempt > 1 ? "-" + std::to_string(attempt) : "") + ".json";
-      if (durable_link_new(temporary, path)) return path;
+      std::string path = directory + "/" + stem_ + (attempt > 1 ? "-" + std::to_string(attempt) : "") + ".json";
+      if (durable_link_new(temporary, path)) return path_ = path;
     }
   } catch (...) {
     ::unlink(temporary.c_str());
     throw;
   }
   ::unlink(temporary.c_str());
-  throw Error(ExitCode::runtime_error, directory + ": 1000 reports named " + stem + "-N.json already; none is replaced");
+  throw Error(ExitCode::runtime_error, directory + ": 1000 reports named " + stem_ + "-N.json already; none is replaced");
+}
+
+std::vector<std::string> run_report_files(const std::string& out) {
+  const std::string directory = runs_directory(out);
+  std::error_code error;
+  if (!fs::is_directory(directory, error))
+    throw BadInput(out + ": no run reports: " + directory +
+                   " does not exist (each tessera tile and extract run writes its report there)");
+  // Sorted by start time, then by the "-N" of runs that started in the same millisecond.
+  std::vector<std::pair<std::pair<std::string, int>, std::string>> found;
+  for (fs::directory_iterator entry(directory, error), end; !error && entry != end; entry.increment(error)) {
+    const std::string name = entry->path().filename().string();
+    if (name.starts_with(".") || !name.ends_with(".json") || !entry->is_regular_file(error)) continue;
+    const std::string stem = name.substr(0, name.size() - 5);
+    const size_t dash = stem.rfind('-');
+    int attempt = 1;
+    if (dash != std::string::npos && dash + 1 < stem.size() &&
+        stem.find_first_not_of("0123456789", dash + 1) == std::string::npos && stem.size() - dash <= 5)
+      attempt = std::stoi(stem.substr(dash + 1));
+    found.push_back({{dash != std::string::npos && attempt > 1 ? stem.substr(0, dash) : stem, attempt},
+                     entry->path().string()});
+  }
+  if (error) throw BadInput(directory + ": cannot list: " + error.message());
+  if (found.empty()) throw BadInput(directory + ": holds no run report (*.json)");
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> files;
+  for (auto& [key, file] : found) files.push_back(file);
+  return files;
+}
+
+nlohmann::json read_run_report(const std::string& file) {
+  nlohmann::json report = read_json_file(file, file, max_report_bytes);
+  check_run_report(report, file);
+  return report;
 }
 
 void check_run_report(const nlohmann::json& report, const std::string& source) {
@@ -127,22 +175,23 @@ void check_run_report(const nlohmann::json& report, const std::string& source) {
   const nlohmann::json& version = check.member(report, "version", "version", type::number_unsigned, true);
   if (version.get<int64_t>() != run_report_version)
     check.fail("version", std::to_string(version.get<int64_t>()) + ": this tessera reads run reports of version " +
-                              std::to_string(run_report_version) + (version.get<int64_t>() > run_report_version
-                                                                        ? " (written by a newer tessera)"
-                                                                        : ""));
+                              std::to_string(run_report_version) +
+                              (version.get<int64_t>() > run_report_version ? " (written by a newer tessera)" : ""));
   for (const char* key : {"command", "started", "ended", "outcome"}) check.member(report, key, key, type::string, true);
-  if (report["outcome"] != "complete" && report["outcome"] != "failed")
-    check.fail("outcome", json_excerpt(report["outcome"]) + ", not \"complete\" or \"failed\"");
+  check.one_of(report["outcome"], "outcome", run_report_outcomes);
   for (const char* key : {"error", "tessera", "host", "out"}) check.member(report, key, key, type::string, false);
   check.member(report, "exit_code", "exit_code", type::number_unsigned, false);
   check.amounts(report, "", {"seconds"});
-  for (const char* key : {"arguments", "devices"}) {
-    const nlohmann::json& list = check.member(report, key, key, type::array, false);
-    const bool strings = std::string(key) == "arguments";
-    for (size_t i = 0; i < list.size(); ++i)
-      if (strings ? !list[i].is_string() : !list[i].is_object())
-        check.fail(std::string(key) + "[" + std::to_string(i) + "]",
-                   "is " + json_excerpt(list[i]) + ", not " + (strings ? "a string" : "an object"));
+  const nlohmann::json& arguments = check.member(report, "arguments", "arguments", type::array, false);
+  for (size_t i = 0; i < arguments.size(); ++i)
+    if (!arguments[i].is_string())
+      check.fail("arguments[" + std::to_string(i) + "]", "is " + json_excerpt(arguments[i]) + ", not a string");
+  const nlohmann::json& devices = check.member(report, "devices", "devices", type::array, false);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const std::string where = "devices[" + std::to_string(i) + "]";
+    if (!devices[i].is_object()) check.fail(where, "is " + json_excerpt(devices[i]) + ", not an object");
+    for (const char* key : {"name", "driver", "type"}) check.member(devices[i], key, where + "." + key, type::string, false);
+    check.amounts(devices[i], where + ".", {"busy_fraction", "batch", "slides", "tiles"});
   }
   const nlohmann::json& totals = check.member(report, "totals", "totals", type::object, true);
   check.amounts(totals, "totals.", {"slides", "tiles", "new_tiles", "seconds", "tiles_per_second",
@@ -152,54 +201,12 @@ void check_run_report(const nlohmann::json& report, const std::string& source) {
     const std::string where = "slides[" + std::to_string(i) + "]";
     if (!slides[i].is_object()) check.fail(where, "is " + json_excerpt(slides[i]) + ", not an object");
     check.member(slides[i], "slide", where + ".slide", type::string, true);
-    const nlohmann::json& status = check.member(slides[i], "status", where + ".status", type::string, true);
-    if (std::find(run_report_statuses.begin(), run_report_statuses.end(), status.get<std::string>()) ==
-        run_report_statuses.end())
-      check.fail(where + ".status", json_excerpt(status) + " is not a slide status of a run report");
-    for (const char* key : {"path", "error"}) check.member(slides[i], key, where + "." + key, type::string, false);
+    check.one_of(check.member(slides[i], "status", where + ".status", type::string, true), where + ".status",
+                 run_report_statuses);
+    for (const char* key : {"path", "error", "warning"}) check.member(slides[i], key, where + "." + key, type::string, false);
     check.amounts(slides[i], where + ".", {"tiles", "new_tiles", "resumed_from", "seconds", "tiles_per_second",
                                             "device_busy_fraction"});
   }
-}
-
-RunReports read_run_reports(const std::string& path) {
-  RunReports found;
-  if (fs::is_regular_file(path) && ends_with(path, ".json")) {
-    found.directory = fs::path(path).parent_path().string();
-    found.files.push_back(path);
-  } else {
-    found.directory = runs_directory(path);
-    std::error_code error;
-    if (!fs::is_directory(found.directory, error))
-      throw BadInput(path + ": no run reports: " + found.directory +
-                     " does not exist (each tessera tile and extract run writes its report there)");
-    for (fs::directory_iterator entry(found.directory, error), end; !error && entry != end; entry.increment(error)) {
-      const std::string name = entry->path().filename().string();
-      if (!entry->is_regular_file(error)) continue;
-      if (ends_with(name, temporary_suffix)) found.unfinished.push_back(entry->path().string());
-      else if (ends_with(name, ".json")) found.files.push_back(entry->path().string());
-    }
-    if (error) throw BadInput(found.directory + ": cannot list: " + error.message());
-    std::sort(found.files.begin(), found.files.end());
-    std::sort(found.unfinished.begin(), found.unfinished.end());
-  }
-  if (found.files.empty()) throw BadInput(found.directory + ": holds no run report (*.json)");
-  for (const std::string& file : found.files) {
-    found.reports.push_back(read_json_file(file, file, max_report_bytes));
-    check_run_report(found.reports.back(), file);
-  }
-  // In the order the runs started (the names sort so, save for runs of one second).
-  std::vector<size_t> order(found.files.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return found.reports[a]["started"].get<std::string>() < found.reports[b]["started"].get<std::string>();
-  });
-  RunReports sorted{found.directory, {}, {}, found.unfinished};
-  for (size_t i : order) {
-    sorted.files.push_back(found.files[i]);
-    sorted.reports.push_back(std::move(found.reports[i]));
-  }
-  return sorted;
 }
 
 }  // namespace tessera

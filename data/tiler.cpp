@@ -442,7 +442,7 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 }
 
 nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options,
-                           nlohmann::json* slides_so_far) {
+                           SlideObserver* observer) {
   auto start = Clock::now();
   check_label_options(options.labelling);
   // Every input is opened and checked once, before the first tile is written; each slide is
@@ -479,10 +479,12 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
   TileStoreWriter writer(store);
   try {
     auto plans = plan_slides(jobs, options, writer.slides(), store);
-    nlohmann::json own_slides;
-    nlohmann::json& slides = slides_so_far ? *slides_so_far : own_slides;
-    slides = nlohmann::json::array();
-    for (const SlideJob& job : jobs) slides.push_back({{"slide", canonical_path(job.slide)}, {"status", "not started"}});
+    nlohmann::json slides = nlohmann::json::array();
+    for (const SlideJob& job : jobs) {
+      const std::string path = canonical_path(job.slide);
+      slides.push_back({{"slide", path}, {"path", path}, {"status", "not started"}});
+    }
+    if (observer) observer->slides_listed(slides);
     uint64_t written = 0, corrupt = 0, unannotated = 0, tiles = 0;
     std::string reasons;
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -490,9 +492,10 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
       try {
         summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
       } catch (const std::exception& e) {
-        slides[i].update({{"status", "failed"}, {"error", e.what()}});
+        if (observer) observer->slide_ended(i, {{"slide", slides[i]["slide"]}, {"status", "failed"}, {"error", e.what()}});
         throw;
       }
+      if (observer) observer->slide_ended(i, summary);
       written += summary.value("written", uint64_t{0});
       corrupt += summary.value("corrupt_tiles", uint64_t{0});
       unannotated += summary.value("unannotated", uint64_t{0});

@@ -110,7 +110,7 @@ void add_extract_command(CLI::App &app) {
     options->gzip = *compression == "gzip";
     if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
     with_run_report(*command, options->out,
-                    [&](nlohmann::json& summary) { extract_features(*options, &summary); });
+                    [&](nlohmann::json& summary, SlideObserver& observer) { extract_features(*options, &summary, &observer); });
   });
 }
 

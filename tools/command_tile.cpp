@@ -105,14 +105,8 @@ void add_tile_command(CLI::App& app) {
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(flags->slides, flags->shard, "SLIDE"))
       jobs.push_back({flags->slides[i], flags->labels.empty() ? "" : flags->labels[i]});
-    with_run_report(*command, flags->out, [&](nlohmann::json& summary) {
-      nlohmann::json slides;
-      try {
-        summary = data::tile_slides(jobs, flags->out, options, &slides);
-      } catch (...) {
-        summary["slides"] = std::move(slides);
-        throw;
-      }
+    with_run_report(*command, flags->out, [&](nlohmann::json& summary, SlideObserver& observer) {
+      summary = data::tile_slides(jobs, flags->out, options, &observer);
       summary["shard"] = {{"index", flags->shard.index}, {"count", flags->shard.count},
                           {"slides", jobs.size()}, {"of", flags->slides.size()}};
       std::printf("%s\n", summary.dump().c_str());

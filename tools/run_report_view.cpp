@@ -7,6 +7,7 @@
 
 #include "common/html.h"
 #include "common/progress.h"
+#include "common/run_report.h"
 
 namespace tessera::cli {
 
@@ -27,10 +28,6 @@ std::string percent(const nlohmann::json& object, const char* key) {
 }
 
 bool has_device(const nlohmann::json& report) { return report["command"] == "extract"; }
-
-bool complete(const std::string& status) {
-  return status == "done" || status == "resumed" || status == "already complete";
-}
 
 // "2 done, 1 skipped": the slides by status, in the order of run_report_statuses.
 std::string statuses_text(const nlohmann::json& slides) {
@@ -73,6 +70,9 @@ std::string why(const nlohmann::json& slide) {
 std::string heading(const nlohmann::json& report, const std::string& file) {
   std::string text = report["command"].get<std::string>() + " run " + run_name(file) + ": " +
                      report["outcome"].get<std::string>();
+  if (report["outcome"] == "interrupted")
+    text += " (killed, or still running: pid " + cell(report, "pid") + " on " + report.value("host", std::string("?")) +
+            "; last written " + report["ended"].get<std::string>() + ")";
   if (report["outcome"] == "failed" && report.contains("exit_code"))
     text += " (exit " + format_number(report["exit_code"]) + ")";
   return text;
@@ -104,134 +104,56 @@ std::vector<std::string> details(const nlohmann::json& report) {
   return lines;
 }
 
-std::string cohort_line(const nlohmann::json& cohort) {
-  return format_number(cohort["slides"].size()) + " slides in " + format_number(cohort["runs"]) + " runs: " +
-         format_number(cohort["complete"]) + " complete, " + format_number(cohort["failed"]) + " failed, " +
-         format_number(cohort["not_started"]) + " not started";
-}
 
 }  // namespace
 
-nlohmann::json cohort_of(const RunReports& runs) {
-  std::vector<std::string> order;
-  std::map<std::string, nlohmann::json> slides;
-  for (size_t r = 0; r < runs.reports.size(); ++r)
-    for (const nlohmann::json& slide : runs.reports[r]["slides"]) {
-      const std::string path = slide.value("path", std::string());
-      const std::string key = path.empty() ? slide["slide"].get<std::string>() : path;
-      auto [entry, fresh] = slides.try_emplace(key, nlohmann::json{{"slide", slide["slide"]}, {"path", path}});
-      if (fresh) order.push_back(key);
-      nlohmann::json& known = entry->second;
-      const std::string status = slide["status"];
-      if (status == "not started" && known.contains("status")) continue;  // what an earlier run did stands
-      known.update({{"status", status}, {"run", run_name(runs.files[r])}});
-      known.erase("error");
-      known.erase("tiles");
-      if (slide.contains("error")) known["error"] = slide["error"];
-      if (slide.contains("tiles")) known["tiles"] = slide["tiles"];
-    }
-  nlohmann::json cohort = {{"runs", runs.reports.size()}, {"slides", nlohmann::json::array()}};
-  size_t done = 0, failed = 0, not_started = 0;
-  for (const std::string& key : order) {
-    const std::string status = slides[key]["status"];
-    done += complete(status);
-    not_started += status == "not started";
-    failed += !complete(status) && status != "not started";
-    cohort["slides"].push_back(std::move(slides[key]));
+std::string format_run_report(const nlohmann::json& report, const std::string& file) {
+  std::string out = heading(report, file) + "\n";
+  for (const std::string& line : details(report)) out += "  " + line + "\n";
+  if (report.contains("error")) out += "  error: " + report["error"].get<std::string>() + "\n";
+  std::vector<Cells> rows = {header(report)};
+  for (const nlohmann::json& slide : report["slides"]) rows.push_back(slide_cells(report, slide));
+  rows.push_back(total_cells(report));
+  std::vector<bool> right(rows.front().size(), true);
+  right[0] = right[1] = false;
+  const std::string table = format_columns(rows, right);
+  for (size_t start = 0; start < table.size();) {  // indented as the lines above
+    const size_t end = table.find('\n', start) + 1;
+    out += "  " + table.substr(start, end - start);
+    start = end;
   }
-  cohort.update({{"complete", done}, {"failed", failed}, {"not_started", not_started}});
-  return cohort;
-}
-
-std::string format_run_reports(const RunReports& runs) {
-  std::string out;
-  for (size_t r = 0; r < runs.reports.size(); ++r) {
-    const nlohmann::json& report = runs.reports[r];
-    out += (r ? "\n" : "") + heading(report, runs.files[r]) + "\n";
-    for (const std::string& line : details(report)) out += "  " + line + "\n";
-    if (report.contains("error")) out += "  error: " + report["error"].get<std::string>() + "\n";
-    std::vector<Cells> rows = {header(report)};
-    for (const nlohmann::json& slide : report["slides"]) rows.push_back(slide_cells(report, slide));
-    rows.push_back(total_cells(report));
-    std::vector<bool> right(rows.front().size(), true);
-    right[0] = right[1] = false;
-    std::string table = format_columns(rows, right);
-    for (size_t start = 0; start < table.size();) {  // indented as the lines above
-      size_t end = table.find('\n', start) + 1;
-      out += "  " + table.substr(start, end - start);
-      start = end;
-    }
-    for (const nlohmann::json& slide : report["slides"])
-      if (std::string reason = why(slide); !reason.empty())
-        out += "  " + slide["slide"].get<std::string>() + ": " + slide["status"].get<std::string>() + ": " + reason +
-               "\n";
-  }
-  const nlohmann::json cohort = cohort_of(runs);
-  out += "\ncohort: " + cohort_line(cohort) + "\n";
-  for (const nlohmann::json& slide : cohort["slides"]) {
-    const std::string status = slide["status"];
-    if (complete(status)) continue;
-    out += "  " + slide["slide"].get<std::string>() + ": " + status +
-           (status == "not started" ? "" : " in run " + slide["run"].get<std::string>()) +
-           (slide.contains("error") ? ": " + slide["error"].get<std::string>() : "") + "\n";
-  }
-  for (const std::string& file : runs.unfinished)
-    out += "unfinished report, not read (a run writing it now, or killed while it did): " + file + "\n";
+  for (const nlohmann::json& slide : report["slides"])
+    if (std::string reason = why(slide); !reason.empty())
+      out += "  " + slide["slide"].get<std::string>() + ": " + slide["status"].get<std::string>() + ": " + reason + "\n";
   return out;
 }
 
-nlohmann::json run_reports_json(const RunReports& runs) {
-  nlohmann::json out = {{"directory", runs.directory}, {"runs", nlohmann::json::array()}, {"unfinished", runs.unfinished}};
-  for (size_t r = 0; r < runs.reports.size(); ++r)
-    out["runs"].push_back({{"file", runs.files[r]}, {"report", runs.reports[r]}});
-  out["cohort"] = cohort_of(runs);
-  return out;
-}
-
-std::string run_reports_html(const RunReports& runs, const std::string& title) {
+std::string run_report_html(const nlohmann::json& report, const std::string& file) {
   auto row = [](const Cells& cells, const char* tag, const std::string& attributes = "") {
     std::string text = "<tr" + attributes + ">";
-    for (const std::string& value : cells)
-      text += std::string("<") + tag + ">" + html_escape(value) + "</" + tag + ">";
+    for (const std::string& value : cells) text += std::string("<") + tag + ">" + html_escape(value) + "</" + tag + ">";
     return text + "</tr>\n";
   };
-  const nlohmann::json cohort = cohort_of(runs);
-  std::string page = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" +
-                     html_escape(title) + "</title>\n<style>" + html_base_style +
-                     "td:nth-child(-n+2), th:nth-child(-n+2), td:last-child, th:last-child { text-align: left; }\ntr.failed td, tr.skipped td { background: #fde8e4; }\n"
-                     "</style></head>\n<body>\n<h1>" + html_escape(title) + "</h1>\n";
-  page += "<h2>Cohort</h2>\n<p id=\"cohort-summary\">" + html_escape(cohort_line(cohort)) + "</p>\n";
-  page += "<table id=\"cohort\"><thead>" + row({"slide", "status", "run", "tiles", "why"}, "th") + "</thead><tbody>\n";
-  for (const nlohmann::json& slide : cohort["slides"]) {
-    const std::string status = slide["status"];
-    const std::string name = slide["slide"];
-    page += row({name, status, slide.value("run", std::string("-")), cell(slide, "tiles"),
-                 slide.value("error", std::string())},
-                "td", " class=\"" + html_escape(status) + "\" data-slide=\"" + html_escape(name) + "\"");
+  const std::string title = heading(report, file);
+  std::string page = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" + html_escape(title) +
+                     "</title>\n<style>" + html_base_style +
+                     "td:nth-child(-n+2), th:nth-child(-n+2), td:last-child, th:last-child { text-align: left; }\n"
+                     "tr.failed td, tr.interrupted td { background: #fde8e4; }\n</style></head>\n<body>\n<h1>" +
+                     html_escape(title) + "</h1>\n<pre>";
+  for (const std::string& line : details(report)) page += html_escape(line) + "\n";
+  if (report.contains("error")) page += "error: " + html_escape(report["error"].get<std::string>()) + "\n";
+  page += "</pre>\n<table id=\"slides\"><thead>";
+  Cells columns = header(report);
+  columns.push_back("why");
+  page += row(columns, "th") + "</thead><tbody>\n";
+  for (const nlohmann::json& slide : report["slides"]) {
+    Cells cells = slide_cells(report, slide);
+    cells.push_back(why(slide));
+    page += row(cells, "td", " class=\"" + html_escape(cells[1]) + "\" data-slide=\"" + html_escape(cells[0]) + "\"");
   }
-  page += "</tbody></table>\n";
-  for (size_t r = 0; r < runs.reports.size(); ++r) {
-    const nlohmann::json& report = runs.reports[r];
-    const std::string name = run_name(runs.files[r]);
-    page += "<h2 id=\"run-" + html_escape(name) + "\">" + html_escape(heading(report, runs.files[r])) + "</h2>\n<pre>";
-    for (const std::string& line : details(report)) page += html_escape(line) + "\n";
-    if (report.contains("error")) page += "error: " + html_escape(report["error"].get<std::string>()) + "\n";
-    page += "</pre>\n<table class=\"run\" data-run=\"" + html_escape(name) + "\"><thead>";
-    Cells columns = header(report);
-    columns.push_back("why");
-    page += row(columns, "th") + "</thead><tbody>\n";
-    for (const nlohmann::json& slide : report["slides"]) {
-      Cells cells = slide_cells(report, slide);
-      cells.push_back(why(slide));
-      page += row(cells, "td", " class=\"" + html_escape(cells[1]) + "\" data-slide=\"" + html_escape(cells[0]) + "\"");
-    }
-    Cells totals = total_cells(report);
-    totals.push_back("");
-    page += "</tbody><tfoot>" + row(totals, "td") + "</tfoot></table>\n";
-  }
-  for (const std::string& file : runs.unfinished)
-    page += "<p class=\"unfinished\">unfinished report, not read: " + html_escape(file) + "</p>\n";
-  return page + "</body></html>\n";
+  Cells totals = total_cells(report);
+  totals.push_back("");
+  return page + "</tbody><tfoot>" + row(totals, "td") + "</tfoot></table>\n</body></html>\n";
 }
 
 }  // namespace tessera::cli
