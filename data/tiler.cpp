@@ -492,7 +492,8 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
       try {
         summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
       } catch (const std::exception& e) {
-        if (observer) observer->slide_ended(i, {{"slide", slides[i]["slide"]}, {"status", "failed"}, {"error", e.what()}});
+        if (observer)
+          observer->slide_ended(i, {{"slide", slides[i]["slide"]}, {"status", "failed"}, {"error", e.what()}});
         throw;
       }
       if (observer) observer->slide_ended(i, summary);

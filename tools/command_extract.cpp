@@ -109,8 +109,9 @@ void add_extract_command(CLI::App &app) {
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";
     if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
-    with_run_report(*command, options->out,
-                    [&](nlohmann::json& summary, SlideObserver& observer) { extract_features(*options, &summary, &observer); });
+    with_run_report(*command, options->out, [&](nlohmann::json& summary, SlideObserver& observer) {
+      extract_features(*options, &summary, &observer);
+    });
   });
 }
 

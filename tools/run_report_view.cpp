@@ -15,7 +15,7 @@ namespace {
 
 using Cells = std::vector<std::string>;
 
-// A run's name: its report's file name without .json (its start time and pid).
+// A run's name: its report's file name without .json (its start time).
 std::string run_name(const std::string& file) { return std::filesystem::path(file).stem().string(); }
 
 std::string cell(const nlohmann::json& object, const char* key) {
@@ -60,7 +60,7 @@ Cells total_cells(const nlohmann::json& report) {
   return cells;
 }
 
-// Why a slide failed or was skipped, or what its run warned of.
+// Why a slide failed or was interrupted, or what its run warned of.
 std::string why(const nlohmann::json& slide) {
   if (slide.contains("error")) return slide["error"].get<std::string>();
   if (slide.contains("warning") && slide["warning"].is_string()) return "warning: " + slide["warning"].get<std::string>();
@@ -103,7 +103,6 @@ std::vector<std::string> details(const nlohmann::json& report) {
   }
   return lines;
 }
-
 
 }  // namespace
 
