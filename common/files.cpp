@@ -36,4 +36,16 @@ void durable_rename(const std::string& from, const std::string& to) {
   sync(directory.string(), O_RDONLY | O_DIRECTORY);
 }
 
+bool durable_link_new(const std::string& from, const std::string& to) {
+  sync(from, O_RDONLY);
+  if (::link(from.c_str(), to.c_str()) != 0) {
+    int error = errno;
+    if (error == EEXIST) return false;
+    throw Error(ExitCode::runtime_error, "cannot link " + from + " at " + to + ": " + std::strerror(error));
+  }
+  ::unlink(from.c_str());
+  sync(std::filesystem::absolute(to).parent_path().string(), O_RDONLY | O_DIRECTORY);
+  return true;
+}
+
 }  // namespace tessera

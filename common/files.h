@@ -9,6 +9,11 @@ namespace tessera {
 // one. Throws a runtime error naming the file, with a disk-full hint.
 void durable_rename(const std::string& from, const std::string& to);
 
+// Makes the finished file `from` durable, gives it the name `to` only where nothing has that name
+// (link(2): atomic and never replacing, on NFS too), removes the name `from` and makes both durable.
+// False, with `from` left as it was, when `to` exists; throws a runtime error naming the file otherwise.
+bool durable_link_new(const std::string& from, const std::string& to);
+
 // " (is the disk full? ...)": the hint for a write that failed.
 std::string disk_full_hint();
 

@@ -38,20 +38,15 @@ std::string lock_path_of(const std::string& output) {
 
 // "pid 123 on host, since 2024-05-01 10:00:00: tessera train --checkpoint c.h5".
 std::string this_run() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
   std::time_t now = std::time(nullptr);
   char since[32] = {};
   std::tm local{};
   localtime_r(&now, &local);
   std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S", &local);
-  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
-  std::string command(std::istreambuf_iterator<char>(cmdline), {});
-  while (!command.empty() && command.back() == '\0') command.pop_back();
-  for (char& c : command)
-    if (c == '\0') c = ' ';
+  std::string command;
+  for (const std::string& argument : process_arguments()) command += (command.empty() ? "" : " ") + argument;
   if (command.size() > 300) command = command.substr(0, 300) + "...";
-  return "pid " + std::to_string(getpid()) + " on " + host + ", since " + since + ": " + command;
+  return "pid " + std::to_string(getpid()) + " on " + host_name() + ", since " + since + ": " + command;
 }
 
 std::string read_holder(int fd) {
@@ -63,6 +58,25 @@ std::string read_holder(int fd) {
 }
 
 }  // namespace
+
+std::vector<std::string> process_arguments() {
+  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+  std::string text(std::istreambuf_iterator<char>(cmdline), {});
+  std::vector<std::string> arguments;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\0', start);
+    if (end == std::string::npos) end = text.size();
+    arguments.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return arguments;
+}
+
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
 
 OutputLock::OutputLock(const std::string& output) {
   std::string holder;
@@ -213,6 +227,12 @@ void write_file_replacing(const std::string& path, const std::string& text) {
     ::unlink(partial.c_str());
     throw;
   }
+}
+
+void write_output_file(const std::string& path, const std::string& text, const std::string& flag, bool overwrite) {
+  OutputLock lock(path);
+  check_replaceable(path, flag, overwrite ? Existing::overwrite : Existing::refuse);
+  write_file_replacing(path, text);
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -47,6 +48,11 @@ class OutputLock {
   std::string output_, lock_path_;
   int fd_ = -1;
 };
+
+// The arguments this process was started with, the program's name first (/proc/self/cmdline),
+// and the machine's name: what a lock and a run report say of the run.
+std::vector<std::string> process_arguments();
+std::string host_name();
 
 // What a run may do with an output that exists already.
 enum class Existing {
@@ -99,5 +105,10 @@ void write_new_file(const std::string& path, const std::string& text);
 // Writes `text` to `path` through `path`.partial, created new, and renames it durably over
 // `path` (the caller has checked that it may replace `path` and holds its lock).
 void write_file_replacing(const std::string& path, const std::string& text);
+
+// Writes `text` to the output `path` (a page, an export) under the discipline above: its lock held
+// while it is written, an existing file replaced only with `overwrite` (otherwise UsageError
+// naming `flag`), through a temporary created new and renamed.
+void write_output_file(const std::string& path, const std::string& text, const std::string& flag, bool overwrite);
 
 }  // namespace tessera

@@ -213,4 +213,23 @@ std::string format_duration(double seconds) {
   return text;
 }
 
+std::string format_columns(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size());
+    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      std::string padding(widths[c] - row[c].size(), ' ');
+      line += (c ? "  " : "") + (c < right.size() && right[c] ? padding + row[c] : row[c] + padding);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
 }  // namespace tessera

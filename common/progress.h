@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -55,5 +56,9 @@ std::string render_record(const std::string& task, const nlohmann::json& record,
 std::string format_number(const nlohmann::json& value);
 // "45s", "3m05s", "2h10m".
 std::string format_duration(double seconds);
+// Rows of cells as lines of aligned columns two spaces apart, each line ending in "\n" without
+// trailing spaces; the columns `right` marks are aligned to the right (numbers). Cells are
+// measured in bytes: names that are not ASCII align only roughly.
+std::string format_columns(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right = {});
 
 }  // namespace tessera

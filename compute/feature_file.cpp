@@ -160,6 +160,10 @@ FeatureFileWriter::FeatureFileWriter(const std::string &path, const FeatureFileL
   // Judged under the lock: another run may have finished the file since this one looked.
   if (feature_file_state(path, layout) == FeatureFileState::complete) {
     complete_ = true;
+    // Its rows, for the run's report.
+    Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    Handle coords(file.valid() ? H5Dopen2(file, "coords", H5P_DEFAULT) : -1, H5Dclose);
+    rows_ = coords.valid() ? std::max<int64_t>(extent_rows(coords), 0) : 0;
     return;
   }
   check_feature_file_replaceable(path, layout, existing);

@@ -68,7 +68,7 @@ class FeatureFileWriter {
 
   // The final file was complete already: nothing to append or finish.
   bool complete() const { return complete_; }
-  // Rows already in the file: where this writer appends.
+  // Rows already in the file: where this writer appends (a complete file: all of them).
   int64_t rows() const { return rows_; }
   // Appends `count` rows (features [count,D] float32, coords [count,2]) and
   // flushes them to disk; throws a runtime error naming the file when the disk

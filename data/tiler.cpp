@@ -441,7 +441,8 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
   return members;
 }
 
-nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options) {
+nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options,
+                           SlideObserver* observer) {
   auto start = Clock::now();
   check_label_options(options.labelling);
   // Every input is opened and checked once, before the first tile is written; each slide is
@@ -479,16 +480,29 @@ nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string&
   try {
     auto plans = plan_slides(jobs, options, writer.slides(), store);
     nlohmann::json slides = nlohmann::json::array();
+    for (const SlideJob& job : jobs) {
+      const std::string path = canonical_path(job.slide);
+      slides.push_back({{"slide", path}, {"path", path}, {"status", "not started"}});
+    }
+    if (observer) observer->slides_listed(slides);
     uint64_t written = 0, corrupt = 0, unannotated = 0, tiles = 0;
     std::string reasons;
     for (size_t i = 0; i < jobs.size(); ++i) {
-      auto summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
+      nlohmann::json summary;
+      try {
+        summary = SlideTiler(jobs[i], std::move(opened[i]), options, writer).run(plans[i]);
+      } catch (const std::exception& e) {
+        if (observer)
+          observer->slide_ended(i, {{"slide", slides[i]["slide"]}, {"status", "failed"}, {"error", e.what()}});
+        throw;
+      }
+      if (observer) observer->slide_ended(i, summary);
       written += summary.value("written", uint64_t{0});
       corrupt += summary.value("corrupt_tiles", uint64_t{0});
       unannotated += summary.value("unannotated", uint64_t{0});
       tiles += summary.value("tiles", uint64_t{0});
       reasons += (reasons.empty() ? "" : "; ") + summary.value("warning", jobs[i].slide + ": no tile");
-      slides.push_back(std::move(summary));
+      slides[i] = std::move(summary);
     }
     // A run that tiles slides into nothing has failed, though every step succeeded.
     if (!jobs.empty() && tiles == 0) throw BadInput("no tile from any slide: " + reasons);

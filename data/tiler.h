@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/checked.h"
+#include "common/run_report.h"
 
 #include "data/labels.h"
 #include "data/slide.h"
@@ -74,7 +75,10 @@ std::vector<size_t> shard_members(const std::vector<std::string>& slides, const 
 // or label file cannot be read (before any tile is written); corrupt tiles are reported,
 // counted and skipped, as are tiles no annotation claims (`unannotated`). A run that fails
 // before it stores a tile removes the store it created; a slide entry that holds no tile is
-// tiled again by a run with other settings. Returns the summary.
-nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options);
+// tiled again by a run with other settings. Returns the summary. `observer`, where given, is
+// told the slides once the store is open, and each slide's summary as it ends (a slide whose
+// error ends the run: "failed" with the error), for the run report.
+nlohmann::json tile_slides(const std::vector<SlideJob>& jobs, const std::string& store, const TilerOptions& options,
+                           SlideObserver* observer = nullptr);
 
 }  // namespace tessera::data

@@ -62,7 +62,7 @@ nlohmann::json run_totals(const std::vector<nlohmann::json> &devices, const Slid
 
 int default_extract_workers() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1); }
 
-void extract_features(const ExtractOptions &options) {
+void extract_features(const ExtractOptions &options, nlohmann::json *summary_so_far, SlideObserver *observer) {
   if (options.slides.empty() == options.tiles.empty() && !options.dry_run)
     throw UsageError("give either --slides or --tiles");
   if (!options.coords.empty() && options.slides.empty()) throw UsageError("--coords reads --slides at its coordinates");
@@ -85,8 +85,16 @@ void extract_features(const ExtractOptions &options) {
                               {"of", inputs.shard_of}}}};
   if (inputs.slides.empty()) {  // more tasks than slides: this one has nothing to do
     summary.update({{"slides", nlohmann::json::array()}, {"tiles", 0}});
+    if (summary_so_far) *summary_so_far = summary;
     std::printf("%s\n", summary.dump().c_str());
     return;
+  }
+  nlohmann::json listed = nlohmann::json::array();
+  for (const SlideInput &slide : inputs.slides)
+    listed.push_back({{"slide", slide.name}, {"path", slide.path}, {"status", "not started"}});
+  if (summary_so_far) {  // what the run report holds of a run that fails before its first slide
+    *summary_so_far = summary;
+    (*summary_so_far)["slides"] = listed;
   }
   // The models on each device, planned together and checked against its budget before any work.
   std::vector<std::unique_ptr<DeviceModels>> device_models;
@@ -102,9 +110,16 @@ void extract_features(const ExtractOptions &options) {
                                        feature_layout(slide, read, inputs.models[m],
                                                       device_models.front()->at(m).extraction(), options),
                                        existing);
+  // The run's work begins: its report lists the slides from here.
+  if (observer) {
+    nlohmann::json chosen = nlohmann::json::array();
+    for (auto &on_device : device_models) chosen.push_back(on_device->report());
+    observer->devices_chosen(chosen);
+    observer->slides_listed(listed);
+  }
   // Throughput counts from here: building the models and their pipelines is a fixed cost.
   auto start = Clock::now();
-  SharedRun run(inputs, options, device_models.size());
+  SharedRun run(inputs, options, device_models.size(), observer);
   for (auto &on_device : device_models) {
     if (!on_device->one_at_a_time().is_null()) run.event(on_device->one_at_a_time());
     for (size_t m = 0; m < on_device->size(); ++m)
@@ -118,7 +133,8 @@ void extract_features(const ExtractOptions &options) {
   for (auto &pipeline : pipelines) pipeline->start();
   for (auto &pipeline : pipelines) pipeline->join();
   SlideTimes times;
-  const std::vector<nlohmann::json> &per_slide = run.finish(times);
+  std::exception_ptr error;
+  const std::vector<nlohmann::json> &per_slide = run.finish(times, error);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json per_device = nlohmann::json::array();
   uint64_t tiles = 0;
@@ -141,6 +157,8 @@ void extract_features(const ExtractOptions &options) {
   if (inputs.models.size() > 1) summary["extractions"] = extractions;
   if (options.skip_errors) summary["skipped"] = failures;
   summary.update(run_totals(per_device, times, seconds, tiles));
+  if (summary_so_far) *summary_so_far = summary;
+  if (error) std::rethrow_exception(error);
   std::printf("%s\n", summary.dump().c_str());
   std::fflush(stdout);
   if (!failures.empty() && !options.skip_errors) {

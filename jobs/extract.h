@@ -46,6 +46,11 @@ int default_extract_workers();
 // after the slides in flight (BadInput; the slides before it complete), and so does one whose
 // features are not finite (FeatureFileWriter::append; its partial files stay, never renamed).
 // With skip_errors each is named in the summary's `skipped` and the others go on (no error).
-void extract_features(const ExtractOptions &options);
+// `summary_so_far`, where given, holds the summary as far as the run got when it throws (each
+// slide's status; those in flight when an error ended it "interrupted"): what its report records.
+// `observer`, where given, is told the slides once the output folder exists, and each slide's
+// summary as it ends.
+void extract_features(const ExtractOptions &options, nlohmann::json *summary_so_far = nullptr,
+                      SlideObserver *observer = nullptr);
 
 }  // namespace tessera

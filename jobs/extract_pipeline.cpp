@@ -32,6 +32,7 @@ SlideTimes &SlideTimes::operator+=(const SlideTimes &other) {
   resize_seconds += other.resize_seconds;
   device_seconds += other.device_seconds;
   wait_seconds += other.wait_seconds;
+  device_wall_seconds += other.device_wall_seconds;
   write_seconds += other.write_seconds;
   decoded += other.decoded;
   return *this;
@@ -40,15 +41,19 @@ SlideTimes &SlideTimes::operator+=(const SlideTimes &other) {
 nlohmann::json SlideTimes::to_json() const {
   return {{"read_decode_seconds", read_seconds}, {"resize_seconds", resize_seconds},
           {"device_seconds", device_seconds},    {"data_wait_seconds", wait_seconds},
+          {"device_wall_seconds", device_wall_seconds},
           {"write_seconds", write_seconds},      {"decoded_tiles", decoded}};
 }
 
-SharedRun::SharedRun(const ExtractInputs &inputs, const ExtractOptions &options, size_t devices)
-    : inputs_(inputs), options_(options), next_(devices), summaries_(inputs.slides.size()),
-      progress_("extract", inputs.slides.size()) {}
+SharedRun::SharedRun(const ExtractInputs &inputs, const ExtractOptions &options, size_t devices,
+                     SlideObserver *observer)
+    : inputs_(inputs), options_(options), observer_(observer), next_(devices), summaries_(inputs.slides.size()),
+      taken_(inputs.slides.size(), false), progress_("extract", inputs.slides.size()) {}
 
-std::optional<size_t> SharedRun::checked(size_t slide) const {
+std::optional<size_t> SharedRun::checked(size_t slide) {
   if (halted_ || slide >= inputs_.slides.size()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  taken_[slide] = true;
   return slide;
 }
 
@@ -82,16 +87,29 @@ void SharedRun::record(size_t slide, nlohmann::json summary, const SlideTimes &t
     line.update({{"tiles", summary["tiles"]}, {"tiles_per_second", summary["tiles_per_second"]}});
   progress_.event(line);
   progress_.update(++recorded_, {{"slide", summary["slide"]}, {"tiles", tiles_}});
+  if (observer_) observer_->slide_ended(slide, summary);
   summaries_[slide] = std::move(summary);
 }
 
-const std::vector<nlohmann::json> &SharedRun::finish(SlideTimes &total) {
+const std::vector<nlohmann::json> &SharedRun::finish(SlideTimes &total, std::exception_ptr &error) {
   progress_.finish();
-  if (error_) std::rethrow_exception(error_);
-  // Slides after one that could not be read, when the run stopped there.
-  for (size_t slide = 0; slide < summaries_.size(); ++slide)
-    if (summaries_[slide].is_null())
-      summaries_[slide] = {{"slide", inputs_.slides[slide].name}, {"status", "not started"}};
+  error = error_;
+  std::string why;
+  try {
+    if (error_) std::rethrow_exception(error_);
+  } catch (const std::exception &e) {
+    why = e.what();
+  }
+  // Slides in flight when an error ended the run, and those after one that could not be read
+  // (when the run stopped there) or after the error.
+  for (size_t slide = 0; slide < summaries_.size(); ++slide) {
+    if (!summaries_[slide].is_null()) continue;
+    summaries_[slide] = {{"slide", inputs_.slides[slide].name}, {"path", inputs_.slides[slide].path}};
+    if (error_ && taken_[slide])
+      summaries_[slide].update({{"status", "interrupted"}, {"error", "the run ended while it was read: " + why}});
+    else
+      summaries_[slide]["status"] = "not started";
+  }
   total = total_;
   return summaries_;
 }
@@ -132,10 +150,11 @@ void DevicePipeline::read() {
       if (!input.error.empty()) throw BadInput(input.error);  // kept by --skip-errors
       PipelineMessage opened{PipelineMessage::Kind::opened, *slide};
       std::vector<int64_t> rows;
-      if (!open_files(*slide, opened.files, rows)) {
+      int64_t complete_rows = 0;
+      if (!open_files(*slide, opened.files, rows, complete_rows)) {
         run_.record(*slide,
-                    {{"slide", input.name}, {"file", feature_path(run_.inputs().models[0], input)},
-                     {"status", "already complete"}, {"device", position_}},
+                    {{"slide", input.name}, {"path", input.path}, {"file", feature_path(run_.inputs().models[0], input)},
+                     {"status", "already complete"}, {"tiles", complete_rows}, {"device", position_}},
                     {});
         continue;
       }
@@ -166,18 +185,22 @@ void DevicePipeline::read() {
 // Opens every model's feature file of the slide (each under its lock, resuming where it stopped);
 // false when every one is complete already.
 bool DevicePipeline::open_files(size_t slide, std::vector<std::unique_ptr<FeatureFileWriter>> &files,
-                                std::vector<int64_t> &rows) {
+                                std::vector<int64_t> &rows, int64_t &complete_rows) {
   const SlideInput &input = run_.inputs().slides[slide];
   const std::vector<ExtractModel> &models = run_.inputs().models;
   const Existing existing = run_.options().overwrite ? Existing::overwrite : Existing::refuse;
   files.resize(models.size());
   rows.assign(models.size(), complete_file);
   bool needed = false;
+  complete_rows = 0;
   for (const SlideRead &read : input.reads)
     for (size_t m : read.models) {
       FeatureFileLayout layout = feature_layout(input, read, models[m], models_.at(m).extraction(), run_.options());
       auto file = std::make_unique<FeatureFileWriter>(feature_path(models[m], input), layout, existing);
-      if (file->complete()) continue;
+      if (file->complete()) {
+        complete_rows = std::max(complete_rows, file->rows());
+        continue;
+      }
       rows[m] = file->rows();
       files[m] = std::move(file);
       needed = true;
@@ -233,6 +256,7 @@ void DevicePipeline::compute() {
   std::vector<PipelineMessage> chunk;
   uint64_t chunk_bytes = 0;
   std::map<size_t, double> waited;  // by slide: the device waiting for its batches
+  std::map<size_t, Clock::time_point> began;  // by slide: when the device began waiting for it
   PipelineMessage message;
   for (;;) {
     auto start = Clock::now();
@@ -241,6 +265,7 @@ void DevicePipeline::compute() {
     wait_seconds_ += wait;
     if (!more) break;
     waited[message.slide] += wait;
+    began.try_emplace(message.slide, start);
     const bool batch = message.kind == PipelineMessage::Kind::batch;
     if (batch) {
       for (const auto &[size, pixels] : message.tiles.pixels) chunk_bytes += pixels.size();
@@ -253,6 +278,10 @@ void DevicePipeline::compute() {
     if (batch) continue;
     message.times.wait_seconds += waited[message.slide];
     waited.erase(message.slide);
+    if (message.kind != PipelineMessage::Kind::opened) {  // the slide's last message
+      message.times.device_wall_seconds = seconds_since(began[message.slide]);
+      began.erase(message.slide);
+    }
     if (!features_.push(std::move(message))) return;
   }
   features_.close();
@@ -310,7 +339,8 @@ void DevicePipeline::write() {
   while (features_.pop(message)) {
     const SlideInput &input = run_.inputs().slides[message.slide];
     const std::vector<ExtractModel> &models = run_.inputs().models;
-    nlohmann::json summary = {{"slide", input.name}, {"file", feature_path(models[0], input)}, {"device", position_}};
+    nlohmann::json summary = {
+        {"slide", input.name}, {"path", input.path}, {"file", feature_path(models[0], input)}, {"device", position_}};
     if (refused.contains(message.slide)) continue;
     switch (message.kind) {
       case PipelineMessage::Kind::opened: {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/progress.h"
+#include "common/run_report.h"
 #include "data/tile_batches.h"
 #include "jobs/channel.h"
 #include "jobs/extract_inputs.h"
@@ -32,6 +33,7 @@ struct SlideTimes {
   double resize_seconds = 0;  // shrinking them to the models' inputs, on the workers
   double device_seconds = 0;  // the models' passes, uploads and downloads
   double wait_seconds = 0;    // the device waiting for a batch
+  double device_wall_seconds = 0;  // the device's thread on the slide, first message to last: busy = device / this
   double write_seconds = 0;   // appending to the feature files
   uint64_t decoded = 0;       // tiles read and decoded (once for every model that reads them there)
   SlideTimes &operator+=(const SlideTimes &other);
@@ -65,7 +67,8 @@ struct PipelineMessage {
 // summary (in the slides' order, whichever device made it), and an error that ends the run.
 class SharedRun {
  public:
-  SharedRun(const ExtractInputs &inputs, const ExtractOptions &options, size_t devices);
+  // `observer` (may be null) is told each slide as it is recorded.
+  SharedRun(const ExtractInputs &inputs, const ExtractOptions &options, size_t devices, SlideObserver *observer);
 
   const ExtractInputs &inputs() const { return inputs_; }
   const ExtractOptions &options() const { return options_; }
@@ -87,18 +90,21 @@ class SharedRun {
   void advance(uint64_t tiles, const std::string &slide);
   void record(size_t slide, nlohmann::json summary, const SlideTimes &times);
 
-  // After every thread has ended: the slides' summaries and their times summed, or the error.
-  const std::vector<nlohmann::json> &finish(SlideTimes &total);
+  // After every thread has ended: the slides' summaries (those in flight when an error ended the
+  // run "interrupted", those never taken "not started") and their times summed, and the error.
+  const std::vector<nlohmann::json> &finish(SlideTimes &total, std::exception_ptr &error);
 
  private:
-  std::optional<size_t> checked(size_t slide) const;
+  std::optional<size_t> checked(size_t slide);  // marks it taken
 
   const ExtractInputs &inputs_;
   const ExtractOptions &options_;
+  SlideObserver *observer_;
   std::atomic<size_t> next_;
   std::atomic<bool> halted_{false};
   std::mutex mutex_;  // guards what follows
   std::vector<nlohmann::json> summaries_;
+  std::vector<bool> taken_;
   SlideTimes total_;
   Progress progress_;
   uint64_t recorded_ = 0, tiles_ = 0;  // slides recorded, tiles extracted
@@ -116,7 +122,8 @@ class DevicePipeline {
 
  private:
   void read();
-  bool open_files(size_t slide, std::vector<std::unique_ptr<FeatureFileWriter>> &files, std::vector<int64_t> &rows);
+  bool open_files(size_t slide, std::vector<std::unique_ptr<FeatureFileWriter>> &files, std::vector<int64_t> &rows,
+                  int64_t &complete_rows);
   void read_tiles(size_t slide, size_t read, const std::vector<int64_t> &rows, SlideTimes &times,
                   std::map<double, std::optional<data::TissueMask>> &masks);
   void compute();

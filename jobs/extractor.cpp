@@ -114,6 +114,8 @@ nlohmann::json DeviceModels::report() {
   }
   return {{"index", context_.info().index},
           {"name", context_.info().name},
+          {"type", context_.info().type},
+          {"driver", context_.info().driver},
           {"device_seconds", device_seconds},
           {"batch", extractors_.front()->batch()},
           {"batch_capped", extractors_.front()->capped()},

@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "common/html.h"
+#include "common/progress.h"
 #include "sweep/train_flags.h"
 
 namespace tessera::sweep {
@@ -67,17 +69,6 @@ std::string csv_field(const std::string& text) {
   return quoted + "\"";
 }
 
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
-  }
-  return out;
-}
-
 // A linear or logarithmic axis from data values to pixels.
 struct Axis {
   double low, high;
@@ -124,10 +115,10 @@ class Svg {
   }
   void text(double x, double y, const std::string& label, const char* anchor = "middle", int size = 11) {
     out_ << "<text x='" << x << "' y='" << y << "' font-size='" << size << "' text-anchor='" << anchor << "'>"
-         << xml_escape(label) << "</text>\n";
+         << html_escape(label) << "</text>\n";
   }
   void circle(double x, double y, const char* fill, const std::string& title) {
-    out_ << "<circle cx='" << x << "' cy='" << y << "' r='3.5' fill='" << fill << "'><title>" << xml_escape(title)
+    out_ << "<circle cx='" << x << "' cy='" << y << "' r='3.5' fill='" << fill << "'><title>" << html_escape(title)
          << "</title></circle>\n";
   }
   void polyline(const std::vector<std::pair<double, double>>& points, const char* style) {
@@ -213,20 +204,8 @@ std::string format_table(const std::vector<Trial>& trials, const StudyConfig& co
     row.push_back(last && last->peak_device_bytes ? std::to_string(*last->peak_device_bytes) : "-");
     rows.push_back(row);
   }
-  std::vector<size_t> widths(header.size());
-  for (size_t c = 0; c < header.size(); ++c) {
-    widths[c] = header[c].size();
-    for (auto& row : rows) widths[c] = std::max(widths[c], row[c].size());
-  }
-  std::string out;
-  auto add_row = [&](const std::vector<std::string>& row) {
-    for (size_t c = 0; c < row.size(); ++c)
-      out += row[c] + std::string(widths[c] - row[c].size() + (c + 1 < row.size() ? 2 : 0), ' ');
-    while (!out.empty() && out.back() == ' ') out.pop_back();
-    out += "\n";
-  };
-  add_row(header);
-  for (auto& row : rows) add_row(row);
+  rows.insert(rows.begin(), header);
+  std::string out = format_columns(rows);
   out += format_summary(trials, config.direction);
   if (auto* best = best_trial(trials, config.direction)) {
     out += "best flags: " + best_flags(*best, config) + "\n";

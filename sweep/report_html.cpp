@@ -5,24 +5,22 @@
 // reads both from a headless browser's DOM).
 #include <string>
 
+#include "common/html.h"
 #include "sweep/report.h"
 
 namespace tessera::sweep {
 
 namespace {
 
-const char* page_head = R"html(<!DOCTYPE html>
+const char* page_title = R"html(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>tessera sweep</title>
-<style>
-body { font-family: sans-serif; margin: 24px; color: #222; background: #fff; }
-h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
-table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #eef2f7; cursor: pointer; user-select: none; }
+<style>)html";
+
+const char* page_head = R"html(
+th { cursor: pointer; user-select: none; }
 th.sorted-up::after { content: " \25B2"; } th.sorted-down::after { content: " \25BC"; }
 tr.best td { background: #fff4d6; }
-pre { background: #f4f4f4; padding: 8px; white-space: pre-wrap; }
 svg { background: #fafafa; margin: 4px; }
 .panels { display: flex; flex-wrap: wrap; }
 </style></head>
@@ -249,7 +247,7 @@ std::string export_html(const std::vector<Trial>& trials, const StudyConfig& con
     if (json[i] == '<' && i + 1 < json.size() && json[i + 1] == '/') safe += "<\\";
     else safe += json[i];
   }
-  return page_head + safe + page_script;
+  return page_title + std::string(html_base_style) + page_head + safe + page_script;
 }
 
 }  // namespace tessera::sweep

@@ -107,7 +107,7 @@ def check_layout_coords_and_features(store, tiles, slides, model):
 
 def check_other_settings_refused(store, plain):
     """Complete files made with another layer or precision are never kept as this run's."""
-    files = {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)}
+    files = {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain) if name.endswith(".h5")}
     for flags in (["--precision", "fp16"], ["--layer", "conv2"]):
         layer = flags[1] if flags[0] == "--layer" else "pool2"
         precision = flags[1] if flags[0] == "--precision" else "fp32"
@@ -115,7 +115,8 @@ def check_other_settings_refused(store, plain):
                      "--precision", precision, check=False)
         assert result.returncode == 2, (flags, result.returncode, result.stderr)
         assert ".h5" in result.stderr and "another --out" in result.stderr, result.stderr
-        assert {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)} == files
+        assert {name: open(os.path.join(plain, name), "rb").read() for name in os.listdir(plain)
+                if name.endswith(".h5")} == files
 
 
 def check_fp16(store, plain):
@@ -231,7 +232,7 @@ def check_from_slides(plain):
     slide = os.path.join(WORK, "s2.tiff")
     result = summary(run(TESSERA, "extract", "--model", MODEL, "--layer", "pool2", "--slides", slide, "--out",
                          out, "--size", str(SIZE), "--batch", "16", "--workers", "2"))
-    assert os.listdir(out) == ["s2.h5"], os.listdir(out)
+    assert sorted(os.listdir(out)) == ["runs", "s2.h5"], os.listdir(out)  # runs/: the run's report
     assert result["decoded_tiles"] == result["tiles"] > 0, result
     features, coords, attrs, feature_attrs = read_features(os.path.join(out, "s2.h5"))
     stored, stored_coords, stored_attrs, _ = read_features(os.path.join(plain, "s2.h5"))

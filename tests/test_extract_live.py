@@ -83,7 +83,8 @@ def read_features(path):
 def files_under(directory):
     """Every file under `directory`, relative to it, sorted."""
     return sorted(os.path.relpath(os.path.join(root, name), directory)
-                  for root, _, names in os.walk(directory) for name in names)
+                  for root, _, names in os.walk(directory) for name in names
+                  if os.path.relpath(root, directory).split(os.sep)[0] != "runs")  # the runs' reports
 
 
 def nothing_under(directory):

@@ -63,7 +63,8 @@ def main():
         features = os.path.join(work, "features")
         extracted = summary(vulkan("extract", "--model", model, "--random-weights", "--layer", "pool2", "--tiles", store,
                                    "--out", features, "--batch", 64))
-        assert sorted(os.listdir(features)) == [f"slide{index:02d}.h5" for index in range(SLIDES)], extracted
+        expected = sorted([f"slide{index:02d}.h5" for index in range(SLIDES)] + ["runs"])  # runs/: the run's report
+        assert sorted(os.listdir(features)) == expected, extracted
 
         process = vulkan("train", "--features", features, "--labels", labels, *HEAD_FLAGS, "--seed", 1,
                          "--val-fraction", 0.5)

@@ -129,7 +129,7 @@ def main():
                                    "--out", features, "--shard", f"1/{SHARDS}"))
         in_shard = {os.path.basename(path)[:-5]: len(tiles) for path, tiles in tiles_by_slide(shards[1]).values()}
         assert extracted["shard"] == {"index": 1, "count": SHARDS, "slides": len(in_shard), "of": SLIDES}, extracted
-        assert sorted(os.listdir(features)) == sorted(name + ".h5" for name in in_shard), os.listdir(features)
+        assert sorted(os.listdir(features)) == sorted([name + ".h5" for name in in_shard] + ["runs"]), os.listdir(features)
         for name, count in in_shard.items():
             with h5py.File(os.path.join(features, name + ".h5"), "r") as f:
                 assert f["features"].shape[0] == count and f["coords"].shape == (count, 2), (name, count)

@@ -7,6 +7,7 @@
 #include "jobs/extract.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/run_record.h"
 #include "tools/tiling_flags.h"
 
 namespace tessera::cli {
@@ -107,7 +108,10 @@ void add_extract_command(CLI::App &app) {
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";
-    extract_features(*options);
+    if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
+    with_run_report(*command, options->out, [&](nlohmann::json& summary, SlideObserver& observer) {
+      extract_features(*options, &summary, &observer);
+    });
   });
 }
 

@@ -33,9 +33,7 @@ void write_output(const std::string& text, const std::string& path, bool overwri
     std::fputs(text.c_str(), stdout);
     return;
   }
-  OutputLock lock(path);
-  check_replaceable(path, "--output", overwrite ? Existing::overwrite : Existing::refuse);
-  write_file_replacing(path, text);
+  write_output_file(path, text, "--output", overwrite);
 }
 
 void show_or_export(const SweepFlags& f) {

@@ -9,6 +9,7 @@
 #include "data/tiler.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/run_record.h"
 #include "tools/tiling_flags.h"
 
 namespace tessera::cli {
@@ -69,7 +70,7 @@ void add_tile_command(CLI::App& app) {
       ->capture_default_str()
       ->check(finite_in(1, 1e9));
   command->add_option("--tile-cache", flags->tile_cache, "Decoded slide tiles kept in memory")->capture_default_str();
-  command->callback([flags, label_class, classes] {
+  command->callback([command, flags, label_class, classes] {
     auto& options = flags->options;
     if (flags->encoding == "jpeg")
       options.encoding = data::TileEncoding::jpeg;
@@ -104,10 +105,12 @@ void add_tile_command(CLI::App& app) {
     std::vector<data::SlideJob> jobs;
     for (size_t i : data::shard_members(flags->slides, flags->shard, "SLIDE"))
       jobs.push_back({flags->slides[i], flags->labels.empty() ? "" : flags->labels[i]});
-    auto summary = data::tile_slides(jobs, flags->out, options);
-    summary["shard"] = {{"index", flags->shard.index}, {"count", flags->shard.count},
-                        {"slides", jobs.size()}, {"of", flags->slides.size()}};
-    std::printf("%s\n", summary.dump().c_str());
+    with_run_report(*command, flags->out, [&](nlohmann::json& summary, SlideObserver& observer) {
+      summary = data::tile_slides(jobs, flags->out, options, &observer);
+      summary["shard"] = {{"index", flags->shard.index}, {"count", flags->shard.count},
+                          {"slides", jobs.size()}, {"of", flags->slides.size()}};
+      std::printf("%s\n", summary.dump().c_str());
+    });
   });
 }
 
