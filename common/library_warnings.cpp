@@ -43,6 +43,7 @@ thread_local const std::string* current_file = nullptr;
 // by its next update), else a JSON line.
 void tell(const std::string& task, const Seen& seen, uint64_t repeats) {
   std::string text = (seen.first_file.empty() ? "" : seen.first_file + ": ") + seen.library + ": " + seen.message;
+  std::fflush(stdout);
   if (Progress::human()) {
     std::string more = repeats > 1 ? " (" + std::to_string(repeats) + " times in all, in " +
                                          std::to_string(seen.files.size()) + " file" +
@@ -85,7 +86,7 @@ void report_repeated_library_warnings() {
   Warnings& all = warnings();
   std::lock_guard lock(all.mutex);
   for (auto& [key, seen] : all.seen)
-    if (seen.count > 1) tell(all.task, seen, seen.count);
+    if (seen.files.size() > 1) tell(all.task, seen, seen.count);  // the same file again is no news
   all.seen.clear();
 }
 

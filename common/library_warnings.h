@@ -1,7 +1,7 @@
 // What the libraries tessera reads through (libtiff, libvips, OpenSlide, DCMTK, HDF5) would print
 // on the terminal by themselves becomes tessera's own warning, naming the file: once, with the
-// repeats counted and told when the command ends. Their errors are not here: the call that failed
-// becomes tessera's error naming the file.
+// repeats on other files counted and told when the command ends. Their errors are not here: the
+// call that failed becomes tessera's error naming the file.
 #pragma once
 #include <string>
 
@@ -16,8 +16,8 @@ void set_library_warning_task(const std::string& task);
 // Thread-safe: libraries report from the threads that call them.
 void library_warning(const std::string& library, const std::string& file, const std::string& message);
 
-// The warnings that came more than once, each once more with its count and the files it came
-// from; called when the command ends, whatever its outcome.
+// The warnings that came from more than one file, each once more with its count and the number
+// of files; called when the command ends, whatever its outcome.
 void report_repeated_library_warnings();
 
 // In a child process that only probes a file its parent opens again: warnings are dropped.

@@ -120,15 +120,22 @@ void Progress::event(const nlohmann::json& record, const std::string& readable) 
   if (!finished_) draw(true);
 }
 
-void Progress::finish(const std::string& line) {
+void Progress::finish() {
   if (finished_) return;
+  draw(true);
+  if (human_) std::fputc('\n', stderr);
   finished_ = true;
-  if (human_ && !line.empty()) {
+}
+
+void Progress::finish(const nlohmann::json& record, const std::string& line) {
+  if (finished_) return;
+  if (human_) {
+    finished_ = true;
     std::fprintf(stderr, "\r\033[K%s\n", line.c_str());
     return;
   }
-  draw(true);
-  if (human_) std::fputc('\n', stderr);
+  finish();
+  event(record, line);
 }
 
 double Progress::seconds_left() const {

@@ -26,8 +26,11 @@ class Progress {
   void event(const nlohmann::json& record);
   // The same, with its readable line given: `record` off a terminal (nothing when null), `line` on one.
   void event(const nlohmann::json& record, const std::string& line);
-  // Ends the bar; on a terminal `line`, when given, takes its place (a slide's summary).
-  void finish(const std::string& line = {});
+  // Ends the bar.
+  void finish();
+  // Ends the bar with the record of what it counted (a slide's summary): on a terminal `line`
+  // takes the bar's place, otherwise the record follows the last progress line.
+  void finish(const nlohmann::json& record, const std::string& line);
 
   // --json: JSON lines even on a terminal (set before any Progress exists).
   static void set_json(bool json);

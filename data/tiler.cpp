@@ -14,6 +14,7 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/progress.h"
+#include "common/run_summary.h"
 #include "common/utf8.h"
 #include "common/units.h"
 #include "data/jpeg.h"
@@ -150,6 +151,7 @@ class SlideTiler {
     nlohmann::json summary = {{"slide", path}, {"id", id}};
     if (record.complete) {
       summary.update({{"status", "already complete"}, {"tiles", record.tiles}, {"unannotated", record.unannotated}});
+      report("tile", slide_event(summary), slide_line(summary));
       return summary;
     }
 
@@ -168,7 +170,7 @@ class SlideTiler {
     record.tissue = source->record().tissue;
     record.tissue_level = source->record().tissue_level;
     record.candidates = grid.kept.size();
-    Progress progress("tile", grid.kept.size());
+    Progress progress("tile", grid.kept.size(), "tile " + job_.slide);
     if (auto empty = why_empty(grid, level); !empty.empty()) {
       progress.event({{"warning", empty}, {"slide", path}});
       add_warning(summary, empty);
@@ -234,7 +236,6 @@ class SlideTiler {
     }
     record.complete = true;
     commit(candidates);
-    progress.finish();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", {grid.columns, grid.rows}},
@@ -251,6 +252,7 @@ class SlideTiler {
                     {"label_counts", record.to_json()["label_counts"]},
                     {"seconds", seconds},
                     {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}});
+    progress.finish(slide_event(summary), slide_line(summary));
     return summary;
   }
 
