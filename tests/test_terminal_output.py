@@ -221,6 +221,12 @@ def test_tile_lines_table_and_json(task, slides):
     assert screen[head + 4].split()[:4] == ["total", "2", "slides", str(sum(per_slide))], screen
     assert screen[-1] == f"store: {os.path.join(task, 'terminal.lmdb')}", screen
 
+    # --json on a terminal: the records of a pipe.
+    code, screen = on_terminal([*args, "--json", "--out", os.path.join(task, "json.lmdb")])
+    records = [json.loads(line) for line in screen]
+    assert code == 0 and [r["tiles"] for r in records if r.get("event") == "slide"] == per_slide, screen
+    assert [s["tiles"] for s in records[-1]["slides"]] == per_slide, screen
+
 
 @pytest.fixture(scope="module")
 def features(task, slides):
