@@ -39,6 +39,17 @@ Warnings& warnings() {
 
 thread_local const std::string* current_file = nullptr;
 
+// The file of the scope entered last on any thread: what a library's own worker threads (libvips'
+// thread pool) are most likely working on, since tessera reads the slides one at a time.
+struct LatestFile {
+  std::mutex mutex;
+  std::string path;
+};
+LatestFile& latest_file() {
+  static LatestFile* latest = new LatestFile;  // never destroyed, as warnings()
+  return *latest;
+}
+
 // One warning line: readable on a terminal (the bar, if one is drawn, is erased first and redrawn
 // by its next update), else a JSON line.
 void tell(const std::string& task, const Seen& seen, uint64_t repeats) {
@@ -95,13 +106,18 @@ void drop_library_warnings() {
   warnings().dropped = true;
 }
 
-LibraryFileScope::LibraryFileScope(const std::string& path) : previous_(current_file) { current_file = &path; }
+LibraryFileScope::LibraryFileScope(const std::string& path) : previous_(current_file) {
+  current_file = &path;
+  std::lock_guard lock(latest_file().mutex);
+  latest_file().path = path;
+}
 
 LibraryFileScope::~LibraryFileScope() { current_file = previous_; }
 
-const std::string& library_file() {
-  static const std::string none;
-  return current_file ? *current_file : none;
+std::string library_file() {
+  if (current_file) return *current_file;
+  std::lock_guard lock(latest_file().mutex);
+  return latest_file().path;
 }
 
 }  // namespace tessera

@@ -35,7 +35,8 @@ class LibraryFileScope {
  private:
   const std::string* previous_;
 };
-// The innermost scope's file on this thread, or "".
-const std::string& library_file();
+// The innermost scope's file on this thread; on a thread without one (a library's own worker
+// thread), the file of the scope entered last on any thread; "" before any.
+std::string library_file();
 
 }  // namespace tessera

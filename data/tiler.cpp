@@ -201,12 +201,15 @@ class SlideTiler {
           if (!result.corrupt.empty()) {
             if (first_corrupt.empty()) first_corrupt = result.corrupt;
             ++record.corrupt_tiles;
-            progress.event({{"warning", "corrupt tile skipped"},
-                            {"slide", path},
-                            {"level", options_.level},
-                            {"row", grid.row(done + i)},
-                            {"column", grid.column(done + i)},
-                            {"error", result.corrupt}});
+            const nlohmann::json skipped = {{"warning", "corrupt tile skipped"},
+                                            {"slide", path},
+                                            {"level", options_.level},
+                                            {"row", grid.row(done + i)},
+                                            {"column", grid.column(done + i)},
+                                            {"error", result.corrupt}};
+            progress.event(skipped, "tile warning: corrupt tile skipped (level " + std::to_string(options_.level) +
+                                        ", row " + std::to_string(grid.row(done + i)) + ", column " +
+                                        std::to_string(grid.column(done + i)) + "): " + result.corrupt);
           } else if (!result.label) {
             ++record.unannotated;  // no annotation claims it and --unannotated gives it no class
           } else {

@@ -365,3 +365,21 @@ def test_library_warning_told_once_naming_the_file(task):
     told = [line for line in screen if "65000" in line]
     assert told and told[0].startswith(f"tile warning: {warnings[0]['file']}: libtiff: "), screen
     assert not any(line.startswith("TIFF") or "Warning, " in line for line in screen), screen
+
+
+def test_libvips_warning_from_its_own_threads_names_the_file(task):
+    import numpy as np
+    from PIL import Image
+    whole, truncated = os.path.join(task, "whole.jpg"), os.path.join(task, "truncated.jpg")
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (256, 256, 3), dtype=np.uint8)).save(whole, quality=90)
+    with open(whole, "rb") as f:
+        data = f.read()
+    with open(truncated, "wb") as f:
+        f.write(data[:len(data) * 2 // 3])
+    result = off_terminal(["tile", truncated, "--size", 64, "--tissue", "none", "--out",
+                           os.path.join(task, "truncated.lmdb")], check=False)
+    assert result.returncode == 5, result.stderr
+    records = json_lines(result.stderr.split("\ntessera: ")[0])
+    told = [r for r in records if r.get("library") == "libvips"]
+    assert told and all(r["file"] == truncated and r["warning"].startswith(truncated + ": libvips: ") for r in told)
+    assert len({r["warning"] for r in told}) == len(told), told  # each told once
