@@ -82,8 +82,9 @@ std::string epoch_line(const nlohmann::json& r, double seconds_left) {
 
 }  // namespace
 
-Progress::Progress(std::string task, uint64_t total)
-    : task_(std::move(task)), total_(total), human_(human()), start_(Clock::now()) {}
+Progress::Progress(std::string task, uint64_t total, std::string label)
+    : task_(std::move(task)), label_(label.empty() ? task_ : std::move(label)), total_(total), human_(human()),
+      start_(Clock::now()) {}
 
 Progress::~Progress() { finish(); }
 
@@ -102,13 +103,18 @@ void Progress::update(uint64_t done, const nlohmann::json& fields) {
 }
 
 void Progress::event(const nlohmann::json& record) {
+  event(record, human_ ? render_record(task_, record, seconds_left()) : std::string());
+}
+
+void Progress::event(const nlohmann::json& record, const std::string& readable) {
   if (!human_) {
+    if (record.is_null()) return;
     nlohmann::json line = {{"task", task_}};
     line.update(record);
     std::fprintf(stderr, "%s\n", line.dump().c_str());
     return;
   }
-  std::fprintf(stderr, "\r\033[K%s\n", render_record(task_, record, seconds_left()).c_str());
+  std::fprintf(stderr, "\r\033[K%s\n", readable.c_str());
   mark_done_ = done_;
   mark_time_ = Clock::now();
   if (!finished_) draw(true);
@@ -119,6 +125,17 @@ void Progress::finish() {
   draw(true);
   if (human_) std::fputc('\n', stderr);
   finished_ = true;
+}
+
+void Progress::finish(const nlohmann::json& record, const std::string& line) {
+  if (finished_) return;
+  if (human_) {
+    finished_ = true;
+    std::fprintf(stderr, "\r\033[K%s\n", line.c_str());
+    return;
+  }
+  finish();
+  event(record, line);
 }
 
 double Progress::seconds_left() const {
@@ -156,16 +173,21 @@ void Progress::draw(bool force) {
     for (auto& [key, value] : fields_.items()) extra += "  " + key + " " + text_of(value);
   std::string count = std::to_string(done_) + (total_ ? "/" + std::to_string(total_) : "");
   std::string left = seconds_left() >= 0 && done_ < total_ ? "  " + format_duration(seconds_left()) + " left" : "";
-  std::fprintf(stderr, "\r\033[K%s %s%s%s  %s%s", task_.c_str(), bar.c_str(), count.c_str(), extra.c_str(),
+  std::fprintf(stderr, "\r\033[K%s %s%s%s  %s%s", label_.c_str(), bar.c_str(), count.c_str(), extra.c_str(),
                format_duration(seconds).c_str(), left.c_str());
   std::fflush(stderr);
 }
 
 void report(const std::string& task, const nlohmann::json& record) {
+  report(task, record, Progress::human() ? render_record(task, record) : std::string());
+}
+
+void report(const std::string& task, const nlohmann::json& record, const std::string& readable) {
   if (Progress::human()) {
-    std::fprintf(stderr, "%s\n", render_record(task, record).c_str());
+    std::fprintf(stderr, "%s\n", readable.c_str());
     return;
   }
+  if (record.is_null()) return;
   nlohmann::json line = {{"task", task}};
   line.update(record);
   std::fprintf(stderr, "%s\n", line.dump().c_str());
@@ -201,10 +223,12 @@ std::string format_number(const nlohmann::json& value) {
   return text;
 }
 
-std::string format_duration(double seconds) {
+std::string format_duration(double seconds, bool tenths) {
   auto whole = static_cast<long long>(std::llround(std::max(0.0, seconds)));
   char text[32];
-  if (whole < 60)
+  if (tenths && seconds < 9.95)
+    std::snprintf(text, sizeof text, seconds < 0.995 ? "%.2fs" : "%.1fs", std::max(0.0, seconds));
+  else if (whole < 60)
     std::snprintf(text, sizeof text, "%llds", whole);
   else if (whole < 3600)
     std::snprintf(text, sizeof text, "%lldm%02llds", whole / 60, whole % 60);
@@ -213,21 +237,31 @@ std::string format_duration(double seconds) {
   return text;
 }
 
-std::string format_columns(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    if (widths.size() < row.size()) widths.resize(row.size());
-    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+std::string aligned_table(const std::vector<TableColumn>& columns, const std::vector<std::vector<std::string>>& rows,
+                          bool total) {
+  std::vector<size_t> widths(columns.size());
+  for (size_t c = 0; c < columns.size(); ++c) {
+    widths[c] = columns[c].title.size();
+    for (auto& row : rows) widths[c] = std::max(widths[c], c < row.size() ? row[c].size() : 0);
   }
   std::string out;
-  for (const auto& row : rows) {
+  auto add_row = [&](auto cell_of) {
     std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      std::string padding(widths[c] - row[c].size(), ' ');
-      line += (c ? "  " : "") + (c < right.size() && right[c] ? padding + row[c] : row[c] + padding);
+    for (size_t c = 0; c < columns.size(); ++c) {
+      std::string cell = cell_of(c), pad(widths[c] - std::min(widths[c], cell.size()), ' ');
+      line += (c ? "  " : "") + (columns[c].right ? pad + cell : cell + pad);
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
+  };
+  add_row([&](size_t c) { return columns[c].title; });
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (total && r + 1 == rows.size()) {
+      size_t width = 2 * (columns.size() - 1);
+      for (size_t w : widths) width += w;
+      out += std::string(width, '-') + "\n";
+    }
+    add_row([&](size_t c) { return c < rows[r].size() ? rows[r][c] : std::string(); });
   }
   return out;
 }

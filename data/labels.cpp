@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/units.h"
 #include "common/json_input.h"
+#include "data/library_messages.h"
 
 namespace tessera::data {
 
@@ -23,8 +24,8 @@ class MaskLabeler final : public TileLabeler {
  public:
   MaskLabeler(const std::string& path, int64_t slide_width, int64_t slide_height, LabelRule rule, double coverage)
       : path_(path), rule_(rule), coverage_(coverage) {
-    TIFF* tiff = TIFFOpen(path.c_str(), "r");
-    if (!tiff) throw BadInput(path + ": not a readable label mask TIFF");
+    TIFF* tiff = open_tiff(path, "r");
+    if (!tiff) throw BadInput(path + ": not a readable label mask TIFF (" + last_tiff_error() + ")");
     try {
       read(tiff);
     } catch (...) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/library_warnings.h"
 #include "data/slide_parts.h"
 
 namespace tessera::data {
@@ -32,6 +33,7 @@ namespace {
 // centre (the paths a tile read takes); what went wrong is written to `report`.
 [[noreturn]] void probe_in_child(const std::string& path, int report) {
   auto finish = [report](int code, const std::string& message) { finish_child(report, code, message); };
+  drop_library_warnings();  // the parent opens the slide again, and tells what OpenSlide says then
   openslide_t* slide = openslide_open(path.c_str());
   if (!slide) finish(3, "not a slide that OpenSlide, libtiff or libvips can read");
   if (const char* error = openslide_get_error(slide)) finish(4, error);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cstdarg>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,31 +17,15 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/library_warnings.h"
 #include "common/utf8.h"
 #include "data/jpeg.h"
+#include "data/library_messages.h"
 #include "data/slide_parts.h"
 
 namespace tessera::data {
 
 namespace {
-
-thread_local std::string last_tiff_error;
-
-void record_tiff_error(const char* module, const char* format, va_list args) {
-  std::array<char, 512> text{};
-  std::vsnprintf(text.data(), text.size(), format, args);
-  last_tiff_error = std::string(module ? module : "libtiff") + ": " + text.data();
-}
-
-// libtiff reports through global handlers: errors are kept for the exception that follows,
-// warnings (unknown vendor tags and the like) are dropped.
-void install_tiff_handlers() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    TIFFSetErrorHandler(record_tiff_error);
-    TIFFSetWarningHandler(nullptr);
-  });
-}
 
 bool has_tiff_signature(const std::string& path) {
   std::array<char, 4> head{};
@@ -71,9 +54,8 @@ class TiffSlide final : public Slide {
 
  public:
   TiffSlide(const std::string& path, uint64_t cache_bytes) : path_(path), cache_(cache_bytes) {
-    install_tiff_handlers();
-    tiff_ = TIFFOpen(path.c_str(), "r");
-    if (!tiff_) throw BadInput(path + ": not a readable TIFF (" + last_tiff_error + ")");
+    tiff_ = open_tiff(path, "r");
+    if (!tiff_) throw BadInput(path + ": not a readable TIFF (" + last_tiff_error() + ")");
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     tdir_t directory = 0;
     do {
@@ -172,7 +154,7 @@ class TiffSlide final : public Slide {
     size_t tiles = TIFFNumberOfTiles(tiff_);
     if (!TIFFGetField(tiff_, TIFFTAG_TILEOFFSETS, &offsets) ||
         !TIFFGetField(tiff_, TIFFTAG_TILEBYTECOUNTS, &byte_counts))
-      throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no tile offsets (" + last_tiff_error +
+      throw BadInput(path_ + ": directory " + std::to_string(directory) + " has no tile offsets (" + last_tiff_error() +
                      ")");
     level.offsets.assign(offsets, offsets + tiles);
     level.byte_counts.assign(byte_counts, byte_counts + tiles);
@@ -247,7 +229,7 @@ class TiffSlide final : public Slide {
     }
     if (!TIFFReadRGBATile(tiff_, static_cast<uint32_t>(column * tile_width), static_cast<uint32_t>(row * tile_height),
                           rgba.data()))
-      throw BadInput(path_ + ": " + tile_name(level_index, column, row) + ": " + last_tiff_error);
+      throw BadInput(path_ + ": " + tile_name(level_index, column, row) + ": " + last_tiff_error());
     // TIFFReadRGBATile puts the origin at the bottom left.
     for (int y = 0; y < tile_height; ++y)
       for (int x = 0; x < tile_width; ++x) {
@@ -301,6 +283,7 @@ class OpenSlideSlide final : public Slide {
   double mpp_y() const override { return mpp_y_; }
 
   void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
+    const LibraryFileScope scope(path_);  // what OpenSlide logs names the slide
     double downsample = levels_.at(static_cast<size_t>(level)).downsample;
     std::vector<uint32_t> argb(static_cast<size_t>(width) * static_cast<size_t>(height));
     std::string error;
@@ -374,8 +357,7 @@ void refuse_unread_formats(const std::string& path) {
 }
 
 bool is_tiled_tiff(const std::string& path) {
-  install_tiff_handlers();
-  TIFF* tiff = TIFFOpen(path.c_str(), "r");
+  TIFF* tiff = open_tiff(path, "r");
   if (!tiff) return true;  // the TIFF reader names what is wrong
   bool tiled = TIFFIsTiled(tiff);
   TIFFClose(tiff);
@@ -396,7 +378,6 @@ std::unique_ptr<Slide> open_reader(const std::string& path, uint64_t tile_cache_
   const char* vendor = openslide_detect_vendor(path.c_str());
   bool generic = vendor == nullptr || std::strcmp(vendor, "generic-tiff") == 0;
   if (automatic && has_tiff_signature(path)) {
-    install_tiff_handlers();
     if (auto planes = open_plane_slide(path, tile_cache_bytes, window)) return planes;  // multiplex; refuses z-stacks
   }
   if (automatic && generic && has_tiff_signature(path)) {
@@ -419,6 +400,7 @@ std::unique_ptr<Slide> open_slide(const std::string& path, uint64_t tile_cache_b
   if (!is_valid_utf8(path))
     throw BadInput(valid_utf8(path) + ": the path is not valid UTF-8 (a Latin-1 name?); stores and feature files "
                    "record it as UTF-8: rename the file");
+  const LibraryFileScope scope(path);  // what a library logs while opening it names it
   auto slide = open_reader(path, tile_cache_bytes, reader, window);
   check_slide_declares(*slide);
   return slide;

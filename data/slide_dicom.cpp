@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/library_warnings.h"
 #include "data/jpeg.h"
 #include "data/slide_parts.h"
 
@@ -181,6 +182,7 @@ class DicomSlide final : public Slide {
 
   void read_region(int level_index, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
     const Instance& level = levels_.at(static_cast<size_t>(level_index));
+    const LibraryFileScope scope(level.path);  // what DCMTK logs names the file
     std::memset(rgb, 255, static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
     int tile_width = level.shape.tile_width, tile_height = level.shape.tile_height;
     int64_t last_column = std::min<int64_t>(level.columns - 1, (x + width - 1) / tile_width);

@@ -14,6 +14,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "data/library_messages.h"
 #include "data/ome_xml.h"
 #include "data/slide_parts.h"
 
@@ -298,7 +299,7 @@ class PlanesSlide final : public Slide {
  private:
   std::unique_ptr<Plane> open_plane(const Directory& directory, size_t level) const {
     auto plane = std::make_unique<Plane>();
-    plane->tiff.reset(TIFFOpen(path_.c_str(), "r"));
+    plane->tiff.reset(open_tiff(path_, "r"));
     if (!plane->tiff || !enter(plane->tiff.get(), directory))
       throw BadInput(path_ + ": cannot open the TIFF directory of a level " + std::to_string(level) + " channel");
     TIFF* tiff = plane->tiff.get();
@@ -447,7 +448,7 @@ class PlanesSlide final : public Slide {
 
 std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes,
                                         std::optional<IntensityWindow> window) {
-  TiffHandle tiff(TIFFOpen(path.c_str(), "r"));
+  TiffHandle tiff(open_tiff(path, "r"));
   if (!tiff) return nullptr;  // the TIFF readers name what is wrong
   std::string xml = description_of(tiff.get());
   std::optional<Layout> layout;

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/library_warnings.h"
 #include "data/slide_parts.h"
 
 namespace tessera::data {
@@ -76,6 +77,7 @@ class VipsSlide final : public Slide {
 
   void read_region(int level, int64_t x, int64_t y, int width, int height, uint8_t* rgb) const override {
     if (level != 0) throw BadInput(path_ + ": has one level, not " + std::to_string(level + 1));
+    const LibraryFileScope scope(path_);  // what libvips logs names the slide
     std::memset(rgb, 255, static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
     int64_t x0 = std::max<int64_t>(x, 0), y0 = std::max<int64_t>(y, 0);
     int64_t x1 = std::min<int64_t>(x + width, levels_[0].width), y1 = std::min<int64_t>(y + height, levels_[0].height);

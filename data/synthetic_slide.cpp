@@ -17,6 +17,7 @@
 #include "common/output.h"
 #include "common/progress.h"
 #include "data/jpeg.h"
+#include "data/library_messages.h"
 #include "data/ordered_parallel.h"
 #include "data/synthetic_tissue.h"
 
@@ -32,8 +33,8 @@ using TiffFile = std::unique_ptr<TIFF, TiffCloser>;
 // libtiff writes the file this run created new (never through a link at `path`).
 TiffFile create_tiff(const std::string& path, const char* mode) {
   UniqueFd file = create_new_file(path);
-  TiffFile tiff(TIFFFdOpen(file.get(), path.c_str(), mode));
-  if (!tiff) throw Error(ExitCode::runtime_error, path + ": cannot create the file");
+  TiffFile tiff(open_tiff_fd(file.get(), path, mode));
+  if (!tiff) throw Error(ExitCode::runtime_error, path + ": cannot create the file (" + last_tiff_error() + ")");
   file.release();  // TIFFClose closes it
   return tiff;
 }
@@ -95,15 +96,17 @@ void set_level_tags(TIFF* out, const SyntheticSlideOptions& options, int64_t wid
                     uint16_t samples, uint16_t compression, uint16_t photometric) {
   double downsample = static_cast<double>(int64_t{1} << level);
   TIFFSetField(out, TIFFTAG_SUBFILETYPE, level > 0 ? FILETYPE_REDUCEDIMAGE : 0);
-  TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, samples);
-  TIFFSetField(out, TIFFTAG_COMPRESSION, compression);
-  TIFFSetField(out, TIFFTAG_PHOTOMETRIC, photometric);
+  // The shape before the codec: setting JPEG's photometric makes libtiff size a scanline, which
+  // is zero (and a warning) while the directory has no width.
   TIFFSetField(out, TIFFTAG_IMAGEWIDTH, static_cast<uint32_t>(width));
   TIFFSetField(out, TIFFTAG_IMAGELENGTH, static_cast<uint32_t>(height));
   TIFFSetField(out, TIFFTAG_TILEWIDTH, static_cast<uint32_t>(options.tile_size));
   TIFFSetField(out, TIFFTAG_TILELENGTH, static_cast<uint32_t>(options.tile_size));
   TIFFSetField(out, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(out, TIFFTAG_SAMPLESPERPIXEL, samples);
   TIFFSetField(out, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  TIFFSetField(out, TIFFTAG_COMPRESSION, compression);
+  TIFFSetField(out, TIFFTAG_PHOTOMETRIC, photometric);
   TIFFSetField(out, TIFFTAG_RESOLUTIONUNIT, RESUNIT_CENTIMETER);
   TIFFSetField(out, TIFFTAG_XRESOLUTION, 1e4 / (options.mpp * downsample));
   TIFFSetField(out, TIFFTAG_YRESOLUTION, 1e4 / (options.mpp * downsample));

@@ -14,6 +14,7 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/progress.h"
+#include "common/run_summary.h"
 #include "common/utf8.h"
 #include "common/units.h"
 #include "data/jpeg.h"
@@ -150,6 +151,7 @@ class SlideTiler {
     nlohmann::json summary = {{"slide", path}, {"id", id}};
     if (record.complete) {
       summary.update({{"status", "already complete"}, {"tiles", record.tiles}, {"unannotated", record.unannotated}});
+      report("tile", slide_event(summary), slide_line(summary));
       return summary;
     }
 
@@ -168,7 +170,7 @@ class SlideTiler {
     record.tissue = source->record().tissue;
     record.tissue_level = source->record().tissue_level;
     record.candidates = grid.kept.size();
-    Progress progress("tile", grid.kept.size());
+    Progress progress("tile", grid.kept.size(), "tile " + job_.slide);
     if (auto empty = why_empty(grid, level); !empty.empty()) {
       progress.event({{"warning", empty}, {"slide", path}});
       add_warning(summary, empty);
@@ -199,12 +201,15 @@ class SlideTiler {
           if (!result.corrupt.empty()) {
             if (first_corrupt.empty()) first_corrupt = result.corrupt;
             ++record.corrupt_tiles;
-            progress.event({{"warning", "corrupt tile skipped"},
-                            {"slide", path},
-                            {"level", options_.level},
-                            {"row", grid.row(done + i)},
-                            {"column", grid.column(done + i)},
-                            {"error", result.corrupt}});
+            const nlohmann::json skipped = {{"warning", "corrupt tile skipped"},
+                                            {"slide", path},
+                                            {"level", options_.level},
+                                            {"row", grid.row(done + i)},
+                                            {"column", grid.column(done + i)},
+                                            {"error", result.corrupt}};
+            progress.event(skipped, "tile warning: corrupt tile skipped (level " + std::to_string(options_.level) +
+                                        ", row " + std::to_string(grid.row(done + i)) + ", column " +
+                                        std::to_string(grid.column(done + i)) + "): " + result.corrupt);
           } else if (!result.label) {
             ++record.unannotated;  // no annotation claims it and --unannotated gives it no class
           } else {
@@ -234,7 +239,6 @@ class SlideTiler {
     }
     record.complete = true;
     commit(candidates);
-    progress.finish();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.update({{"status", resumed_from ? "resumed" : "tiled"},
                     {"grid", {grid.columns, grid.rows}},
@@ -251,6 +255,7 @@ class SlideTiler {
                     {"label_counts", record.to_json()["label_counts"]},
                     {"seconds", seconds},
                     {"tiles_per_second", seconds > 0 ? static_cast<double>(written) / seconds : 0.0}});
+    progress.finish(slide_event(summary), slide_line(summary));
     return summary;
   }
 

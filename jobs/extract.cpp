@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <thread>
 
 #include "common/error.h"
+#include "common/run_summary.h"
 #include "compute/feature_file.h"
 #include "compute/vk/context.h"
 #include "jobs/extract_inputs.h"
@@ -86,7 +88,8 @@ void extract_features(const ExtractOptions &options, nlohmann::json *summary_so_
   if (inputs.slides.empty()) {  // more tasks than slides: this one has nothing to do
     summary.update({{"slides", nlohmann::json::array()}, {"tiles", 0}});
     if (summary_so_far) *summary_so_far = summary;
-    std::printf("%s\n", summary.dump().c_str());
+    print_result(summary, "no slide for shard " + std::to_string(options.shard.index) + "/" +
+                              std::to_string(options.shard.count) + " of " + std::to_string(inputs.shard_of) + "\n");
     return;
   }
   nlohmann::json listed = nlohmann::json::array();
@@ -159,8 +162,9 @@ void extract_features(const ExtractOptions &options, nlohmann::json *summary_so_
   summary.update(run_totals(per_device, times, seconds, tiles));
   if (summary_so_far) *summary_so_far = summary;
   if (error) std::rethrow_exception(error);
-  std::printf("%s\n", summary.dump().c_str());
-  std::fflush(stdout);
+  print_result(summary, slides_table(per_slide, tiles, seconds) + "features: " + options.out + "  (" +
+                            per_device.front()["name"].get<std::string>() + ", busy " +
+                            std::to_string(std::lround(100 * summary["device_busy_fraction"].get<double>())) + "%)\n");
   if (!failures.empty() && !options.skip_errors) {
     std::string message = std::to_string(failures.size()) + " slide(s) failed (the ones before are complete):";
     for (auto &failure : failures) message += "\n  " + failure;

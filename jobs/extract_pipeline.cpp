@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/output.h"
+#include "common/run_summary.h"
 
 namespace tessera {
 
@@ -80,12 +81,7 @@ void SharedRun::advance(uint64_t tiles, const std::string &slide) {
 void SharedRun::record(size_t slide, nlohmann::json summary, const SlideTimes &times) {
   std::lock_guard lock(mutex_);
   total_ += times;
-  const std::string status = summary["status"];
-  nlohmann::json line = {{"slide", summary["slide"]}, {"status", status}};
-  if (summary.contains("error")) line["error"] = summary["error"];
-  if (status == "extracted" || status == "resumed")
-    line.update({{"tiles", summary["tiles"]}, {"tiles_per_second", summary["tiles_per_second"]}});
-  progress_.event(line);
+  progress_.event(slide_event(summary), slide_line(summary));
   progress_.update(++recorded_, {{"slide", summary["slide"]}, {"tiles", tiles_}});
   if (observer_) observer_->slide_ended(slide, summary);
   summaries_[slide] = std::move(summary);

@@ -181,6 +181,26 @@ std::string format_summary(const std::vector<Trial>& trials, Direction direction
   return out;
 }
 
+nlohmann::json summary_json(const std::vector<Trial>& trials, Direction direction) {
+  nlohmann::json states = nlohmann::json::object();
+  for (auto& trial : trials) states[std::string(to_string(trial.state))] = states.value(to_string(trial.state), 0) + 1;
+  nlohmann::json out = {{"event", "sweep"}, {"trials", trials.size()}, {"states", states}};
+  if (auto* best = best_trial(trials, direction))
+    out["best"] = {{"number", best->number}, {"value", *best->value}, {"params", best->params}};
+  return out;
+}
+
+std::string trial_line(const nlohmann::json& event) {
+  std::string line = "trial " + std::to_string(event.value("trial", -1)) + "  " + event.value("state", std::string());
+  if (event.value("attempt", 0) > 0) line += " (attempt " + std::to_string(event["attempt"].get<int>() + 1) + ")";
+  if (event.contains("value")) line += "  value " + number_text(event["value"].get<double>());
+  if (event.contains("exit_code") && event["exit_code"] != 0) line += "  exit " + event["exit_code"].dump();
+  if (event.contains("signal")) line += "  signal " + event["signal"].dump();
+  line += "  " + std::to_string(std::lround(event.value("seconds", 0.0))) + "s";
+  if (event.contains("retry_batch")) line += "  (again with batch " + event["retry_batch"].dump() + ")";
+  return line;
+}
+
 std::string format_table(const std::vector<Trial>& trials, const StudyConfig& config) {
   std::vector<std::string> header = {"trial", "state", "value", "attempts", "seconds"};
   for (auto& param : config.space) header.push_back(param.name);
@@ -204,8 +224,9 @@ std::string format_table(const std::vector<Trial>& trials, const StudyConfig& co
     row.push_back(last && last->peak_device_bytes ? std::to_string(*last->peak_device_bytes) : "-");
     rows.push_back(row);
   }
-  rows.insert(rows.begin(), header);
-  std::string out = format_columns(rows);
+  std::vector<TableColumn> columns;
+  for (auto& title : header) columns.push_back({title});
+  std::string out = aligned_table(columns, rows);
   out += format_summary(trials, config.direction);
   if (auto* best = best_trial(trials, config.direction)) {
     out += "best flags: " + best_flags(*best, config) + "\n";

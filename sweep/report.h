@@ -23,6 +23,10 @@ double trial_seconds(const Trial& trial);
 
 // Counts by state and the best trial, a few lines.
 std::string format_summary(const std::vector<Trial>& trials, Direction direction);
+// The same as a JSON record: `event` "sweep", `trials`, `states` (counts by state), `best`.
+nlohmann::json summary_json(const std::vector<Trial>& trials, Direction direction);
+// A finished attempt's record for people: "trial 3  complete  value 0.8123  12s".
+std::string trial_line(const nlohmann::json& event);
 // One row per trial, then the best parameters as train flags.
 std::string format_table(const std::vector<Trial>& trials, const StudyConfig& config);
 

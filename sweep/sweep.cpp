@@ -26,6 +26,7 @@
 #include "common/json_input.h"
 #include "common/mpi_launcher.h"
 #include "common/progress.h"
+#include "common/run_summary.h"
 #include "sweep/child.h"
 #include "sweep/database.h"
 #include "sweep/process_scope.h"
@@ -99,7 +100,7 @@ class SweepRun {
     }
     progress.finish();
     trials_ = store_->trials();
-    std::printf("%s", format_summary(trials_, config_.direction).c_str());
+    print_result(summary_json(trials_, config_.direction), format_table(trials_, config_));
     if (stop_code_) throw Error(static_cast<ExitCode>(stop_code_), "sweep stopped: " + stop_message_);
   }
 
@@ -385,13 +386,13 @@ class SweepRun {
     }
     if (retry) rerun_.push_front(number);
     else mine_.erase(number);
-    nlohmann::json event = {{"trial", number}, {"attempt", attempt.index}, {"state", to_string(state)},
+    nlohmann::json event = {{"event", "trial"}, {"trial", number}, {"attempt", attempt.index}, {"state", to_string(state)},
                             {"seconds", attempt.finished - attempt.started}};
     if (attempt.value) event["value"] = *attempt.value;
     if (exit_code) event["exit_code"] = *exit_code;
     if (signal) event["signal"] = *signal;
     if (retry) event["retry_batch"] = smaller_batch(attempt)->first;
-    progress_->event(event);
+    progress_->event(event, trial_line(event));
     bool nothing_worked = std::none_of(trials_.begin(), trials_.end(), [](auto& t) { return t.state == TrialState::complete; });
     if (state == TrialState::failed && nothing_worked && exit_code &&
         (objective_missing || *exit_code == static_cast<int>(ExitCode::bad_usage) ||

@@ -41,7 +41,7 @@ def main():
         # (a wrong timestamp period would put it far outside). The copies of uploads and
         # downloads through staging buffers (a discrete GPU's), and the weights' preparation
         # ("conv1 prepare ...", once, when the model is loaded), run outside them.
-        forward = [json.loads(line) for line in process.stderr.splitlines() if '"forward_seconds"' in line][0]
+        forward = [json.loads(line) for line in process.stdout.splitlines() if '"forward_seconds"' in line][0]
         in_runs = sum(e["seconds"] for e in profile["kernels"]
                       if not e["name"].startswith(("upload ", "download ")) and " prepare " not in e["name"])
         assert 0 < in_runs <= forward["forward_seconds"], (in_runs, forward)

@@ -11,6 +11,8 @@
 #include "common/units.h"
 #include "compute/inference.h"
 #include "common/output.h"
+#include "common/progress.h"
+#include "common/run_summary.h"
 #include "compute/checkpoint.h"
 #include "compute/network.h"
 #include "compute/tensor.h"
@@ -76,6 +78,7 @@ void run_forward(const ForwardFlags& f) {
   const int64_t classes = network.output_shape()[1];
   HostArray logits{{n, classes}, std::vector<float>(static_cast<size_t>(n * classes))};
   std::vector<float> chunk(static_cast<size_t>(batch * per_image));
+  Progress progress("forward", static_cast<uint64_t>(n), "forward " + f.input);
   // The first batch also pays for one-off work (drivers that compile at first dispatch), so
   // the steady rate leaves it out.
   double device_seconds = 0, first_batch_seconds = 0;
@@ -99,7 +102,9 @@ void run_forward(const ForwardFlags& f) {
                      "); " + f.output + " is not written");
     }
     std::copy_n(out.begin(), count * classes, logits.values.begin() + first * classes);
+    progress.update(static_cast<uint64_t>(first + count), {{"images/s", (first + count) / device_seconds}});
   }
+  progress.finish();
   write_hdf5_arrays(f.output, {{"logits", logits}});
   nlohmann::json summary = {{"images", n},
                             {"batch", batch},
@@ -109,7 +114,9 @@ void run_forward(const ForwardFlags& f) {
                             {"planned_device_bytes", network.plan().total()},
                             {"peak_device_bytes", context.allocator().stats().peak_bytes}};
   if (n > batch) summary["steady_images_per_second"] = (n - batch) / (device_seconds - first_batch_seconds);
-  std::fprintf(stderr, "%s\n", summary.dump().c_str());
+  print_result(summary, "logits: " + f.output + " (" + std::to_string(n) + " images x " + std::to_string(classes) +
+                            " classes; " + std::to_string(std::llround(n / device_seconds)) + " images/s on " +
+                            context.info().name + ")\n");
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/output.h"
+#include "common/progress.h"
+#include "common/run_summary.h"
 #include "compute/checkpoint.h"
 #include "compute/feature_file.h"
 #include "compute/vk/context.h"
@@ -78,6 +80,8 @@ void run_heatmap(const HeatmapFlags& flags) {
   auto slide = data::open_slide(flags.slide);
   check_same_slide(tiles, *slide, flags.features);
 
+  // Three steps: the tiles' scores, the thumbnail, the painted PNG.
+  Progress progress("heatmap", 3, "heatmap " + flags.slide);
   vk::ContextOptions options = vk::options_from_environment();
   options.device_index = flags.device;
   vk::Context context(options);
@@ -86,12 +90,14 @@ void run_heatmap(const HeatmapFlags& flags) {
     throw BadInput(flags.features + ": features has " + std::to_string(scores.size()) + " rows but coords " +
                    std::to_string(tiles.coords.size() / 2));
   std::string positive = read_checkpoint(flags.model).model["classes"].back().get<std::string>();
+  progress.update(1);
 
   auto [low, high] = std::minmax_element(scores.begin(), scores.end());
   ScoreScale scale;
   if (flags.scale == "slide" && !scores.empty()) scale = {*low, *high, false};
   int level = thumbnail_level(*slide, flags.max_size);
   Image image = read_thumbnail(*slide, level, flags.max_size);
+  progress.update(2);
   int thumbnail_width = image.width, thumbnail_height = image.height;
   paint_scores(image, tiles, scores, slide->levels()[0], flags.alpha, scale);
   int legend = add_legend(image, "P(" + positive + ") by tile", scale);
@@ -111,7 +117,15 @@ void run_heatmap(const HeatmapFlags& flags) {
                          {"scale_range", {scale.low, scale.high}},
                          {"score_min", scores.empty() ? 0.0f : *low},
                          {"score_max", scores.empty() ? 0.0f : *high}};
-  std::printf("%s\n", summary.dump().c_str());
+  progress.update(3);
+  auto range = [](float value) { return format_number(static_cast<double>(value)); };
+  std::string line = flags.slide + "  " + std::to_string(scores.size()) + " tiles, P(" + positive + ") " +
+                     (scores.empty() ? "-" : range(*low) + " to " + range(*high));
+  progress.finish({{"event", "slide"}, {"slide", flags.slide}, {"tiles", scores.size()}}, line);
+  print_result(summary, "heatmap: " + flags.out + " (" + std::to_string(image.width) + "x" +
+                            std::to_string(image.height) + ", thumbnail of level " + std::to_string(level) +
+                            ", colours " + (flags.scale == "fixed" ? "0 to 1" : range(scale.low) + " to " +
+                                                                               range(scale.high)) + ")\n");
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/output.h"
+#include "common/progress.h"
+#include "common/run_summary.h"
 #include "data/synthetic_slide.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
@@ -84,7 +86,10 @@ void add_synth_command(CLI::App& app) {
     check_replaceable(paths.mask, "--mask", existing);
     check_replaceable(paths.geojson, "--geojson", existing);
     auto summary = data::write_synthetic_slide(options, paths);
-    std::printf("%s\n", summary.dump().c_str());
+    print_result(summary, "synth: " + paths.slide + " (" + std::to_string(options.width) + "x" +
+                              std::to_string(options.height) + ", " + std::to_string(summary["levels"].size()) +
+                              (summary["levels"].size() == 1 ? " level" : " levels") + ", tumour " + format_number(summary["tumour_fraction"]) + " of the area)\n" +
+                              "labels: " + paths.mask + ", " + paths.geojson + "\n");
   });
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/run_summary.h"
 #include "common/units.h"
 #include "data/tiler.h"
 #include "tools/commands.h"
@@ -109,7 +110,8 @@ void add_tile_command(CLI::App& app) {
       summary = data::tile_slides(jobs, flags->out, options, &observer);
       summary["shard"] = {{"index", flags->shard.index}, {"count", flags->shard.count},
                           {"slides", jobs.size()}, {"of", flags->slides.size()}};
-      std::printf("%s\n", summary.dump().c_str());
+      print_result(summary, slides_table(summary["slides"], summary["written"], summary["seconds"]) +
+                                "store: " + flags->out + "\n");
     });
   });
 }

@@ -110,12 +110,12 @@ std::string format_run_report(const nlohmann::json& report, const std::string& f
   std::string out = heading(report, file) + "\n";
   for (const std::string& line : details(report)) out += "  " + line + "\n";
   if (report.contains("error")) out += "  error: " + report["error"].get<std::string>() + "\n";
-  std::vector<Cells> rows = {header(report)};
+  std::vector<TableColumn> columns;
+  for (const std::string& title : header(report)) columns.push_back({title, columns.size() >= 2});  // numbers right
+  std::vector<Cells> rows;
   for (const nlohmann::json& slide : report["slides"]) rows.push_back(slide_cells(report, slide));
   rows.push_back(total_cells(report));
-  std::vector<bool> right(rows.front().size(), true);
-  right[0] = right[1] = false;
-  const std::string table = format_columns(rows, right);
+  const std::string table = aligned_table(columns, rows, true);
   for (size_t start = 0; start < table.size();) {  // indented as the lines above
     const size_t end = table.find('\n', start) + 1;
     out += "  " + table.substr(start, end - start);

@@ -1,0 +1,22 @@
+// The libraries' own output (libtiff, libvips and OpenSlide through GLib's log, DCMTK's logger,
+// HDF5's error stack) routed into tessera: warnings become tessera's warnings naming the file
+// (common/library_warnings.h), errors are kept for the error the failing call becomes; nothing
+// reaches the terminal by itself.
+#pragma once
+#include <tiffio.h>
+
+#include <string>
+
+namespace tessera::data {
+
+// Once per process, before any library call: the handlers of every library.
+void capture_library_messages();
+
+// TIFFOpen and TIFFFdOpen with this file's own handlers: its warnings name it, its errors are
+// kept for last_tiff_error(). Null when it cannot be opened.
+TIFF* open_tiff(const std::string& path, const char* mode);
+TIFF* open_tiff_fd(int fd, const std::string& path, const char* mode);
+// What libtiff last said was wrong on this thread ("module: text").
+const std::string& last_tiff_error();
+
+}  // namespace tessera::data
