@@ -219,13 +219,16 @@ def test_tile_lines_table_and_json(task, slides):
     assert [(row[0], row[1], int(row[2])) for row in rows] == [(p, "tiled", n) for p, n in zip(slides, per_slide)]
     assert screen[head + 3].startswith("-----"), screen
     assert screen[head + 4].split()[:4] == ["total", "2", "slides", str(sum(per_slide))], screen
-    assert screen[-1] == f"store: {os.path.join(task, 'terminal.lmdb')}", screen
+    assert screen[-2] == f"store: {os.path.join(task, 'terminal.lmdb')}", screen
+    assert re.fullmatch(re.escape(f"tile: run report {task}/terminal.lmdb/runs/") + r"\S+\.json", screen[-1]), screen
 
     # --json on a terminal: the records of a pipe.
     code, screen = on_terminal([*args, "--json", "--out", os.path.join(task, "json.lmdb")])
     records = [json.loads(line) for line in screen]
     assert code == 0 and [r["tiles"] for r in records if r.get("event") == "slide"] == per_slide, screen
-    assert [s["tiles"] for s in records[-1]["slides"]] == per_slide, screen
+    result = next(r for r in reversed(records) if "slides" in r)  # the run report's record follows it
+    assert [s["tiles"] for s in result["slides"]] == per_slide, screen
+    assert "run report" in records[-1], screen
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +267,9 @@ def test_extract_lines_table_and_json(task, features):
                    for line in screen), screen
     head = next(i for i, line in enumerate(screen) if TABLE_HEAD.match(line))
     assert screen[head + len(rows) + 2].split()[:4] == ["total", "2", "slides", str(sum(rows.values()))], screen
-    assert screen[-1].startswith(f"features: {os.path.join(task, 'features-terminal')}  (") and "busy" in screen[-1]
+    assert screen[-2].startswith(f"features: {os.path.join(task, 'features-terminal')}  (") and "busy" in screen[-2]
+    assert re.fullmatch(re.escape(f"extract: run report {task}/features-terminal/runs/") + r"\S+\.json",
+                        screen[-1]), screen
 
 
 def test_heatmap_line_and_json(task, slides, features):
