@@ -1,16 +1,18 @@
 // tessera: CNN training for gigapixel histopathology on Vulkan compute.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "common/error.h"
 #include "common/progress.h"
+#include "common/version.h"
 #include "tools/commands.h"
 #include "tools/parse_errors.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tessera: CNN training for gigapixel histopathology on Vulkan compute shaders"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tessera 0.1.0");
+  app.set_version_flag("--version", std::string("tessera ") + tessera::version());
   // Progress and results: readable on a terminal, JSON lines otherwise or with --json (before or after the command).
   bool json = false;
   app.add_flag("--json", json, "JSON lines on stderr (and a command's result on stdout), even on a terminal");
