@@ -6,5 +6,7 @@
 namespace tessera {
 
 const char* version();
+// The commit it was built from (`git rev-parse HEAD`), "unknown" outside git.
+const char* commit();
 
 }  // namespace tessera

@@ -8,13 +8,17 @@
 #include <dcmtk/dcmdata/dcpixseq.h>
 #include <dcmtk/dcmdata/dcpxitem.h>
 #include <dcmtk/dcmdata/dcuid.h>
+#include <fcntl.h>
 #include <link.h>
 #include <openslide/openslide.h>
 #include <tiffio.h>
 #include <vips/vips.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -60,6 +64,37 @@ FormatCheck run_check(FormatCheck result, const std::function<void()>& check) {
     result.problem = e.what();
   }
   return result;
+}
+
+// "libtiff 4.5.0": TIFFGetVersion's first line is "LIBTIFF, Version 4.5.0", then its copyright.
+std::string libtiff_version() {
+  std::string text = TIFFGetVersion();
+  text = text.substr(0, text.find('\n'));
+  const size_t number = text.find("Version ");
+  return "libtiff " + (number == std::string::npos ? text : text.substr(number + 8));
+}
+
+// A synthetic slide written without its progress bar (stderr): that is `tessera synth`'s, not
+// the doctor's.
+void write_quietly(const SyntheticSlideOptions& options, const SyntheticSlidePaths& paths) {
+  std::fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  const int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (saved >= 0 && null >= 0) dup2(null, STDERR_FILENO);
+  if (null >= 0) close(null);
+  auto restore = [saved] {
+    std::fflush(stderr);
+    if (saved < 0) return;
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+  };
+  try {
+    write_synthetic_slide(options, paths);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
 }
 
 SyntheticSlidePaths synthetic_paths(const fs::path& scratch, const std::string& name) {
@@ -168,14 +203,14 @@ std::vector<FormatCheck> check_slide_formats(const std::string& scratch_director
   const int side = 512;
   std::vector<uint8_t> tiff_pixels;
   checks.push_back(run_check(
-      {"TIFF / BigTIFF", std::string("libtiff ") + TIFFGetVersion(), "a 512x512 JPEG-tiled BigTIFF (tessera synth) "
+      {"TIFF / BigTIFF", libtiff_version(), "a 512x512 JPEG-tiled BigTIFF (tessera synth) "
                                                                      "written and read back"},
       [&] {
         SyntheticSlideOptions options;
         options.width = options.height = side;
         options.seed = 1;
         options.mpp = 0.5;
-        write_synthetic_slide(options, bright);
+        write_quietly(options, bright);
         auto slide = open_slide(bright.slide, kCacheBytes);
         require(slide->format() == "tiff", "read as " + slide->format() + ", not by libtiff");
         require(std::abs(slide->mpp_x() - 0.5) < 1e-6, "its resolution read as " + std::to_string(slide->mpp_x()) +
@@ -196,7 +231,7 @@ std::vector<FormatCheck> check_slide_formats(const std::string& scratch_director
         require(largest <= 2, "its pixels differ from libtiff's by up to " + std::to_string(largest) + " levels");
       }));
   checks.push_back(run_check(
-      {"OME-TIFF (multiplex planes; QPTIFF alike)", std::string("libtiff ") + TIFFGetVersion(),
+      {"OME-TIFF (multiplex planes; QPTIFF alike)", libtiff_version(),
        "a 4-channel fluorescence OME-TIFF (tessera synth) written and read back"},
       [&] {
         SyntheticSlideOptions options;
@@ -205,7 +240,7 @@ std::vector<FormatCheck> check_slide_formats(const std::string& scratch_director
         options.fluorescence = true;
         options.channels = 4;
         const SyntheticSlidePaths planes = synthetic_paths(scratch, "multiplex");
-        write_synthetic_slide(options, planes);
+        write_quietly(options, planes);
         auto slide = open_slide(planes.slide, kCacheBytes);
         require(slide->format() == "ome-tiff", "read as " + slide->format() + ", not as OME-TIFF");
         require(slide->channels() == 4 && !slide->rgb() && slide->channel_names().size() == 4,

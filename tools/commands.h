@@ -16,6 +16,7 @@ void add_tile_command(CLI::App& app);
 void add_sweep_command(CLI::App& app);
 void add_extract_command(CLI::App& app);
 void add_heatmap_command(CLI::App& app);
+void add_doctor_command(CLI::App& app);
 
 // Runs `tessera train ARGS...` inside this process and returns its exit code; each trial
 // protocol line (docs/architecture.md, "Trial protocol") goes to `report` instead of a file

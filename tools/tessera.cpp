@@ -12,7 +12,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"tessera: CNN training for gigapixel histopathology on Vulkan compute shaders"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("tessera ") + tessera::version());
+  app.set_version_flag("--version", std::string("tessera ") + tessera::version() + " (commit " + tessera::commit() + ")");
   // Progress and results: readable on a terminal, JSON lines otherwise or with --json (before or after the command).
   bool json = false;
   app.add_flag("--json", json, "JSON lines on stderr (and a command's result on stdout), even on a terminal");
@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_sweep_command(app);
   tessera::cli::add_extract_command(app);
   tessera::cli::add_heatmap_command(app);
+  tessera::cli::add_doctor_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
