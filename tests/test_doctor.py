@@ -15,7 +15,6 @@
 """
 import json
 import os
-import pty
 import re
 import shutil
 import subprocess
@@ -23,6 +22,8 @@ import sys
 import tempfile
 
 import pytest
+
+import test_terminal_output as terminal_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -162,24 +163,13 @@ def test_no_driver_on_a_terminal_says_fail_and_the_hint():
 
 
 def on_terminal(args, env):
-    """(exit code, lines) of tessera ARGS with stdout and stderr on a pty."""
-    master, slave = pty.openpty()
-    process = subprocess.Popen([TESSERA, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(master)
-    code = process.wait(timeout=600)
-    text = output.decode(errors="replace").replace("\r\n", "\n")
-    assert "vulkan validation" not in text.lower(), text
-    return code, [line for line in text.split("\n") if line.strip()]
+    """(exit code, lines) of tessera ARGS with stdout and stderr on a pty, in `env`."""
+    original = terminal_output.ENV
+    terminal_output.ENV = env
+    try:
+        return terminal_output.on_terminal(args)
+    finally:
+        terminal_output.ENV = original
 
 
 def test_terminal_lines_and_json_lines(tmp_path):
@@ -270,9 +260,18 @@ def test_weights_that_do_not_fit_or_are_broken_are_exit_1(small_vit):
     assert code == 1
     assert of(records, "weights")[0]["status"] == "ok"
     plan = of(records, "plan")[0]
-    assert plan["status"] == "fail" and "lower --batch" in plan["fix"]
+    assert plan["status"] == "fail" and plan["batch"] == 32
     assert plan["budget_bytes"] == 1 << 20 and plan["plan"]["total"] > plan["budget_bytes"]
     assert [p["check"] for p in records[-1]["problems"]] == ["plan"]
+    # The batch the fix names does fit, and twice it does not.
+    batch = int(re.search(r"--batch (\d+) fits", plan["fix"]).group(1))
+    assert 1 <= batch < 32
+    code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--device-memory-limit", "1MiB",
+                              "--batch", batch)
+    assert code == 0 and of(records, "plan")[0]["plan"]["total"] <= 1 << 20
+    code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--device-memory-limit", "1MiB",
+                              "--batch", 2 * batch)
+    assert code == 1 and not of(records, "plan")[0]["fits"]
 
 
 def test_model_without_encoder_is_a_bad_flag(small_vit):

@@ -87,11 +87,6 @@ class Findings {
   nlohmann::json problems_ = nlohmann::json::array();
 };
 
-std::string vulkan_version(uint32_t version) {
-  return std::to_string(VK_API_VERSION_MAJOR(version)) + "." + std::to_string(VK_API_VERSION_MINOR(version)) + "." +
-         std::to_string(VK_API_VERSION_PATCH(version));
-}
-
 void check_drivers(Findings& findings) {
   const std::string replaced = vk::driver_override();
   auto manifests = vk::driver_manifests();
@@ -185,7 +180,7 @@ bool check_devices(Findings& findings) {
         {"name", device.name},
         {"type", device.type},
         {"driver", device.driver},
-        {"api", vulkan_version(device.api_version)},
+        {"api", vk::version_text(device.api_version)},
         {"default", i == chosen},
         {"memory", memory_json(device, limit)},
         {"limits",
@@ -215,7 +210,7 @@ bool check_devices(Findings& findings) {
                       (device.cooperative_matrix ? "offered" : "not offered"));
     details.push_back(variants_line(variants));
     const std::string line = "device " + std::to_string(device.index) + ": " + device.name + " (" + device.type +
-                             ", Vulkan " + vulkan_version(device.api_version) + ", " + device.driver + ")" +
+                             ", Vulkan " + vk::version_text(device.api_version) + ", " + device.driver + ")" +
                              (i == chosen ? ", the default" : "");
     if (device.api_version < VK_API_VERSION_1_2)
       findings.add("device", Mark::fail, line + ": Vulkan 1.2 is needed", fields, details,
@@ -305,6 +300,20 @@ std::string fix_for(const Error& e, const std::string& encoder) {
   }
 }
 
+// Where the plan at --batch does not fit: the largest of --batch halved that does, by the same plans.
+std::string fitting_batch_advice(vk::Context& context, const ExtractOptions& options,
+                                 const std::vector<ExtractModel>& models) {
+  for (int batch = options.batch / 2; batch >= 1; batch /= 2) {
+    ExtractOptions smaller = options;
+    smaller.batch = batch;
+    std::vector<MemoryPlan> plans;
+    if (device_extraction_plans(context, smaller, models, plans)["fits"].get<bool>())
+      return "lower --batch: --batch " + std::to_string(batch) + " fits (or --precision fp16, or a device with more "
+             "memory)";
+  }
+  return "even one tile does not fit: a device with more memory (see the devices above), or --precision fp16";
+}
+
 // The weights as extract loads them, then the plan on the device extract would take.
 void check_model(Findings& findings, ExtractOptions options, bool have_device) {
   const std::string& encoder = options.encoders.front();
@@ -339,7 +348,7 @@ void check_model(Findings& findings, ExtractOptions options, bool have_device) {
       findings.add("plan", Mark::ok, "extraction plan of " + encoder + " " + needs, plan);
     else
       findings.add("plan", Mark::fail, "extraction plan of " + encoder + " " + needs + ": it does not fit", plan, {},
-                   "lower --batch (each tile adds its activations), --precision fp16, or a device with more memory");
+                   fitting_batch_advice(context, options, models));
   } catch (const Error& e) {
     findings.add("plan", Mark::fail, "extraction plan of " + encoder + ": " + e.what(),
                  {{"exit_code", static_cast<int>(e.code())}}, {}, fix_for(e, encoder));

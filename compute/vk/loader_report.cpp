@@ -80,13 +80,17 @@ void add_manifests(const std::string& path, bool named, std::vector<DriverManife
 
 }  // namespace
 
+std::string version_text(uint32_t version) {
+  return std::to_string(VK_API_VERSION_MAJOR(version)) + "." + std::to_string(VK_API_VERSION_MINOR(version)) + "." +
+         std::to_string(VK_API_VERSION_PATCH(version));
+}
+
 std::string loader_version() {
   uint32_t version = VK_API_VERSION_1_0;
   auto enumerate =
       reinterpret_cast<PFN_vkEnumerateInstanceVersion>(vkGetInstanceProcAddr(nullptr, "vkEnumerateInstanceVersion"));
   if (enumerate) enumerate(&version);  // a 1.0 loader has none
-  return std::to_string(VK_API_VERSION_MAJOR(version)) + "." + std::to_string(VK_API_VERSION_MINOR(version)) + "." +
-         std::to_string(VK_API_VERSION_PATCH(version));
+  return version_text(version);
 }
 
 std::string driver_override() {

@@ -9,6 +9,9 @@
 
 namespace tessera::vk {
 
+// A Vulkan version number as text ("1.3.239").
+std::string version_text(uint32_t version);
+
 // The loader's Vulkan version ("1.3.239"), from vkEnumerateInstanceVersion.
 std::string loader_version();
 
