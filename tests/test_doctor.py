@@ -256,6 +256,17 @@ def test_weights_that_do_not_fit_or_are_broken_are_exit_1(small_vit):
     assert code == 1
     assert f"missing tensor '{dropped}'" in of(records, "weights")[0]["message"]
 
+    state = dict(small_vit["state"])
+    poisoned = sorted(state)[-1]
+    state[poisoned] = state[poisoned].clone()
+    state[poisoned].view(-1)[1] = float("nan")
+    nan = folder / "nan.safetensors"
+    small_vit["write"](str(nan), state)
+    code, records, _ = doctor("--model", nan, "--encoder", encoder)
+    assert code == 1
+    weights = of(records, "weights")[0]
+    assert f"tensor '{poisoned}'" in weights["message"] and weights["exit_code"] == 5
+
     code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--device-memory-limit", "1MiB")
     assert code == 1
     assert of(records, "weights")[0]["status"] == "ok"
