@@ -256,6 +256,11 @@ def test_weights_that_do_not_fit_or_are_broken_are_exit_1(small_vit):
     assert code == 1
     assert f"missing tensor '{dropped}'" in of(records, "weights")[0]["message"]
 
+    code, records, _ = doctor("--model", encoder, "--encoder", encoder)  # the description, not weights
+    assert code == 1
+    weights = of(records, "weights")[0]
+    assert weights["exit_code"] == 2 and "must hold the weights" in weights["message"] and "--model" in weights["fix"]
+
     state = dict(small_vit["state"])
     poisoned = sorted(state)[-1]
     state[poisoned] = state[poisoned].clone()

@@ -295,8 +295,11 @@ std::string fix_for(const Error& e, const std::string& encoder) {
              "converted by tools/torch_to_tessera.py; re-download a truncated file";
     case ExitCode::out_of_device_memory:
       return "lower --batch, use a device with more memory (see the devices above), or --precision fp16";
+    case ExitCode::bad_usage:
+      return "give --encoder a known encoder or a ViT JSON, and --model its weights (.safetensors, or a checkpoint "
+             "converted by tools/torch_to_tessera.py); the message says which of the two is wrong";
     default:
-      return "see the message";
+      return "the message says what failed; `tessera extract` would stop there too";
   }
 }
 
