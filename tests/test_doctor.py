@@ -102,6 +102,7 @@ def test_lavapipe_is_ready_with_its_device_formats_and_variants():
     # lavapipe's subgroups are SIMD lanes: the register tiles and shared-memory trees of a CPU.
     assert lavapipe["kernel_variants"]["gemm"]["kind"] == "registers"
     assert lavapipe["kernel_variants"]["reductions"]["kind"] == "shared_memory"
+    assert lavapipe["kernel_variants"]["layer_norm"] == {"workgroup": reference["subgroup_size"], "subgroup_sum": True}
     formats = {r["format"]: r for r in of(records, "format")}
     for name in FORMATS:
         found = [r for f, r in formats.items() if f.startswith(name)]
@@ -127,6 +128,11 @@ def test_discrete_gpu_layer_shows_device_memory_the_host_cannot_map():
     assert any(t["host_visible"] and not t["host_coherent"] and t["host_cached"] for t in types)
     assert device["limits"]["non_coherent_atom_size"] == 256
     assert [h["device_local"] for h in device["memory"]["heaps"]] == [True, False]
+    # The variants follow the reported type where the ops look at it (layer norm's row workgroup:
+    # a GPU's, past one subgroup), and lavapipe's 8-lane subgroups where they look at those (gemm).
+    layer_norm = device["kernel_variants"]["layer_norm"]
+    assert layer_norm["workgroup"] > device["limits"]["subgroup_size"] and not layer_norm["subgroup_sum"]
+    assert device["kernel_variants"]["gemm"]["kind"] == "registers"
 
 
 @pytest.mark.parametrize("manifest", ["missing", "empty"])
