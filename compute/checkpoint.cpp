@@ -254,15 +254,25 @@ Checkpoint read_checkpoint(const std::string& path) {
   return checkpoint;
 }
 
-void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Tensor*>& tensors,
-                  const std::string& file, const std::string& group) {
-  for (auto& [name, tensor] : tensors) {
+void check_arrays_fit(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Shape>& needed,
+                      const std::string& file, const std::string& group) {
+  for (auto& [name, shape] : needed) {
     auto it = arrays.find(name);
     if (it == arrays.end()) throw BadInput(file + ": dataset " + group + "/" + name + " is missing");
-    if (element_count(it->second.shape) != tensor->count() ||
-        (it->second.shape != tensor->shape() && it->second.shape.size() > 1))
+    if (element_count(it->second.shape) != element_count(shape) ||
+        (it->second.shape != shape && it->second.shape.size() > 1))
       throw BadInput(file + ": dataset " + group + "/" + name + " has shape " + to_string(it->second.shape) +
-                     ", the model needs " + to_string(tensor->shape()));
+                     ", the model needs " + to_string(shape));
+  }
+}
+
+void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Tensor*>& tensors,
+                  const std::string& file, const std::string& group) {
+  std::map<std::string, Shape> needed;
+  for (auto& [name, tensor] : tensors) needed[name] = tensor->shape();
+  check_arrays_fit(arrays, needed, file, group);
+  for (auto& [name, tensor] : tensors) {
+    auto it = arrays.find(name);
     if (tensor->dtype() == DType::u32) {
       std::vector<uint32_t> words(it->second.values.begin(), it->second.values.end());
       tensor->upload(words.data(), words.size() * 4);

@@ -35,6 +35,12 @@ nlohmann::json read_checkpoint_progress(const std::string& path);
 // The model description alone; throws BadInput naming the file as read_checkpoint does.
 nlohmann::json read_checkpoint_model(const std::string& path);
 
+// Whether `arrays` holds every name of `needed` with its shape (a 1-D array of as many values
+// as a tensor of another shape stands for it); throws BadInput naming the parameter (and the
+// file) on a missing name or a shape mismatch.
+void check_arrays_fit(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Shape>& needed,
+                      const std::string& file, const std::string& group);
+
 // Copies parameter and state values into device tensors by name, checking shapes; throws
 // BadInput naming the parameter (and the file) on a missing name or a shape mismatch.
 void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map<std::string, Tensor*>& tensors,

@@ -103,6 +103,24 @@ MemoryPlan plan_inference(vk::Context& context, const ResolvedModel& model, cons
   return plan_of(*build_network(model, options, layer), options, context.allocator());
 }
 
+WeightsCheck check_weights(const ResolvedModel& model, const InferenceOptions& options) {
+  std::string layer;
+  std::unique_ptr<Network> network = build_network(model, options, layer);
+  WeightsCheck check{network->named_tensors().size(), 0, network->output_shape()};
+  if (model.checkpoint) {
+    // read_checkpoint read every value and refused any that is not finite.
+    std::map<std::string, Shape> needed;
+    for (auto& named : network->named_tensors()) {
+      needed[named.name] = named.spec.shape;
+      check.values += static_cast<uint64_t>(element_count(named.spec.shape));
+    }
+    check_arrays_fit(model.checkpoint->params, needed, model.source, "params");
+  } else if (!model.safetensors.empty()) {
+    check.values = check_safetensors(model.safetensors, *network, timm_parameter_name);
+  }
+  return check;
+}
+
 BatchLimit batch_within(const ResolvedModel& model, const InferenceOptions& options, int64_t batch,
                         uint64_t largest_buffer) {
   // The largest buffer at batch b: every activation grows with the batch, weights do not.

@@ -55,6 +55,20 @@ struct InferenceOptions {
 // nothing is allocated (extract --dry-run).
 MemoryPlan plan_inference(vk::Context& context, const ResolvedModel& model, const InferenceOptions& options);
 
+// What check_weights read: the model's parameter and state tensors, their values (0 for random
+// weights: nothing to read), and the shape of the pass's output (its last extent: the features).
+struct WeightsCheck {
+  size_t tensors = 0;
+  uint64_t values = 0;
+  Shape output;
+};
+
+// The weights of `model` checked on the host as Inference would load them: every name, shape
+// and dtype against the graph, every value read and finite. Nothing is allocated, on the device
+// or on disk (tessera doctor). Throws BadInput naming the file and the tensor, ModelError naming
+// a malformed description.
+WeightsCheck check_weights(const ResolvedModel& model, const InferenceOptions& options);
+
 // The batch a device whose buffers hold at most `largest_buffer` bytes (its
 // maxStorageBufferRange: 128 MiB on lavapipe) can run, at most `batch`, with the inputs' first
 // dimension as the batch: the largest at which no buffer of the pass is larger (0: not even one

@@ -467,7 +467,10 @@ std::vector<Network::Named> Network::named_tensors() {
     if (!l.from_model) continue;
     for (size_t s = 0; s < l.specs.size(); ++s) {
       if (!in_checkpoint(l.specs[s].role)) continue;
-      named.push_back({tensor_name(l.name, l.specs[s]), l.tensors[s].get(), l.grads[s].get(), l.specs[s]});
+      // Before allocate() the names and specs alone, tensors null: weights checked on the host.
+      const bool allocated = s < l.tensors.size();
+      named.push_back({tensor_name(l.name, l.specs[s]), allocated ? l.tensors[s].get() : nullptr,
+                       allocated ? l.grads[s].get() : nullptr, l.specs[s]});
     }
   }
   return named;

@@ -150,9 +150,13 @@ std::vector<float> SafetensorsFile::read(const Entry& entry) const {
   return values;
 }
 
-void load_safetensors(const std::string& path, Network& network,
-                      const std::function<std::string(const std::string&)>& rename) {
-  SafetensorsFile file(path);
+namespace {
+
+// Each parameter and state tensor of `network` with the file's tensor of its name; throws
+// BadInput naming every missing, unexpected, misshapen or unreadable tensor.
+std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
+    const SafetensorsFile& file, Network& network, const std::function<std::string(const std::string&)>& rename) {
+  const std::string& path = file.path();
   std::map<std::string, const SafetensorsFile::Entry*> given;
   std::vector<std::string> problems;
   for (auto& entry : file.entries()) {
@@ -196,7 +200,23 @@ void load_safetensors(const std::string& path, Network& network,
                    (name != network.description().end() && name->is_string() ? " " + quoted_excerpt(name->get_ref<const std::string&>()) : "") +
                    ":" + text);
   }
-  for (auto& [tensor, entry] : loads) tensor->upload(file.read(*entry));
+  return loads;
+}
+
+}  // namespace
+
+void load_safetensors(const std::string& path, Network& network,
+                      const std::function<std::string(const std::string&)>& rename) {
+  SafetensorsFile file(path);
+  for (auto& [tensor, entry] : match_tensors(file, network, rename)) tensor->upload(file.read(*entry));
+}
+
+uint64_t check_safetensors(const std::string& path, Network& network,
+                           const std::function<std::string(const std::string&)>& rename) {
+  SafetensorsFile file(path);
+  uint64_t values = 0;
+  for (auto& match : match_tensors(file, network, rename)) values += file.read(*match.second).size();
+  return values;
 }
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 // then the raw little-endian data), read directly. Every size is checked against the bytes the
 // file really holds before anything is read.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ class SafetensorsFile {
 // misshapen or unreadable tensor is named in one BadInput (exit 5), and nothing is loaded.
 void load_safetensors(const std::string& path, Network& network,
                       const std::function<std::string(const std::string&)>& rename);
+// The same checks, and every value read and checked finite on the host, without loading
+// anything (the network need not be allocated): `tessera doctor`. Returns the values read.
+uint64_t check_safetensors(const std::string& path, Network& network,
+                           const std::function<std::string(const std::string&)>& rename);
 
 bool is_safetensors_path(const std::string& path);
 

@@ -50,6 +50,38 @@ vk::ContextOptions extraction_context(const ExtractOptions &options, int device)
   return context;
 }
 
+nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOptions &options,
+                                      const std::vector<ExtractModel> &models, std::vector<MemoryPlan> &plans) {
+  auto describe = [](const MemoryPlan &plan) {
+    return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
+  };
+  const uint64_t budget = context.allocator().stats().budget_bytes;
+  nlohmann::json model_reports = nlohmann::json::array();
+  MemoryPlan together;
+  for (const ExtractModel &model : models) {
+    const InferenceOptions requested = extraction_inference(options, model);
+    nlohmann::json capped;
+    InferenceOptions inference = requested;
+    inference.inputs[0].shape[0] = capped_batch(model.resolved, requested, context.info(), options.batch, capped);
+    const MemoryPlan &plan = plans.emplace_back(plan_inference(context, model.resolved, inference));
+    together.append(plan);
+    model_reports.push_back({{"model", model.name},
+                             {"plan_at_requested_batch", describe(plan_inference(context, model.resolved, requested))},
+                             {"batch", inference.inputs[0].shape[0]},
+                             {"batch_capped", capped},
+                             {"plan", describe(plan)},
+                             {"fits", plan.device_bytes(context.allocator()) <= budget}});
+  }
+  nlohmann::json report = model_reports.front();  // the first model's, where a script looks
+  report.update({{"index", context.info().index},
+                 {"name", context.info().name},
+                 {"budget_bytes", budget},
+                 {"models", model_reports},
+                 {"together", describe(together)},
+                 {"models_together", together.device_bytes(context.allocator()) <= budget}});
+  return report;
+}
+
 // --dry-run: each device's plans, at --batch and at the batch the device runs (capped by its
 // largest buffer), and whether the models fit together, as one JSON line; then exit 3 where a
 // model does not fit a device even alone.
@@ -58,37 +90,9 @@ void print_extraction_plans(const ExtractOptions &options, const std::vector<Ext
   nlohmann::json reports = nlohmann::json::array();
   std::vector<std::unique_ptr<vk::Context>> contexts;
   std::vector<std::vector<MemoryPlan>> plans;
-  auto describe = [](const MemoryPlan &plan) {
-    return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
-  };
   for (int device : devices) {
     auto &context = *contexts.emplace_back(std::make_unique<vk::Context>(extraction_context(options, device)));
-    const uint64_t budget = context.allocator().stats().budget_bytes;
-    nlohmann::json model_reports = nlohmann::json::array();
-    MemoryPlan together;
-    auto &device_plans = plans.emplace_back();
-    for (const ExtractModel &model : models) {
-      const InferenceOptions requested = extraction_inference(options, model);
-      nlohmann::json capped;
-      InferenceOptions inference = requested;
-      inference.inputs[0].shape[0] = capped_batch(model.resolved, requested, context.info(), options.batch, capped);
-      const MemoryPlan &plan = device_plans.emplace_back(plan_inference(context, model.resolved, inference));
-      together.append(plan);
-      model_reports.push_back({{"model", model.name},
-                               {"plan_at_requested_batch", describe(plan_inference(context, model.resolved, requested))},
-                               {"batch", inference.inputs[0].shape[0]},
-                               {"batch_capped", capped},
-                               {"plan", describe(plan)},
-                               {"fits", plan.device_bytes(context.allocator()) <= budget}});
-    }
-    nlohmann::json report = model_reports.front();  // the first model's, where a script looks
-    report.update({{"index", context.info().index},
-                   {"name", context.info().name},
-                   {"budget_bytes", budget},
-                   {"models", model_reports},
-                   {"together", describe(together)},
-                   {"models_together", together.device_bytes(context.allocator()) <= budget}});
-    reports.push_back(std::move(report));
+    reports.push_back(device_extraction_plans(context, options, models, plans.emplace_back()));
   }
   nlohmann::json names = nlohmann::json::array();
   for (const ExtractModel &model : models) names.push_back(model.name);

@@ -28,6 +28,13 @@ int64_t capped_batch(const ResolvedModel &model, const InferenceOptions &inferen
 // The context of device `device` (an index; -1 the default) with --device-memory-limit.
 vk::ContextOptions extraction_context(const ExtractOptions &options, int device);
 
+// The plans of the models on one device, as --dry-run reports them: each model's at --batch and
+// at the batch the device runs (capped by its largest buffer), whether it fits the budget alone
+// (`fits`) and with the others (`models_together`). `plans` receives each model's plan at the
+// batch it runs. Throws OutOfDeviceMemory where one tile is too many for a buffer.
+nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOptions &options,
+                                      const std::vector<ExtractModel> &models, std::vector<MemoryPlan> &plans);
+
 // --dry-run: each device's plans (each model's at --batch and at the batch the device runs, and
 // whether they fit together), as one JSON line on stdout; then OutOfDeviceMemory (exit 3) where a
 // model does not fit a device even alone. Nothing is read, written or allocated.

@@ -12,17 +12,13 @@
 #include "common/error.h"
 #include "common/units.h"
 #include "compute/vk/context.h"
+#include "compute/vk/loader_report.h"
 #include "common/progress.h"
 #include "tools/commands.h"
 
 namespace tessera::cli {
 
-namespace {
-std::string version_text(uint32_t v) {
-  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) + "." +
-         std::to_string(VK_API_VERSION_PATCH(v));
-}
-}  // namespace
+using vk::version_text;
 
 void add_info_command(CLI::App& app) {
   auto* command = app.add_subcommand("info", "List Vulkan devices and library versions");

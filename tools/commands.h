@@ -8,9 +8,6 @@
 
 namespace tessera::cli {
 
-// The project's version (CMake's project(VERSION)), as --version and run reports give it.
-inline constexpr const char* tessera_version = TESSERA_VERSION;
-
 void add_info_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_forward_command(CLI::App& app);
@@ -20,6 +17,7 @@ void add_sweep_command(CLI::App& app);
 void add_extract_command(CLI::App& app);
 void add_heatmap_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_doctor_command(CLI::App& app);
 
 // Runs `tessera train ARGS...` inside this process and returns its exit code; each trial
 // protocol line (docs/architecture.md, "Trial protocol") goes to `report` instead of a file

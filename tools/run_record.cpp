@@ -13,6 +13,7 @@
 #include "common/progress.h"
 #include "common/run_report.h"
 #include "common/utf8.h"
+#include "common/version.h"
 #include "tools/commands.h"
 
 namespace tessera::cli {
@@ -81,7 +82,8 @@ class RunRecorder : public SlideObserver {
     report_ = {{"format", run_report_format},
                {"version", run_report_version},
                {"command", command_},
-               {"tessera", tessera_version},
+               {"tessera", version()},
+               {"commit", commit()},
                {"arguments", arguments},
                {"settings", settings_of(command)},
                {"host", valid_utf8(host_name())},

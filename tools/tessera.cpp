@@ -1,10 +1,12 @@
 // tessera: CNN training for gigapixel histopathology on Vulkan compute.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "common/error.h"
 #include "common/library_warnings.h"
 #include "common/progress.h"
+#include "common/version.h"
 #include "data/library_messages.h"
 #include "tools/commands.h"
 #include "tools/parse_errors.h"
@@ -15,7 +17,7 @@ int main(int argc, char** argv) {
   tessera::data::capture_library_messages();
   CLI::App app{"tessera: CNN training for gigapixel histopathology on Vulkan compute shaders"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("tessera ") + tessera::cli::tessera_version);
+  app.set_version_flag("--version", std::string("tessera ") + tessera::version() + " (commit " + tessera::commit() + ")");
   // Progress and results: readable on a terminal, JSON lines otherwise or with --json (before or after the command).
   bool json = false;
   app.add_flag("--json", json, "JSON lines on stderr (and a command's result on stdout), even on a terminal");
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_extract_command(app);
   tessera::cli::add_heatmap_command(app);
   tessera::cli::add_report_command(app);
+  tessera::cli::add_doctor_command(app);
   try {
     app.parse(argc, argv);
     tessera::report_repeated_library_warnings();

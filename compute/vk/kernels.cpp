@@ -121,17 +121,17 @@ std::string cache_file(const VkPhysicalDeviceProperties& properties) {
 
 }  // namespace
 
-Kernels::Kernels(Context& context)
-    : context_(context),
-      tile_target_{context.info().type,
-                   context.info().subgroup_size,
-                   context.info().max_shared_memory,
-                   context.info().max_workgroup_invocations,
-                   context.info().max_workgroup_size_x,
-                   context.info().subgroup_arithmetic,
-                   context.info().cooperative_matrix} {
-  load_cache();
+TileTarget tile_target_of(const DeviceInfo& device) {
+  return {device.type,
+          device.subgroup_size,
+          device.max_shared_memory,
+          device.max_workgroup_invocations,
+          device.max_workgroup_size_x,
+          device.subgroup_arithmetic,
+          device.cooperative_matrix};
 }
+
+Kernels::Kernels(Context& context) : context_(context), tile_target_(tile_target_of(context.info())) { load_cache(); }
 
 Kernels::~Kernels() {
   save_cache();

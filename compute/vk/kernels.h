@@ -16,6 +16,7 @@
 namespace tessera::vk {
 
 class Context;
+struct DeviceInfo;
 
 // What kernel variants and tile shapes are chosen for (compute/ops/gemm.h): a device's
 // properties (DeviceInfo), never its name. Where left out, Vulkan's guaranteed minimums.
@@ -34,6 +35,9 @@ struct TileTarget {
   // shared-memory tree (compute/ops/gemm.h, op.h's subgroup_reductions).
   bool cpu_like() const { return device_type == "cpu" || subgroup_size <= 8; }
 };
+
+// The target of a device: what its kernels are chosen for.
+TileTarget tile_target_of(const DeviceInfo& device);
 
 // Every kernel takes its buffers through one push-descriptor set (bindings 0..n-1, all
 // storage buffers) and its scalars as push constants (at most 128 bytes, the portable limit).
