@@ -8,6 +8,8 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "compute/checkpoint.h"
+#include "compute/safetensors.h"
 
 namespace tessera {
 
@@ -205,6 +207,12 @@ std::pair<int64_t, double> trident_magnifications(const SlideInput& slide, const
   return {level0, static_cast<double>(level0) / ratio};
 }
 
+// A --model file that is not there, named before any slide is opened or weights read.
+void check_weights_file(const std::string& weights) {
+  if ((is_checkpoint_path(weights) || is_safetensors_path(weights)) && !fs::is_regular_file(weights))
+    throw BadInput("--model " + weights + ": no such file");
+}
+
 }  // namespace
 
 std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) {
@@ -216,7 +224,7 @@ std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) 
     model.name = options.models.front();
     model.folder = options.out;
     model.weights = options.models.front();
-    model.resolved = resolve_model(model.weights, 2);
+    check_weights_file(model.weights);
     return models;
   }
   std::set<std::string> named, folders;
@@ -231,7 +239,10 @@ std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) 
     ExtractModel& model = models.emplace_back();
     model.name = options.encoders[i];
     model.weights = options.random_weights ? "" : options.models[i];
-    model.resolved = resolve_model(model.weights, 2, model.name);
+    check_weights_file(model.weights);
+    // The description alone (vit_graph checks its fields, which encoder_input relies on); the
+    // weights are read by read_extract_weights.
+    model.resolved = resolve_model("", 2, model.name);
     model.encoder = encoder_input(model.name);
     model.input_size = model.encoder->image_size;
     std::string folder = folder_name(model.name);
@@ -240,6 +251,11 @@ std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) 
     model.folder = options.encoders.size() == 1 ? options.out : (fs::path(options.out) / folder).string();
   }
   return models;
+}
+
+void read_extract_weights(std::vector<ExtractModel>& models) {
+  for (ExtractModel& model : models)
+    model.resolved = model.encoder ? resolve_model(model.weights, 2, model.name) : resolve_model(model.weights, 2);
 }
 
 ExtractInputs gather_extract_inputs(const ExtractOptions& options, std::vector<ExtractModel> models) {

@@ -17,7 +17,7 @@ struct TrainOptions {
   std::string model = "small-cnn";  // preset, model JSON, or checkpoint .h5 to start from
   int width = 32;                   // channel width of small-cnn
   int epochs = 1;
-  int batch = 32;                   // the micro-batch that runs on the device at once
+  int batch = 0;                    // the micro-batch on the device at once; 0: chosen (jobs/batch_choice.h)
   int accumulate = 1;               // micro-batches per optimizer step
   OptimizerConfig optimizer;
   uint32_t seed = 0;
