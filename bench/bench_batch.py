@@ -14,7 +14,6 @@ Run: /usr/bin/python3 bench/bench_batch.py --build build [--batches 1 2 4 8 16 3
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -22,14 +21,7 @@ import tempfile
 import h5py
 import numpy as np
 
-
-def timed(command):
-    """Runs under /usr/bin/time -v; returns (peak RSS bytes, stdout)."""
-    result = subprocess.run(["/usr/bin/time", "-v", *map(str, command)], capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(map(str, command))} exited {result.returncode}:\n{result.stderr[-4000:]}")
-    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr).group(1)) * 1024
-    return peak, result.stdout
+from bench_extract import timed  # peak RSS and stdout of a command under /usr/bin/time -v
 
 
 def features_of(directory):
@@ -58,8 +50,8 @@ def extraction(tessera, work, model, store, slides, batch):
 
 def training(tessera, work, patches, batch):
     peak, stdout = timed([tessera, "train", "--data", patches, "--model", "resnet18", "--batch", batch, "--epochs", 2,
-                          "--val-fraction", 0, "--json"])
-    epochs = [json.loads(line) for line in stdout.splitlines() if '"epoch"' in line]
+                          "--val-fraction", 0, "--report-fd", 1])  # the report lines on stdout
+    epochs = [json.loads(line).get("metrics", {}) for line in stdout.splitlines() if line.startswith("{")]
     epochs = [e for e in epochs if e.get("event") == "epoch"]
     return {"batch": batch, "images_per_second": epochs[-1]["images_per_second"],
             "peak_device_bytes": epochs[-1]["peak_device_bytes"], "peak_rss_bytes": peak}
