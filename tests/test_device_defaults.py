@@ -75,6 +75,12 @@ def test_train_chooses_a_batch_that_fits():
                                    "--device-memory-limit", "400MiB", "--batch", 64)
     assert code == 3 and "--batch" in err, (code, err)
     assert not events(err, "batch"), err
+    # --batch 0 is not "choose": exit 2 naming --batch.
+    code, _, err, _ = tessera("train", "--data", patches, "--batch", 0)
+    assert code == 2 and "--batch must be at least 1" in err, (code, err)
+    code, _, err, _ = tessera("extract", "--model", "small-cnn", "--random-weights", "--layer", "conv1", "--slides",
+                              CMU, "--out", os.path.join(work, "zero"), "--batch", 0)
+    assert code == 2 and "--batch must be at least 1" in err and not os.path.exists(os.path.join(work, "zero"))
     shutil.rmtree(work)
 
 

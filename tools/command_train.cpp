@@ -69,7 +69,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
                      "Micro-batch: patches on the device at once (default: the largest that fits the device's memory "
                      "with a margin, up to 64 on a GPU, and on a CPU device such as lavapipe up to four 224-pixel "
                      "patches' worth; printed as the run starts)")
-      ->check(CLI::PositiveNumber)->excludes(features);
+      ->excludes(features);
   command.add_option("--accumulate", o.accumulate, "Micro-batches per optimizer step (effective batch = batch x K)")
       ->capture_default_str()->excludes(features);
   command.add_option("--optimizer", o.optimizer.kind, "sgd, adam, adamw or adagrad")
@@ -242,6 +242,7 @@ uint64_t memory_limit(const TrainFlags& f) {
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
   memory_limit(f);
+  if (command.count("--batch") && f.options.batch < 1) throw UsageError("--batch must be at least 1");
   f.mil.every_class_in_validation = command.count("--val-fraction") == 0;
   f.options.fp16 = f.precision == "fp16";
   std::vector<InputPath> inputs{{"--features", f.mil.features},
