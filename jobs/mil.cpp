@@ -198,7 +198,7 @@ class MilJob {
     std::sort(remainders.begin(), remainders.end());
     for (size_t i = 0; given < wanted && i < remainders.size(); ++i, ++given) ++held[remainders[i].second];
     size_t raised = 0;
-    if (mil_.every_class_in_validation && options_.val_fraction > 0)
+    if (options_.val_fraction_default && options_.val_fraction > 0)
       for (size_t c = 0; c < members.size(); ++c)
         if (held[c] == 0 && members[c].size() >= 2) {
           held[c] = 1;

@@ -15,9 +15,6 @@ struct MilOptions {
   std::string labels;        // CSV of `slide,label` rows, or CLAM's `case_id,slide_id,label` (slide_labels.h)
   std::string head = "attention";  // mean or attention
   int attention_hidden = 128;      // L, the width of the attention branches V and U
-  // --val-fraction not given: its default holds out at least one slide of each class that has
-  // two, so that a small cohort's validation has every class (and an AUC) where it can.
-  bool every_class_in_validation = false;
 };
 
 // The settings of `mil` that a resumed run must share (TrainOptions::job_settings): the

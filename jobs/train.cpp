@@ -101,7 +101,7 @@ Setup prepare(const TrainOptions& options) {
   if (options.data.empty()) throw UsageError("--data: give a patch file or tile stores");
   setup.source = data::open_patches(options.data);
   if (setup.source->size() == 0) throw BadInput(setup.source->description() + ": holds no patches");
-  data::GroupSplit split = data::split_by_group(*setup.source, options.val_fraction);
+  data::GroupSplit split = data::split_by_group(*setup.source, options.val_fraction, options.val_fraction_default);
   check_two_classes(*setup.source, data::patches_per_class(split.report));
   setup.train_indices = std::move(split.train);
   setup.val_indices = std::move(split.validation);

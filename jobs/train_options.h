@@ -22,6 +22,10 @@ struct TrainOptions {
   OptimizerConfig optimizer;
   uint32_t seed = 0;
   double val_fraction = 0.1;
+  // --val-fraction not given: where its default holds out nothing or leaves a class out of
+  // validation on a small cohort, the split falls back and says so (data/split.h; jobs/mil.cpp
+  // holds out a slide of each class).
+  bool val_fraction_default = false;
   std::vector<float> class_weights;
   bool augment = false;
   int workers = 2;

@@ -219,3 +219,24 @@ def test_readme_plans_fit_lavapipe():
     chosen, = events(err, "batch")
     assert chosen["planned_device_bytes"] <= chosen["within_bytes"], chosen
     shutil.rmtree(work)
+
+
+def test_a_small_stores_default_split_holds_out_a_slide():
+    """Three slides of a tile store, each a third of the tiles: --val-fraction 0.1 holds out none.
+    Given, that is refused (test_train_data_checks); as the default, the slide with both classes
+    and the fewest tiles, whose others keep both, is held out, and a warning says so."""
+    from test_train_data_checks import SMALL, write_store
+    work = workdir("test_device_defaults_store")
+    store = os.path.join(work, "three.lmdb")
+    write_store(store, [[0] * 20, [0, 1] * 10, [0, 1] * 9 + [1, 1]])
+    code, _, err, report = tessera("train", "--data", store, *SMALL)
+    assert code == 0, err
+    split, = events(err, "split")
+    assert split["held_out_slides"] == ["/slides/s1.svs"], split
+    assert split["validation"]["per_class"] == [10, 10] and split["train"]["per_class"] == [29, 11], split
+    assert any("(the default) holds out none" in w and "/slides/s1.svs" in w for w in split["warnings"]), split
+    final, = [line for line in report if line["type"] == "final"]
+    assert "val_auc" in final["metrics"], final
+    code, _, err, _ = tessera("train", "--data", store, *SMALL, "--val-fraction", 0.1)
+    assert code == 2 and "holds out nothing" in err, (code, err)
+    shutil.rmtree(work)

@@ -243,7 +243,7 @@ void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
   memory_limit(f);
   if (command.count("--batch") && f.options.batch < 1) throw UsageError("--batch must be at least 1");
-  f.mil.every_class_in_validation = command.count("--val-fraction") == 0;
+  f.options.val_fraction_default = command.count("--val-fraction") == 0;
   f.options.fp16 = f.precision == "fp16";
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
