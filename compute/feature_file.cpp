@@ -76,14 +76,6 @@ std::string describe_slide(const nlohmann::json &slide) {
 // level0_magnification, target_magnification, overlap, level0_width/height, savetodir on coords;
 // name, savetodir, encoder on features).
 
-// TRIDENT's magnification of a level-0 pixel size (WSI._fetch_magnification); 0 when unknown.
-int64_t trident_magnification(double mpp) {
-  if (!(mpp > 0) || mpp >= 2.4) return 0;
-  for (auto [below, magnification] : {std::pair{0.16, 80}, {0.2, 60}, {0.3, 40}, {0.6, 20}, {1.2, 10}})
-    if (mpp < below) return magnification;
-  return 5;
-}
-
 void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFileLayout &layout) {
   // Where the file was written, as "." (its own directory): a file is the same bytes whatever
   // --out it was written to, and stays true when moved. Neither tool reads these back.
@@ -100,10 +92,10 @@ void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFil
   hdf5::write_string_attribute(coords, "savetodir", here);
   // Magnifications only where the slide gives its pixel size; TRIDENT reads a file without them
   // as CLAM's (patch_size, patch_level).
-  if (int64_t level0 = trident_magnification(layout.mpp)) {
-    hdf5::write_attribute(coords, "level0_magnification", H5T_NATIVE_INT64, {}, &level0);
-    double target = static_cast<double>(level0) * layout.resize / layout.downsample;
-    if (auto whole = static_cast<int64_t>(std::llround(target)); std::abs(target - static_cast<double>(whole)) < 1e-6)
+  if (layout.level0_magnification > 0 && layout.target_magnification > 0) {
+    hdf5::write_attribute(coords, "level0_magnification", H5T_NATIVE_INT64, {}, &layout.level0_magnification);
+    const double target = layout.target_magnification;
+    if (auto whole = static_cast<int64_t>(std::llround(target)); std::abs(target - static_cast<double>(whole)) < 1e-9)
       hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_INT64, {}, &whole);
     else
       hdf5::write_attribute(coords, "target_magnification", H5T_NATIVE_DOUBLE, {}, &target);
@@ -115,6 +107,13 @@ void write_interchange_attributes(hid_t features, hid_t coords, const FeatureFil
 // -------------------------------------------------------------------------------------------
 
 }  // namespace
+
+int64_t trident_magnification(double mpp) {
+  if (!(mpp > 0) || mpp >= 2.4) return 0;
+  for (auto [below, magnification] : {std::pair{0.16, 80}, {0.2, 60}, {0.3, 40}, {0.6, 20}, {1.2, 10}})
+    if (mpp < below) return magnification;
+  return 5;
+}
 
 FeatureFileState feature_file_state(const std::string &path, const FeatureFileLayout &layout,
                                     std::string *difference) {

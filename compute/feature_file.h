@@ -32,10 +32,18 @@ struct FeatureFileLayout {
   // What CLAM's and TRIDENT's readers take beside the above (feature_file.cpp,
   // "CLAM and TRIDENT attributes").
   int64_t level0_width = 0, level0_height = 0;
-  double mpp = 0;       // microns per level-0 pixel; 0 when the slide does not say
   std::string encoder;  // the model (and layer) that made the features
-  double resize = 1;    // model input pixels per tile pixel (a patch encoder's tiles are shrunk)
+  // TRIDENT's magnifications, as its users filter on them: level 0's (trident_magnification of
+  // the slide's pixel size) and the patches' (an encoder's own, a level's, a coordinates file's:
+  // jobs/extract_inputs.cpp); neither is written when level0_magnification is 0 (no pixel size).
+  // target_magnification is written as an integer when it is whole.
+  int64_t level0_magnification = 0;
+  double target_magnification = 0;
 };
+
+// TRIDENT's magnification of a level-0 pixel size in microns (WSI._fetch_magnification's buckets:
+// below 0.16 um/px 80x, 0.2 60x, 0.3 40x, 0.6 20x, 1.2 10x, 2.4 5x); 0 when unknown or coarser.
+int64_t trident_magnification(double mpp);
 
 // What a feature file at a path holds against what a run would write there.
 enum class FeatureFileState {

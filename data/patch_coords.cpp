@@ -126,6 +126,14 @@ PatchCoords read_patch_coords(const std::string& path) {
     std::optional<double> height = number_attribute(dataset.id, "level0_height", path);
     coords.level0_width = width ? rounded<int64_t>(*width, Field(path, "coords attribute level0_width"), 0) : 0;
     coords.level0_height = height ? rounded<int64_t>(*height, Field(path, "coords attribute level0_height"), 0) : 0;
+    for (auto [name, value] : {std::pair{"level0_magnification", &coords.level0_magnification},
+                               {"target_magnification", &coords.target_magnification}})
+      if (std::optional<double> magnification = number_attribute(dataset.id, name, path)) {
+        if (!(*magnification > 0 && *magnification <= 1000))
+          throw BadInput(path + ": coords attribute " + name + " is " + std::to_string(*magnification) +
+                         ", not a magnification (above 0, at most 1000)");
+        *value = *magnification;
+      }
     return coords;
   }
   coords.layout = "clam";

@@ -23,6 +23,9 @@ struct PatchCoords {
   int64_t patch_level = 0;      // CLAM's; 0 for TRIDENT's, which read from level 0
   double patch_size_level0 = 0;  // TRIDENT's; 0 for CLAM's
   int64_t level0_width = 0, level0_height = 0;  // the slide's size where the file records it; else 0
+  // TRIDENT's level0_magnification and target_magnification, which its feature files copy; 0
+  // where the file has none (CLAM's).
+  double level0_magnification = 0, target_magnification = 0;
 
   // A patch's side in level-0 pixels on `slide`. Throws BadInput naming the file when its
   // patch_level is not a level of the slide.

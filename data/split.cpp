@@ -23,9 +23,31 @@ std::vector<uint64_t> classes_present(const std::vector<uint64_t>& counts) {
   return present;
 }
 
+// The group a small cohort holds out when `fraction` holds out none: the one with the most
+// classes, then the fewest patches, whose others still hold every class; -1 where none does.
+std::ptrdiff_t fallback_group(const PatchSource& source, const std::vector<uint64_t>& groups,
+                              const std::vector<size_t>& sizes) {
+  std::vector<uint64_t> all;
+  for (uint64_t group : groups) add_counts(all, source.class_counts(group));
+  std::ptrdiff_t best = -1;
+  size_t best_classes = 0;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    std::vector<uint64_t> held = source.class_counts(groups[k]), rest = all;
+    for (size_t c = 0; c < held.size(); ++c) rest[c] -= held[c];
+    if (classes_present(rest).size() < classes_present(all).size()) continue;
+    const size_t classes = classes_present(held).size();
+    if (best < 0 || classes > best_classes ||
+        (classes == best_classes && sizes[k] < sizes[static_cast<size_t>(best)])) {
+      best = static_cast<std::ptrdiff_t>(k);
+      best_classes = classes;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
-GroupSplit split_by_group(const PatchSource& source, double fraction) {
+GroupSplit split_by_group(const PatchSource& source, double fraction, bool fall_back) {
   size_t n = source.size();
   std::vector<uint64_t> groups;  // in order of first appearance
   std::vector<size_t> sizes;
@@ -56,6 +78,18 @@ GroupSplit split_by_group(const PatchSource& source, double fraction) {
     }
   }
 
+  std::string fallen_back;
+  if (fall_back && fraction > 0 && taken == 0 && groups.size() > 1)
+    if (std::ptrdiff_t k = fallback_group(source, groups, sizes); k >= 0) {
+      held[static_cast<size_t>(k)] = true;
+      taken = sizes[static_cast<size_t>(k)];
+      fallen_back = "--val-fraction " + format_number(fraction) + " (the default) holds out none of the " +
+                    std::to_string(groups.size()) + " " + unit + ", each too large a share: holding out " +
+                    (slides ? source.group_name(groups[static_cast<size_t>(k)]) : "one") + " (" +
+                    format_number(static_cast<double>(taken) / static_cast<double>(n)) +
+                    " of the patches) instead (give --val-fraction to choose)";
+    }
+
   GroupSplit split;
   std::vector<uint64_t> train_classes, val_classes;
   size_t train_groups = 0;
@@ -85,6 +119,7 @@ GroupSplit split_by_group(const PatchSource& source, double fraction) {
                        ", so training would never see it; use another --val-fraction, or tile more slides of class " +
                        std::to_string(c));
   nlohmann::json warnings = nlohmann::json::array();
+  if (!fallen_back.empty()) warnings.push_back(fallen_back);
   if (taken > 0 && train_present.size() > 1 && val_present.size() < train_present.size()) {
     std::string missing;
     for (uint64_t c : train_present)

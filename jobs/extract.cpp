@@ -68,18 +68,21 @@ void extract_features(const ExtractOptions &options, nlohmann::json *summary_so_
   if (options.slides.empty() == options.tiles.empty() && !options.dry_run)
     throw UsageError("give either --slides or --tiles");
   if (!options.coords.empty() && options.slides.empty()) throw UsageError("--coords reads --slides at its coordinates");
-  if (options.batch < 1) throw UsageError("--batch must be at least 1");
+  if (options.batch < 0) throw UsageError("--batch must be at least 1");
   if (options.workers < 1) throw UsageError("--workers must be at least 1");
   std::vector<int> devices = options.devices.empty() ? std::vector<int>{options.device} : options.devices;
   if (!options.devices.empty()) vk::named_devices(options.devices, "--devices");
   std::vector<ExtractModel> models = resolve_extract_models(options);
   if (options.dry_run) {
+    read_extract_weights(models);
     for (ExtractModel &model : models)
       if (!model.encoder) model.input_size = options.tiler.size;
     return print_extraction_plans(options, models, devices);
   }
-  // Every slide opened and checked before a model is built or anything written.
-  const ExtractInputs inputs = gather_extract_inputs(options, std::move(models));
+  // Every slide opened and checked (its pixel size, its coordinates) before any weights are read,
+  // a model is built or anything written.
+  ExtractInputs inputs = gather_extract_inputs(options, std::move(models));
+  read_extract_weights(inputs.models);
   nlohmann::json summary = {{"shard",
                              {{"index", options.shard.index},
                               {"count", options.shard.count},

@@ -25,7 +25,7 @@ struct ExtractOptions {
   std::vector<std::string> tiles;   // or tile stores (or directories of them)
   data::Shard shard;                // only this part of the slides
   std::string out;
-  int batch = 32;
+  int batch = 0;                    // --batch; 0: chosen for each model and device (jobs/batch_choice.h)
   int device = -1;             // --device (-1: the default one)
   std::vector<int> devices;    // --devices: slides spread over these, the models on each
   int workers = 1;             // threads reading, decoding and resizing tiles (over all devices)

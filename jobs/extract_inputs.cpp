@@ -8,6 +8,8 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "compute/checkpoint.h"
+#include "compute/safetensors.h"
 
 namespace tessera {
 
@@ -184,6 +186,33 @@ std::vector<SlideInput> store_slides(const ExtractOptions& options, std::vector<
   return slides;
 }
 
+// TRIDENT's magnifications of a feature file, as TRIDENT writes them and its users filter on them:
+// {level 0's, the patches'}. Level 0's is a TRIDENT coordinates file's (TRIDENT copies its
+// attributes), else TRIDENT's bucket of the slide's pixel size. The patches' is a TRIDENT
+// coordinates file's own; an encoder's, 10 / its microns per pixel (0.5 um/px is 20x), whatever
+// pixel size the slide is read at (0.457 um/px is 20x, not 18.29x); else level 0's over the
+// level-0 pixels a patch pixel spans, that ratio taken as the whole number within 0.1 of it, as
+// TRIDENT takes a level within 0.1 of a downsample for it (a level of 2.0005 is 20x of a 40x
+// slide, not 19.99x). {0, 0} when the slide gives no pixel size and no file gives them.
+std::pair<int64_t, double> trident_magnifications(const SlideInput& slide, const SlideRead& read,
+                                                  const ExtractModel& model, double mpp) {
+  const std::optional<data::PatchCoords>& coords = slide.coords;
+  int64_t level0 = coords && coords->level0_magnification > 0 ? std::llround(coords->level0_magnification)
+                                                               : trident_magnification(mpp);
+  if (level0 <= 0) return {0, 0.0};
+  if (coords && coords->target_magnification > 0) return {level0, coords->target_magnification};
+  if (model.encoder && !coords) return {level0, 10.0 / model.encoder->microns_per_pixel};
+  double ratio = coords ? coords->extent(*slide.slide) / static_cast<double>(coords->patch_size) : read.record.downsample;
+  if (double whole = std::round(ratio); whole >= 1 && std::abs(ratio - whole) <= 0.1) ratio = whole;
+  return {level0, static_cast<double>(level0) / ratio};
+}
+
+// A --model file that is not there, named before any slide is opened or weights read.
+void check_weights_file(const std::string& weights) {
+  if ((is_checkpoint_path(weights) || is_safetensors_path(weights)) && !fs::is_regular_file(weights))
+    throw BadInput("--model " + weights + ": no such file");
+}
+
 }  // namespace
 
 std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) {
@@ -195,7 +224,7 @@ std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) 
     model.name = options.models.front();
     model.folder = options.out;
     model.weights = options.models.front();
-    model.resolved = resolve_model(model.weights, 2);
+    check_weights_file(model.weights);
     return models;
   }
   std::set<std::string> named, folders;
@@ -210,7 +239,10 @@ std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) 
     ExtractModel& model = models.emplace_back();
     model.name = options.encoders[i];
     model.weights = options.random_weights ? "" : options.models[i];
-    model.resolved = resolve_model(model.weights, 2, model.name);
+    check_weights_file(model.weights);
+    // The description alone (vit_graph checks its fields, which encoder_input relies on); the
+    // weights are read by read_extract_weights.
+    model.resolved = resolve_model("", 2, model.name);
     model.encoder = encoder_input(model.name);
     model.input_size = model.encoder->image_size;
     std::string folder = folder_name(model.name);
@@ -219,6 +251,11 @@ std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options) 
     model.folder = options.encoders.size() == 1 ? options.out : (fs::path(options.out) / folder).string();
   }
   return models;
+}
+
+void read_extract_weights(std::vector<ExtractModel>& models) {
+  for (ExtractModel& model : models)
+    model.resolved = model.encoder ? resolve_model(model.weights, 2, model.name) : resolve_model(model.weights, 2);
 }
 
 ExtractInputs gather_extract_inputs(const ExtractOptions& options, std::vector<ExtractModel> models) {
@@ -276,6 +313,9 @@ FeatureFileLayout feature_layout(const SlideInput& slide, const SlideRead& read,
   // live read by what decides its tiles.
   nlohmann::json identity = {{"path", record.path}, {"fingerprint", record.fingerprint}, {"settings", record.settings}};
   if (slide.store) identity["tiles"] = record.tiles;
+  // An encoder's slide without its own pixel size was read at --mpp's.
+  const double mpp = record.mpp_x > 0 || !model.encoder ? record.mpp_x : options.mpp;
+  auto [level0_magnification, target_magnification] = trident_magnifications(slide, read, model, mpp);
   return {slide.name,
           record.tile_size,
           record.level,
@@ -289,10 +329,9 @@ FeatureFileLayout feature_layout(const SlideInput& slide, const SlideRead& read,
           identity,
           record.width,
           record.height,
-          // An encoder's slide without its own pixel size was read at --mpp's.
-          record.mpp_x > 0 || !model.encoder ? record.mpp_x : options.mpp,
           model.encoder ? model.name : extraction.value("model", "") + ":" + extraction.value("layer", ""),
-          static_cast<double>(model.input_size) / record.tile_size};
+          level0_magnification,
+          target_magnification};
 }
 
 std::string feature_path(const ExtractModel& model, const SlideInput& slide) {

@@ -35,10 +35,14 @@ struct ExtractModel {
   int channels = 3;
 };
 
-// --encoder and --model (or --random-weights) as the run's models, each resolved and checked.
-// Throws UsageError (exit 2) naming the flag for an encoder named twice, a count of models that
-// does not match, or a flag that does not fit them.
+// --encoder and --model (or --random-weights) as the run's models, checked but not yet resolved:
+// no weights are read (read_extract_weights does, once every slide is checked). Throws
+// UsageError (exit 2) naming the flag for an encoder named twice or unknown, a count of models
+// that does not match, or a flag that does not fit them.
 std::vector<ExtractModel> resolve_extract_models(const ExtractOptions& options);
+
+// Each model's graph and weights (a checkpoint is read whole here: gigabytes for an encoder's).
+void read_extract_weights(std::vector<ExtractModel>& models);
 
 // One way a slide is read: squares of record.tile_size pixels of record.level, for the models
 // (indices into the run's) that read it there, each at its input size.

@@ -228,7 +228,10 @@ void DevicePipeline::read_tiles(size_t slide, size_t read, const std::vector<int
                                 "; its feature files are empty"},
                 {"slide", input.name}});
   reading.first = static_cast<size_t>(first);
-  reading.capacity = static_cast<size_t>(run_.options().batch);
+  // Tiles a batch: --batch, or the largest the models on this device were given.
+  int64_t capacity = run_.options().batch;
+  for (size_t m = 0; m < models_.size(); ++m) capacity = std::max(capacity, models_.at(m).batch());
+  reading.capacity = static_cast<size_t>(capacity);
   reading.workers = workers_;
   data::read_batches(*source, reading, [&](data::TileBatch &&batch) {
     times.read_seconds += batch.read_seconds;

@@ -43,6 +43,20 @@ int64_t capped_batch(const ResolvedModel &model, const InferenceOptions &inferen
   return limit.batch;
 }
 
+BatchChoice chosen_extraction_batch(const ExtractOptions &options, const ExtractModel &model, vk::Context &context,
+                                    uint64_t budget) {
+  InferenceOptions inference = extraction_inference(options, model);
+  nlohmann::json capped;
+  const int64_t cap = batch_speed_cap(context.info(), int64_t{model.input_size} * model.input_size);
+  inference.inputs[0].shape[0] = cap;
+  const int64_t largest = capped_batch(model.resolved, inference, context.info(), cap, capped);
+  const auto share = static_cast<uint64_t>(static_cast<double>(budget) * chosen_batch_budget_share);
+  return choose_batch(cap, largest, share, [&](int64_t batch) {
+    inference.inputs[0].shape[0] = batch;
+    return plan_inference(context, model.resolved, inference).device_bytes(context.allocator());
+  });
+}
+
 vk::ContextOptions extraction_context(const ExtractOptions &options, int device) {
   vk::ContextOptions context = vk::options_from_environment();
   context.device_index = device;
@@ -59,16 +73,24 @@ nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOption
   nlohmann::json model_reports = nlohmann::json::array();
   MemoryPlan together;
   for (const ExtractModel &model : models) {
-    const InferenceOptions requested = extraction_inference(options, model);
-    nlohmann::json capped;
+    InferenceOptions requested = extraction_inference(options, model);
+    nlohmann::json capped, chosen;
+    int64_t batch = options.batch;
+    if (batch == 0) {  // no --batch: the plan's choice, the models sharing the budget
+      const BatchChoice choice = chosen_extraction_batch(options, model, context, budget / models.size());
+      batch = choice.batch;
+      chosen = choice.to_json();
+    }
+    requested.inputs[0].shape[0] = batch;
     InferenceOptions inference = requested;
-    inference.inputs[0].shape[0] = capped_batch(model.resolved, requested, context.info(), options.batch, capped);
+    inference.inputs[0].shape[0] = capped_batch(model.resolved, requested, context.info(), batch, capped);
     const MemoryPlan &plan = plans.emplace_back(plan_inference(context, model.resolved, inference));
     together.append(plan);
     model_reports.push_back({{"model", model.name},
                              {"plan_at_requested_batch", describe(plan_inference(context, model.resolved, requested))},
                              {"batch", inference.inputs[0].shape[0]},
                              {"batch_capped", capped},
+                             {"batch_chosen", chosen},
                              {"plan", describe(plan)},
                              {"fits", plan.device_bytes(context.allocator()) <= budget}});
   }

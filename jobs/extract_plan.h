@@ -8,6 +8,7 @@
 
 #include "compute/inference.h"
 #include "compute/vk/context.h"
+#include "jobs/batch_choice.h"
 #include "jobs/extract.h"
 #include "jobs/extract_inputs.h"
 
@@ -24,6 +25,11 @@ InferenceOptions extraction_inference(const ExtractOptions &options, const Extra
 // OutOfDeviceMemory when one tile is too many.
 int64_t capped_batch(const ResolvedModel &model, const InferenceOptions &inference, const vk::DeviceInfo &device,
                      int64_t batch, nlohmann::json &capped);
+
+// The batch of `model` on `context` without --batch: the largest up to batch_speed_cap whose plan
+// (within the device's largest buffer) takes at most chosen_batch_budget_share of `budget`.
+BatchChoice chosen_extraction_batch(const ExtractOptions &options, const ExtractModel &model, vk::Context &context,
+                                    uint64_t budget);
 
 // The context of device `device` (an index; -1 the default) with --device-memory-limit.
 vk::ContextOptions extraction_context(const ExtractOptions &options, int device);

@@ -7,11 +7,13 @@
 
 namespace tessera {
 
-Extractor::Extractor(const ExtractOptions &options, const ExtractModel &model, vk::Context &context)
+Extractor::Extractor(const ExtractOptions &options, const ExtractModel &model, vk::Context &context, int64_t batch,
+                     nlohmann::json chosen)
     : options_(options), model_(model), context_(context),
-      inference_options_(extraction_inference(options, model)) {
+      inference_options_(extraction_inference(options, model)), chosen_(std::move(chosen)) {
   if (inference_options_.activations == DType::f16) require_fp16_storage(context_.info(), "extract --precision fp16");
-  batch_ = capped_batch(model.resolved, inference_options_, context_.info(), options.batch, capped_);
+  inference_options_.inputs[0].shape[0] = batch;
+  batch_ = capped_batch(model.resolved, inference_options_, context_.info(), batch, capped_);
   inference_options_.inputs[0].shape[0] = batch_;
   plan_ = plan_inference(context_, model.resolved, inference_options_);
 }
@@ -65,10 +67,18 @@ std::vector<float> Extractor::run(const uint8_t *tiles, int64_t count) {
 DeviceModels::DeviceModels(const ExtractOptions &options, const std::vector<ExtractModel> &models, int device)
     : context_(extraction_context(options, device)) {
   MemoryPlan together;
-  for (const ExtractModel &model : models) {
-    together.append(extractors_.emplace_back(std::make_unique<Extractor>(options, model, context_))->plan());
-  }
   const uint64_t budget = context_.allocator().stats().budget_bytes;
+  for (const ExtractModel &model : models) {
+    int64_t batch = options.batch;
+    nlohmann::json chosen;
+    if (batch == 0) {  // no --batch: each model's share of the budget, so that they fit together
+      const BatchChoice choice = chosen_extraction_batch(options, model, context_, budget / models.size());
+      batch = choice.batch;
+      chosen = choice.to_json();
+    }
+    together.append(
+        extractors_.emplace_back(std::make_unique<Extractor>(options, model, context_, batch, chosen))->plan());
+  }
   const uint64_t needed = together.device_bytes(context_.allocator());
   together_ = needed <= budget;
   planned_ = together_ ? together.total() : 0;
@@ -109,6 +119,7 @@ nlohmann::json DeviceModels::report() {
     models.push_back({{"model", extractor->model().name},
                       {"batch", extractor->batch()},
                       {"batch_capped", extractor->capped()},
+                      {"batch_chosen", extractor->chosen()},
                       {"planned_device_bytes", extractor->plan().total()},
                       {"device_seconds", extractor->device_seconds()}});
   }
@@ -119,6 +130,7 @@ nlohmann::json DeviceModels::report() {
           {"device_seconds", device_seconds},
           {"batch", extractors_.front()->batch()},
           {"batch_capped", extractors_.front()->capped()},
+          {"batch_chosen", extractors_.front()->chosen()},
           {"models", models},
           {"models_together", together_},
           {"planned_device_bytes", planned_},

@@ -21,9 +21,10 @@ namespace tessera {
 // One model on one device.
 class Extractor {
  public:
-  // Plans the pass (nothing allocated): its batch is --batch, or less where a buffer would pass
-  // the device's largest (capped()).
-  Extractor(const ExtractOptions &options, const ExtractModel &model, vk::Context &context);
+  // Plans the pass (nothing allocated): its batch is `batch` (--batch, or the one chosen for it:
+  // chosen()), or less where a buffer would pass the device's largest (capped()).
+  Extractor(const ExtractOptions &options, const ExtractModel &model, vk::Context &context, int64_t batch,
+            nlohmann::json chosen = nullptr);
   ~Extractor();
 
   // Builds the model on the device (allocates, loads and prepares its weights, records its pass);
@@ -36,6 +37,8 @@ class Extractor {
   int64_t batch() const { return batch_; }
   // Why the batch is smaller than --batch (null: it is not).
   const nlohmann::json &capped() const { return capped_; }
+  // How the batch was chosen without --batch (BatchChoice::to_json; null: --batch gave it).
+  const nlohmann::json &chosen() const { return chosen_; }
   const MemoryPlan &plan() const { return plan_; }
   // The model's identity in its feature files (the weights' digest: known once loaded).
   const nlohmann::json &extraction() const { return extraction_; }
@@ -53,7 +56,7 @@ class Extractor {
   vk::Context &context_;
   InferenceOptions inference_options_;
   int64_t batch_ = 0;
-  nlohmann::json capped_;
+  nlohmann::json capped_, chosen_;
   MemoryPlan plan_;
   std::unique_ptr<Inference> inference_;
   std::vector<float> output_;

@@ -197,6 +197,13 @@ class MilJob {
     }
     std::sort(remainders.begin(), remainders.end());
     for (size_t i = 0; given < wanted && i < remainders.size(); ++i, ++given) ++held[remainders[i].second];
+    size_t raised = 0;
+    if (options_.val_fraction_default && options_.val_fraction > 0)
+      for (size_t c = 0; c < members.size(); ++c)
+        if (held[c] == 0 && members[c].size() >= 2) {
+          held[c] = 1;
+          ++raised;
+        }
     std::vector<uint64_t> train_classes(classes_.size()), val_classes(classes_.size());
     for (size_t c = 0; c < members.size(); ++c) {
       held[c] = std::min(held[c], members[c].size() - 1);
@@ -212,6 +219,10 @@ class MilJob {
                        "to train without validation, or at least " + format_number(0.5 / slides) +
                        " (one slide), " + format_number(static_cast<double>(classes_.size()) / slides) + " for one of each class");
     nlohmann::json warnings = nlohmann::json::array();
+    if (raised)
+      warnings.push_back(asked + " (the default) of " + std::to_string(bags_.size()) + " slides would leave " +
+                         std::to_string(raised) + " class(es) out of validation: it holds out one slide of each class "
+                         "instead, " + std::to_string(val_.size()) + " in all (give --val-fraction to choose)");
     size_t val_kinds = static_cast<size_t>(std::count_if(val_classes.begin(), val_classes.end(), [](uint64_t n) { return n > 0; }));
     if (!val_.empty() && val_kinds < classes_.size())
       warnings.push_back("validation holds slides of " + std::to_string(val_kinds) + " of the " +

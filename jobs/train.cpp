@@ -7,10 +7,12 @@
 #include "common/error.h"
 #include "common/progress.h"
 #include "common/units.h"
+#include "compute/data_parallel.h"
 #include "compute/ops/registry.h"
 #include "compute/run_checks.h"
 #include "data/loader.h"
 #include "data/split.h"
+#include "jobs/batch_choice.h"
 
 namespace tessera {
 
@@ -82,6 +84,13 @@ void report_split(const Setup& setup) {
   for (auto& warning : record["warnings"]) report("train", {{"warning", warning}});
 }
 
+// The staged inputs of the job at micro-batch `n`.
+void stage_batch(TrainingJob& job, const data::PatchSource& source, int64_t n) {
+  job.staged = {{"images", {n, source.height(), source.width(), source.channels()}, DType::u8},
+                {"labels", {n}, DType::u32},
+                {"valid", {1}, DType::u32}};
+}
+
 Setup prepare(const TrainOptions& options) {
   if (options.batch < 1) throw UsageError("--batch must be at least 1");
   if (options.accumulate < 1) throw UsageError("--accumulate must be at least 1");
@@ -92,7 +101,7 @@ Setup prepare(const TrainOptions& options) {
   if (options.data.empty()) throw UsageError("--data: give a patch file or tile stores");
   setup.source = data::open_patches(options.data);
   if (setup.source->size() == 0) throw BadInput(setup.source->description() + ": holds no patches");
-  data::GroupSplit split = data::split_by_group(*setup.source, options.val_fraction);
+  data::GroupSplit split = data::split_by_group(*setup.source, options.val_fraction, options.val_fraction_default);
   check_two_classes(*setup.source, data::patches_per_class(split.report));
   setup.train_indices = std::move(split.train);
   setup.val_indices = std::move(split.validation);
@@ -123,10 +132,7 @@ Setup prepare(const TrainOptions& options) {
                                      : check_model_description(job.model, job.start_path + " (attribute 'model')");
   // uint8 pixels as loaded (RGB, or a multiplex slide's channels) become the layer the model reads as "input".
   job.prologue = nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
-  int64_t n = options.batch;
-  job.staged = {{"images", {n, setup.source->height(), setup.source->width(), setup.source->channels()}, DType::u8},
-                {"labels", {n}, DType::u32},
-                {"valid", {1}, DType::u32}};
+  stage_batch(job, *setup.source, options.batch);
   job.settings = run_settings(options);
   job.advice = "lower --batch and raise --accumulate, or raise --device-memory-limit";
   job.report["split"] = split.report;
@@ -158,17 +164,54 @@ class PatchFeed : public Feed {
   data::Batch batch_;
 };
 
+// The setup at --batch or, without it, at the batch chosen from the plan on these devices (the
+// largest that fits each device's budget with a margin, up to what still makes them faster),
+// which `options` then holds and a line reports.
+Setup prepare_batch(const std::vector<vk::Context*>& devices, TrainOptions& options) {
+  if (options.batch != 0) return prepare(options);
+  options.batch = 1;
+  const Setup once = prepare(options);  // the data and the model checked, at the smallest batch
+  // A micro-batch is split over the replicas (every device of every process): chosen per replica.
+  const int64_t replicas = static_cast<int64_t>(devices.size()) * Processes::world().size();
+  const int64_t most = static_cast<int64_t>(once.train_indices.size()) / options.accumulate / replicas;
+  // The budget's share on the device with the least.
+  uint64_t budget = UINT64_MAX;
+  for (vk::Context* device : devices) budget = std::min(budget, device->allocator().stats().budget_bytes);
+  const auto share = static_cast<uint64_t>(static_cast<double>(budget) * chosen_batch_budget_share);
+  const int64_t pixels = int64_t{once.source->height()} * once.source->width();
+  BatchChoice choice = choose_batch(batch_speed_cap(devices.front()->info(), pixels), most, share, [&](int64_t per_replica) {
+    const int64_t batch = per_replica * replicas;
+    TrainOptions at = options;
+    at.batch = static_cast<int>(batch);
+    TrainingJob job = once.job;
+    stage_batch(job, *once.source, batch);
+    job.settings = run_settings(at);
+    const TrainingLoop loop(devices, loop_settings(at), std::move(job));
+    const std::vector<MemoryPlan> plans = loop.plans();
+    uint64_t bytes = 0;
+    for (size_t d = 0; d < plans.size(); ++d)
+      bytes = std::max(bytes, plans[d].device_bytes(devices[d]->allocator()));
+    return bytes;
+  });
+  choice.batch *= replicas;
+  options.batch = static_cast<int>(choice.batch);
+  nlohmann::json record = {{"event", "batch"}};
+  record.update(choice.to_json());
+  report("train", record);
+  return prepare(options);
+}
+
 }  // namespace
 
-std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, const TrainOptions& options) {
-  Setup setup = prepare(options);
+std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, TrainOptions options) {
+  Setup setup = prepare_batch(devices, options);
   TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));
   check_labels_fit(*setup.source, loop.classes());
   return loop.plans();
 }
 
-void train(const std::vector<vk::Context*>& devices, const TrainOptions& options, const TrainReporting& reporting) {
-  Setup setup = prepare(options);
+void train(const std::vector<vk::Context*>& devices, TrainOptions options, const TrainReporting& reporting) {
+  Setup setup = prepare_batch(devices, options);
   if (reporting.progress) report_split(setup);
   // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
   TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));

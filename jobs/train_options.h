@@ -17,11 +17,15 @@ struct TrainOptions {
   std::string model = "small-cnn";  // preset, model JSON, or checkpoint .h5 to start from
   int width = 32;                   // channel width of small-cnn
   int epochs = 1;
-  int batch = 32;                   // the micro-batch that runs on the device at once
+  int batch = 0;                    // the micro-batch on the device at once; 0: chosen (jobs/batch_choice.h)
   int accumulate = 1;               // micro-batches per optimizer step
   OptimizerConfig optimizer;
   uint32_t seed = 0;
   double val_fraction = 0.1;
+  // --val-fraction not given: where its default holds out nothing or leaves a class out of
+  // validation on a small cohort, the split falls back and says so (data/split.h; jobs/mil.cpp
+  // holds out a slide of each class).
+  bool val_fraction_default = false;
   std::vector<float> class_weights;
   bool augment = false;
   int workers = 2;

@@ -278,7 +278,8 @@ def test_weights_that_do_not_fit_or_are_broken_are_exit_1(small_vit):
     weights = of(records, "weights")[0]
     assert f"tensor '{poisoned}'" in weights["message"] and weights["exit_code"] == 5
 
-    code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--device-memory-limit", "1MiB")
+    code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--device-memory-limit", "1MiB",
+                              "--batch", 32)
     assert code == 1
     assert of(records, "weights")[0]["status"] == "ok"
     plan = of(records, "plan")[0]

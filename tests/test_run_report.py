@@ -83,7 +83,7 @@ def tiled(work):
 
 
 def check_header(report, command):
-    version = tessera("--version").stdout.split()[-1]
+    version = tessera("--version").stdout.split()[1]
     assert report["format"] == "tessera run report" and report["version"] == 1, report
     assert report["command"] == command and report["tessera"] == version, (report["command"], report["tessera"])
     assert report["arguments"][1] == command and report["pid"] > 0 and report["host"], report["arguments"]

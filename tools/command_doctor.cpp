@@ -303,10 +303,10 @@ std::string fix_for(const Error& e, const std::string& encoder) {
   }
 }
 
-// Where the plan at --batch does not fit: the largest of --batch halved that does, by the same plans.
+// Where the plan at `planned` tiles does not fit: the largest of it halved that does, by the same plans.
 std::string fitting_batch_advice(vk::Context& context, const ExtractOptions& options,
-                                 const std::vector<ExtractModel>& models) {
-  for (int batch = options.batch / 2; batch >= 1; batch /= 2) {
+                                 const std::vector<ExtractModel>& models, int planned) {
+  for (int batch = planned / 2; batch >= 1; batch /= 2) {
     ExtractOptions smaller = options;
     smaller.batch = batch;
     std::vector<MemoryPlan> plans;
@@ -351,7 +351,7 @@ void check_model(Findings& findings, ExtractOptions options, bool have_device) {
       findings.add("plan", Mark::ok, "extraction plan of " + encoder + " " + needs, plan);
     else
       findings.add("plan", Mark::fail, "extraction plan of " + encoder + " " + needs + ": it does not fit", plan, {},
-                   fitting_batch_advice(context, options, models));
+                   fitting_batch_advice(context, options, models, plan["batch"].get<int>()));
   } catch (const Error& e) {
     findings.add("plan", Mark::fail, "extraction plan of " + encoder + ": " + e.what(),
                  {{"exit_code", static_cast<int>(e.code())}}, {}, fix_for(e, encoder));
@@ -374,8 +374,8 @@ void add_doctor_command(CLI::App& app) {
   command->add_option("--encoder", options->encoders,
                       "Patch encoder of --model (uni, uni2-h, virchow2, h-optimus-0, prov-gigapath, vit-b16, or a ViT "
                       "model JSON): its weights loaded as extract does and its plan checked against the device");
-  command->add_option("--batch", options->batch, "Tiles per dispatch of the plan, as extract's --batch")
-      ->capture_default_str();
+  command->add_option("--batch", options->batch,
+                      "Tiles per dispatch of the plan, as extract's --batch (default: the batch extract would choose)");
   command->add_option("--precision", *precision, "fp32 or fp16, as extract's --precision")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
@@ -387,7 +387,7 @@ void add_doctor_command(CLI::App& app) {
     if (options->models.empty())
       for (const char* flag : {"--batch", "--precision", "--device", "--device-memory-limit"})
         if (command->count(flag)) throw UsageError(std::string(flag) + " is for the plan of --model/--encoder");
-    if (options->batch < 1) throw UsageError("--batch: give at least 1 tile");
+    if (command->count("--batch") && options->batch < 1) throw UsageError("--batch: give at least 1 tile");
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->out = out->empty() ? "." : *out;

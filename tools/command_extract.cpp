@@ -59,7 +59,10 @@ void add_extract_command(CLI::App &app) {
                     "run goes on (without it, exit 5: a slide that cannot be opened stops the run before any work, "
                     "one whose tiles cannot be read or whose features are not finite stops it there, the slides "
                     "before it complete)");
-  command->add_option("--batch", options->batch, "Tiles per dispatch")->capture_default_str();
+  command->add_option("--batch", options->batch,
+                      "Tiles per dispatch (default: the largest that fits the device's memory with a margin, up to 64 "
+                      "on a GPU, and on a CPU device such as lavapipe up to four 224-pixel tiles' worth; the run's "
+                      "JSON says which: batch_chosen)");
   command->add_option("--precision", *precision,
                       "Stored features: fp32 or fp16 (an encoder then runs in fp16 too; a CNN runs in fp32 and "
                       "stores fp16)")
@@ -105,6 +108,7 @@ void add_extract_command(CLI::App &app) {
     if (!options->tiles.empty() && command->count("--intensity-window"))
       throw UsageError("--intensity-window is not for --tiles: a store's tiles are 8-bit already (give it to tessera "
                        "tile, or read the slides with --slides)");
+    if (command->count("--batch") && options->batch < 1) throw UsageError("--batch must be at least 1");
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->gzip = *compression == "gzip";

@@ -65,7 +65,10 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--width", o.width, "Channel width of small-cnn (conv1; conv2 and fc1 scale with it)")
       ->capture_default_str()->check(CLI::PositiveNumber)->excludes(features);
   command.add_option("--epochs", o.epochs, "Passes over the training patches")->capture_default_str();
-  command.add_option("--batch", o.batch, "Micro-batch: patches on the device at once")->capture_default_str()
+  command.add_option("--batch", o.batch,
+                     "Micro-batch: patches on the device at once (default: the largest that fits the device's memory "
+                     "with a margin, up to 64 on a GPU, and on a CPU device such as lavapipe up to four 224-pixel "
+                     "patches' worth; printed as the run starts)")
       ->excludes(features);
   command.add_option("--accumulate", o.accumulate, "Micro-batches per optimizer step (effective batch = batch x K)")
       ->capture_default_str()->excludes(features);
@@ -239,6 +242,8 @@ uint64_t memory_limit(const TrainFlags& f) {
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
   memory_limit(f);
+  if (command.count("--batch") && f.options.batch < 1) throw UsageError("--batch must be at least 1");
+  f.options.val_fraction_default = command.count("--val-fraction") == 0;
   f.options.fp16 = f.precision == "fp16";
   std::vector<InputPath> inputs{{"--features", f.mil.features},
                                  {"--labels", f.mil.labels},
