@@ -46,7 +46,7 @@ def doctor(*args, env=None):
                             env=env or ENV, timeout=600)
     assert "vulkan validation" not in result.stderr.lower(), result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert records[-1]["check"] == "summary", result.stdout
+    assert records[-1]["check"] == "summary", (result.returncode, result.stderr)
     assert records[-1]["ready"] == (result.returncode == 0), result.stdout
     return result.returncode, records, result.stderr
 

@@ -324,7 +324,10 @@ void check_model(Findings& findings, ExtractOptions options, bool have_device) {
   std::vector<ExtractModel> models;
   try {
     models = resolve_extract_models(options);
-    WeightsCheck weights = check_weights(models.front().resolved, extraction_inference(options, models.front()));
+    read_extract_weights(models);
+    InferenceOptions one_tile = extraction_inference(options, models.front());
+    one_tile.inputs[0].shape[0] = 1;  // the weights against the graph: the batch is the plan's business
+    WeightsCheck weights = check_weights(models.front().resolved, one_tile);
     const int64_t features = weights.output.empty() ? 0 : weights.output.back();
     findings.add("weights", Mark::ok,
                  subject + ": " + std::to_string(weights.tensors) + " tensors, " + std::to_string(weights.values) +
