@@ -46,7 +46,7 @@ def lavapipe():
 
 def test_train_chooses_a_batch_that_fits():
     work = workdir("test_device_defaults_train")
-    patches = patch_task(os.path.join(work, "p96.h5"), 128, 96)
+    patches = patch_task(os.path.join(work, "p96.h5"), 72, 96)
     code, out, err, _ = tessera("train", "--data", patches, "--model", "resnet18", "--epochs", 1, "--dry-run")
     assert code == 0, err
     chosen, = events(err, "batch")
@@ -66,7 +66,7 @@ def test_train_chooses_a_batch_that_fits():
     assert small["batch"] < chosen["batch"] and small["planned_device_bytes"] <= int(400 * MiB * BUDGET_SHARE), small
     # The next batch up would not have fit the share: the choice is the largest.
     code, out, err, _ = tessera("train", "--data", patches, "--model", "resnet18", "--epochs", 1, "--dry-run",
-                                "--device-memory-limit", "400MiB", "--batch", small["batch"] * 2)
+                                "--device-memory-limit", "400MiB", "--batch", 64)
     doubled = plan_line(out)
     assert doubled["device_bytes"] > int(400 * MiB * BUDGET_SHARE), doubled
 
