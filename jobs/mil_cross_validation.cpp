@@ -231,7 +231,7 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& give
 }
 
 std::string cross_validation_table(const nlohmann::json& result) {
-  std::vector<TableColumn> columns = {{"seed", true}, {"fold", true},   {"slides", true}, {"loss", true},
+  std::vector<TableColumn> columns = {{"seed", false}, {"fold", true},   {"slides", true}, {"loss", true},
                                       {"AUC", true},  {"bal. acc.", true}, {"F1 (macro)", true}};
   std::vector<std::vector<std::string>> rows;
   for (auto& fold : result["fold_results"])
@@ -240,9 +240,14 @@ std::string cross_validation_table(const nlohmann::json& result) {
                     format_number(fold["f1"])});
   const nlohmann::json& cv = result["cv"];
   auto shown = [&](const char* name) {
-    return format_number(cv[name]["mean"]) + " ± " + format_number(cv[name]["std"]);
+    return format_number(cv[name]["mean"]) + " (" + format_number(cv[name]["std"]) + ")";
   };
-  rows.push_back({"mean ± std", "", "", "", shown("auc"), shown("balanced_accuracy"), shown("f1")});
+  std::vector<double> losses;
+  for (auto& fold : result["fold_results"]) losses.push_back(fold["loss"].get<double>());
+  Spread loss = spread(losses);
+  // ASCII only: the table aligns bytes.
+  rows.push_back({"mean (std)", "", "", format_number(loss.mean) + " (" + format_number(loss.std) + ")", shown("auc"),
+                  shown("balanced_accuracy"), shown("f1")});
   std::string text = aligned_table(columns, rows, true);
   text += std::to_string(result["folds"].get<int>()) + "-fold cross-validation by case, " +
           std::to_string(result["seeds"].get<int>()) + " seed(s), " + result["head"].get<std::string>() +

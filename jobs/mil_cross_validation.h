@@ -35,7 +35,7 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& opti
                                   const CrossValidationOptions& cv, const TrainReporting& reporting);
 
 // The result as people read it: a row a fold (seed, fold, slides, loss, AUC, balanced accuracy,
-// F1), then the mean and standard deviation of each.
+// F1), then each one's mean and, in brackets, standard deviation.
 std::string cross_validation_table(const nlohmann::json& result);
 
 }  // namespace tessera

@@ -202,10 +202,30 @@ def test_table_on_a_terminal_and_json_lines_off_it(tmp_path):
     code, screen = on_terminal(args)
     assert code == 0 and not any(line.lstrip().startswith("{") for line in screen), screen
     assert sum(1 for line in screen if line.startswith("seed 0 fold ")) == 3, screen
-    summary = next(line for line in screen if line.startswith("mean ± std"))
+    summary = next(line for line in screen if line.startswith("mean (std)"))
     auc = result["cv"]["auc"]
-    assert f"{auc['mean']:.4g} ± {auc['std']:.4g}" in summary, (summary, auc)
+    assert f"{auc['mean']:.4g} ({auc['std']:.4g})" in summary, (summary, auc)
     assert any(line.startswith("3-fold cross-validation by case, 1 seed(s), mean head") for line in screen), screen
+
+
+def test_sweep_takes_the_folds_mean_less_their_std_as_its_objective(tmp_path):
+    features, labels = cohort(tmp_path, "features", cases=12)
+    fixed = ["--features", features, "--labels", labels, "--folds", 3, "--head", "mean", "--epochs", 2,
+             "--optimizer", "adam"]
+    study = str(tmp_path / "study.sqlite")
+    process = run(TESSERA, "sweep", "--study", study, "--trials", 2, "--sampler", "grid", "--param",
+                  "lr=choice:0.001,0.02", "--objective", "cv_auc_mean_less_std", "--", *fixed, check=False, env=ENV)
+    assert process.returncode == 0, process.stderr
+    exported = json.loads(run(TESSERA, "sweep", "--study", study, "--export", "json", env=ENV).stdout)
+    assert exported["direction"] == "maximize", exported
+    for trial in exported["trials"]:
+        attempt = trial["attempts"][-1]
+        assert trial["state"] == "complete" and len(attempt["intermediate"]) == 3, trial
+        # The same train run by hand (runs are deterministic): the trial's value is its mean less std.
+        result = result_of(train(*fixed, "--lr", trial["params"]["lr"]))
+        auc = result["cv"]["auc"]
+        assert trial["value"] == pytest.approx(auc["mean"] - auc["std"], abs=1e-12), (trial, auc)
+        assert attempt["intermediate"][0]["value"] == pytest.approx(auc["folds"][0], abs=1e-12), (attempt, auc)
 
 
 def test_bad_input_is_named(tmp_path):
