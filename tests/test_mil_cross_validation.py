@@ -7,7 +7,9 @@ the same folds from the same command and other folds from another seed. Each fol
 Mann-Whitney rank statistic, one-vs-rest macro for three classes), balanced accuracy and macro
 F1, and their mean and sample std, are recomputed here in numpy from those predictions. Gated
 attention (ABMIL) separates a cohort whose label lies in a few patches a slide: mean AUC over 5
-folds above 0.9. Bad input: a case with slides of two classes, more folds than a class has cases
+folds above 0.9. Without a case_id column each slide is its own case. On a terminal a table ends
+the run (the JSON's numbers), through a pipe a `fold` record per head and the result line; a sweep
+takes `cv_auc_mean_less_std` as its objective, each fold an intermediate value. Bad input: a case with slides of two classes, more folds than a class has cases
 (exit 5 naming the case or the fold and class), --folds below 2 and flags that do not go with
 --folds (exit 2); an existing predictions file is kept without --overwrite."""
 import csv
@@ -226,6 +228,21 @@ def test_sweep_takes_the_folds_mean_less_their_std_as_its_objective(tmp_path):
         auc = result["cv"]["auc"]
         assert trial["value"] == pytest.approx(auc["mean"] - auc["std"], abs=1e-12), (trial, auc)
         assert attempt["intermediate"][0]["value"] == pytest.approx(auc["folds"][0], abs=1e-12), (attempt, auc)
+
+
+def test_without_case_ids_each_slide_is_its_own_case(tmp_path):
+    features, labels = cohort(tmp_path, "features", cases=6)
+    # tessera's own slide,label rows: no case_id column, so slides of one patient may be split.
+    plain = tmp_path / "plain.csv"
+    rows = [line.split(",") for line in open(labels).read().splitlines()[1:]]
+    plain.write_text("slide,label\n" + "".join(f"{slide},{label}\n" for _, slide, label in rows))
+    predictions = str(tmp_path / "plain_predictions.csv")
+    result = result_of(train("--features", features, "--labels", str(plain), "--folds", 2, "--head", "mean",
+                             "--epochs", 1, "--fold-predictions", predictions))
+    written = read_predictions(predictions)
+    assert len(written) == len(rows) == result["slides"]
+    assert all(row["case_id"] == row["slide_id"] for row in written), written
+    check_folds(written, 2, [slide.removesuffix(".svs") for _, slide, _ in rows])
 
 
 def test_bad_input_is_named(tmp_path):
