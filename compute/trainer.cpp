@@ -199,6 +199,11 @@ TrainingLoop::~TrainingLoop() {
 
 std::vector<MemoryPlan> TrainingLoop::plans() const { return state_->group.plans(); }
 
+std::map<std::string, HostArray> TrainingLoop::parameters() const {
+  state_->group.wait_all();
+  return download_tensors(state_->group.first().checkpoint_tensors());
+}
+
 void TrainingLoop::run(Feed& train, Feed& validation, const TrainReporting& reporting) {
   state_->run(train, validation, reporting);
 }

@@ -4,9 +4,12 @@
 // metrics summed on the device, checkpoints every epoch, exact resume. It knows nothing of
 // where the batches come from: a job hands it a Feed (compute/training_job.h).
 #pragma once
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "compute/checkpoint.h"
 #include "compute/memory_plan.h"
 #include "compute/training_job.h"
 #include "compute/vk/context.h"
@@ -32,6 +35,9 @@ class TrainingLoop {
   // records the programs and trains. Throws OutOfDeviceMemory (plan over budget), Diverged
   // (non-finite loss), BadInput (checkpoint), UsageError (flags).
   void run(Feed& train, Feed& validation, const TrainReporting& reporting);
+  // The parameters as trained, by name (what a checkpoint's params hold), read back from the
+  // first replica after run(): cross-validation scores a fold's slides with them.
+  std::map<std::string, HostArray> parameters() const;
 
  private:
   struct State;

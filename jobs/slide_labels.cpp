@@ -62,17 +62,19 @@ std::optional<std::vector<std::string>> split_fields(const std::string& line) {
 struct Columns {
   size_t slide = 0, label = 1, count = 2;
   bool header = false;
+  std::optional<size_t> case_id;  // CLAM's case_id column, when the header names one
 };
 
 Columns columns_of(const std::vector<std::string>& first) {
   Columns columns;
-  std::optional<size_t> slide, label;
+  std::optional<size_t> slide, label, case_id;
   for (size_t i = 0; i < first.size(); ++i) {
     std::string name = lower(first[i]);
     if (name == "slide_id" || (name == "slide" && !slide)) slide = i;
     if (name == "label") label = i;
+    if (name == "case_id") case_id = i;
   }
-  if (slide && label) columns = {*slide, *label, first.size(), true};
+  if (slide && label) columns = {*slide, *label, first.size(), true, case_id};
   return columns;
 }
 
@@ -106,8 +108,10 @@ std::vector<SlideLabel> read_slide_labels(const std::string& labels_path, const 
                      (columns->header ? std::to_string(columns->count) + " as the header has"
                                       : std::string("'slide,label' (or a header naming slide_id and label)")) +
                      ": '" + trim(line) + "'");
-    SlideLabel row{(*fields)[columns->slide], (*fields)[columns->label], "", number};
+    SlideLabel row{(*fields)[columns->slide], "", (*fields)[columns->label], "", number};
     if (row.slide.empty() || row.label.empty()) throw BadInput(where + ": empty slide or label");
+    row.case_id = columns->case_id ? (*fields)[*columns->case_id] : row.slide;
+    if (row.case_id.empty()) throw BadInput(where + ": empty case_id (slide " + row.slide + ")");
     if (!is_plain_name(row.slide))
       throw BadInput(where + ": slide '" + row.slide + "' is a path; a labels file names feature files in --features " +
                      features_dir + " by their slide id (the file name without .h5)");

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/csv.h"
 #include "common/html.h"
 #include "common/progress.h"
 #include "sweep/train_flags.h"
@@ -61,13 +62,6 @@ std::optional<std::string> best_checkpoint(const Trial& trial) {
 }
 
 namespace {
-
-std::string csv_field(const std::string& text) {
-  if (text.find_first_of(",\"\n") == std::string::npos) return text;
-  std::string quoted = "\"";
-  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return quoted + "\"";
-}
 
 // A linear or logarithmic axis from data values to pixels.
 struct Axis {

@@ -15,10 +15,12 @@
 #include "common/error.h"
 #include "common/output.h"
 #include "common/progress.h"
+#include "common/run_summary.h"
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/data_parallel.h"
 #include "jobs/mil.h"
+#include "jobs/mil_cross_validation.h"
 #include "jobs/train.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
@@ -31,6 +33,7 @@ namespace {
 struct TrainFlags {
   TrainOptions options;
   MilOptions mil;
+  CrossValidationOptions cv;  // --folds K: cross-validation of a slide-level head
   int device = -1;
   std::vector<int> devices;  // --devices: one replica per device
   std::string memory_limit;
@@ -41,6 +44,7 @@ struct TrainFlags {
   nlohmann::json finished;
   bool overwrite = false;
   std::optional<OutputLock> checkpoint_lock;  // held for the run by the process that writes it
+  std::optional<OutputLock> predictions_lock;  // --fold-predictions, likewise
 };
 
 void add_train_flags(CLI::App& command, TrainFlags& f) {
@@ -89,7 +93,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->excludes(features);
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   auto* resume = command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");
-  command.add_flag("--overwrite", f.overwrite, "Train a new run over an existing --checkpoint (without it, refused)")
+  command.add_flag("--overwrite", f.overwrite, "Train a new run over an existing --checkpoint, or replace --fold-predictions (without it, refused)")
       ->excludes(resume);
   command.add_flag("--dry-run", o.dry_run, "Print the device memory plan and exit");
   command.add_option("--precision", f.precision,
@@ -112,6 +116,20 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->excludes(features);
   command.add_option("--device-memory-limit", f.memory_limit, "Device memory budget, e.g. 2GiB");
   command.add_option("--report-fd", f.report_fd, "Write trial protocol JSON lines to this file descriptor");
+  // Cross-validation of a slide-level head: K heads, each scored on the fold it did not see.
+  auto* folds = command.add_option(
+      "--folds", f.cv.folds,
+      "With --features: K-fold cross-validation, folds split by case (CLAM's case_id; else by slide) and "
+      "stratified by label; reports each fold's AUC, balanced accuracy and macro F1 and their mean and std");
+  folds->needs(features)->excludes(command.get_option("--checkpoint"))->excludes(resume)
+      ->excludes(command.get_option("--val-fraction"));
+  command.add_option("--seeds", f.cv.seeds, "With --folds: repeat the cross-validation N times, repeat r splitting "
+                                            "and initialising from --seed + r")
+      ->capture_default_str()->needs(folds);
+  command.add_option("--fold-predictions", f.cv.predictions,
+                     "With --folds: CSV of every held-out slide's class probabilities (seed, fold, case, slide, "
+                     "label, prediction); --overwrite replaces it")
+      ->needs(folds);
 }
 
 std::vector<float> parse_weights(const std::string& text) {
@@ -240,6 +258,10 @@ uint64_t memory_limit(const TrainFlags& f) {
 
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
+  if (command.count("--folds") && f.cv.folds < 2)
+    throw UsageError("--folds must be at least 2 (got " + std::to_string(f.cv.folds) + "): each fold is scored by a "
+                     "head trained on the others");
+  if (f.cv.seeds < 1) throw UsageError("--seeds must be at least 1 (got " + std::to_string(f.cv.seeds) + ")");
   if (!f.class_weights.empty()) f.options.class_weights = parse_weights(f.class_weights);
   memory_limit(f);
   if (command.count("--batch") && f.options.batch < 1) throw UsageError("--batch must be at least 1");
@@ -250,14 +272,19 @@ void check_flags(const CLI::App& command, TrainFlags& f) {
                                  {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}};
   for (auto& path : f.options.data) inputs.push_back({"--data", path});
   refuse_output_over_inputs("--checkpoint", f.options.checkpoint, inputs);
+  refuse_output_over_inputs("--fold-predictions", f.cv.predictions, inputs);
   settle_resume(command, f);
 }
 
-// Locks the checkpoint for the run, before any work: a second run on it is refused naming this
-// one, a directory that cannot be written is named with the reason, and an existing checkpoint
-// is replaced only by --overwrite (or continued by --resume).
-void lock_checkpoint(TrainFlags& f) {
+// Locks the checkpoint (and --fold-predictions) for the run, before any work: a second run on it
+// is refused naming this one, a directory that cannot be written is named with the reason, and an
+// existing checkpoint is replaced only by --overwrite (or continued by --resume).
+void lock_outputs(TrainFlags& f) {
   const TrainOptions& o = f.options;
+  if (!f.cv.predictions.empty() && !o.dry_run) {
+    f.predictions_lock.emplace(f.cv.predictions);
+    check_replaceable(f.cv.predictions, "--fold-predictions", f.overwrite ? Existing::overwrite : Existing::refuse);
+  }
   if (o.checkpoint.empty() || o.dry_run) return;
   f.checkpoint_lock.emplace(o.checkpoint);
   check_replaceable(o.checkpoint, "--checkpoint",
@@ -367,10 +394,14 @@ void run(const std::vector<vk::Context*>& devices, TrainFlags& f,
                           (plans.size() > 1 ? " (--devices entry " + std::to_string(d) + ")" : std::string()));
     return;
   }
-  if (features)
+  if (features && f.cv.folds) {
+    nlohmann::json result = cross_validate_mil(context, f.options, f.mil, f.cv, reporting);
+    print_result(result, cross_validation_table(result));
+  } else if (features) {
     train_mil(context, f.options, f.mil, reporting);
-  else
+  } else {
     train(devices, f.options, reporting);
+  }
   if (!f.options.checkpoint.empty() && Processes::world().rank() == 0)
     report("train", {{"event", "checkpoint"}, {"path", f.options.checkpoint}, {"epoch", f.options.epochs}});
 }
@@ -390,7 +421,7 @@ void add_train_command(CLI::App& app) {
     check_flags(*command, *flags);
     // Under mpirun or srun, MPI starts here: the rank on this machine picks the default device.
     Processes& processes = Processes::world();
-    if (processes.rank() == 0) lock_checkpoint(*flags);
+    if (processes.rank() == 0) lock_outputs(*flags);
     {
       auto contexts = open_devices(*flags, processes);
       std::vector<vk::Context*> devices;
@@ -406,6 +437,7 @@ void add_train_command(CLI::App& app) {
     }
     processes.finish();
     flags->checkpoint_lock.reset();
+    flags->predictions_lock.reset();
   });
 }
 
@@ -420,7 +452,7 @@ int run_train_in_process(const std::vector<std::string>& args,
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
     check_flags(app, flags);
-    lock_checkpoint(flags);
+    lock_outputs(flags);
     if (!flags.devices.empty())
       throw UsageError("--devices: an in-process trial (--isolation none) shares one device; leave --isolation at its default");
     if (!shared) shared = std::make_unique<vk::Context>(context_options(flags.device));
