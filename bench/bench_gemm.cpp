@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 
 #include "compute/network.h"
 #include "compute/ops/batch_norm2d.h"
@@ -32,10 +33,20 @@ using namespace tessera;
 
 namespace {
 
+// CPU seconds of every thread of this process (lavapipe's workers included).
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 // Seconds per submit of a recorded program: one warm-up run (pipelines, caches), then at
-// least `min_runs` runs and at least half a second.
+// least `min_runs` runs and at least half a second. `cpu_seconds`, where given, gets the
+// process's CPU seconds per run: on a CPU device (lavapipe) on a shared machine, the work a
+// kernel takes whatever the other processes take of the cores (wall time varies 2-4x there).
 template <class Record>
-double seconds_per_run(vk::Context& context, Record record, int min_runs = 1) {
+double seconds_per_run(vk::Context& context, Record record, int min_runs = 1, double* cpu_seconds = nullptr) {
   vk::Program program(context);
   {
     vk::Recorder recorder(context, program);
@@ -44,6 +55,7 @@ double seconds_per_run(vk::Context& context, Record record, int min_runs = 1) {
   }
   program.run();
   int runs = 0;
+  double cpu_start = process_cpu_seconds();
   auto start = std::chrono::steady_clock::now();
   double elapsed = 0;
   while (runs < min_runs || elapsed < 0.5) {
@@ -51,13 +63,15 @@ double seconds_per_run(vk::Context& context, Record record, int min_runs = 1) {
     ++runs;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  if (cpu_seconds) *cpu_seconds = (process_cpu_seconds() - cpu_start) / runs;
   return elapsed / runs;
 }
 
 // GFLOPS of c[n,n] = a[n,n] b[n,n] with each operand row-major ("n") or transposed, that is
-// column-major ("t"), as the backward passes of dense layers read them.
+// column-major ("t"), as the backward passes of dense layers read them; `per_cpu_second`, where
+// given, gets GFLOPS per CPU second of the process.
 double gemm_gflops(vk::Context& context, uint32_t n, bool a_transposed = false, bool b_transposed = false,
-                   DType dtype = DType::f32) {
+                   DType dtype = DType::f32, double* per_cpu_second = nullptr) {
   // Random operands: zeros or ones could let a device skip work that real data needs.
   std::vector<float> values(static_cast<size_t>(n) * n);
   std::mt19937 random(1);
@@ -69,11 +83,14 @@ double gemm_gflops(vk::Context& context, uint32_t n, bool a_transposed = false, 
   auto view = [n](const Tensor& t, bool transposed) {
     return transposed ? MatrixView{&t, 1, n} : MatrixView{&t, n, 1};
   };
+  double cpu_seconds = 0;
   double seconds = seconds_per_run(context, [&](vk::Recorder& recorder) {
     record_gemm(recorder, context.kernels(), n, n, n, view(a, a_transposed), view(b, b_transposed),
                 {&c, n, 1}, false);
-  });
-  return 2.0 * n * n * n / seconds / 1e9;
+  }, 1, &cpu_seconds);
+  double flops = 2.0 * n * n * n;
+  if (per_cpu_second) *per_cpu_second = flops / cpu_seconds / 1e9;
+  return flops / seconds / 1e9;
 }
 
 struct ConvCase {
@@ -161,9 +178,12 @@ int main(int argc, char** argv) {
     context.kernels().set_tile_target(target);
   }
   if (only_gemm) {
-    double gflops = gemm_gflops(context, only_gemm, false, false, precision == "fp16" ? DType::f16 : DType::f32);
+    double per_cpu_second = 0;
+    double gflops = gemm_gflops(context, only_gemm, false, false, precision == "fp16" ? DType::f16 : DType::f32,
+                                &per_cpu_second);
     nlohmann::json result = {{"device", context.info().name}, {"driver", context.info().driver},
-                             {"n", only_gemm}, {"precision", precision}, {"tflops", gflops / 1e3}};
+                             {"n", only_gemm}, {"precision", precision}, {"tflops", gflops / 1e3},
+                             {"gflops_per_cpu_second", per_cpu_second}};
     std::printf("%s\n", result.dump().c_str());
     return 0;
   }
