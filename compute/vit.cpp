@@ -1,6 +1,7 @@
 #include "compute/vit.h"
 
 #include <cmath>
+#include <optional>
 #include <regex>
 
 #include "common/json_input.h"
@@ -37,19 +38,36 @@ std::vector<std::string> vit_preset_names() {
   return names;
 }
 
+std::optional<std::string> vit_preset_name(const std::string& name) {
+  if (presets().contains(name)) return name;
+  for (auto& [preset, settings] : presets().items())
+    if (settings.value("trident", "") == name) return preset;
+  return std::nullopt;
+}
+
+std::string vit_preset_list() {
+  std::string list;
+  for (auto& [name, settings] : presets().items()) {
+    list += (list.empty() ? "" : ", ") + name;
+    if (std::string trident = settings.value("trident", ""); !trident.empty() && trident != name)
+      list += " (" + trident + ")";
+  }
+  return list;
+}
+
 bool is_vit_description(const nlohmann::json& description) {
   if (!description.is_object()) return false;
   if (auto family = description.find("family"); family != description.end() && *family == "vit") return true;
   auto preset = description.find("preset");
-  return preset != description.end() && preset->is_string() && presets().contains(preset->get<std::string>());
+  return preset != description.end() && preset->is_string() && vit_preset_name(preset->get<std::string>());
 }
 
 nlohmann::json vit_settings(const nlohmann::json& description) {
   nlohmann::json settings = nlohmann::json::object();
   if (auto preset = description.find("preset"); preset != description.end()) {
-    if (!preset->is_string() || !presets().contains(preset->get<std::string>()))
-      throw ModelError("model: preset " + json_excerpt(*preset) + " is not a ViT preset");
-    settings = presets()[preset->get<std::string>()];
+    std::optional<std::string> name = preset->is_string() ? vit_preset_name(preset->get<std::string>()) : std::nullopt;
+    if (!name) throw ModelError("model: preset " + json_excerpt(*preset) + " is not a ViT preset");
+    settings = presets()[*name];
   }
   for (auto& [field, value] : description.items())
     if (field != "preset" && field != "family") settings[field] = value;
@@ -57,13 +75,14 @@ nlohmann::json vit_settings(const nlohmann::json& description) {
 }
 
 nlohmann::json vit_graph(const nlohmann::json& description) {
-  // The graph's name: the description's, else the preset's.
+  // The graph's name: the description's, else the preset's (TRIDENT's name for it is tessera's).
   std::string name = "vit";
   for (const char* field : {"preset", "name"})
     if (auto it = description.find(field); it != description.end() && it->is_string()) name = it->get<std::string>();
   nlohmann::json settings = vit_settings(description);
-  settings.erase("preprocessing");  // for the encoders' users, not the graph
-  settings.erase("source");
+  if (!description.contains("name") && description.contains("preset")) name = *vit_preset_name(name);
+  for (const char* field : {"preprocessing", "source", "trident"})  // for the encoders' users, not the graph
+    settings.erase(field);
   if (settings.contains("layer_scale") && settings["layer_scale"].is_null())
     settings.erase("layer_scale");  // a preset's, removed
   settings["name"] = name;

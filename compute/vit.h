@@ -1,5 +1,6 @@
 // The `vit` model family: vision transformers as timm's VisionTransformer builds them (the patch
-// encoders of computational pathology: UNI, UNI2-h, Virchow2, H-optimus-0, Prov-GigaPath) and
+// encoders of computational pathology: UNI, UNI2-h, Virchow2, H-optimus-0 and -1, H0-mini,
+// Prov-GigaPath, kaiko.ai's ViT-S/B/L, Lunit's DINO ViT-S/8) and
 // torchvision's vit_b_16, as graphs of tessera's layers whose parameters carry timm's names.
 //
 // A description is {"family": "vit", settings...} or {"preset": NAME, overrides...}; the presets
@@ -10,9 +11,12 @@
 // position_embedding ("tokens": over every token, timm's default; "patches": no_embed_class;
 // "none"), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
 // output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean"), classes (a
-// linear head named "head"; 0: none, the features), name, and preprocessing and source (for the
-// encoders' users; not part of the graph).
+// linear head named "head"; 0: none, the features), name, and preprocessing, source and trident
+// (for the encoders' users; not part of the graph). preprocessing's input_size is the tiles an
+// encoder reads where they differ from image_size (kaiko-vitl14: 224-pixel tiles, its position
+// embedding learned at 518 and resampled).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +26,11 @@ namespace tessera {
 
 // The names of the ViT presets.
 std::vector<std::string> vit_preset_names();
+// The preset a name means: a preset's own name, or the name TRIDENT (mahmoodlab/TRIDENT's
+// encoder_factory) gives the same encoder, its "trident" field ("uni_v2" is uni2-h); none: not one.
+std::optional<std::string> vit_preset_name(const std::string& name);
+// The presets for help texts and errors: "uni (uni_v1), uni2-h (uni_v2), ..., virchow2, ...".
+std::string vit_preset_list();
 // Whether `description` is a ViT: {"family": "vit"} or a ViT preset.
 bool is_vit_description(const nlohmann::json& description);
 // The settings of a ViT description, a preset's completed with its overrides.

@@ -32,8 +32,8 @@ nlohmann::json read_description(const std::string& encoder) {
 EncoderInput encoder_input(const std::string& encoder) {
   nlohmann::json description = read_description(encoder);
   if (!is_vit_description(description))
-    throw ModelError("--encoder " + encoder + ": not a ViT (a preset: uni, uni2-h, virchow2, h-optimus-0, "
-                     "prov-gigapath, vit-b16; or a model JSON with \"family\": \"vit\")");
+    throw ModelError("--encoder " + encoder + ": not a ViT (a preset: " + vit_preset_list() +
+                     "; or a model JSON with \"family\": \"vit\")");
   nlohmann::json settings = vit_settings(description);
   nlohmann::json preprocessing = settings.value("preprocessing", nlohmann::json::object());
   if (!preprocessing.is_object())
@@ -42,9 +42,14 @@ EncoderInput encoder_input(const std::string& encoder) {
   EncoderInput input;
   input.name = encoder;
   // vit_graph has checked the description's own fields (resolve_model builds it first).
-  input.image_size = settings.value("image_size", 224);
+  const int learned_size = settings.value("image_size", 224);
   try {
     LayerConfig fields(preprocessing);
+    // The tiles read: the size the position embedding was learned at, unless the publisher's
+    // transform reads others (kaiko-vitl14: 224 pixels, its embedding resampled from 518's grid).
+    input.image_size = static_cast<int>(fields.integer("input_size", learned_size, 1, 4096));
+    const int64_t patch = settings.value("patch_size", 1);
+    if (input.image_size % patch != 0) fields.fail("input_size", "must be a multiple of patch_size " + std::to_string(patch));
     Normalisation normalisation = read_normalisation(fields);
     std::copy(normalisation.mean.begin(), normalisation.mean.end(), input.mean.begin());
     std::copy(normalisation.std.begin(), normalisation.std.end(), input.std.begin());

@@ -31,7 +31,10 @@ Parameters parameters(const Network& network) {
 }
 
 // Counts of timm's models as the model cards build them (num_classes=0), and torchvision's
-// vit_b_16 with its 1000-class head (torchvision documents 86,567,656).
+// vit_b_16 with its 1000-class head (torchvision documents 86,567,656). timm's tables give
+// 21.67M for vit_small_patch16_224 and _patch8_224 and 304.37M for vit_large_patch14_reg4_dinov2
+// (kaiko's ViT-S and ViT-L/14), 86.58M for vit_base_patch8_224 with its 1000-class head
+// (85,807,872 + 769,000); H0-mini's paper gives 86M for its ViT-B/14, Virchow's 632M.
 TEST(Vit, PresetsAreTheModelCardsArchitectures) {
   struct Expected {
     const char* preset;
@@ -40,7 +43,11 @@ TEST(Vit, PresetsAreTheModelCardsArchitectures) {
   for (auto [preset, count, features] :
        {Expected{"uni", 303350784, 1024}, Expected{"uni2-h", 681394176, 1536}, Expected{"virchow2", 631239424, 2560},
         Expected{"h-optimus-0", 1134774272, 1536}, Expected{"prov-gigapath", 1134953984, 1536},
-        Expected{"vit-b16", 85798656, 768}}) {
+        Expected{"vit-b16", 85798656, 768}, Expected{"h-optimus-1", 1134774272, 1536},
+        Expected{"h0-mini", 85739520, 1536}, Expected{"kaiko-vits8", 21670272, 384},
+        Expected{"kaiko-vits16", 21665664, 384}, Expected{"kaiko-vitb8", 85807872, 768},
+        Expected{"kaiko-vitb16", 85798656, 768}, Expected{"kaiko-vitl14", 304370688, 1024},
+        Expected{"lunit-vits8", 21670272, 384}, Expected{"virchow", 631229184, 2560}}) {
     SCOPED_TRACE(preset);
     Network network(load_model_description(preset, 2), Shape{2, 3, 224, 224}, false);
     Parameters p = parameters(network);
@@ -72,6 +79,43 @@ TEST(Vit, RegistersLayerScaleAndTheNoEmbedClassRule) {
   // 16x16 patches, a class token and 8 registers; "blocks.3" names the block's output.
   EXPECT_EQ(network.layer("tokens").output_shape, (Shape{1, 265, 1536}));
   EXPECT_EQ(network.layer("blocks.3").name, "blocks.3.residual2");
+}
+
+// TRIDENT's names (its encoder_factory) for the same encoders are accepted as they are.
+TEST(Vit, TridentNamesMeanThePresets) {
+  const std::pair<const char*, const char*> names[] = {
+      {"uni_v1", "uni"},          {"uni_v2", "uni2-h"},         {"virchow2", "virchow2"},
+      {"hoptimus0", "h-optimus-0"}, {"hoptimus1", "h-optimus-1"}, {"h0-mini", "h0-mini"},
+      {"gigapath", "prov-gigapath"}, {"kaiko-vits8", "kaiko-vits8"}, {"kaiko-vits16", "kaiko-vits16"},
+      {"kaiko-vitb8", "kaiko-vitb8"}, {"kaiko-vitb16", "kaiko-vitb16"}, {"kaiko-vitl14", "kaiko-vitl14"},
+      {"lunit-vits8", "lunit-vits8"}, {"virchow", "virchow"}};
+  for (auto [trident, preset] : names) {
+    SCOPED_TRACE(trident);
+    EXPECT_EQ(vit_preset_name(trident), std::optional<std::string>(preset));
+    nlohmann::json graph = vit_graph({{"preset", trident}}), own = vit_graph({{"preset", preset}});
+    EXPECT_EQ(graph, own);  // the same layers, named as tessera's preset
+    EXPECT_EQ(load_model_description(trident, 2), load_model_description(preset, 2));
+  }
+  for (const char* unknown : {"conch_v15", "midnight12k", "uni_v3", "UNI"}) EXPECT_FALSE(vit_preset_name(unknown));
+  EXPECT_NE(vit_preset_list().find("uni2-h (uni_v2)"), std::string::npos) << vit_preset_list();
+  EXPECT_NE(vit_preset_list().find("kaiko-vits8, lunit-vits8"), std::string::npos) << vit_preset_list();
+}
+
+// kaiko's ViT-L/14 is timm's vit_large_patch14_reg4_dinov2 built at 518 pixels: its position
+// embedding covers a 37x37 grid of patches only, resampled for 224-pixel tiles (16x16).
+TEST(Vit, KaikoVitL14ResamplesItsPositionGridFor224PixelTiles) {
+  Network network(load_model_description("kaiko-vitl14", 2), Shape{1, 3, 224, 224}, false);
+  EXPECT_EQ(network.layer("tokens").output_shape, (Shape{1, 261, 1024}));
+  Shape position, resampled;
+  for (auto& spec : network.layer("tokens").specs) {
+    if (spec.name == "pos_embed") position = spec.shape;
+    if (spec.name == "resampled_pos_embed") resampled = spec.shape;
+  }
+  EXPECT_EQ(position, (Shape{1, 37 * 37, 1024}));
+  EXPECT_EQ(resampled, (Shape{16 * 16, 1024}));
+  // Lunit's and kaiko's ViT-S/8: 28x28 patches and the class token.
+  Network lunit(load_model_description("lunit-vits8", 2), Shape{1, 3, 224, 224}, false);
+  EXPECT_EQ(lunit.layer("tokens").output_shape, (Shape{1, 785, 384}));
 }
 
 TEST(Vit, AnotherInputSizeResamplesThePositionEmbedding) {

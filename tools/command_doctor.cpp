@@ -20,6 +20,7 @@
 #include "common/version.h"
 #include "compute/inference.h"
 #include "compute/kernel_variants.h"
+#include "compute/vit.h"
 #include "compute/vk/context.h"
 #include "compute/vk/kernels.h"
 #include "compute/vk/loader_report.h"
@@ -375,8 +376,9 @@ void add_doctor_command(CLI::App& app) {
   command->add_option("--out", *out, "Where a run will write: its folder's free space (made where missing)");
   command->add_option("--model", options->models, "Weights of --encoder (.safetensors or a converted checkpoint)");
   command->add_option("--encoder", options->encoders,
-                      "Patch encoder of --model (uni, uni2-h, virchow2, h-optimus-0, prov-gigapath, vit-b16, or a ViT "
-                      "model JSON): its weights loaded as extract does and its plan checked against the device");
+                      "Patch encoder of --model (a ViT preset: " + vit_preset_list() +
+                          "; TRIDENT's name in brackets; or a ViT model JSON): its weights loaded as extract does and "
+                          "its plan checked against the device");
   command->add_option("--batch", options->batch,
                       "Tiles per dispatch of the plan, as extract's --batch (default: the batch extract would choose)");
   command->add_option("--precision", *precision, "fp32 or fp16, as extract's --precision")

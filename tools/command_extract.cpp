@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/units.h"
+#include "compute/vit.h"
 #include "jobs/extract.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
@@ -26,9 +27,9 @@ void add_extract_command(CLI::App &app) {
       ->delimiter(',')
       ->allow_extra_args(false);
   command->add_option("--encoder", options->encoders,
-                      "Patch encoders, comma-separated (uni, uni2-h, virchow2, h-optimus-0, prov-gigapath, vit-b16, or "
-                      "ViT model JSONs): each slide read once for all, each encoder's files in OUT/<encoder>/ when "
-                      "there are several")
+                      "Patch encoders, comma-separated (ViT presets: " + vit_preset_list() +
+                          "; TRIDENT's name in brackets; or ViT model JSONs): each slide read once for all, each "
+                          "encoder's files in OUT/<encoder>/ when there are several")
       ->delimiter(',')
       ->allow_extra_args(false);
   command->add_flag("--random-weights", options->random_weights,

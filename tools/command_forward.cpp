@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/units.h"
 #include "compute/inference.h"
+#include "compute/vit.h"
 #include "common/output.h"
 #include "common/progress.h"
 #include "common/run_summary.h"
@@ -127,8 +128,8 @@ void add_forward_command(CLI::App& app) {
   command->add_option("--model", flags->model, "Checkpoint .h5, preset, model JSON, or .safetensors (with --encoder)")
       ->required();
   command->add_option("--encoder", flags->encoder,
-                      "The architecture of --model's weights: a ViT preset (uni, uni2-h, virchow2, h-optimus-0, "
-                      "prov-gigapath, vit-b16) or a model JSON; timm's and torchvision's names are read");
+                      "The architecture of --model's weights: a ViT preset (" + vit_preset_list() +
+                          "; TRIDENT's name in brackets) or a model JSON; timm's and torchvision's names are read");
   command->add_option("--input", flags->input, "HDF5 file with dataset x, float32 [N,3,H,W], normalised")->required();
   command->add_option("--output", flags->output, "HDF5 file to write dataset logits [N,K] to")->required();
   command->add_flag("--random-weights", flags->random_weights,

@@ -10,8 +10,8 @@ out (conv OIHW, linear [out,in], batch norm weight/bias/running_mean/running_var
 Every name and shape is checked against the preset; a missing, unexpected or misshapen
 tensor is an error (exit code 5) that names the tensor and the input file.
 
-Vision transformers (the `vit` family, compute/vit.h: the presets uni, uni2-h, virchow2,
-h-optimus-0, prov-gigapath and vit-b16, or a model JSON {"family": "vit", ...} given with
+Vision transformers (the `vit` family, compute/vit.h: the presets of compute/vit_presets.json,
+by tessera's name or TRIDENT's, or a model JSON {"family": "vit", ...} given with
 --model) take timm's parameter names, and torchvision's vit_b_16 names, which are renamed to
 timm's. Their checkpoint's `model` is the preset reference (with the head's classes, 0 for an
 encoder) or the JSON.
@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from tessera_presets import PRESETS, build_preset, preset_reference
-from vit_reference import VIT_PRESETS, expected_vit_shapes, is_vit_description, timm_parameter_name
+from vit_reference import (VIT_PRESETS, TRIDENT_NAMES, expected_vit_shapes, is_vit_description, timm_parameter_name,
+                            vit_preset_name)
 
 EXIT_BAD_INPUT = 5
 SKIPPED_SUFFIX = "num_batches_tracked"
@@ -170,7 +171,8 @@ def parse_args(argv):
                         help="build a seeded, randomly initialised torchvision model instead")
     parser.add_argument("--seed", type=int, default=0, help="seed for --torchvision (default 0)")
     model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--preset", choices=PRESETS + tuple(VIT_PRESETS), help="tessera preset to check against")
+    model.add_argument("--preset", choices=PRESETS + tuple(VIT_PRESETS) + tuple(TRIDENT_NAMES),
+                       help="tessera preset (or TRIDENT's name for a ViT preset) to check against")
     model.add_argument("--model", metavar="FILE.json",
                        help="a ViT model JSON ({\"family\": \"vit\", ...}) to check against")
     parser.add_argument("--classes", type=int,
@@ -198,8 +200,8 @@ def convert(args):
     else:
         source = args.state_dict
         state_dict = load_state_dict(args.state_dict)
-    if args.model or args.preset in VIT_PRESETS:
-        description = {"preset": args.preset} if args.preset else read_vit_description(args.model)
+    if args.model or vit_preset_name(args.preset):
+        description = {"preset": vit_preset_name(args.preset)} if args.preset else read_vit_description(args.model)
         reference, state_dict, names = convert_vit(description, state_dict, source, args.classes)
     else:
         classes = args.classes or infer_classes(args.preset, state_dict, source)

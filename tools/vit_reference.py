@@ -19,6 +19,14 @@ from torch import nn
 PRESETS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compute", "vit_presets.json")
 with open(PRESETS_PATH) as presets_file:
     VIT_PRESETS = json.load(presets_file)
+# TRIDENT's names for the presets (their "trident" field; mahmoodlab/TRIDENT's encoder_factory),
+# where they differ from tessera's: "uni_v2" -> "uni2-h".
+TRIDENT_NAMES = {s["trident"]: name for name, s in VIT_PRESETS.items() if s.get("trident", name) != name}
+
+
+def vit_preset_name(name):
+    """The preset a name means (its own, or TRIDENT's for it), as compute/vit.cpp; None: not one."""
+    return name if name in VIT_PRESETS else TRIDENT_NAMES.get(name)
 
 DEFAULTS = {"mlp": "gelu", "mlp_ratio": 4.0, "class_token": True, "register_tokens": 0, "layer_scale": None,
             "position_embedding": "tokens", "qkv_bias": True, "norm_eps": 1e-6, "final_norm": "tokens",
@@ -30,13 +38,13 @@ def vit_settings(description):
     tessera's defaults, as compute/vit.cpp completes it."""
     settings = dict(DEFAULTS)
     if "preset" in description:
-        settings.update(VIT_PRESETS[description["preset"]])
+        settings.update(VIT_PRESETS[vit_preset_name(description["preset"])])
     settings.update({k: v for k, v in description.items() if k not in ("preset", "family")})
     return settings
 
 
 def is_vit_description(description):
-    return description.get("family") == "vit" or description.get("preset") in VIT_PRESETS
+    return description.get("family") == "vit" or vit_preset_name(description.get("preset")) is not None
 
 
 class Attention(nn.Module):
