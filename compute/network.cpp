@@ -23,11 +23,7 @@ constexpr uint64_t kMaxDescriptionBytes = 16ull << 20;
 // Layers of a graph: a ResNet-152 has 500, a ViT of the deepest depth vit_graph allows (256) 2800.
 constexpr size_t kMaxLayers = 4096;
 
-std::string preset_list() {
-  std::string names = "small-cnn, resnet18, resnet50";
-  for (auto& name : vit_preset_names()) names += ", " + name;
-  return names;
-}
+std::string preset_list() { return "small-cnn, resnet18, resnet50, " + vit_preset_list() + "; TRIDENT's names in brackets"; }
 
 // Values of one tensor: 2^40 (4 TiB of fp32) is past every device's memory, and keeps the sums of
 // a plan of up to kMaxLayers layers far from 2^64 (every size is a product of fields and inputs).

@@ -32,12 +32,6 @@ const nlohmann::json& presets() {
 
 }  // namespace
 
-std::vector<std::string> vit_preset_names() {
-  std::vector<std::string> names;
-  for (auto& [name, settings] : presets().items()) names.push_back(name);
-  return names;
-}
-
 std::optional<std::string> vit_preset_name(const std::string& name) {
   if (presets().contains(name)) return name;
   for (auto& [preset, settings] : presets().items())

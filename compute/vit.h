@@ -24,8 +24,6 @@
 
 namespace tessera {
 
-// The names of the ViT presets.
-std::vector<std::string> vit_preset_names();
 // The preset a name means: a preset's own name, or the name TRIDENT (mahmoodlab/TRIDENT's
 // encoder_factory) gives the same encoder, its "trident" field ("uni_v2" is uni2-h); none: not one.
 std::optional<std::string> vit_preset_name(const std::string& name);
