@@ -13,6 +13,7 @@ VisionTransformer), and TRIDENT's names for the encoders.
 - The full presets' plans (extract --dry-run): their parameter bytes are 4 x timm's parameter
   counts, and TRIDENT's names plan the same model as tessera's; an encoder not there (midnight12k)
   is exit 5 listing the presets with TRIDENT's names.
+- kaiko-vits16 at full depth, from a torch.save state_dict through tools/torch_to_tessera.py, likewise.
 - A wrong-shaped or missing tensor of a preset's weights is exit 5 naming it, nothing written.
 """
 import json
@@ -128,6 +129,27 @@ class EncoderPresets(unittest.TestCase):
                       file=sys.stderr)
                 self.assertLess(error, TOLERANCE)
                 os.remove(weights)
+
+    def test_a_whole_preset_through_the_converter(self):
+        # kaiko's ViT-S/16 at its full depth, as kaiko's release ships it: a torch.save state_dict
+        # of timm's names, converted by tools/torch_to_tessera.py --preset, then extract --model.
+        reference = randomised({"preset": "kaiko-vits16"}, seed=16)
+        state = self.path("vits16.pt")
+        torch.save({k: v.float() for k, v in reference.state_dict().items()}, state)
+        checkpoint = self.path("vits16.h5")
+        converted = subprocess.run([sys.executable, os.path.join(REPO, "tools", "torch_to_tessera.py"),
+                                    "--state-dict", state, "--preset", "kaiko-vits16", "--out", checkpoint],
+                                   capture_output=True, text=True)
+        self.assertEqual(converted.returncode, 0, converted.stderr)
+        out = self.path("vits16-out")
+        result = run("extract", "--encoder", "kaiko-vits16", "--model", checkpoint, "--slides", self.slide,
+                     "--min-tissue", 0, "--out", out, "--batch", 3)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        with h5py.File(os.path.join(out, "cmu-region.h5"), "r") as f:
+            features, coords = f["features"][...], f["coords"][...]
+        error = relative_error(features.astype(np.float64), self.expected(reference, KAIKO, coords))
+        print(f"kaiko-vits16, all 12 blocks, converted: relative error {error:.3g}", file=sys.stderr)
+        self.assertLess(error, TOLERANCE)
 
     def dry_run(self, encoder):
         out = self.path("dry-" + encoder)
