@@ -116,7 +116,7 @@ WeightsCheck check_weights(const ResolvedModel& model, const InferenceOptions& o
     }
     check_arrays_fit(model.checkpoint->params, needed, model.source, "params");
   } else if (!model.safetensors.empty()) {
-    check.values = check_safetensors(model.safetensors, *network, timm_parameter_name);
+    check.values = check_safetensors(model.safetensors, *network, timm_parameter_piece);
   }
   return check;
 }
@@ -169,7 +169,7 @@ Inference::Inference(vk::Context& context, const ResolvedModel& model, const Inf
     load_tensors(model.checkpoint->params, tensors, model.source, "params");
   } else {
     network_->initialise(0);
-    if (!model.safetensors.empty()) load_safetensors(model.safetensors, *network_, timm_parameter_name);
+    if (!model.safetensors.empty()) load_safetensors(model.safetensors, *network_, timm_parameter_piece);
   }
   if (options.weights_digest) {
     std::map<std::string, Tensor*> tensors;

@@ -152,23 +152,32 @@ std::vector<float> SafetensorsFile::read(const Entry& entry) const {
 
 namespace {
 
-// Each parameter and state tensor of `network` with the file's tensor of its name; throws
+// The file's tensors that make up one network tensor, in order along its first dimension.
+using Pieces = std::vector<const SafetensorsFile::Entry*>;
+
+// Each parameter and state tensor of `network` with the file's tensors of its name; throws
 // BadInput naming every missing, unexpected, misshapen or unreadable tensor.
-std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
-    const SafetensorsFile& file, Network& network, const std::function<std::string(const std::string&)>& rename) {
+std::vector<std::pair<Tensor*, Pieces>> match_tensors(const SafetensorsFile& file, Network& network,
+                                                       const ParameterRename& rename) {
   const std::string& path = file.path();
-  std::map<std::string, const SafetensorsFile::Entry*> given;
+  std::map<std::string, Pieces> given;
   std::vector<std::string> problems;
   for (auto& entry : file.entries()) {
-    std::string name = rename(entry.name);
-    if (auto [it, fresh] = given.emplace(name, &entry); !fresh)
-      problems.push_back("tensors '" + quoted_excerpt(it->second->name) + "' and '" + quoted_excerpt(entry.name) +
-                         "' both name '" + quoted_excerpt(name) + "'");
+    ParameterPiece target = rename(entry.name);
+    if (target.name.empty()) continue;
+    Pieces& pieces = given[target.name];
+    pieces.resize(static_cast<size_t>(target.pieces));
+    auto& slot = pieces[static_cast<size_t>(target.piece)];
+    if (slot)
+      problems.push_back("tensors '" + quoted_excerpt(slot->name) + "' and '" + quoted_excerpt(entry.name) +
+                         "' both name '" + quoted_excerpt(target.name) + "'");
+    else
+      slot = &entry;
   }
   auto shown = [](const SafetensorsFile::Entry& entry, const std::string& name) {
     return "'" + quoted_excerpt(entry.name) + "'" + (entry.name == name ? "" : " ('" + quoted_excerpt(name) + "')");
   };
-  std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> loads;
+  std::vector<std::pair<Tensor*, Pieces>> loads;
   std::map<std::string, bool> needed;
   for (auto& named : network.named_tensors()) {
     needed[named.name] = true;
@@ -177,19 +186,33 @@ std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
       problems.push_back("missing tensor '" + named.name + "' " + to_string(named.spec.shape));
       continue;
     }
-    const SafetensorsFile::Entry& entry = *it->second;
-    if (entry.shape != named.spec.shape)
-      problems.push_back("tensor " + shown(entry, named.name) + " has shape " + to_string(entry.shape) +
-                         ", the model needs " + to_string(named.spec.shape));
-    else if (dtype_size(entry.dtype) == 0)
-      problems.push_back("tensor " + shown(entry, named.name) + " has dtype " + quoted_excerpt(entry.dtype) +
-                         " (tessera reads F32, F16, BF16)");
-    else
-      loads.emplace_back(named.tensor, &entry);
+    const Pieces& pieces = it->second;
+    // Each piece holds an equal share of the first dimension.
+    Shape piece_shape = named.spec.shape;
+    const auto count = static_cast<int64_t>(pieces.size());
+    bool fits = !piece_shape.empty() && piece_shape[0] % count == 0;
+    if (fits) piece_shape[0] /= count;
+    size_t problems_before = problems.size();
+    for (const SafetensorsFile::Entry* entry : pieces) {
+      if (!entry) {
+        problems.push_back("tensor '" + named.name + "' lacks one of its " + std::to_string(count) +
+                           " pieces (the query, key or value of a joined qkv?)");
+        break;
+      }
+      if (!fits || entry->shape != piece_shape)
+        problems.push_back("tensor " + shown(*entry, named.name) + " has shape " + to_string(entry->shape) +
+                           ", the model needs " + to_string(named.spec.shape) +
+                           (count > 1 ? " in " + std::to_string(count) + " pieces of " + to_string(piece_shape) : ""));
+      else if (dtype_size(entry->dtype) == 0)
+        problems.push_back("tensor " + shown(*entry, named.name) + " has dtype " + quoted_excerpt(entry->dtype) +
+                           " (tessera reads F32, F16, BF16)");
+    }
+    if (problems.size() == problems_before) loads.emplace_back(named.tensor, pieces);
   }
-  for (auto& [name, entry] : given)
+  for (auto& [name, pieces] : given)
     if (!needed.count(name))
-      problems.push_back("unexpected tensor " + shown(*entry, name) + " " + to_string(entry->shape));
+      for (const SafetensorsFile::Entry* entry : pieces)
+        if (entry) problems.push_back("unexpected tensor " + shown(*entry, name) + " " + to_string(entry->shape));
   if (!problems.empty()) {
     std::string text;
     for (size_t i = 0; i < std::min(problems.size(), kProblemsShown); ++i) text += "\n  " + problems[i];
@@ -203,19 +226,28 @@ std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
   return loads;
 }
 
-}  // namespace
-
-void load_safetensors(const std::string& path, Network& network,
-                      const std::function<std::string(const std::string&)>& rename) {
-  SafetensorsFile file(path);
-  for (auto& [tensor, entry] : match_tensors(file, network, rename)) tensor->upload(file.read(*entry));
+// The values of a tensor, its pieces joined along the first dimension.
+std::vector<float> read_pieces(const SafetensorsFile& file, const Pieces& pieces) {
+  if (pieces.size() == 1) return file.read(*pieces[0]);
+  std::vector<float> values;
+  for (const SafetensorsFile::Entry* entry : pieces) {
+    std::vector<float> piece = file.read(*entry);
+    values.insert(values.end(), piece.begin(), piece.end());
+  }
+  return values;
 }
 
-uint64_t check_safetensors(const std::string& path, Network& network,
-                           const std::function<std::string(const std::string&)>& rename) {
+}  // namespace
+
+void load_safetensors(const std::string& path, Network& network, const ParameterRename& rename) {
+  SafetensorsFile file(path);
+  for (auto& [tensor, pieces] : match_tensors(file, network, rename)) tensor->upload(read_pieces(file, pieces));
+}
+
+uint64_t check_safetensors(const std::string& path, Network& network, const ParameterRename& rename) {
   SafetensorsFile file(path);
   uint64_t values = 0;
-  for (auto& match : match_tensors(file, network, rename)) values += file.read(*match.second).size();
+  for (auto& match : match_tensors(file, network, rename)) values += read_pieces(file, match.second).size();
   return values;
 }
 

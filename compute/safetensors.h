@@ -33,16 +33,24 @@ class SafetensorsFile {
   std::vector<Entry> entries_;
 };
 
+// Where a file's tensor goes in the network: the parameter it names, and which of `pieces` equal
+// slices along the first dimension it is, for parameters a publisher stores in pieces (Hugging
+// Face's query, key and value of one qkv). An empty name: a tensor the publisher ships that
+// inference never reads (a pre-training mask token), skipped.
+struct ParameterPiece {
+  std::string name;
+  int piece = 0, pieces = 1;
+};
+using ParameterRename = std::function<ParameterPiece(const std::string&)>;
+
 // Loads every parameter and state tensor of `network` from the .safetensors file at `path`,
-// its names mapped through `rename` (torchvision's to timm's: compute/vit.h). All names,
+// its names mapped through `rename` (a publisher's to timm's: compute/vit.h). All names,
 // shapes and dtypes are checked before any value is read; every missing, unexpected,
 // misshapen or unreadable tensor is named in one BadInput (exit 5), and nothing is loaded.
-void load_safetensors(const std::string& path, Network& network,
-                      const std::function<std::string(const std::string&)>& rename);
+void load_safetensors(const std::string& path, Network& network, const ParameterRename& rename);
 // The same checks, and every value read and checked finite on the host, without loading
 // anything (the network need not be allocated): `tessera doctor`. Returns the values read.
-uint64_t check_safetensors(const std::string& path, Network& network,
-                           const std::function<std::string(const std::string&)>& rename);
+uint64_t check_safetensors(const std::string& path, Network& network, const ParameterRename& rename);
 
 bool is_safetensors_path(const std::string& path);
 

@@ -170,8 +170,9 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   return {{"name", name}, {"layers", layers}};
 }
 
-std::string timm_parameter_name(const std::string& name) {
+ParameterPiece timm_parameter_piece(const std::string& name) {
   static const std::vector<std::pair<std::regex, std::string>> renames = {
+      // torchvision's VisionTransformer.
       {std::regex(R"(^conv_proj\.)"), "patch_embed.proj."},
       {std::regex(R"(^class_token$)"), "cls_token"},
       {std::regex(R"(^encoder\.pos_embedding$)"), "pos_embed"},
@@ -185,10 +186,30 @@ std::string timm_parameter_name(const std::string& name) {
       // torchvision 0.14 numbers its MLP's layers; older releases named them linear_1 and linear_2.
       {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(0|linear_1)\.)"), "blocks.$1.mlp.fc1."},
       {std::regex(R"(^encoder\.layers\.encoder_layer_(\d+)\.mlp\.(3|linear_2)\.)"), "blocks.$1.mlp.fc2."},
+      // Hugging Face transformers' Dinov2Model (models/dinov2/modeling_dinov2.py) and
+      // Dinov2WithRegistersModel: Phikon-v2, Midnight, Hibou.
+      {std::regex(R"(^embeddings\.cls_token$)"), "cls_token"},
+      {std::regex(R"(^embeddings\.register_tokens$)"), "reg_token"},
+      {std::regex(R"(^embeddings\.position_embeddings$)"), "pos_embed"},
+      {std::regex(R"(^embeddings\.patch_embeddings\.projection\.)"), "patch_embed.proj."},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.norm(1|2)\.)"), "blocks.$1.norm$2."},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.attention\.output\.dense\.)"), "blocks.$1.attn.proj."},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.layer_scale(1|2)\.lambda1$)"), "blocks.$1.ls$2.gamma"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.mlp\.(fc1|weights_in)\.)"), "blocks.$1.mlp.fc1."},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.mlp\.(fc2|weights_out)\.)"), "blocks.$1.mlp.fc2."},
+      {std::regex(R"(^layernorm\.)"), "norm."},
   };
+  // Hugging Face keeps query, key and value apart; timm's qkv stacks them in that order.
+  static const std::regex hf_attention(R"(^encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(weight|bias)$)");
+  // Dinov2's mask token replaces masked patches in pre-training only.
+  if (name == "embeddings.mask_token") return {};
+  if (std::smatch match; std::regex_match(name, match, hf_attention)) {
+    int piece = match[2] == "query" ? 0 : match[2] == "key" ? 1 : 2;
+    return {"blocks." + match[1].str() + ".attn.qkv." + match[3].str(), piece, 3};
+  }
   for (auto& [pattern, replacement] : renames)
-    if (std::regex_search(name, pattern)) return std::regex_replace(name, pattern, replacement);
-  return name;
+    if (std::regex_search(name, pattern)) return {std::regex_replace(name, pattern, replacement)};
+  return {name};
 }
 
 }  // namespace tessera

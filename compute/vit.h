@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compute/safetensors.h"
+
 namespace tessera {
 
 // The preset a name means: a preset's own name, or the name TRIDENT (mahmoodlab/TRIDENT's
@@ -36,9 +38,11 @@ nlohmann::json vit_settings(const nlohmann::json& description);
 // The graph ({"name", "layers"}) of a ViT description; throws ModelError naming the field.
 nlohmann::json vit_graph(const nlohmann::json& description);
 
-// A parameter name of torchvision's VisionTransformer as timm names it ("encoder.layers.
-// encoder_layer_3.self_attention.in_proj_weight" -> "blocks.3.attn.qkv.weight"); other names
+// Where a tensor of a publisher's file goes in tessera's ViT, whose names are timm's:
+// torchvision's VisionTransformer ("encoder.layers.encoder_layer_3.self_attention.in_proj_weight"
+// -> "blocks.3.attn.qkv.weight") and Hugging Face's Dinov2 ("encoder.layer.3.attention.attention.
+// key.weight" -> the second of three pieces of "blocks.3.attn.qkv.weight"); timm's own names
 // unchanged.
-std::string timm_parameter_name(const std::string& name);
+ParameterPiece timm_parameter_piece(const std::string& name);
 
 }  // namespace tessera

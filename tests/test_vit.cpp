@@ -183,22 +183,43 @@ TEST(Vit, ViTsRunInInferenceOnly) {
   EXPECT_THROW(Network(small, Shape{1, 3, 16, 16}, true), ModelError);
 }
 
-TEST(Vit, TorchvisionNamesMapToTimms) {
-  const std::pair<const char*, const char*> names[] = {
-      {"conv_proj.weight", "patch_embed.proj.weight"},
-      {"class_token", "cls_token"},
-      {"encoder.pos_embedding", "pos_embed"},
-      {"encoder.layers.encoder_layer_11.ln_1.bias", "blocks.11.norm1.bias"},
-      {"encoder.layers.encoder_layer_0.self_attention.in_proj_weight", "blocks.0.attn.qkv.weight"},
-      {"encoder.layers.encoder_layer_0.self_attention.out_proj.bias", "blocks.0.attn.proj.bias"},
-      {"encoder.layers.encoder_layer_3.ln_2.weight", "blocks.3.norm2.weight"},
-      {"encoder.layers.encoder_layer_3.mlp.0.weight", "blocks.3.mlp.fc1.weight"},
-      {"encoder.layers.encoder_layer_3.mlp.linear_2.bias", "blocks.3.mlp.fc2.bias"},
-      {"encoder.ln.weight", "norm.weight"},
-      {"heads.head.bias", "head.bias"},
-      {"blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.weight"},  // timm's own, unchanged
+TEST(Vit, PublishersNamesMapToTimms) {
+  const std::pair<const char*, ParameterPiece> names[] = {
+      // torchvision's VisionTransformer
+      {"conv_proj.weight", {"patch_embed.proj.weight"}},
+      {"class_token", {"cls_token"}},
+      {"encoder.pos_embedding", {"pos_embed"}},
+      {"encoder.layers.encoder_layer_11.ln_1.bias", {"blocks.11.norm1.bias"}},
+      {"encoder.layers.encoder_layer_0.self_attention.in_proj_weight", {"blocks.0.attn.qkv.weight"}},
+      {"encoder.layers.encoder_layer_0.self_attention.out_proj.bias", {"blocks.0.attn.proj.bias"}},
+      {"encoder.layers.encoder_layer_3.ln_2.weight", {"blocks.3.norm2.weight"}},
+      {"encoder.layers.encoder_layer_3.mlp.0.weight", {"blocks.3.mlp.fc1.weight"}},
+      {"encoder.layers.encoder_layer_3.mlp.linear_2.bias", {"blocks.3.mlp.fc2.bias"}},
+      {"encoder.ln.weight", {"norm.weight"}},
+      {"heads.head.bias", {"head.bias"}},
+      // Hugging Face's Dinov2
+      {"embeddings.cls_token", {"cls_token"}},
+      {"embeddings.register_tokens", {"reg_token"}},
+      {"embeddings.mask_token", {""}},
+      {"embeddings.position_embeddings", {"pos_embed"}},
+      {"embeddings.patch_embeddings.projection.bias", {"patch_embed.proj.bias"}},
+      {"encoder.layer.7.norm2.weight", {"blocks.7.norm2.weight"}},
+      {"encoder.layer.7.attention.attention.query.weight", {"blocks.7.attn.qkv.weight", 0, 3}},
+      {"encoder.layer.7.attention.attention.key.bias", {"blocks.7.attn.qkv.bias", 1, 3}},
+      {"encoder.layer.17.attention.attention.value.weight", {"blocks.17.attn.qkv.weight", 2, 3}},
+      {"encoder.layer.7.attention.output.dense.weight", {"blocks.7.attn.proj.weight"}},
+      {"encoder.layer.7.layer_scale2.lambda1", {"blocks.7.ls2.gamma"}},
+      {"encoder.layer.7.mlp.fc1.bias", {"blocks.7.mlp.fc1.bias"}},
+      {"encoder.layer.7.mlp.weights_out.weight", {"blocks.7.mlp.fc2.weight"}},
+      {"layernorm.bias", {"norm.bias"}},
+      {"blocks.0.attn.qkv.weight", {"blocks.0.attn.qkv.weight"}},  // timm's own, unchanged
   };
-  for (auto [torchvision, timm] : names) EXPECT_EQ(timm_parameter_name(torchvision), timm);
+  for (auto& [published, expected] : names) {
+    ParameterPiece piece = timm_parameter_piece(published);
+    EXPECT_EQ(piece.name, expected.name) << published;
+    EXPECT_EQ(piece.piece, expected.piece) << published;
+    EXPECT_EQ(piece.pieces, expected.pieces) << published;
+  }
 }
 
 }  // namespace

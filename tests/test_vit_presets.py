@@ -62,7 +62,7 @@ PRESETS = {
 # TRIDENT's encoder_factory names (mahmoodlab/TRIDENT trident/patch_encoder_models/load.py) that
 # differ from tessera's presets.
 TRIDENT = {"uni_v1": "uni", "uni_v2": "uni2-h", "hoptimus0": "h-optimus-0", "hoptimus1": "h-optimus-1",
-           "gigapath": "prov-gigapath"}
+           "gigapath": "prov-gigapath", "phikon_v2": "phikon-v2"}
 
 
 def run(*args, timeout=1200):
@@ -73,17 +73,32 @@ def summary_of(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def write_region_slide(directory):
+    """Six 224-pixel tiles of real H&E at CMU-1's own 0.499 um/px (read at level 0, not resized),
+    as a tiled TIFF: (the pixels, the slide's path)."""
+    with openslide.OpenSlide(CMU) as slide:
+        region = np.asarray(slide.read_region((600, 1200), 0, (672, 448)).convert("RGB"))
+    path = os.path.join(directory, "cmu-region.tif")
+    tifffile.imwrite(path, region, tile=(256, 256), photometric="rgb",
+                     resolution=(1e4 / 0.499, 1e4 / 0.499), resolutionunit="CENTIMETER")
+    return region, path
+
+
+def expected_features(reference, region, normalisation, coords):
+    """The reference's features of the tiles at `coords`, normalised by (mean, std), in float64."""
+    tiles = np.stack([region[y:y + 224, x:x + 224] for x, y in coords])
+    x = torch.from_numpy(tiles).permute(0, 3, 1, 2).double() / 255
+    mean, std = (torch.tensor(v, dtype=torch.float64).view(1, 3, 1, 1) for v in normalisation)
+    with torch.no_grad():
+        return reference((x - mean) / std).numpy()
+
+
 class EncoderPresets(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.directory = tempfile.TemporaryDirectory(prefix="tessera-vit-presets-")
         cls.dir = cls.directory.name
-        # Six 224-pixel tiles of real H&E at the slide's own 0.499 um/px: read at level 0, not resized.
-        with openslide.OpenSlide(CMU) as slide:
-            cls.region = np.asarray(slide.read_region((600, 1200), 0, (672, 448)).convert("RGB"))
-        cls.slide = os.path.join(cls.dir, "cmu-region.tif")
-        tifffile.imwrite(cls.slide, cls.region, tile=(256, 256), photometric="rgb",
-                         resolution=(1e4 / 0.499, 1e4 / 0.499), resolutionunit="CENTIMETER")
+        cls.region, cls.slide = write_region_slide(cls.dir)
 
     @classmethod
     def tearDownClass(cls):
@@ -101,11 +116,7 @@ class EncoderPresets(unittest.TestCase):
         return description, encoder
 
     def expected(self, reference, normalisation, coords):
-        tiles = np.stack([self.region[y:y + 224, x:x + 224] for x, y in coords])
-        x = torch.from_numpy(tiles).permute(0, 3, 1, 2).double() / 255
-        mean, std = (torch.tensor(v, dtype=torch.float64).view(1, 3, 1, 1) for v in normalisation)
-        with torch.no_grad():
-            return reference((x - mean) / std).numpy()
+        return expected_features(reference, self.region, normalisation, coords)
 
     def test_presets_match_their_publishers_definitions_on_real_tiles(self):
         for seed, (preset, (_, normalisation, features_width, _)) in enumerate(PRESETS.items()):

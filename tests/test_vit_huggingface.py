@@ -1,0 +1,169 @@
+"""Encoders published with Hugging Face transformers' Dinov2 names (Phikon-v2), read as shipped.
+
+The reference is Dinov2Model written from transformers' source (models/dinov2/modeling_dinov2.py) in
+plain PyTorch, with query, key and value as three linears and Hugging Face's parameter names, so that
+its state_dict is the file a publisher ships; tessera joins query, key and value into timm's qkv when
+it reads the file. Random weights (layer-scale lambdas drawn from 0.5 to 1.5), one block deep at
+Phikon-v2's real width, heads and patch size, over real pixels of CMU-1-Small-Region.svs read at level
+0: the class token after the final LayerNorm (last_hidden_state[:, 0, :], Phikon-v2's feature) within
+1e-4 relative error in fp32. The file's mask token (pre-training only) is accepted and unused; a
+missing key or a misshapen value is exit 5 naming it.
+"""
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_vit_presets import (EXIT_BAD_INPUT, IMAGENET, TOLERANCE, expected_features, run,  # noqa: E402
+                              write_region_slide)
+from test_vit_timm import relative_error, write_safetensors  # noqa: E402
+
+
+class Dinov2Layer(nn.Module):
+    """Dinov2Layer: norm1, self-attention (query, key, value; output.dense), layer_scale1, residual;
+    norm2, GELU MLP (fc1, fc2), layer_scale2, residual."""
+
+    def __init__(self, width, heads, hidden):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width, eps=1e-6)
+        self.attention = nn.Module()
+        self.attention.attention = nn.Module()
+        for part in ("query", "key", "value"):
+            setattr(self.attention.attention, part, nn.Linear(width, width))
+        self.attention.output = nn.Module()
+        self.attention.output.dense = nn.Linear(width, width)
+        self.layer_scale1 = nn.Module()
+        self.layer_scale1.lambda1 = nn.Parameter(torch.ones(width))
+        self.norm2 = nn.LayerNorm(width, eps=1e-6)
+        self.mlp = nn.Module()
+        self.mlp.fc1 = nn.Linear(width, hidden)
+        self.mlp.fc2 = nn.Linear(hidden, width)
+        self.layer_scale2 = nn.Module()
+        self.layer_scale2.lambda1 = nn.Parameter(torch.ones(width))
+
+    def self_attention(self, x):
+        n, tokens, width = x.shape
+        attention = self.attention.attention
+
+        def split(linear):
+            return linear(x).view(n, tokens, self.heads, width // self.heads).transpose(1, 2)
+
+        query, key, value = split(attention.query), split(attention.key), split(attention.value)
+        weights = torch.softmax(query @ key.transpose(-1, -2) / math.sqrt(width // self.heads), dim=-1)
+        context = (weights @ value).transpose(1, 2).reshape(n, tokens, width)
+        return self.attention.output.dense(context)
+
+    def forward(self, x):
+        x = x + self.self_attention(self.norm1(x)) * self.layer_scale1.lambda1
+        return x + self.mlp.fc2(nn.functional.gelu(self.mlp.fc1(self.norm2(x)))) * self.layer_scale2.lambda1
+
+
+class Dinov2Model(nn.Module):
+    """Dinov2Model at 224 pixels (no position interpolation): embeddings (cls_token, mask_token,
+    position_embeddings over the class token and the patches, patch_embeddings.projection), the
+    encoder's layers, the final layernorm; returns last_hidden_state[:, 0, :]."""
+
+    def __init__(self, width, depth, heads, patch, image_size=224):
+        super().__init__()
+        grid = image_size // patch
+        self.embeddings = nn.Module()
+        self.embeddings.cls_token = nn.Parameter(torch.zeros(1, 1, width))
+        self.embeddings.mask_token = nn.Parameter(torch.zeros(1, width))
+        self.embeddings.position_embeddings = nn.Parameter(torch.zeros(1, grid * grid + 1, width))
+        self.embeddings.patch_embeddings = nn.Module()
+        self.embeddings.patch_embeddings.projection = nn.Conv2d(3, width, patch, patch)
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleList([Dinov2Layer(width, heads, 4 * width) for _ in range(depth)])
+        self.layernorm = nn.LayerNorm(width, eps=1e-6)
+
+    def forward(self, pixels):
+        embeddings = self.embeddings
+        x = embeddings.patch_embeddings.projection(pixels).flatten(2).transpose(1, 2)
+        x = torch.cat([embeddings.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + embeddings.position_embeddings
+        for layer in self.encoder.layer:
+            x = layer(x)
+        return self.layernorm(x)[:, 0, :]
+
+
+def randomised_dinov2(seed, **shape):
+    torch.manual_seed(seed)
+    model = Dinov2Model(**shape)
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            if name.endswith("lambda1"):
+                value.uniform_(0.5, 1.5)
+            elif "norm" in name:
+                value.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(value))
+            elif name.endswith("weight") and value.dim() > 1:
+                value.normal_(0.0, 1.5 / value[0].numel() ** 0.5)
+            else:
+                value.normal_(0.0, 0.3)
+    return model.double().eval()
+
+
+class PhikonV2(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.directory = tempfile.TemporaryDirectory(prefix="tessera-vit-huggingface-")
+        cls.region, cls.slide = write_region_slide(cls.directory.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.directory.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.directory.name, name)
+
+    def encoder(self):
+        encoder = self.path("phikon-v2.json")
+        with open(encoder, "w") as f:
+            f.write('{"preset": "phikon_v2", "depth": 1}')
+        return encoder
+
+    def extract(self, weights, out):
+        return run("extract", "--encoder", self.encoder(), "--model", weights, "--slides", self.slide,
+                   "--min-tissue", 0, "--out", out, "--batch", 3)
+
+    def test_phikon_v2_from_hugging_face_names_matches_dinov2(self):
+        reference = randomised_dinov2(32, width=1024, depth=1, heads=16, patch=16)
+        weights = self.path("phikon-v2.safetensors")
+        write_safetensors(weights, {k: v.float() for k, v in reference.state_dict().items()})
+        out = self.path("phikon-out")
+        result = self.extract(weights, out)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        with h5py.File(os.path.join(out, "cmu-region.h5"), "r") as f:
+            features, coords = f["features"][...], f["coords"][...]
+        self.assertEqual(features.shape, (6, 1024))
+        expected = expected_features(reference, self.region, IMAGENET, coords)
+        self.assertGreater(float(expected.std()), 1e-2)
+        error = relative_error(features.astype(np.float64), expected)
+        print(f"phikon-v2 (depth 1, Hugging Face names) on 6 CMU-1 tiles: relative error {error:.3g}",
+              file=sys.stderr)
+        self.assertLess(error, TOLERANCE)
+
+    def test_a_missing_key_and_a_misshapen_value_are_named(self):
+        state = {k: v.float() for k, v in randomised_dinov2(3, width=1024, depth=1, heads=16, patch=16)
+                 .state_dict().items()}
+        del state["encoder.layer.0.attention.attention.key.weight"]
+        state["encoder.layer.0.attention.attention.value.bias"] = torch.zeros(1000)
+        weights = self.path("broken-phikon.safetensors")
+        write_safetensors(weights, state)
+        out = self.path("broken-phikon-out")
+        result = self.extract(weights, out)
+        self.assertEqual(result.returncode, EXIT_BAD_INPUT, result.stderr[-2000:])
+        self.assertIn("'blocks.0.attn.qkv.weight' lacks one of its 3 pieces", result.stderr)
+        self.assertIn("'encoder.layer.0.attention.attention.value.bias' ('blocks.0.attn.qkv.bias') has shape [1000]",
+                      result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "cmu-region.h5")))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
