@@ -95,6 +95,9 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   const bool layer_scale = config.json().contains("layer_scale");
   const double layer_scale_init = config.number("layer_scale", 1e-5);
   const std::string position = config.choice("position_embedding", "tokens", {"tokens", "patches", "none"});
+  // How a position grid learned at another size is resampled: timm's antialiased bicubic, or the
+  // plain bicubic of Hugging Face's Dinov2 (Midnight).
+  const std::string position_resample = config.choice("position_resample", "timm", {"timm", "bicubic"});
   const bool qkv_bias = config.boolean("qkv_bias", true);
   const double eps = config.number("norm_eps", 1e-6);
   const std::string final_norm = config.choice("final_norm", "tokens", {"tokens", "pooled", "none"});
@@ -136,6 +139,7 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
                                      {{"class_token", class_token},
                                       {"register_tokens", registers},
                                       {"position_embedding", position},
+                                      {"position_resample", position_resample},
                                       {"grid_height", image_size / patch},
                                       {"grid_width", image_size / patch}}));
   std::string x = "tokens";

@@ -1,6 +1,6 @@
 // The `vit` model family: vision transformers as timm's VisionTransformer builds them (the patch
 // encoders of computational pathology: UNI, UNI2-h, Virchow2, H-optimus-0 and -1, H0-mini,
-// Prov-GigaPath, kaiko.ai's ViT-S/B/L, Lunit's DINO ViT-S/8) and
+// Prov-GigaPath, kaiko.ai's ViT-S/B/L, Lunit's DINO ViT-S/8, Phikon-v2, Midnight) and
 // torchvision's vit_b_16, as graphs of tessera's layers whose parameters carry timm's names.
 //
 // A description is {"family": "vit", settings...} or {"preset": NAME, overrides...}; the presets
@@ -9,7 +9,8 @@
 // depth, heads, mlp ("gelu" or timm's packed "swiglu") and mlp_ratio (hidden = int(width *
 // ratio), as timm), class_token, register_tokens, layer_scale (its initial value; absent: none),
 // position_embedding ("tokens": over every token, timm's default; "patches": no_embed_class;
-// "none"), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
+// "none"), position_resample (a grid learned at another size: "timm", antialiased bicubic;
+// "bicubic", Hugging Face Dinov2's), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
 // output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean"), classes (a
 // linear head named "head"; 0: none, the features), name, and preprocessing, source and trident
 // (for the encoders' users; not part of the graph). preprocessing's input_size is the tiles an

@@ -1,9 +1,10 @@
 #version 450
-// timm's resample_abs_pos_embed: a learned position table [prefix + gh0*gw0, D] for an input
-// whose patch grid is gh x gw instead: the rows of prefix tokens copied, the grid resampled
-// as F.interpolate(mode='bicubic', antialias=True, align_corners=False) does, which is
-// separable with PIL's bicubic filter (a = -0.5), widened by the scale where it shrinks, its
-// taps cut at the edges and renormalised.
+// A learned position table [prefix + gh0*gw0, D] for an input whose patch grid is gh x gw
+// instead: the rows of prefix tokens copied, the grid resampled as F.interpolate(mode='bicubic',
+// align_corners=False, size=(gh, gw)) does, separably. timm's resample_abs_pos_embed
+// (antialias=True): PIL's bicubic filter (a = -0.5), widened by the scale where it shrinks, its
+// taps cut at the edges and renormalised. plain_bicubic (Hugging Face's Dinov2, antialias=False):
+// four taps around scale * (o + 0.5) - 0.5 with a = -0.75, indices clamped to the edges.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer table;
@@ -12,10 +13,11 @@ layout(push_constant) uniform Push {
   uint count;  // (prefix + gh * gw) * D
   uint width, prefix;
   uint old_height, old_width, new_height, new_width;
+  uint plain_bicubic;
 } p;
 
 float cubic(float x) {
-  const float a = -0.5;
+  const float a = p.plain_bicubic != 0u ? -0.75 : -0.5;
   x = abs(x);
   if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
   if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
@@ -29,6 +31,15 @@ struct Window {
 };
 Window window(uint o, uint input_size, uint output_size) {
   float scale = float(input_size) / float(output_size);
+  if (p.plain_bicubic != 0u) {  // taps floor(source) - 1 .. + 2, each at its own distance
+    float source = scale * (float(o) + 0.5) - 0.5;
+    Window w;
+    w.first = int(floor(source)) - 1;
+    w.taps = 4;
+    w.center = source + 0.5;  // weight() subtracts 0.5 back
+    w.inverse_scale = 1.0;
+    return w;
+  }
   float support = scale >= 1.0 ? 2.0 * scale : 2.0;
   Window w;
   w.center = scale * (float(o) + 0.5);
@@ -39,6 +50,7 @@ Window window(uint o, uint input_size, uint output_size) {
 }
 float weight(Window w, int tap) { return cubic((float(w.first + tap) - w.center + 0.5) * w.inverse_scale); }
 float total(Window w) {
+  if (p.plain_bicubic != 0u) return 1.0;  // the four weights sum to one
   float sum = 0.0;
   for (int tap = 0; tap < w.taps; ++tap) sum += weight(w, tap);
   return sum;
@@ -58,7 +70,8 @@ void main() {
   for (int ty = 0; ty < wy.taps; ++ty) {
     float across = 0.0;
     for (int tx = 0; tx < wx.taps; ++tx) {
-      uint source = p.prefix + uint(wy.first + ty) * p.old_width + uint(wx.first + tx);
+      uint y = uint(clamp(wy.first + ty, 0, int(p.old_height) - 1)), x = uint(clamp(wx.first + tx, 0, int(p.old_width) - 1));
+      uint source = p.prefix + y * p.old_width + x;
       across += weight(wx, tx) * texelFetch(table, int(source * p.width + d)).x;
     }
     sum += weight(wy, ty) * across;

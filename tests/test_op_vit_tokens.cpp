@@ -2,6 +2,7 @@
 // patch grid differs) and token_pool against CPU loops, fp32 and fp16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "compute/ops/vit_tokens.h"
@@ -40,11 +41,32 @@ std::vector<std::vector<std::pair<int64_t, double>>> antialiased_bicubic(int64_t
   return taps;
 }
 
-// timm's resample_abs_pos_embed on a table [rows, D] whose first `covered` rows are prefix tokens.
+// The taps and weights of F.interpolate(mode='bicubic', align_corners=False, size=out) without
+// antialiasing, as PyTorch's upsample_bicubic2d computes them: four taps around
+// scale * (o + 0.5) - 0.5, cubic convolution with A = -0.75, indices clamped to the edges.
+std::vector<std::vector<std::pair<int64_t, double>>> plain_bicubic(int64_t in, int64_t out) {
+  const double A = -0.75;
+  auto near = [&](double x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };    // |x| <= 1
+  auto far = [&](double x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };  // 1 < |x| < 2
+  double scale = static_cast<double>(in) / static_cast<double>(out);
+  std::vector<std::vector<std::pair<int64_t, double>>> taps(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) {
+    double source = scale * (static_cast<double>(o) + 0.5) - 0.5, floor = std::floor(source), t = source - floor;
+    auto index = static_cast<int64_t>(floor);
+    const double weights[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+    for (int64_t k = 0; k < 4; ++k)
+      taps[static_cast<size_t>(o)].push_back({std::clamp<int64_t>(index - 1 + k, 0, in - 1), weights[k]});
+  }
+  return taps;
+}
+
+// The resampled table [rows, D] whose first `covered` rows are prefix tokens: timm's
+// resample_abs_pos_embed, or Hugging Face Dinov2's plain bicubic.
 std::vector<double> resample(const std::vector<float>& table, int64_t covered, int64_t width,
-                             std::array<int64_t, 2> from, std::array<int64_t, 2> to) {
+                             std::array<int64_t, 2> from, std::array<int64_t, 2> to, VitTokens::Resample how) {
   if (from == to) return {table.begin(), table.end()};
-  auto rows = antialiased_bicubic(from[0], to[0]), columns = antialiased_bicubic(from[1], to[1]);
+  auto taps = how == VitTokens::Resample::bicubic ? plain_bicubic : antialiased_bicubic;
+  auto rows = taps(from[0], to[0]), columns = taps(from[1], to[1]);
   std::vector<double> out(static_cast<size_t>((covered + to[0] * to[1]) * width));
   for (int64_t i = 0; i < covered * width; ++i) out[static_cast<size_t>(i)] = table[static_cast<size_t>(i)];
   for (int64_t y = 0; y < to[0]; ++y)
@@ -64,12 +86,13 @@ struct Case {
   int64_t registers;
   Position position;
   std::array<int64_t, 2> learned, input;  // patch grids
+  VitTokens::Resample resample = VitTokens::Resample::timm_antialiased;
 };
 
 void expect_tokens_match(const Case& c, DType activations) {
   const int64_t batch = 2, width = 7, prefix = (c.class_token ? 1 : 0) + c.registers;
   const int64_t patches = c.input[0] * c.input[1], tokens = prefix + patches;
-  VitTokens op(c.class_token, c.registers, c.position, c.learned);
+  VitTokens op(c.class_token, c.registers, c.position, c.learned, c.resample);
   test::OpCheck check(test::context(), op, {{batch, width, c.input[0], c.input[1]}}, 21, {}, {}, activations);
   ASSERT_EQ(check.output_shape, (Shape{batch, tokens, width}));
   size_t next = 0;
@@ -80,7 +103,7 @@ void expect_tokens_match(const Case& c, DType activations) {
   if (c.position != Position::none) {
     ASSERT_EQ(check.specs[next].name, "pos_embed");
     ASSERT_EQ(check.specs[next].shape, (Shape{1, covered + c.learned[0] * c.learned[1], width}));
-    position = resample(check.tensors[next], covered, width, c.learned, c.input);
+    position = resample(check.tensors[next], covered, width, c.learned, c.input, c.resample);
   }
   const auto& x = check.inputs[0];
   std::vector<float> expected(static_cast<size_t>(batch * tokens * width));
@@ -118,6 +141,19 @@ TEST(VitTokens, ResamplesThePositionEmbeddingAsTimm) {
              Case{true, 0, Position::tokens, {14, 14}, {32, 32}},  // 224 -> 512 px at 16: 1025 tokens
              Case{true, 8, Position::patches, {16, 16}, {9, 12}},  // shrunk, and not square
              Case{true, 4, Position::tokens, {4, 4}, {5, 3}},
+         }) {
+      SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
+                   std::to_string(c.input[1]));
+      expect_tokens_match(c, activations);
+    }
+}
+
+TEST(VitTokens, ResamplesThePositionEmbeddingAsHuggingFacesDinov2) {
+  using Resample = VitTokens::Resample;
+  for (DType activations : {DType::f32, DType::f16})
+    for (const Case& c : {
+             Case{true, 0, Position::tokens, {37, 37}, {16, 16}, Resample::bicubic},  // 518 -> 224 px at 14
+             Case{true, 4, Position::tokens, {5, 7}, {11, 3}, Resample::bicubic},     // grown one way, shrunk the other
          }) {
       SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
                    std::to_string(c.input[1]));

@@ -29,7 +29,7 @@ def vit_preset_name(name):
     return name if name in VIT_PRESETS else TRIDENT_NAMES.get(name)
 
 DEFAULTS = {"mlp": "gelu", "mlp_ratio": 4.0, "class_token": True, "register_tokens": 0, "layer_scale": None,
-            "position_embedding": "tokens", "qkv_bias": True, "norm_eps": 1e-6, "final_norm": "tokens",
+            "position_embedding": "tokens", "position_resample": "timm", "qkv_bias": True, "norm_eps": 1e-6, "final_norm": "tokens",
             "output": "class_token", "classes": 0}
 
 
@@ -107,14 +107,15 @@ class Block(nn.Module):
         return x + self.ls2(self.mlp(self.norm2(x)))
 
 
-def resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens):
-    """timm's resample_abs_pos_embed (bicubic, antialias=True), the prefix tokens' rows kept."""
+def resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens, antialias=True):
+    """timm's resample_abs_pos_embed (bicubic, antialias=True), the prefix tokens' rows kept; with
+    antialias=False, Hugging Face Dinov2's interpolate_pos_encoding (bicubic to the new size)."""
     if tuple(new_size) == tuple(old_size):
         return posemb
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
     dim = grid.shape[-1]
     grid = grid.float().reshape(1, old_size[0], old_size[1], -1).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=new_size, mode="bicubic", antialias=True)
+    grid = F.interpolate(grid, size=tuple(new_size), mode="bicubic", antialias=antialias, align_corners=False)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim)
     return torch.cat([prefix, grid], dim=1)
 
@@ -150,7 +151,8 @@ class VisionTransformer(nn.Module):
         if self.pos_embed is None:
             return torch.cat(to_cat + [x], dim=1)
         no_embed_class = self.settings["position_embedding"] == "patches"
-        pos_embed = resample_abs_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix)
+        pos_embed = resample_abs_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix,
+                                           antialias=self.settings["position_resample"] == "timm")
         if no_embed_class:
             return torch.cat(to_cat + [x + pos_embed], dim=1)
         return torch.cat(to_cat + [x], dim=1) + pos_embed

@@ -9,6 +9,7 @@ struct TokensPush {
 struct ResamplePush {
   uint32_t count, width, prefix;
   uint32_t old_height, old_width, new_height, new_width;
+  uint32_t plain_bicubic;
 };
 struct PoolPush {
   uint32_t count, width, tokens, prefix;
@@ -23,12 +24,16 @@ std::unique_ptr<Op> make_vit_tokens(const LayerConfig& layer) {
                                       : VitTokens::Position::none;
   std::array<int64_t, 2> grid{layer.integer("grid_height", 0), layer.integer("grid_width", 0)};
   if ((grid[0] == 0) != (grid[1] == 0)) layer.fail("grid_width", "must be given with grid_height (or neither)");
+  auto resample = layer.choice("position_resample", "timm", {"timm", "bicubic"}) == "timm"
+                      ? VitTokens::Resample::timm_antialiased
+                      : VitTokens::Resample::bicubic;
   return std::make_unique<VitTokens>(layer.boolean("class_token", true), layer.integer("register_tokens", 0), rule,
-                                     grid);
+                                     grid, resample);
 }
 
-VitTokens::VitTokens(bool class_token, int64_t registers, Position position, std::array<int64_t, 2> grid)
-    : class_token_(class_token), registers_(registers), position_(position), grid_(grid) {}
+VitTokens::VitTokens(bool class_token, int64_t registers, Position position, std::array<int64_t, 2> grid,
+                     Resample resample)
+    : class_token_(class_token), registers_(registers), position_(position), grid_(grid), resample_(resample) {}
 
 Shape VitTokens::infer(const std::vector<Shape>& inputs) {
   if (inputs.size() != 1 || inputs[0].size() != 4)
@@ -70,7 +75,8 @@ void VitTokens::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
         kernels.get<ResamplePush>(vk::kernel::position_embedding_resample, {kElementwiseGroup}), {reads(*position), writes(resampled)},
         ResamplePush{static_cast<uint32_t>(resampled.count()), static_cast<uint32_t>(width_), covered,
                      static_cast<uint32_t>(grid_[0]), static_cast<uint32_t>(grid_[1]),
-                     static_cast<uint32_t>(input_grid_[0]), static_cast<uint32_t>(input_grid_[1])},
+                     static_cast<uint32_t>(input_grid_[0]), static_cast<uint32_t>(input_grid_[1]),
+                     resample_ == Resample::bicubic ? 1u : 0u},
         static_cast<uint64_t>(resampled.count()), kElementwiseGroup);
     position = &resampled;
   }

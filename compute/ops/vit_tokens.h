@@ -3,7 +3,9 @@
 // embedding, as timm's VisionTransformer._pos_embed. The embedding covers every token (timm's
 // default), the patches only (no_embed_class: UNI2-h, H-optimus-0) or none; where the input's
 // patch grid differs from the grid it was learned on, it is resampled as timm's
-// resample_abs_pos_embed (bicubic, antialiased), the prefix tokens' rows kept. Its parameters are
+// resample_abs_pos_embed (bicubic, antialiased) or as Hugging Face's Dinov2 interpolates it
+// (PyTorch's plain bicubic to the new size: a = -0.75, four taps, edges clamped), the prefix
+// tokens' rows kept. Its parameters are
 // the model's own (timm's names cls_token, reg_token, pos_embed, no layer prefix). Inference only.
 #pragma once
 #include <array>
@@ -15,8 +17,10 @@ namespace tessera {
 class VitTokens : public InferenceOp {
  public:
   enum class Position { none, tokens, patches };
+  enum class Resample { timm_antialiased, bicubic };
   // `grid`: the patch grid (rows, columns) the position embedding was learned on; {0, 0}: the input's.
-  VitTokens(bool class_token, int64_t registers, Position position, std::array<int64_t, 2> grid);
+  VitTokens(bool class_token, int64_t registers, Position position, std::array<int64_t, 2> grid,
+            Resample resample = Resample::timm_antialiased);
   std::string type() const override { return "vit_tokens"; }
   // the patch embedding x [N, D, gh, gw] -> [N, prefix + gh * gw, D]
   Shape infer(const std::vector<Shape>& inputs) override;
@@ -34,6 +38,7 @@ class VitTokens : public InferenceOp {
   int64_t registers_;
   Position position_;
   std::array<int64_t, 2> grid_, input_grid_{};
+  Resample resample_;
   int64_t batch_ = 0, width_ = 0;
 };
 
