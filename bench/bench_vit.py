@@ -70,6 +70,7 @@ def main():
     work = args.work or tempfile.mkdtemp(prefix="bench_vit_")
     os.makedirs(work, exist_ok=True)
     torch.set_num_threads(os.cpu_count())
+    load_before = os.getloadavg()  # the machine is shared: the load says what else ran
     try:
         slide = os.path.join(work, "tiles.tif")
         with openslide.OpenSlide(CMU) as source:
@@ -111,7 +112,9 @@ def main():
                 runs.append(figures)
                 print(json.dumps(figures), file=sys.stderr, flush=True)  # each run as it ends
         print(json.dumps({"benchmark": "extract --encoder, 224x224 tiles, random weights",
-                          "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": runs}))
+                          "torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
+                          "runs": runs}))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
