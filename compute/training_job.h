@@ -36,7 +36,8 @@ struct LoopSettings {
 
 // Where training reports: JSON records for progress and for the trial protocol.
 struct TrainReporting {
-  std::function<void(const nlohmann::json&)> protocol;  // {"type":"intermediate"...}, {"type":"final"...}
+  // {"type":"batch"...} (the batch train chose), {"type":"intermediate"...}, {"type":"final"...}
+  std::function<void(const nlohmann::json&)> protocol;
   bool progress = true;                                 // bar or JSON lines on stderr
 };
 

@@ -1,9 +1,9 @@
 #include "jobs/extract_plan.h"
 
-#include <cstdio>
 #include <memory>
 
 #include "common/error.h"
+#include "common/run_summary.h"
 #include "common/units.h"
 #include "compute/memory_plan.h"
 
@@ -104,9 +104,40 @@ nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOption
   return report;
 }
 
+namespace {
+
+// The plans of print_extraction_plans as a person reads them: per device and model, the batch
+// and why, each category's bytes, the total and whether it fits.
+std::string extraction_plan_text(const nlohmann::json &summary) {
+  std::string text;
+  for (const nlohmann::json &device : summary["devices"]) {
+    text += "Device memory plan on " + device["name"].get<std::string>() + " (device " + format_number(device["index"]) +
+            ", budget " + format_bytes(device["budget_bytes"].get<uint64_t>()) + "), " +
+            summary["precision"].get<std::string>() + "\n";
+    for (const nlohmann::json &model : device["models"]) {
+      text += "  " + model["model"].get<std::string>() + " at batch " + format_number(model["batch"]);
+      if (model["batch_capped"].is_object()) text += ": " + model["batch_capped"]["warning"].get<std::string>();
+      else if (model["batch_chosen"].is_object()) text += ": " + model["batch_chosen"]["why"].get<std::string>();
+      text += "\n";
+      for (auto &[category, bytes] : model["plan"]["bytes"].items())
+        text += "    " + category + std::string(category.size() < 24 ? 24 - category.size() : 1, ' ') +
+                format_bytes(bytes.get<uint64_t>()) + "\n";
+      text += "    total                   " + format_bytes(model["plan"]["total"].get<uint64_t>()) + ": " +
+              (model["fits"].get<bool>() ? "fits" : "does NOT fit") + "\n";
+    }
+    if (device["models"].size() > 1)
+      text += "  all " + format_number(device["models"].size()) + " models together " +
+              format_bytes(device["together"]["total"].get<uint64_t>()) + ": " +
+              (device["models_together"].get<bool>() ? "fit" : "do NOT fit") + "\n";
+  }
+  return text;
+}
+
+}  // namespace
+
 // --dry-run: each device's plans, at --batch and at the batch the device runs (capped by its
-// largest buffer), and whether the models fit together, as one JSON line; then exit 3 where a
-// model does not fit a device even alone.
+// largest buffer), and whether the models fit together: a table on a terminal, else one JSON
+// line; then exit 3 where a model does not fit a device even alone.
 void print_extraction_plans(const ExtractOptions &options, const std::vector<ExtractModel> &models,
                             const std::vector<int> &devices) {
   nlohmann::json reports = nlohmann::json::array();
@@ -125,8 +156,7 @@ void print_extraction_plans(const ExtractOptions &options, const std::vector<Ext
                             {"requested_batch", options.batch},
                             {"precision", options.fp16 ? "fp16" : "fp32"},
                             {"devices", reports}};
-  std::printf("%s\n", summary.dump().c_str());
-  std::fflush(stdout);
+  print_result(summary, extraction_plan_text(summary));
   for (size_t k = 0; k < contexts.size(); ++k)
     for (const MemoryPlan &plan : plans[k]) check_plan_fits(*contexts[k], plan, "lower --batch, or raise --device-memory-limit");
 }

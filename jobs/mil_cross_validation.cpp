@@ -77,6 +77,7 @@ nlohmann::json objective_metrics(const nlohmann::json& cv, double mean_loss) {
     metrics[prefix + "_mean"] = mean;
     metrics[prefix + "_std"] = std;
     metrics[prefix + "_mean_less_std"] = mean - std;
+    metrics[prefix + "_folds"] = cv[name]["folds"];  // each run's, for the sweep's report
   }
   return metrics;
 }

@@ -211,7 +211,11 @@ std::vector<MemoryPlan> plan_training(const std::vector<vk::Context*>& devices, 
 }
 
 void train(const std::vector<vk::Context*>& devices, TrainOptions options, const TrainReporting& reporting) {
+  const bool chosen = options.batch == 0;
   Setup setup = prepare_batch(devices, options);
+  // A sweep's --oom-retry halves the batch a trial ran at, which it learns here when train chose it.
+  if (chosen && reporting.protocol)
+    reporting.protocol({{"type", "batch"}, {"batch", options.batch}, {"accumulate", options.accumulate}});
   if (reporting.progress) report_split(setup);
   // Replicated, every process loads whole batches (in the same order) and each replica takes its part.
   TrainingLoop loop(devices, loop_settings(options), std::move(setup.job));

@@ -1,6 +1,7 @@
 // --export html: one self-contained page (no external resources) that draws the study with inline
 // SVG from the study's JSON: a sortable trials table, the optimisation history, each parameter
-// against the objective, parallel coordinates and the best flags. When it has drawn everything
+// against the objective, parallel coordinates, the best flags and, for trials that cross-validated
+// (`train --folds`), each fold's AUC, balanced accuracy and F1 with their mean and spread. When it has drawn everything
 // the page sets data-rendered="ok" on <body>; a script error sets data-error instead (the test
 // reads both from a headless browser's DOM).
 #include <string>
@@ -28,6 +29,7 @@ svg { background: #fafafa; margin: 4px; }
 <h1 id="title">tessera sweep</h1>
 <p id="summary"></p>
 <h2>Best trial</h2><pre id="best">no complete trial yet</pre>
+<div id="cross-validation"></div>
 <h2>Optimisation history</h2><div id="history"></div>
 <h2>Each parameter against the objective</h2><div id="params" class="panels"></div>
 <h2>Parallel coordinates</h2><div id="parallel"></div>
@@ -180,6 +182,59 @@ function drawParallel() {
   });
 }
 
+// Trials that ran `train --folds`: their final report's cv_* metrics (each run's value, the mean
+// and the sample standard deviation), as a table and as each run's value beside mean +- std.
+const cvNames = [["auc", "AUC"], ["balanced_accuracy", "balanced accuracy"], ["f1", "F1"]];
+function cvOf(t) {
+  const a = t.attempts.length ? t.attempts[t.attempts.length - 1] : null;
+  return a && a.metrics && typeof a.metrics.cv_auc_mean === "number" && Array.isArray(a.metrics.cv_auc_folds) ? a.metrics : null;
+}
+function drawCrossValidation() {
+  const trials = study.trials.filter(cvOf);
+  if (!trials.length) return;
+  const holder = document.getElementById("cross-validation");
+  holder.appendChild(document.createElement("h2")).textContent = "Cross-validation";
+  const runs = cvOf(trials[0]).cv_auc_folds.length;
+  holder.appendChild(document.createElement("p")).textContent = "Each trial's " + runs +
+      " held-out folds (folds x seeds): the mean and, in brackets, the sample standard deviation.";
+  const table = holder.appendChild(document.createElement("table"));
+  table.id = "cv-table";
+  const header = table.createTHead().insertRow();
+  ["trial"].concat(study.space.map(p => p.name), cvNames.map(n => n[1] + " mean (std)"), ["AUC of each fold"])
+      .forEach(name => header.appendChild(document.createElement("th")).textContent = name);
+  const body = table.createTBody();
+  trials.forEach(t => {
+    const m = cvOf(t), row = body.insertRow();
+    row.setAttribute("data-trial", t.number);
+    row.insertCell().textContent = t.number;
+    study.space.forEach(p => row.insertCell().textContent = fmt(t.params[p.name]));
+    cvNames.forEach(([name]) => {
+      row.setAttribute("data-" + name + "-mean", String(m["cv_" + name + "_mean"]));
+      row.setAttribute("data-" + name + "-std", String(m["cv_" + name + "_std"]));
+      row.insertCell().textContent = fmt(m["cv_" + name + "_mean"]) + " (" + fmt(m["cv_" + name + "_std"]) + ")";
+    });
+    row.insertCell().textContent = m.cv_auc_folds.map(fmt).join(", ");
+  });
+  cvNames.forEach(([name, title]) => {
+    const width = Math.max(360, 80 + 60 * trials.length), svg = el("svg", {width: width, height: 280}, holder);
+    const box = {left: 60, right: width - 20, top: 30, bottom: 230};
+    const x = axis([-0.5, trials.length - 0.5], false, box.left, box.right);
+    x.map = i => box.left + (i + 0.5) / trials.length * (box.right - box.left);
+    const isNumber = v => typeof v === "number";  // a fold with one class has no AUC (null)
+    const all = [].concat(...trials.map(t => cvOf(t)["cv_" + name + "_folds"])).filter(isNumber);
+    const y = axis(all.concat([0, 1]), false, box.bottom, box.top);
+    frame(svg, x, y, box, title + " of each fold, mean +- std", "trial", trials.map(t => String(t.number)));
+    trials.forEach((t, i) => {
+      const m = cvOf(t), mean = m["cv_" + name + "_mean"], std = m["cv_" + name + "_std"], cx = x.map(i);
+      if (!isNumber(mean) || !isNumber(std)) return;
+      el("line", {x1: cx, x2: cx, y1: y.map(mean - std), y2: y.map(mean + std), stroke: "#d0452f", "stroke-width": 2}, svg);
+      el("line", {x1: cx - 12, x2: cx + 12, y1: y.map(mean), y2: y.map(mean), stroke: "#d0452f", "stroke-width": 2}, svg);
+      m["cv_" + name + "_folds"].forEach((v, k) => isNumber(v) && dot(svg, cx - 8 + 16 * k / Math.max(1, runs - 1), y.map(v), "#3b6ea8",
+                                                      "trial " + t.number + ", run " + (k + 1) + ": " + fmt(v)));
+    });
+  });
+}
+
 function drawTable() {
   const table = document.getElementById("trials"), head = table.tHead, body = table.tBodies[0];
   const columns = [["trial", t => t.number], ["state", t => t.state], [objective, t => t.value],
@@ -222,6 +277,7 @@ function drawTable() {
 }
 
 drawSummary();
+drawCrossValidation();
 drawHistory();
 drawParams();
 drawParallel();

@@ -373,10 +373,10 @@ bool StudyStore::finish_attempt(int number, const Attempt& attempt, TrialState t
                    .changed == 1;
   auto state = owned ? attempt.state : TrialState::interrupted;
   database_->query(
-      "UPDATE attempts SET state = ?, device = ?, exit_code = ?, signal = ?, stderr_tail = ?, "
-      "peak_device_bytes = ?, value = ?, metrics = ?, intermediate = ?, sweep_rss_bytes = ?, finished = ? "
-      "WHERE trial_id = ? AND attempt = ?",
-      {std::string(to_string(state)), attempt.device, optional_value(attempt.exit_code),
+      "UPDATE attempts SET state = ?, batch = ?, accumulate = ?, device = ?, exit_code = ?, signal = ?, "
+      "stderr_tail = ?, peak_device_bytes = ?, value = ?, metrics = ?, intermediate = ?, sweep_rss_bytes = ?, "
+      "finished = ? WHERE trial_id = ? AND attempt = ?",
+      {std::string(to_string(state)), attempt.batch, attempt.accumulate, attempt.device, optional_value(attempt.exit_code),
        optional_value(attempt.signal), attempt.stderr_tail, optional_value(attempt.peak_device_bytes),
        optional_value(attempt.value), attempt.metrics.is_null() ? std::string("null") : attempt.metrics.dump(),
        intermediate_json(attempt).dump(), static_cast<int64_t>(attempt.sweep_rss_bytes), attempt.finished, id,

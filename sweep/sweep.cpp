@@ -307,6 +307,12 @@ class SweepRun {
     auto type = record.value("type", nlohmann::json()).is_string() ? record["type"].get<std::string>() : "";
     auto field = [&](const char* name) { return record.contains(name) ? record[name] : nlohmann::json(); };
     if (field("metrics").is_object()) attempt.metrics = field("metrics");
+    // The batch train chose without --batch: what --oom-retry halves.
+    if (type == "batch" && !attempt.batch && field("batch").is_number_integer() && field("batch").get<int64_t>() > 0) {
+      attempt.batch = field("batch").get<int64_t>();
+      if (!attempt.accumulate && field("accumulate").is_number_integer()) attempt.accumulate = field("accumulate").get<int64_t>();
+      return false;
+    }
     if (type == "intermediate" && field("step").is_number_integer()) {
       auto value = objective_of(record);
       if (!value) return false;

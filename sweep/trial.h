@@ -39,7 +39,8 @@ struct Attempt {
   int index = 0;
   TrialState state = TrialState::running;
   std::vector<std::string> command;  // the full command line of the child
-  int64_t batch = 0, accumulate = 0;  // 0: not set on the command line (train's default)
+  // 0: neither on the command line nor, for a batch train chose from its plan, reported by train
+  int64_t batch = 0, accumulate = 0;
   int device_index = -1;              // -1: train chose
   std::string device;                 // the device name the child reported
   std::optional<int> exit_code, signal;

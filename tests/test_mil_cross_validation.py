@@ -9,18 +9,21 @@ F1, and their mean and sample std, are recomputed here in numpy from those predi
 attention (ABMIL) separates a cohort whose label lies in a few patches a slide: mean AUC over 5
 folds above 0.9. Without a case_id column each slide is its own case. On a terminal a table ends
 the run (the JSON's numbers), through a pipe a `fold` record per head and the result line; a sweep
-takes `cv_auc_mean_less_std` as its objective, each fold an intermediate value. Bad input: a case with slides of two classes, more folds than a class has cases
+takes `cv_auc_mean_less_std` as its objective, each fold an intermediate value, and its HTML report
+(rendered by chromium) gives each trial's means and stds as the trials reported them. Bad input: a case with slides of two classes, more folds than a class has cases
 (exit 5 naming the case or the fold and class), --folds below 2 and flags that do not go with
 --folds (exit 2); an existing predictions file is kept without --overwrite."""
 import csv
 import json
 import os
+import re
 import sys
 
 import h5py
 import numpy as np
 import pytest
 
+import test_sweep_report
 from data_tools import run
 from test_terminal_output import on_terminal
 
@@ -228,6 +231,22 @@ def test_sweep_takes_the_folds_mean_less_their_std_as_its_objective(tmp_path):
         auc = result["cv"]["auc"]
         assert trial["value"] == pytest.approx(auc["mean"] - auc["std"], abs=1e-12), (trial, auc)
         assert attempt["intermediate"][0]["value"] == pytest.approx(auc["folds"][0], abs=1e-12), (attempt, auc)
+        assert attempt["metrics"]["cv_auc_folds"] == pytest.approx(auc["folds"], abs=1e-12), (attempt, auc)
+    # The HTML report, rendered by chromium: a row a trial with each metric's mean and std as the
+    # trial's final report gave them, and the plots drawn without a script error.
+    page = str(tmp_path / "report.html")
+    run(TESSERA, "sweep", "--study", study, "--export", "html", "--output", page, env=ENV)
+    body, dom = test_sweep_report.rendered(page)
+    assert 'data-rendered="ok"' in body and "data-error" not in body, body
+    rows = {int(m.group(1)): dict(re.findall(r'data-([a-z0-9_-]+)="([^"]*)"', m.group(0)))
+            for m in re.finditer(r'<tr data-trial="(\d+)"[^>]*>', dom)}
+    assert sorted(rows) == [t["number"] for t in exported["trials"]], rows
+    for trial in exported["trials"]:
+        metrics = trial["attempts"][-1]["metrics"]
+        for name in ("auc", "balanced_accuracy", "f1"):
+            row = rows[trial["number"]]
+            assert float(row[f"{name}-mean"]) == metrics[f"cv_{name}_mean"], (row, metrics)
+            assert float(row[f"{name}-std"]) == metrics[f"cv_{name}_std"], (row, metrics)
 
 
 def test_without_case_ids_each_slide_is_its_own_case(tmp_path):

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "sweep/child.h"
@@ -316,6 +317,37 @@ TEST(SweepTrain, OomRetryHalvesTheMicroBatchAndKeepsTheEffectiveBatch) {
   auto floor_trials = trials_of(floored);
   EXPECT_EQ(floor_trials[0].state, TrialState::oom);
   EXPECT_EQ(floor_trials[0].attempts.size(), 2u);
+}
+
+TEST(SweepTrain, OomRetryHalvesTheBatchTrainChoseFromItsPlan) {
+  // Without --batch train chooses the batch from its plan and tells the sweep, whose --oom-retry
+  // halves that one. Every attempt runs out of memory (TESSERA_FAULT=oom, after the choice), so
+  // the trial takes each batch from the chosen one down to 1, its accumulation doubling.
+  auto dir = work_dir();
+  auto study = (dir / "chosen.sqlite").string();
+  std::string data = patch_task(256, 16);
+  auto dry = tessera({"train", "--data", data, "--epochs", "1", "--dry-run"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.errors;
+  int64_t chosen = 0;  // from train's batch event (JSON lines on stderr off a terminal)
+  std::istringstream lines(dry.errors);
+  for (std::string line; std::getline(lines, line);)
+    if (auto event = nlohmann::json::parse(line, nullptr, false); event.is_object() && event.value("event", "") == "batch")
+      chosen = event["batch"].get<int64_t>();
+  ASSERT_GE(chosen, 2) << dry.errors;
+  auto result = tessera({"sweep", "--study", study, "--trials", "1", "--sampler", "grid", "--param", "lr=choice:0.05",
+                         "--oom-retry", "--", "--data", data, "--epochs", "1"},
+                        {{"TESSERA_FAULT", "oom"}});
+  ASSERT_EQ(result.exit_code, 0) << result.errors;
+  auto trials = trials_of(study);
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_EQ(trials[0].state, TrialState::oom);
+  std::vector<std::pair<int64_t, int64_t>> batches, expected;
+  for (auto& attempt : trials[0].attempts) {
+    batches.push_back({attempt.batch, attempt.accumulate});
+    EXPECT_EQ(attempt.state, TrialState::oom);
+  }
+  for (int64_t batch = chosen, accumulate = 1; batch >= 1; batch /= 2, accumulate *= 2) expected.push_back({batch, accumulate});
+  EXPECT_EQ(batches, expected);
 }
 
 // Trials wait on files (TESSERA_FAULT=wait:DIR): DIR/started-N says trial N runs, DIR/go-N lets it go on.

@@ -4,7 +4,8 @@ without one:
   accuracy and AUC, images/s, time left) with the numbers of the JSON records a run without a
   terminal prints, and names its checkpoint at the end; no JSON. Without a terminal, and with
   --json on one, JSON lines as before, ending with the checkpoint's record.
-- `--dry-run` prints its plan as a table on a terminal and as JSON otherwise, of the same categories.
+- `--dry-run` (train's and extract's) prints its plan as a table on a terminal and as JSON
+  otherwise, of the same categories and bytes.
 - A --resume conflict prints the flag as typed and the checkpoint's value as its shortest text.
 - A mistyped flag or command names the nearest one (exit 2).
 - `tile`, `extract`, `sweep`, `heatmap` and `forward` on a terminal: a progress bar, a readable
@@ -124,6 +125,22 @@ def test_dry_run_table_on_a_terminal(task):
     rows = [line.split("  ")[1].strip() for line in screen[1:] if line.startswith("  ")]
     assert rows[:len(plan["bytes"])] == sorted(plan["bytes"]) and "total" in rows, screen
     assert screen[-1].endswith(": fits") and "of the budget's 2.0 GiB" in screen[-1], screen
+
+
+def test_extract_dry_run_table_on_a_terminal(task):
+    args = ["extract", "--encoder", "vit-b16", "--random-weights", "--dry-run", "--out", os.path.join(task, "never")]
+    plan = json.loads(off_terminal(args).stdout)
+    code, screen = on_terminal(args)
+    assert code == 0, screen
+    device = plan["devices"][0]
+    assert screen[0].startswith("Device memory plan on " + device["name"]), screen
+    assert not any(line.lstrip().startswith("{") for line in screen), screen
+    model = device["models"][0]
+    assert screen[1].startswith(f"  vit-b16 at batch {model['batch']}: the largest batch"), screen
+    rows = [line.split()[0] for line in screen[2:] if line.startswith("    ")]
+    assert rows == [category.split()[0] for category in model["plan"]["bytes"]] + ["total"], screen
+    assert screen[-1].endswith(": fits"), screen
+    assert not os.path.exists(os.path.join(task, "never"))
 
 
 def test_resume_conflict_prints_flags_as_typed(task):
