@@ -8,13 +8,13 @@
 
 namespace tessera {
 
-namespace {
-
 nlohmann::json loss_layers(const nlohmann::json& graph) {
   std::string logits = graph["layers"].back()["name"];
   return nlohmann::json::array(
       {{{"name", "loss"}, {"type", "softmax_cross_entropy"}, {"inputs", {logits, "labels"}}}});
 }
+
+namespace {
 
 // The job's staged inputs for one replica of several, which takes `count` samples of every
 // micro-batch: the inputs, all with a leading batch dimension, are cut to it ("valid" stays [1]).

@@ -59,6 +59,10 @@ class Feed {
   }
 };
 
+// The layers the loop adds after a job's graph: the softmax cross-entropy of its last layer (the
+// logits) against the staged "labels", as the layer "loss".
+nlohmann::json loss_layers(const nlohmann::json& graph);
+
 // What a job hands the loop.
 struct TrainingJob {
   nlohmann::json model;  // the description saved in checkpoints (a graph, or a head's fields)

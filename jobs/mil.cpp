@@ -148,13 +148,16 @@ HeadDescription describe_head(const Checkpoint& checkpoint, const std::string& p
     throw BadInput(path + ": not a slide-level head (tessera train --features): its model is " + model.dump());
   HeadDescription head{model["head"].get<std::string>(), model["features"].get<int64_t>(),
                        model["attention_hidden"].get<int64_t>(), static_cast<int64_t>(model["classes"].size())};
-  if (head.kind != "mean" && head.kind != "attention")
-    throw BadInput(path + ": unknown head '" + head.kind + "' (mean or attention)");
+  const auto& heads = mil_heads();
+  if (std::find(heads.begin(), heads.end(), head.kind) == heads.end())
+    throw BadInput(path + ": unknown head '" + head.kind + "' (" + mil_head_list() + ")");
   return head;
 }
 
 void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
-  if (mil.head != "mean" && mil.head != "attention") throw UsageError("--head must be mean or attention");
+  const auto& heads = mil_heads();
+  if (std::find(heads.begin(), heads.end(), mil.head) == heads.end())
+    throw UsageError("--head: unknown head '" + mil.head + "': the heads are " + mil_head_list());
   if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
   if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
@@ -162,6 +165,19 @@ void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& mil_heads() {
+  static const std::vector<std::string> heads{"attention", "mean", "max"};
+  return heads;
+}
+
+std::string mil_head_list() {
+  const auto& heads = mil_heads();
+  std::string list;
+  for (size_t i = 0; i < heads.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == heads.size() ? " or " : ", ") + heads[i];
+  return list;
+}
 
 std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,
                                const std::string& checkpoint_path) {
@@ -172,8 +188,8 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   if (width != description.width)
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
-  // The head's classifier on each instance alone: an attention pool of one instance is that
-  // instance, so either head gives the probability it would give a bag of this one tile.
+  // The head's classifier on each instance alone: an attention, mean or max pool of one instance
+  // is that instance, so each head gives the probability it would give a bag of this one tile.
   nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
   InferenceOptions setup;
   setup.inputs = {{"features", {bag.instances, width}}};

@@ -54,6 +54,8 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
     layers.push_back(layer("attention_gate", "attention_gate", {"attention_V", "attention_U"}));
     layers.push_back(layer("attention_w", "linear", {"attention_gate"}, {{"out_features", 1}}));
     layers.push_back(layer("pool", "attention_pool", {"attention_w", "features", "count"}));
+  } else if (kind == "max") {
+    layers.push_back(layer("pool", "instance_max", {"features", "count"}));
   } else {
     layers.push_back(layer("pool", "instance_mean", {"features", "count"}));
   }

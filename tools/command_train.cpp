@@ -59,8 +59,9 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   source->require_option(1);
   command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem), or CLAM's case_id,slide_id,label")
       ->needs(features);
-  command.add_option("--head", f.mil.head, "With --features: mean or attention (gated, Ilse et al. 2018)")
-      ->capture_default_str()->check(CLI::IsMember({"mean", "attention"}))->needs(features);
+  command.add_option("--head", f.mil.head,
+                     "With --features: attention (gated, Ilse et al. 2018), mean or max (pooling over instances)")
+      ->capture_default_str()->check(CLI::IsMember(mil_heads()))->needs(features);
   command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches")
       ->capture_default_str()->check(CLI::PositiveNumber)->needs(features);
   // Flags of patch training that a head on features has no use for: an error with --features.

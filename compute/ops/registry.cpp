@@ -17,6 +17,7 @@
 #include "compute/ops/flatten.h"
 #include "compute/ops/global_avg_pool.h"
 #include "compute/ops/input_normalize.h"
+#include "compute/ops/instance_max.h"
 #include "compute/ops/instance_mean.h"
 #include "compute/ops/layer_norm.h"
 #include "compute/ops/layer_scale.h"
@@ -126,6 +127,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"avg_pool2d", make_avg_pool2d},
       {"global_avg_pool", make_global_avg_pool},
       {"instance_mean", make_instance_mean},
+      {"instance_max", make_instance_max},
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},
       {"input_normalize", make_input_normalize},

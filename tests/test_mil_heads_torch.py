@@ -1,0 +1,182 @@
+"""Slide-level heads against PyTorch: each head's loss and parameter gradients for one bag
+(tests/head_gradients runs the head's graph and the training loop's loss once on the device,
+from weights written here) against the same head written in PyTorch from its published
+definition, in float64, on bags of 1, 7 and 10,001 instances (relative error under 1e-4 in
+fp32). The max head also on bags whose features tie (the first instance takes the gradient),
+trained twice to the same bytes, and its memory plan against the measured peak; --head with an
+unknown name exits 2 listing the heads."""
+import hashlib
+import json
+import os
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from data_tools import run
+
+TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
+HEAD_GRADIENTS = os.environ.get("TESSERA_HEAD_GRADIENTS",
+                                os.path.join(os.path.dirname(os.path.dirname(TESSERA)), "tests", "head_gradients"))
+WIDTH, HIDDEN = 24, 16
+
+
+def tessera(*args):
+    result = run(TESSERA, *args, check=False, env=dict(os.environ, TESSERA_VALIDATION="1"))
+    assert "vulkan validation" not in result.stderr.lower(), result.stderr
+    return result
+
+
+def linear_weights(generator, name, inputs, outputs):
+    """PyTorch's nn.Linear initialisation, U(-1/sqrt(in), 1/sqrt(in)), as float32."""
+    bound = 1 / np.sqrt(inputs)
+    return {name + ".weight": generator.uniform(-bound, bound, (outputs, inputs)).astype(np.float32),
+            name + ".bias": generator.uniform(-bound, bound, outputs).astype(np.float32)}
+
+
+def head_weights(head, classes, seed):
+    generator = np.random.default_rng(seed)
+    weights = {}
+    if head == "attention":
+        weights.update(linear_weights(generator, "attention_V", WIDTH, HIDDEN))
+        weights.update(linear_weights(generator, "attention_U", WIDTH, HIDDEN))
+        weights.update(linear_weights(generator, "attention_w", HIDDEN, 1))
+    weights.update(linear_weights(generator, "classifier", WIDTH, classes))
+    return weights
+
+
+def torch_loss(head, weights, features, label):
+    """The head in PyTorch: ABMIL's gated attention (Ilse et al. 2018: tanh(V h) * sigmoid(U h),
+    w, softmax over the bag), the mean, or the max over instances per feature (the first instance
+    of a tie, as numpy's argmax), then the linear classifier and cross-entropy."""
+    p = {name: torch.tensor(value, dtype=torch.float64, requires_grad=True) for name, value in weights.items()}
+    h = torch.tensor(features, dtype=torch.float64)
+    if head == "attention":
+        gate = torch.tanh(F.linear(h, p["attention_V.weight"], p["attention_V.bias"])) * \
+            torch.sigmoid(F.linear(h, p["attention_U.weight"], p["attention_U.bias"]))
+        a = torch.softmax(F.linear(gate, p["attention_w.weight"], p["attention_w.bias"]), dim=0)
+        z = (a * h).sum(dim=0, keepdim=True)
+    elif head == "mean":
+        z = h.mean(dim=0, keepdim=True)
+    else:
+        first = torch.tensor(np.argmax(features, axis=0))
+        z = h.gather(0, first[None, :])
+    logits = F.linear(z, p["classifier.weight"], p["classifier.bias"])
+    loss = F.cross_entropy(logits, torch.tensor([label]))
+    loss.backward()
+    return loss.item(), {name: t.grad.numpy() for name, t in p.items()}
+
+
+def device_loss(work, head, weights, features, label, classes, precision="fp32"):
+    bag, params, spec, out = (work / f"{head}-{n}" for n in ("bag.h5", "params.h5", "spec.json", "out.json"))
+    with h5py.File(bag, "w") as f:
+        f["features"] = features
+    with h5py.File(params, "w") as f:
+        for name, value in weights.items():
+            f[name] = value
+    spec.write_text(json.dumps({"head": head, "attention_hidden": HIDDEN, "classes": classes, "features": str(bag),
+                                "label": label, "params": str(params), "precision": precision}))
+    result = subprocess.run([HEAD_GRADIENTS, str(spec), str(out)], capture_output=True, text=True,
+                            env=dict(os.environ, TESSERA_VALIDATION="1"))
+    assert result.returncode == 0 and "validation" not in result.stderr.lower(), result.stderr
+    answer = json.loads(out.read_text())
+    return answer["loss"], {name: np.array(grad["values"]).reshape(grad["shape"])
+                            for name, grad in answer["gradients"].items()}
+
+
+def relative_error(actual, expected):
+    return np.linalg.norm(np.asarray(actual, np.float64).ravel() - expected.ravel()) / max(np.linalg.norm(expected), 1e-30)
+
+
+@pytest.mark.parametrize("head", ["max", "mean", "attention"])
+@pytest.mark.parametrize("instances", [1, 7, 10001])
+def test_loss_and_gradients_match_pytorch(tmp_path, head, instances):
+    classes = 3 if instances == 7 else 2
+    generator = np.random.default_rng(instances)
+    features = generator.normal(size=(instances, WIDTH)).astype(np.float32)
+    label = instances % classes
+    weights = head_weights(head, classes, instances + 1)
+    expected_loss, expected = torch_loss(head, weights, features, label)
+    loss, gradients = device_loss(tmp_path, head, weights, features, label, classes)
+    assert sorted(gradients) == sorted(expected)
+    assert abs(loss - expected_loss) <= 1e-4 * abs(expected_loss), (loss, expected_loss)
+    for name in expected:
+        assert gradients[name].shape == expected[name].shape, name
+        if name == "attention_w.bias":
+            # A shift of every score leaves the softmax as it is: the exact gradient is 0, and
+            # both sides hold rounding alone.
+            assert abs(expected[name]).max() < 1e-12 and abs(gradients[name]).max() < 1e-6, gradients[name]
+            continue
+        assert relative_error(gradients[name], expected[name]) < 1e-4, (name, relative_error(gradients[name], expected[name]))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_max_head_sends_a_tie_to_its_first_instance(tmp_path, precision):
+    """Whole numbers in a few values: every feature's max is held by several instances."""
+    generator = np.random.default_rng(4)
+    features = generator.integers(-2, 3, size=(301, WIDTH)).astype(np.float32)
+    weights = head_weights("max", 2, 9)
+    expected_loss, expected = torch_loss("max", weights, features, 1)
+    loss, gradients = device_loss(tmp_path, "max", weights, features, 1, 2, precision)
+    # fp16 activations: the pooled features are exact (whole numbers), the logits rounded once.
+    tolerance = 1e-4 if precision == "fp32" else 2e-3
+    assert abs(loss - expected_loss) <= tolerance * abs(expected_loss), (loss, expected_loss)
+    for name in expected:
+        assert relative_error(gradients[name], expected[name]) < tolerance, name
+
+
+def write_cohort(directory, slides=16):
+    """Tumour slides hold a few instances shifted along one direction, as tests/test_mil.py's."""
+    features = directory / "features"
+    features.mkdir()
+    generator = np.random.default_rng(3)
+    direction = generator.normal(size=WIDTH).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    rows = ["slide,label"]
+    for s in range(slides):
+        count = int(generator.integers(20, 61))
+        bag = generator.normal(size=(count, WIDTH)).astype(np.float32)
+        if s % 2:
+            bag[generator.choice(count, size=4, replace=False)] += 4 * direction
+        with h5py.File(features / f"slide{s:02d}.h5", "w") as f:
+            f["features"] = bag
+        rows.append(f"slide{s:02d},{'tumor' if s % 2 else 'normal'}")
+    labels = directory / "slides.csv"
+    labels.write_text("\n".join(rows) + "\n")
+    return features, labels
+
+
+def test_max_head_trains_within_its_plan_to_the_same_bytes_twice(tmp_path):
+    features, labels = write_cohort(tmp_path)
+    flags = ["train", "--features", features, "--labels", labels, "--head", "max", "--optimizer", "adam",
+             "--lr", "0.01", "--seed", "2", "--val-fraction", "0.5"]
+    plan = tessera(*flags, "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    plan = json.loads(plan.stdout.splitlines()[0])
+    digests = []
+    for run in range(2):
+        checkpoint = tmp_path / f"max{run}.h5"
+        result = tessera(*flags, "--epochs", 10, "--checkpoint", checkpoint)
+        assert result.returncode == 0, result.stderr
+        records = [json.loads(line) for line in result.stderr.splitlines() if '"event":"epoch"' in line]
+        final = records[-1]
+        assert abs(final["peak_device_bytes"] - plan["total_bytes"]) <= 0.1 * plan["total_bytes"], (final, plan)
+        assert final["val_accuracy"] >= 0.75, final
+        with h5py.File(checkpoint, "r") as f:
+            model = f.attrs["model"]
+            model = json.loads(model.decode() if isinstance(model, bytes) else model)
+            params = {name: f["params"][name][()] for name in f["params"]}
+        assert sorted(params) == ["classifier.bias", "classifier.weight"], sorted(params)
+        assert model["head"] == "max" and model["features"] == WIDTH, model
+        digests.append(hashlib.sha256(b"".join(params[n].tobytes() for n in sorted(params))).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_unknown_head_exits_2_listing_the_heads(tmp_path):
+    features, labels = write_cohort(tmp_path, slides=4)
+    result = tessera("train", "--features", features, "--labels", labels, "--head", "maxx", "--epochs", 1)
+    assert result.returncode == 2, result.stderr
+    for head in ("attention", "mean", "max"):
+        assert head in result.stderr, result.stderr
