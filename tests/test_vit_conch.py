@@ -37,8 +37,8 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_vit_presets import CMU, EXIT_BAD_INPUT, IMAGENET, REPO, TOLERANCE, run, summary_of  # noqa: E402
-from test_vit_timm import relative_error, write_safetensors  # noqa: E402
+from test_vit_presets import CMU, EXIT_BAD_INPUT, IMAGENET, REPO, TOLERANCE, planned_parameter_bytes, run  # noqa: E402
+from test_vit_timm import randomise_parameters, relative_error, write_safetensors  # noqa: E402
 from vit_reference import VisionTransformer, timm_parameter_name  # noqa: E402
 
 MICRONS_PER_PIXEL = 0.5 * 512 / 448  # TRIDENT's 512-pixel patches at 20x, resized to 448
@@ -156,18 +156,7 @@ class ConchVisionTower(nn.Module):
 
 def randomised_conch(seed, depth):
     torch.manual_seed(seed)
-    model = ConchVisionTower(depth)
-    with torch.no_grad():
-        for name, value in model.named_parameters():
-            if name.endswith("gamma"):
-                value.uniform_(0.5, 1.5)
-            elif "norm" in name or "ln_" in name:
-                value.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(value))
-            elif name.endswith("weight") and value.dim() > 1:
-                value.normal_(0.0, 1.5 / value[0].numel() ** 0.5)
-            else:  # biases, the class token, the position embedding, the query
-                value.normal_(0.0, 0.3)
-    return model.double().eval()
+    return randomise_parameters(ConchVisionTower(depth))
 
 
 def write_conch_slide(directory):
@@ -263,12 +252,7 @@ class ConchV15(unittest.TestCase):
         self.assertLess(error, TOLERANCE)
 
     def dry_run(self, encoder):
-        out = self.path("dry-" + encoder)
-        result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 2, "--dry-run",
-                     "--device-memory-limit", "64GiB", "--out", out)
-        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        self.assertFalse(os.path.exists(out))
-        return summary_of(result)["devices"][0]["plan_at_requested_batch"]["bytes"]["parameters"]
+        return planned_parameter_bytes(self, encoder, self.path("dry-" + encoder))
 
     def test_full_preset_plans_conchs_parameters_and_trident_names_it(self):
         count = conch_parameter_count()
