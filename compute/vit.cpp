@@ -102,8 +102,8 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   const bool qkv_bias = config.boolean("qkv_bias", true);
   const double eps = config.number("norm_eps", 1e-6);
   const std::string final_norm = config.choice("final_norm", "tokens", {"tokens", "pooled", "none"});
-  const std::string output = config.choice("output", "class_token",
-                                           {"class_token", "class_token_and_patch_mean", "patch_mean", "attentional_pool"});
+  const std::string output = config.choice(
+      "output", "class_token", {"class_token", "class_token_and_patch_mean", "patch_mean", "attentional_pool"});
   // CONCH v1.5's attn_pool_contrast and ln_contrast (output "attentional_pool").
   const bool attentional = output == "attentional_pool";
   const int64_t pool_width = attentional ? config.integer("pool_width", std::nullopt, 1, kMaxWidth) : 0;
@@ -135,7 +135,8 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
                                  (mlp == "swiglu" ? " (the packed SwiGLU needs an even number)" : ""));
   if (output != "patch_mean" && !attentional && !class_token)
     config.fail("output", "'" + output + "' needs class_token");
-  if (attentional && pool_width % pool_heads != 0) config.fail("pool_heads", "must divide pool_width " + std::to_string(pool_width));
+  if (attentional && pool_width % pool_heads != 0)
+    config.fail("pool_heads", "must divide pool_width " + std::to_string(pool_width));
   if (attentional && !(pool_eps > 0 && pool_eps <= 1)) config.fail("pool_norm_eps", "must be above 0 and at most 1");
   if (attentional && final_norm == "pooled")
     config.fail("final_norm", "'pooled' is timm's fc_norm; the attentional pool's own norm is ln_contrast");
@@ -181,8 +182,9 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   int64_t prefix_tokens = (class_token ? 1 : 0) + registers;
   if (attentional) {
     // One learned query over every token, the class token's too (CONCHVisionTower.forward).
-    layers.push_back(layer_description("attn_pool_contrast", "attentional_pool",
-                                       {{"width", pool_width}, {"heads", pool_heads}, {"queries", 1}, {"eps", pool_eps}}));
+    layers.push_back(
+        layer_description("attn_pool_contrast", "attentional_pool",
+                          {{"width", pool_width}, {"heads", pool_heads}, {"queries", 1}, {"eps", pool_eps}}));
     layers.push_back(layer_description("ln_contrast", "layer_norm", {{"eps", pool_eps}}));
   } else {
     layers.push_back(layer_description("pool", "token_pool", {{"output", output}, {"prefix_tokens", prefix_tokens}}));

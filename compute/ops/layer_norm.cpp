@@ -42,7 +42,8 @@ void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tenso
   const vk::TileTarget& target = kernels.tile_target();
   uint32_t group = row_group(target, width);
   bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y, {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y,
+                                 {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
   // One workgroup per row: `group` elements per row, spread over x and y.
   recorder.dispatch_elements(kernel, {reads(x), reads(weight), reads(bias), writes(y)},
                              Push{static_cast<uint32_t>(rows), static_cast<uint32_t>(width), eps},

@@ -24,7 +24,8 @@ std::unique_ptr<Op> make_vit_tokens(const LayerConfig& layer) {
                                       : VitTokens::Position::none;
   std::array<int64_t, 2> grid{layer.integer("grid_height", 0), layer.integer("grid_width", 0)};
   if ((grid[0] == 0) != (grid[1] == 0)) layer.fail("grid_width", "must be given with grid_height (or neither)");
-  const std::string rule_name = layer.choice("position_resample", "timm", {"timm", "bicubic", "bicubic_by_scale_factor"});
+  const std::string rule_name =
+      layer.choice("position_resample", "timm", {"timm", "bicubic", "bicubic_by_scale_factor"});
   auto resample = rule_name == "timm"      ? VitTokens::Resample::timm_antialiased
                   : rule_name == "bicubic" ? VitTokens::Resample::bicubic
                                            : VitTokens::Resample::bicubic_by_scale_factor;
