@@ -95,14 +95,20 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   const bool layer_scale = config.json().contains("layer_scale");
   const double layer_scale_init = config.number("layer_scale", 1e-5);
   const std::string position = config.choice("position_embedding", "tokens", {"tokens", "patches", "none"});
-  // How a position grid learned at another size is resampled: timm's antialiased bicubic, or the
-  // plain bicubic of Hugging Face's Dinov2 (Midnight).
-  const std::string position_resample = config.choice("position_resample", "timm", {"timm", "bicubic"});
+  // How a position grid learned at another size is resampled: timm's antialiased bicubic, the
+  // plain bicubic of Hugging Face's Dinov2 (Midnight), or DINO's by scale factor (CONCH v1.5).
+  const std::string position_resample =
+      config.choice("position_resample", "timm", {"timm", "bicubic", "bicubic_by_scale_factor"});
   const bool qkv_bias = config.boolean("qkv_bias", true);
   const double eps = config.number("norm_eps", 1e-6);
   const std::string final_norm = config.choice("final_norm", "tokens", {"tokens", "pooled", "none"});
-  const std::string output =
-      config.choice("output", "class_token", {"class_token", "class_token_and_patch_mean", "patch_mean"});
+  const std::string output = config.choice(
+      "output", "class_token", {"class_token", "class_token_and_patch_mean", "patch_mean", "attentional_pool"});
+  // CONCH v1.5's attn_pool_contrast and ln_contrast (output "attentional_pool").
+  const bool attentional = output == "attentional_pool";
+  const int64_t pool_width = attentional ? config.integer("pool_width", std::nullopt, 1, kMaxWidth) : 0;
+  const int64_t pool_heads = attentional ? config.integer("pool_heads", std::nullopt, 1, kMaxWidth) : 0;
+  const double pool_eps = attentional ? config.number("pool_norm_eps", 1e-5) : 0;
   const int64_t classes = config.integer("classes", 0);
   config.refuse_unread();
 
@@ -127,7 +133,13 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   if (hidden < 1 || (mlp == "swiglu" && hidden % 2 != 0))
     config.fail("mlp_ratio", "gives " + std::to_string(hidden) + " hidden features" +
                                  (mlp == "swiglu" ? " (the packed SwiGLU needs an even number)" : ""));
-  if (output != "patch_mean" && !class_token) config.fail("output", "'" + output + "' needs class_token");
+  if (output != "patch_mean" && !attentional && !class_token)
+    config.fail("output", "'" + output + "' needs class_token");
+  if (attentional && pool_width % pool_heads != 0)
+    config.fail("pool_heads", "must divide pool_width " + std::to_string(pool_width));
+  if (attentional && !(pool_eps > 0 && pool_eps <= 1)) config.fail("pool_norm_eps", "must be above 0 and at most 1");
+  if (attentional && final_norm == "pooled")
+    config.fail("final_norm", "'pooled' is timm's fc_norm; the attentional pool's own norm is ln_contrast");
   if (final_norm == "pooled" && output == "class_token_and_patch_mean")
     config.fail("final_norm", "'pooled' normalises one token's width, not the joined output");
 
@@ -168,7 +180,15 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   }
   if (final_norm == "tokens") layers.push_back(layer_description("norm", "layer_norm", {{"eps", eps}}));
   int64_t prefix_tokens = (class_token ? 1 : 0) + registers;
-  layers.push_back(layer_description("pool", "token_pool", {{"output", output}, {"prefix_tokens", prefix_tokens}}));
+  if (attentional) {
+    // One learned query over every token, the class token's too (CONCHVisionTower.forward).
+    layers.push_back(
+        layer_description("attn_pool_contrast", "attentional_pool",
+                          {{"width", pool_width}, {"heads", pool_heads}, {"queries", 1}, {"eps", pool_eps}}));
+    layers.push_back(layer_description("ln_contrast", "layer_norm", {{"eps", pool_eps}}));
+  } else {
+    layers.push_back(layer_description("pool", "token_pool", {{"output", output}, {"prefix_tokens", prefix_tokens}}));
+  }
   if (final_norm == "pooled") layers.push_back(layer_description("fc_norm", "layer_norm", {{"eps", eps}}));
   if (classes > 0) layers.push_back(layer_description("head", "linear", {{"out_features", classes}}));
   return {{"name", name}, {"layers", layers}};
@@ -176,6 +196,9 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
 
 ParameterPiece timm_parameter_piece(const std::string& name) {
   static const std::vector<std::pair<std::regex, std::string>> renames = {
+      // CONCH v1.5's CONCHVisionTower: a timm ViT as its trunk (attn_pool_contrast and ln_contrast
+      // are the graph's own names).
+      {std::regex(R"(^trunk\.)"), ""},
       // torchvision's VisionTransformer.
       {std::regex(R"(^conv_proj\.)"), "patch_embed.proj."},
       {std::regex(R"(^class_token$)"), "cls_token"},

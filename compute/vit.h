@@ -1,6 +1,7 @@
 // The `vit` model family: vision transformers as timm's VisionTransformer builds them (the patch
 // encoders of computational pathology: UNI, UNI2-h, Virchow2, H-optimus-0 and -1, H0-mini,
-// Prov-GigaPath, kaiko.ai's ViT-S/B/L, Lunit's DINO ViT-S/8, Phikon-v2, Midnight) and
+// Prov-GigaPath, kaiko.ai's ViT-S/B/L, Lunit's DINO ViT-S/8, Phikon-v2, Midnight, CONCH v1.5's trunk
+// and pooler) and
 // torchvision's vit_b_16, as graphs of tessera's layers whose parameters carry timm's names.
 //
 // A description is {"family": "vit", settings...} or {"preset": NAME, overrides...}; the presets
@@ -10,8 +11,12 @@
 // ratio), as timm), class_token, register_tokens, layer_scale (its initial value; absent: none),
 // position_embedding ("tokens": over every token, timm's default; "patches": no_embed_class;
 // "none"), position_resample (a grid learned at another size: "timm", antialiased bicubic;
-// "bicubic", Hugging Face Dinov2's), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
-// output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean"), classes (a
+// "bicubic", Hugging Face Dinov2's; "bicubic_by_scale_factor", DINO's interpolate_pos_encoding,
+// CONCH v1.5's), qkv_bias, norm_eps, final_norm ("tokens": timm's norm; "pooled": its fc_norm; "none"),
+// output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean", or
+// "attentional_pool": CONCH v1.5's attn_pool_contrast, one learned query of pool_width features
+// attending with pool_heads heads over every token, then ln_contrast, LayerNorms of eps
+// pool_norm_eps), classes (a
 // linear head named "head"; 0: none, the features), name, and preprocessing, source and trident
 // (for the encoders' users; not part of the graph). preprocessing's input_size is the tiles an
 // encoder reads where they differ from image_size (kaiko-vitl14: 224-pixel tiles, its position
@@ -43,7 +48,7 @@ nlohmann::json vit_graph(const nlohmann::json& description);
 // torchvision's VisionTransformer ("encoder.layers.encoder_layer_3.self_attention.in_proj_weight"
 // -> "blocks.3.attn.qkv.weight") and Hugging Face's Dinov2 ("encoder.layer.3.attention.attention.
 // key.weight" -> the second of three pieces of "blocks.3.attn.qkv.weight"); timm's own names
-// unchanged.
+// unchanged; CONCH v1.5's "trunk." prefix dropped.
 ParameterPiece timm_parameter_piece(const std::string& name);
 
 }  // namespace tessera

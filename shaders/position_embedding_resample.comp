@@ -3,8 +3,10 @@
 // instead: the rows of prefix tokens copied, the grid resampled as F.interpolate(mode='bicubic',
 // align_corners=False, size=(gh, gw)) does, separably. timm's resample_abs_pos_embed
 // (antialias=True): PIL's bicubic filter (a = -0.5), widened by the scale where it shrinks, its
-// taps cut at the edges and renormalised. plain_bicubic (Hugging Face's Dinov2, antialias=False):
-// four taps around scale * (o + 0.5) - 0.5 with a = -0.75, indices clamped to the edges.
+// taps cut at the edges and renormalised. Plain bicubic (Hugging Face's Dinov2, antialias=False):
+// four taps around scale * (o + 0.5) - 0.5 with a = -0.75, indices clamped to the edges; by scale
+// factor (DINO's and iBOT's interpolate_pos_encoding, CONCH v1.5's trunk: F.interpolate(scale_factor=
+// (new + 0.1) / old)), the same with PyTorch's scale taken as old / (new + 0.1), not old / new.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer table;
@@ -13,11 +15,11 @@ layout(push_constant) uniform Push {
   uint count;  // (prefix + gh * gw) * D
   uint width, prefix;
   uint old_height, old_width, new_height, new_width;
-  uint plain_bicubic;
+  uint mode;  // 0 timm's antialiased, 1 plain bicubic to the size, 2 plain bicubic by scale factor
 } p;
 
 float cubic(float x) {
-  const float a = p.plain_bicubic != 0u ? -0.75 : -0.5;
+  const float a = p.mode != 0u ? -0.75 : -0.5;
   x = abs(x);
   if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
   if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
@@ -30,8 +32,8 @@ struct Window {
   float center, inverse_scale;
 };
 Window window(uint o, uint input_size, uint output_size) {
-  float scale = float(input_size) / float(output_size);
-  if (p.plain_bicubic != 0u) {  // taps floor(source) - 1 .. + 2, each at its own distance
+  float scale = float(input_size) / (float(output_size) + (p.mode == 2u ? 0.1 : 0.0));
+  if (p.mode != 0u) {  // taps floor(source) - 1 .. + 2, each at its own distance
     float source = scale * (float(o) + 0.5) - 0.5;
     Window w;
     w.first = int(floor(source)) - 1;
@@ -50,7 +52,7 @@ Window window(uint o, uint input_size, uint output_size) {
 }
 float weight(Window w, int tap) { return cubic((float(w.first + tap) - w.center + 0.5) * w.inverse_scale); }
 float total(Window w) {
-  if (p.plain_bicubic != 0u) return 1.0;  // the four weights sum to one
+  if (p.mode != 0u) return 1.0;  // the four weights sum to one
   float sum = 0.0;
   for (int tap = 0; tap < w.taps; ++tap) sum += weight(w, tap);
   return sum;

@@ -43,12 +43,14 @@ std::vector<std::vector<std::pair<int64_t, double>>> antialiased_bicubic(int64_t
 
 // The taps and weights of F.interpolate(mode='bicubic', align_corners=False, size=out) without
 // antialiasing, as PyTorch's upsample_bicubic2d computes them: four taps around
-// scale * (o + 0.5) - 0.5, cubic convolution with A = -0.75, indices clamped to the edges.
-std::vector<std::vector<std::pair<int64_t, double>>> plain_bicubic(int64_t in, int64_t out) {
+// scale * (o + 0.5) - 0.5, cubic convolution with A = -0.75, indices clamped to the edges. With
+// scale_factor=(out + 0.1) / in instead (DINO's interpolate_pos_encoding: by_scale_factor),
+// PyTorch takes the scale as its inverse, in / (out + 0.1), not in / out.
+std::vector<std::vector<std::pair<int64_t, double>>> plain_bicubic(int64_t in, int64_t out, bool by_scale_factor) {
   const double A = -0.75;
   auto near = [&](double x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };    // |x| <= 1
   auto far = [&](double x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };  // 1 < |x| < 2
-  double scale = static_cast<double>(in) / static_cast<double>(out);
+  double scale = static_cast<double>(in) / (static_cast<double>(out) + (by_scale_factor ? 0.1 : 0.0));
   std::vector<std::vector<std::pair<int64_t, double>>> taps(static_cast<size_t>(out));
   for (int64_t o = 0; o < out; ++o) {
     double source = scale * (static_cast<double>(o) + 0.5) - 0.5, floor = std::floor(source), t = source - floor;
@@ -61,11 +63,14 @@ std::vector<std::vector<std::pair<int64_t, double>>> plain_bicubic(int64_t in, i
 }
 
 // The resampled table [rows, D] whose first `covered` rows are prefix tokens: timm's
-// resample_abs_pos_embed, or Hugging Face Dinov2's plain bicubic.
+// resample_abs_pos_embed, Hugging Face Dinov2's plain bicubic, or DINO's by scale factor.
 std::vector<double> resample(const std::vector<float>& table, int64_t covered, int64_t width,
                              std::array<int64_t, 2> from, std::array<int64_t, 2> to, VitTokens::Resample how) {
   if (from == to) return {table.begin(), table.end()};
-  auto taps = how == VitTokens::Resample::bicubic ? plain_bicubic : antialiased_bicubic;
+  auto taps = [how](int64_t in, int64_t out) {
+    if (how == VitTokens::Resample::timm_antialiased) return antialiased_bicubic(in, out);
+    return plain_bicubic(in, out, how == VitTokens::Resample::bicubic_by_scale_factor);
+  };
   auto rows = taps(from[0], to[0]), columns = taps(from[1], to[1]);
   std::vector<double> out(static_cast<size_t>((covered + to[0] * to[1]) * width));
   for (int64_t i = 0; i < covered * width; ++i) out[static_cast<size_t>(i)] = table[static_cast<size_t>(i)];
@@ -154,6 +159,22 @@ TEST(VitTokens, ResamplesThePositionEmbeddingAsHuggingFacesDinov2) {
     for (const Case& c : {
              Case{true, 0, Position::tokens, {37, 37}, {16, 16}, Resample::bicubic},  // 518 -> 224 px at 14
              Case{true, 4, Position::tokens, {5, 7}, {11, 3}, Resample::bicubic},     // grown one way, shrunk the other
+         }) {
+      SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
+                   std::to_string(c.input[1]));
+      expect_tokens_match(c, activations);
+    }
+}
+
+// CONCH v1.5's trunk: learned on 14x14 (224 pixels), run at 448 pixels (28x28, 785 tokens), as DINO's
+// interpolate_pos_encoding; and grids that shrink, or grow by a scale that is not whole.
+TEST(VitTokens, ResamplesThePositionEmbeddingByScaleFactorAsDino) {
+  const auto by_scale_factor = VitTokens::Resample::bicubic_by_scale_factor;
+  for (DType activations : {DType::f32, DType::f16})
+    for (const Case& c : {
+             Case{true, 0, Position::tokens, {14, 14}, {28, 28}, by_scale_factor},
+             Case{true, 0, Position::tokens, {16, 16}, {9, 9}, by_scale_factor},
+             Case{true, 4, Position::patches, {5, 5}, {13, 13}, by_scale_factor},
          }) {
       SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
                    std::to_string(c.input[1]));

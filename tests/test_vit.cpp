@@ -89,7 +89,7 @@ TEST(Vit, TridentNamesMeanThePresets) {
       {"gigapath", "prov-gigapath"}, {"kaiko-vits8", "kaiko-vits8"}, {"kaiko-vits16", "kaiko-vits16"},
       {"kaiko-vitb8", "kaiko-vitb8"}, {"kaiko-vitb16", "kaiko-vitb16"}, {"kaiko-vitl14", "kaiko-vitl14"},
       {"lunit-vits8", "lunit-vits8"}, {"virchow", "virchow"},       {"phikon_v2", "phikon-v2"},
-      {"midnight12k", "midnight"}};
+      {"midnight12k", "midnight"}, {"conch_v15", "conch-v1.5"}};
   for (auto [trident, preset] : names) {
     SCOPED_TRACE(trident);
     EXPECT_EQ(vit_preset_name(trident), std::optional<std::string>(preset));
@@ -97,7 +97,7 @@ TEST(Vit, TridentNamesMeanThePresets) {
     EXPECT_EQ(graph, own);  // the same layers, named as tessera's preset
     EXPECT_EQ(load_model_description(trident, 2), load_model_description(preset, 2));
   }
-  for (const char* unknown : {"conch_v15", "hibou_l", "uni_v3", "UNI"}) EXPECT_FALSE(vit_preset_name(unknown));
+  for (const char* unknown : {"conch_v1", "hibou_l", "uni_v3", "UNI"}) EXPECT_FALSE(vit_preset_name(unknown));
   EXPECT_NE(vit_preset_list().find("uni2-h (uni_v2)"), std::string::npos) << vit_preset_list();
   EXPECT_NE(vit_preset_list().find("kaiko-vits8, lunit-vits8"), std::string::npos) << vit_preset_list();
 }
@@ -117,6 +117,28 @@ TEST(Vit, KaikoVitL14ResamplesItsPositionGridFor224PixelTiles) {
   // Lunit's and kaiko's ViT-S/8: 28x28 patches and the class token.
   Network lunit(load_model_description("lunit-vits8", 2), Shape{1, 3, 224, 224}, false);
   EXPECT_EQ(lunit.layer("tokens").output_shape, (Shape{1, 785, 384}));
+}
+
+// CONCH v1.5's trunk is built at 224 pixels (14x14) and run on 448-pixel tiles: DINO's interpolation
+// to 28x28 (785 tokens), then attn_pool_contrast (1024 -> 768) and ln_contrast, weights named as CONCH's.
+TEST(Vit, ConchV15PoolsItsTrunksTokensWithOneLearnedQuery) {
+  auto tokens_layer = [](const nlohmann::json& graph) {
+    for (auto& layer : graph["layers"])
+      if (layer["name"] == "tokens") return layer;
+    return nlohmann::json();
+  };
+  nlohmann::json graph = load_model_description("conch-v1.5", 2);
+  EXPECT_EQ(tokens_layer(graph)["position_resample"], "bicubic_by_scale_factor");
+  Network network(graph, Shape{1, 3, 448, 448}, false);
+  EXPECT_EQ(network.layer("tokens").output_shape, (Shape{1, 785, 1024}));
+  EXPECT_EQ(network.layer("attn_pool_contrast").output_shape, (Shape{1, 768}));
+  EXPECT_EQ(network.layers().back().name, "ln_contrast");
+  EXPECT_EQ(network.layers().back().output_shape, (Shape{1, 768}));
+  EXPECT_EQ(timm_parameter_piece("trunk.blocks.23.ls2.gamma").name, "blocks.23.ls2.gamma");
+  EXPECT_EQ(timm_parameter_piece("attn_pool_contrast.to_kv.weight").name, "attn_pool_contrast.to_kv.weight");
+  // The other presets keep timm's resample.
+  EXPECT_EQ(tokens_layer(load_model_description("uni", 2))["position_resample"], "timm");
+  EXPECT_THROW(vit_graph({{"preset", "conch-v1.5"}, {"pool_heads", 7}}), ModelError);
 }
 
 TEST(Vit, AnotherInputSizeResamplesThePositionEmbedding) {

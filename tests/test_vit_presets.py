@@ -93,6 +93,15 @@ def expected_features(reference, region, normalisation, coords):
         return reference((x - mean) / std).numpy()
 
 
+def planned_parameter_bytes(test, encoder, out):
+    """The parameter bytes of `extract --encoder ENCODER --dry-run`'s plan at batch 2 (which writes nothing)."""
+    result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 2, "--dry-run",
+                 "--device-memory-limit", "64GiB", "--out", out)
+    test.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    test.assertFalse(os.path.exists(out))
+    return summary_of(result)["devices"][0]["plan_at_requested_batch"]["bytes"]["parameters"]
+
+
 class EncoderPresets(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -163,12 +172,7 @@ class EncoderPresets(unittest.TestCase):
         self.assertLess(error, TOLERANCE)
 
     def dry_run(self, encoder):
-        out = self.path("dry-" + encoder)
-        result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 2, "--dry-run",
-                     "--device-memory-limit", "64GiB", "--out", out)
-        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
-        self.assertFalse(os.path.exists(out))
-        return summary_of(result)["devices"][0]["plan_at_requested_batch"]["bytes"]["parameters"]
+        return planned_parameter_bytes(self, encoder, self.path("dry-" + encoder))
 
     def test_full_presets_plan_timms_parameter_counts_and_trident_names_the_same(self):
         planned = {}

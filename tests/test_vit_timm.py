@@ -72,12 +72,16 @@ def randomised(description, seed):
     """The reference with every parameter random and of a size that matters (timm's own init
     makes tokens 1e-6 and layer scales 1e-5), in eval mode, float64."""
     torch.manual_seed(seed)
-    model = VisionTransformer(description)
+    return randomise_parameters(VisionTransformer(description))
+
+
+def randomise_parameters(model):
+    """`model` (seeded by the caller) with random parameters of a size that matters, in eval mode, float64."""
     with torch.no_grad():
         for name, value in model.named_parameters():
             if name.endswith("gamma"):
                 value.uniform_(0.5, 1.5)
-            elif "norm" in name:
+            elif "norm" in name or "ln_" in name:  # LayerNorms (CONCH's pooler: ln_q, ln_k, ln_contrast)
                 value.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(value))
             elif name.endswith("weight") and value.dim() > 1:  # linear and convolution: activations of unit scale
                 value.normal_(0.0, 1.5 / value[0].numel() ** 0.5)

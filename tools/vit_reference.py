@@ -5,7 +5,9 @@ Written from timm's source (timm/models/vision_transformer.py: VisionTransformer
 _pos_embed, global_pool_nlc; timm/layers: Attention, Mlp, GluMlp with SwiGLUPacked =
 GluMlp(act_layer=SiLU, gate_last=False), LayerScale, PatchEmbed, pos_embed.resample_abs_pos_embed),
 with timm's parameter names, so a state_dict of timm's model loads here unchanged. Settings are
-those of compute/vit_presets.json (read from there, one source for C++ and Python).
+those of compute/vit_presets.json (read from there, one source for C++ and Python). CONCH v1.5
+(mahmoodlab/TRIDENT model_zoo/conchv1_5/conchv1_5.py): DINO's interpolate_pos_encoding and the
+AttentionalPooler attn_pool_contrast with ln_contrast, CONCH's names less the trunk's "trunk." prefix.
 """
 import json
 import math
@@ -30,7 +32,7 @@ def vit_preset_name(name):
 
 DEFAULTS = {"mlp": "gelu", "mlp_ratio": 4.0, "class_token": True, "register_tokens": 0, "layer_scale": None,
             "position_embedding": "tokens", "position_resample": "timm", "qkv_bias": True, "norm_eps": 1e-6, "final_norm": "tokens",
-            "output": "class_token", "classes": 0}
+            "output": "class_token", "classes": 0, "pool_norm_eps": 1e-5}
 
 
 def vit_settings(description):
@@ -120,6 +122,43 @@ def resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens, antial
     return torch.cat([prefix, grid], dim=1)
 
 
+def interpolate_by_scale_factor(posemb, new_size, old_size, num_prefix_tokens):
+    """DINO's and iBOT's interpolate_pos_encoding (CONCH v1.5's trunk): bicubic by the scale factor
+    (new + 0.1) / old, not antialiased, the prefix tokens' rows kept."""
+    if tuple(new_size) == tuple(old_size):
+        return posemb
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+    dim = grid.shape[-1]
+    grid = grid.reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
+    scale = ((new_size[0] + 0.1) / old_size[0], (new_size[1] + 0.1) / old_size[1])
+    grid = F.interpolate(grid, scale_factor=scale, mode="bicubic").permute(0, 2, 3, 1).reshape(1, -1, dim)
+    return torch.cat([prefix, grid], dim=1)
+
+
+class AttentionalPool(nn.Module):
+    """CONCH v1.5's AttentionalPooler: learned queries (ln_q) over every token (ln_k), bias-free
+    to_q, to_kv (keys then values) and to_out, softmax(q k^T / sqrt(head)) v per head."""
+
+    def __init__(self, width, context, heads, eps, device):
+        super().__init__()
+        self.heads = heads
+        self.query = nn.Parameter(torch.randn(1, width, device=device))
+        self.ln_k = nn.LayerNorm(context, eps=eps, device=device)
+        self.ln_q = nn.LayerNorm(width, eps=eps, device=device)
+        self.to_q = nn.Linear(width, width, bias=False, device=device)
+        self.to_kv = nn.Linear(context, 2 * width, bias=False, device=device)
+        self.to_out = nn.Linear(width, width, bias=False, device=device)
+
+    def forward(self, x):
+        def heads(t):  # [..., n, width] -> [..., heads, n, head]
+            return t.unflatten(-1, (self.heads, -1)).transpose(-3, -2)
+
+        q = heads(self.to_q(self.ln_q(self.query)))
+        k, v = (heads(t) for t in self.to_kv(self.ln_k(x)).chunk(2, dim=-1))
+        weights = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
+        return self.to_out((weights @ v).transpose(-3, -2).flatten(-2))
+
+
 class VisionTransformer(nn.Module):
     """Images [N,3,H,W] -> the output rule's features [N, D or 2D] (or logits with a head)."""
 
@@ -144,6 +183,11 @@ class VisionTransformer(nn.Module):
         eps = s["norm_eps"]
         self.norm = nn.LayerNorm(dim, eps=eps, device=device) if s["final_norm"] == "tokens" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim, eps=eps, device=device) if s["final_norm"] == "pooled" else nn.Identity()
+        if s["output"] == "attentional_pool":
+            eps, width = s["pool_norm_eps"], s["pool_width"]
+            self.attn_pool_contrast = AttentionalPool(width, dim, s["pool_heads"], eps, device)
+            self.ln_contrast = nn.LayerNorm(width, eps=eps, device=device)
+            dim = width
         self.head = nn.Linear(dim, s["classes"], device=device) if s["classes"] > 0 else nn.Identity()
 
     def _pos_embed(self, x, grid):
@@ -151,8 +195,11 @@ class VisionTransformer(nn.Module):
         if self.pos_embed is None:
             return torch.cat(to_cat + [x], dim=1)
         no_embed_class = self.settings["position_embedding"] == "patches"
-        pos_embed = resample_abs_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix,
-                                           antialias=self.settings["position_resample"] == "timm")
+        if self.settings["position_resample"] == "bicubic_by_scale_factor":
+            pos_embed = interpolate_by_scale_factor(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix)
+        else:
+            pos_embed = resample_abs_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix,
+                                               antialias=self.settings["position_resample"] == "timm")
         if no_embed_class:
             return torch.cat(to_cat + [x + pos_embed], dim=1)
         return torch.cat(to_cat + [x], dim=1) + pos_embed
@@ -170,6 +217,8 @@ class VisionTransformer(nn.Module):
             x = x[:, 0]
         elif output == "patch_mean":
             x = x[:, self.prefix:].mean(dim=1)
+        elif output == "attentional_pool":  # CONCH v1.5: one query over every token
+            x = self.ln_contrast(self.attn_pool_contrast(x)[:, 0])
         else:  # Virchow2: the class token joined with the mean of the patch tokens
             x = torch.cat([x[:, 0], x[:, self.prefix:].mean(dim=1)], dim=-1)
         return self.head(self.fc_norm(x))
@@ -181,8 +230,9 @@ def expected_vit_shapes(description):
     return {name: tuple(value.shape) for name, value in model.state_dict().items()}
 
 
-# torchvision's VisionTransformer names -> timm's (compute/vit.cpp's timm_parameter_name).
+# torchvision's VisionTransformer names (and CONCH v1.5's trunk) -> timm's (compute/vit.cpp's timm_parameter_piece).
 TORCHVISION_RENAMES = [
+    (r"^trunk\.", ""),  # CONCH v1.5's CONCHVisionTower: a timm ViT as its trunk
     (r"^conv_proj\.", "patch_embed.proj."),
     (r"^class_token$", "cls_token"),
     (r"^encoder\.pos_embedding$", "pos_embed"),

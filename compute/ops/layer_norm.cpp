@@ -37,17 +37,21 @@ std::vector<TensorSpec> LayerNorm::tensors() const {
           {"bias", {width_}, TensorRole::parameter, DType::f32, {Init::zeros}}};
 }
 
-void LayerNorm::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps) {
   const vk::TileTarget& target = kernels.tile_target();
-  uint32_t group = row_group(target, width_);
+  uint32_t group = row_group(target, width);
   bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
-  auto kernel =
-      kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, *t.output, {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y,
+                                 {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
   // One workgroup per row: `group` elements per row, spread over x and y.
-  recorder.dispatch_elements(kernel,
-                             {reads(*t.inputs[0]), reads(*t.tensors[0]), reads(*t.tensors[1]), writes(*t.output)},
-                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), eps_},
-                             static_cast<uint64_t>(rows_) * group, group);
+  recorder.dispatch_elements(kernel, {reads(x), reads(weight), reads(bias), writes(y)},
+                             Push{static_cast<uint32_t>(rows), static_cast<uint32_t>(width), eps},
+                             static_cast<uint64_t>(rows) * group, group);
+}
+
+void LayerNorm::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  record_layer_norm(recorder, kernels, *t.inputs[0], *t.tensors[0], *t.tensors[1], *t.output, rows_, width_, eps_);
 }
 
 }  // namespace tessera

@@ -28,4 +28,9 @@ std::unique_ptr<Op> make_layer_norm(const LayerConfig& layer);
 // short row.
 uint32_t row_group(const vk::TileTarget& target, int64_t width);
 
+// y = layer_norm(x) over rows of `width` (x [rows, width], weight and bias [width]), one workgroup a
+// row: LayerNorm's forward, for ops that normalise inside themselves (attentional_pool's ln_q, ln_k).
+void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps);
+
 }  // namespace tessera

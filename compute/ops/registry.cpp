@@ -10,6 +10,7 @@
 #include "compute/ops/attention_gate.h"
 #include "compute/ops/attention.h"
 #include "compute/ops/attention_pool.h"
+#include "compute/ops/attentional_pool.h"
 #include "compute/ops/avg_pool2d.h"
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
@@ -140,6 +141,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"layer_scale", make_layer_scale},
       {"vit_tokens", make_vit_tokens},
       {"token_pool", make_token_pool},
+      {"attentional_pool", make_attentional_pool},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {

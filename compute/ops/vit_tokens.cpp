@@ -9,7 +9,7 @@ struct TokensPush {
 struct ResamplePush {
   uint32_t count, width, prefix;
   uint32_t old_height, old_width, new_height, new_width;
-  uint32_t plain_bicubic;
+  uint32_t mode;  // VitTokens::Resample
 };
 struct PoolPush {
   uint32_t count, width, tokens, prefix;
@@ -24,9 +24,11 @@ std::unique_ptr<Op> make_vit_tokens(const LayerConfig& layer) {
                                       : VitTokens::Position::none;
   std::array<int64_t, 2> grid{layer.integer("grid_height", 0), layer.integer("grid_width", 0)};
   if ((grid[0] == 0) != (grid[1] == 0)) layer.fail("grid_width", "must be given with grid_height (or neither)");
-  auto resample = layer.choice("position_resample", "timm", {"timm", "bicubic"}) == "timm"
-                      ? VitTokens::Resample::timm_antialiased
-                      : VitTokens::Resample::bicubic;
+  const std::string rule_name =
+      layer.choice("position_resample", "timm", {"timm", "bicubic", "bicubic_by_scale_factor"});
+  auto resample = rule_name == "timm"      ? VitTokens::Resample::timm_antialiased
+                  : rule_name == "bicubic" ? VitTokens::Resample::bicubic
+                                           : VitTokens::Resample::bicubic_by_scale_factor;
   return std::make_unique<VitTokens>(layer.boolean("class_token", true), layer.integer("register_tokens", 0), rule,
                                      grid, resample);
 }
@@ -76,7 +78,7 @@ void VitTokens::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
         ResamplePush{static_cast<uint32_t>(resampled.count()), static_cast<uint32_t>(width_), covered,
                      static_cast<uint32_t>(grid_[0]), static_cast<uint32_t>(grid_[1]),
                      static_cast<uint32_t>(input_grid_[0]), static_cast<uint32_t>(input_grid_[1]),
-                     resample_ == Resample::bicubic ? 1u : 0u},
+                     static_cast<uint32_t>(resample_)},
         static_cast<uint64_t>(resampled.count()), kElementwiseGroup);
     position = &resampled;
   }

@@ -4,8 +4,9 @@
 // default), the patches only (no_embed_class: UNI2-h, H-optimus-0) or none; where the input's
 // patch grid differs from the grid it was learned on, it is resampled as timm's
 // resample_abs_pos_embed (bicubic, antialiased) or as Hugging Face's Dinov2 interpolates it
-// (PyTorch's plain bicubic to the new size: a = -0.75, four taps, edges clamped), the prefix
-// tokens' rows kept. Its parameters are
+// (PyTorch's plain bicubic to the new size: a = -0.75, four taps, edges clamped) or as DINO's
+// interpolate_pos_encoding does (CONCH v1.5's trunk: the same bicubic by the scale factor
+// (new + 0.1) / old), the prefix tokens' rows kept. Its parameters are
 // the model's own (timm's names cls_token, reg_token, pos_embed, no layer prefix). Inference only.
 #pragma once
 #include <array>
@@ -17,7 +18,7 @@ namespace tessera {
 class VitTokens : public InferenceOp {
  public:
   enum class Position { none, tokens, patches };
-  enum class Resample { timm_antialiased, bicubic };
+  enum class Resample { timm_antialiased, bicubic, bicubic_by_scale_factor };  // the shader's mode, in order
   // `grid`: the patch grid (rows, columns) the position embedding was learned on; {0, 0}: the input's.
   VitTokens(bool class_token, int64_t registers, Position position, std::array<int64_t, 2> grid,
             Resample resample = Resample::timm_antialiased);
