@@ -342,6 +342,7 @@ GraphLayout Network::layout() const {
       std::string full = tensor_name(layer.name, spec);
       bool saved = spec.role == TensorRole::saved, prepared = spec.role == TensorRole::prepared;
       if ((saved || prepared) && reuse && fused[l].skipped) continue;
+      if (prepared && !reuse && !spec.read_in_training) continue;  // bound as nullptr, never read
       // Inference keeps what prepare() wrote for every pass; training rewrites it each forward.
       std::string category = in_checkpoint(spec.role) ? "parameters"
                              : prepared && reuse      ? "prepared weights"

@@ -140,6 +140,22 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
                     push, (M + rows_per_group - 1) / rows_per_group, groups_y, groups_z);
 }
 
+void record_blocked_weight(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& weight, const Tensor& blocked,
+                           uint32_t rows, uint32_t columns, int32_t block, const FoldedBatchNorm* fold) {
+  struct WeightPush {
+    uint32_t rows, columns, count;
+    float eps;
+  };
+  // Without a folded batch norm its bindings take the weight, which the kernel leaves unread.
+  const vk::Buffer& gamma = fold ? fold->weight->buffer() : weight.buffer();
+  const vk::Buffer& variance = fold ? fold->running_var->buffer() : weight.buffer();
+  WeightPush push{rows, columns, static_cast<uint32_t>(blocked.count()), fold ? fold->eps : 0.0f};
+  recorder.dispatch_elements(
+      kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {static_cast<int32_t>(kElementwiseGroup), block, fold ? 1 : 0}),
+      {vk::reads(weight.buffer()), vk::writes(blocked.buffer()), vk::reads(gamma), vk::reads(variance)}, push, push.count,
+      kElementwiseGroup);
+}
+
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
                           const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels) {
   recorder.dispatch(kernel_for<BiasPush>(kernels,
