@@ -42,9 +42,9 @@ struct TensorSpec {
   // Named without the layer's prefix: a parameter of the model itself rather than of a module
   // (timm's cls_token, reg_token and pos_embed).
   bool model_level = false;
-  // Prepared tensors: false where training's forward reads the parameters instead (linear's
-  // W^T, which would cost a pass over the weight per step), so that a training graph allocates none.
-  bool read_in_training = true;
+  // A tensor that only inference reads (linear's scratch for transposing its weight in
+  // prepare()): a training graph allocates none and binds nullptr in its place.
+  bool inference_only = false;
 };
 
 // A tensor's full name: "<layer>.<spec>", or the spec's name alone where it is model-level.

@@ -51,7 +51,7 @@ std::vector<float> cpu_forward(const test::OpCheck& check, int64_t in, int64_t o
   return y;
 }
 
-// Inference after Network::prepare reads weight^T [in, out] (written by conv2d's weight-blocking
+// Inference after Network::prepare reads weight^T [in, out] (transposed by conv2d's weight-blocking
 // kernel with a block of one): against the CPU at sizes that are no multiple of the register
 // tiles (8 lanes x 8 rows, 32 columns) or of the GPU's, in both activation types, 2-D and a
 // ViT's 3-D input; and the unprepared forward of the same check, as training runs it.
@@ -80,20 +80,25 @@ TEST(Linear, PreparedForwardMatchesCpu) {
       }
 }
 
-// weight^T is counted in an inference graph's plan as a prepared weight, and a training graph,
-// whose forward reads the weight as stored, allocates none.
-TEST(Linear, TransposedWeightOnlyInInference) {
+// Inference holds one copy of the weight: prepare() transposes it in its own buffer, through a
+// scratch that shares the activations' buffers; a training graph, whose forward reads the weight
+// as stored, allocates no scratch.
+TEST(Linear, WeightTransposedInPlaceOnlyInInference) {
   auto linear = std::make_shared<Linear>(30, true);
   Network inference(linear, {{"x", {5, 20}, DType::f32, false}}, false);
-  MemoryPlan transposed;  // one buffer of 20 x 30 floats, in the allocator's blocks
-  transposed.add(test::context().allocator(), "prepared weights", 20 * 30 * 4);
-  EXPECT_EQ(inference.layout().plan(test::context().allocator()).bytes["prepared weights"],
-            transposed.bytes["prepared weights"]);
+  EXPECT_EQ(inference.layout().plan(test::context().allocator()).bytes.count("prepared weights"), 0u);
   inference.allocate(test::context());
+  inference.initialise(3);
+  auto weight = inference.layers()[0].tensors[0]->download();
   ASSERT_NE(inference.layers()[0].tensors[2], nullptr);
   EXPECT_EQ(inference.layers()[0].tensors[2]->shape(), (Shape{20, 30}));
+  inference.prepare(test::context());
+  auto transposed = inference.layers()[0].tensors[0]->download();
+  ASSERT_EQ(transposed.size(), weight.size());
+  for (size_t i = 0; i < 20; ++i)
+    for (size_t o = 0; o < 30; ++o) ASSERT_EQ(transposed[i * 30 + o], weight[o * 20 + i]) << i << ", " << o;
+  EXPECT_THROW(inference.prepare(test::context()), std::logic_error);  // a second transpose would undo it
   Network training(linear, {{"x", {5, 20}, DType::f32, true}}, true);
-  EXPECT_EQ(training.layout().plan(test::context().allocator()).bytes.count("prepared weights"), 0u);
   training.allocate(test::context());
   EXPECT_EQ(training.layers()[0].tensors[2], nullptr);
 }
@@ -147,8 +152,8 @@ TEST(Linear, InitialisesLikePyTorchAndReadsItsFields) {
   ASSERT_EQ(specs.size(), 3u);
   EXPECT_EQ(specs[0].shape, (Shape{10, 16}));
   EXPECT_EQ(specs[2].shape, (Shape{16, 10}));
-  EXPECT_EQ(specs[2].role, TensorRole::prepared);
-  EXPECT_FALSE(specs[2].read_in_training);
+  EXPECT_EQ(specs[2].role, TensorRole::saved);
+  EXPECT_TRUE(specs[2].inference_only);
   EXPECT_FLOAT_EQ(specs[0].init.scale, 0.25f);
   EXPECT_FLOAT_EQ(specs[1].init.scale, 0.25f);
   EXPECT_DOUBLE_EQ(linear->forward_flops(), 2.0 * 2 * 10 * 16);

@@ -10,13 +10,15 @@ class Linear : public Op {
   std::string type() const override { return "linear"; }
   // x [N, in] -> y [N, out]; x [N, T, in] -> y [N, T, out] (tokens: rows of the batch)
   Shape infer(const std::vector<Shape>& inputs) override;
-  // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch; weight^T [in, out],
-  // prepared for inference (training allocates none: TensorSpec::read_in_training).
+  // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch; inference only, a
+  // scratch [in, out] for prepare() (training allocates none: TensorSpec::inference_only).
   std::vector<TensorSpec> tensors() const override;
-  // y = x weight^T + bias (then max(y, 0) with a fused ReLU, OpTensors::relu); reads weight^T
-  // once prepared.
+  // y = x weight^T + bias (then max(y, 0) with a fused ReLU, OpTensors::relu); once prepared,
+  // the weight's buffer holds weight^T [in, out].
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
-  // weight^T from the weight (shaders/conv2d_forward_weight.comp with a block of one).
+  // Transposes the weight in its own buffer, through the scratch (shaders/conv2d_forward_weight.comp
+  // with a block of one, then a copy): an inference graph's weight is then weight^T, until the
+  // weights are loaded again (Network::prepare).
   void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
@@ -24,7 +26,6 @@ class Linear : public Op {
   double forward_flops() const override;
 
  private:
-  const Tensor& transposed_weight(const OpTensors& t) const { return *t.tensors[has_bias_ ? 2 : 1]; }
   int64_t out_features_, in_features_ = 0, batch_ = 0;
   bool has_bias_;
 };
