@@ -210,9 +210,8 @@ nlohmann::json linear_gflops(vk::Context& context, const std::string& name, uint
   return result;
 }
 
-// ViT-L/16's four linear layers at 197 tokens x batch 4.
-nlohmann::json vit_l_linear_gflops(vk::Context& context) {
-  constexpr uint32_t tokens = 197 * 4;
+// ViT-L/16's four linear layers over `tokens` rows (197 a tile).
+nlohmann::json vit_l_linear_gflops(vk::Context& context, uint32_t tokens) {
   nlohmann::json layers = nlohmann::json::array();
   for (auto [name, in, out] : {std::tuple{"qkv", 1024u, 3072u}, {"proj", 1024u, 1024u}, {"fc1", 1024u, 4096u},
                                {"fc2", 4096u, 1024u}})
@@ -230,6 +229,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "of --gemm's operands and result")->check(CLI::IsMember({"fp32", "fp16"}));
   bool only_linear = false;
   app.add_flag("--linear", only_linear, "time only ViT-L/16's linear layers, each layout and the op before and after prepare");
+  uint32_t tokens = 197 * 4;
+  app.add_option("--tokens", tokens, "--linear: rows of x (197 a tile; default a batch of 4)")->check(CLI::Range(1u, 1u << 16));
   bool as_gpu = false;
   app.add_flag("--as-gpu", as_gpu, "with the kernel variant and tiles this device would get were it a GPU");
   CLI11_PARSE(app, argc, argv);
@@ -251,7 +252,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (only_linear) {
-    nlohmann::json result = {{"device", context.info().name}, {"vit_l_linear_gflops", vit_l_linear_gflops(context)}};
+    nlohmann::json result = {{"device", context.info().name}, {"tokens", tokens},
+                             {"vit_l_linear_gflops", vit_l_linear_gflops(context, tokens)}};
     std::printf("%s\n", result.dump(2).c_str());
     return 0;
   }

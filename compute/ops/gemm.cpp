@@ -133,7 +133,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // Workgroups sweep the columns of one row block before the next (gemm.comp's COLUMNS_FIRST):
   // neighbouring workgroups share A's rows, a weight's panel that stays in cache, where rows
   // first streams all of A once per column block. ViT-L's linear layers with W^T, 788 tokens:
-  // 25 -> 37-47 GFLOPS on lavapipe (bench/README.md); the same for W as stored.
+  // 25 -> 37-47 GFLOPS on lavapipe (bench/README.md; W as stored: 25 either way).
   bool columns_first = column_blocks <= kMaxGroupsY;
   auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm, *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
                                       tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,

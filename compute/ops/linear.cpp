@@ -58,9 +58,9 @@ void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
        out = static_cast<uint32_t>(out_features_);
   // y^T [out, N] = weight [out, in] x^T [in, N]: rows are output features. The invocations of a
   // workgroup take neighbouring rows, so the weight read as stored puts their loads `in` floats
-  // apart, each in its own cache line; W^T puts them side by side (bench/README.md: ViT-L's
-  // linear layers 1.7-2x faster on lavapipe). Training reads the weight as stored: its
-  // transpose would cost a pass over the weight every step.
+  // apart, each in its own cache line; W^T puts them side by side (with gemm.comp's columns-first
+  // order, ViT-L's linear layers 1.4-1.8x faster on lavapipe: bench/README.md). Training reads the
+  // weight as stored: its transpose would cost a pass over the weight every step.
   MatrixView weight = t.prepared ? MatrixView{t.tensors[0], 1, out} : MatrixView{t.tensors[0], in, 1};
   record_gemm(recorder, kernels, out, batch, in, weight, {t.inputs[0], 1, in}, {t.output, 1, out}, false,
               has_bias_ ? t.tensors[1] : nullptr, t.relu);
