@@ -17,8 +17,8 @@ class Linear : public Op {
   // the weight's buffer holds weight^T [in, out].
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // Transposes the weight in its own buffer, through the scratch (shaders/conv2d_forward_weight.comp
-  // with a block of one, then a copy): an inference graph's weight is then weight^T, until the
-  // weights are loaded again (Network::prepare).
+  // with a block of one, then a copy): an inference graph's weight is then weight^T
+  // (Network::prepare runs it once).
   void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
