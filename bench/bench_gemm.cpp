@@ -3,7 +3,8 @@
 // of the forward and backward passes of convolutions from resnet18 and small-cnn. Each case
 // is recorded once into a Program and submitted repeatedly; the time is the mean over several
 // submits after a warm-up. `--gemm N [--precision fp16]` times only a row-major N^3 product
-// (fp16: operands and result in fp16, sums in fp32), as bench/gpu/ compares with PyTorch.
+// (fp16: operands and result in fp16, sums in fp32), as bench/gpu/ compares with PyTorch;
+// `--linear` only ViT-L/16's four linear layers, each way (linear_gflops).
 //
 // --as-gpu: with the kernel variant and tiles this device would get were it a GPU (its own
 // limits, device type discrete-gpu, subgroups of at least 32): on lavapipe, the shared-memory
@@ -15,9 +16,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +30,7 @@
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/gemm.h"
+#include "compute/ops/linear.h"
 #include "compute/vk/context.h"
 
 using namespace tessera;
@@ -159,6 +163,62 @@ nlohmann::json reduction_milliseconds(vk::Context& context, const Shape& input) 
   return result;
 }
 
+// A ViT-L/16 linear layer (UNI's shape) over `tokens` rows of x [tokens, in]: GFLOPS of the Linear
+// op itself in a one-layer inference graph, before Network::prepare (op_unprepared: W [out, in]
+// as stored, as training reads it) and after (op_prepared: W^T [in, out]), with its bias; then
+// the bare products (no bias): out_rows_nt, y^T = W x^T with W as stored; out_rows_tt, the same
+// with W^T; token_rows_nt, y = x W^T with rows of x across the invocations. Best of three
+// rounds that alternate them, wall and per CPU second of the process.
+nlohmann::json linear_gflops(vk::Context& context, const std::string& name, uint32_t tokens, uint32_t in,
+                             uint32_t out) {
+  auto linear = std::make_shared<Linear>(out, true);
+  Network graph(linear, {{"x", {tokens, in}, DType::f32, false}}, false);
+  graph.allocate(context);
+  graph.initialise(1);
+  Tensor x(context, "x", {tokens, in});
+  x.upload(std::vector<float>(static_cast<size_t>(tokens) * in, 0.5f));
+  const Tensor& weight = *graph.layers()[0].tensors[0];
+  const Tensor& y = graph.output();
+  auto& kernels = context.kernels();
+  double flops = linear->forward_flops();
+  nlohmann::json result{{"layer", name}, {"tokens", tokens}, {"in", in}, {"out", out}};
+  // Best of three rounds that alternate the variants, wall and per CPU second of the process.
+  std::vector<std::pair<std::string, std::function<void(vk::Recorder&)>>> variants;
+  OpTensors unprepared = graph.bindings(0, {{"x", &x}}, {}, false);
+  variants.emplace_back("op_unprepared", [&](vk::Recorder& r) { linear->forward(r, kernels, unprepared); });
+  graph.prepare(context);
+  OpTensors prepared = graph.bindings(0, {{"x", &x}}, {}, false);
+  variants.emplace_back("op_prepared", [&](vk::Recorder& r) { linear->forward(r, kernels, prepared); });
+  const Tensor& transposed = weight;  // prepared: W^T in the weight's own buffer
+  variants.emplace_back("out_rows_tt", [&](vk::Recorder& r) {
+    record_gemm(r, kernels, out, tokens, in, {&transposed, 1, out}, {&x, 1, in}, {&y, 1, out}, false);
+  });
+  // (The weight's buffer read as W [out, in]: other values, the same loads.)
+  variants.emplace_back("out_rows_nt", [&](vk::Recorder& r) {
+    record_gemm(r, kernels, out, tokens, in, {&weight, in, 1}, {&x, 1, in}, {&y, 1, out}, false);
+  });
+  variants.emplace_back("token_rows_nt", [&](vk::Recorder& r) {
+    record_gemm(r, kernels, tokens, out, in, {&x, in, 1}, {&weight, 1, in}, {&y, out, 1}, false);
+  });
+  for (int round = 0; round < 3; ++round)
+    for (auto& [key, record] : variants) {
+      double cpu_seconds = 0;
+      double wall = flops / seconds_per_run(context, record, 1, &cpu_seconds) / 1e9, cpu = flops / cpu_seconds / 1e9;
+      if (round == 0 || wall > result[key].get<double>()) result[key] = wall;
+      if (round == 0 || cpu > result[key + "_per_cpu_second"].get<double>()) result[key + "_per_cpu_second"] = cpu;
+    }
+  return result;
+}
+
+// ViT-L/16's four linear layers over `tokens` rows (197 a tile).
+nlohmann::json vit_l_linear_gflops(vk::Context& context, uint32_t tokens) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (auto [name, in, out] : {std::tuple{"qkv", 1024u, 3072u}, {"proj", 1024u, 1024u}, {"fc1", 1024u, 4096u},
+                               {"fc2", 4096u, 1024u}})
+    layers.push_back(linear_gflops(context, name, tokens, in, out));
+  return layers;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +227,10 @@ int main(int argc, char** argv) {
   std::string precision = "fp32";
   app.add_option("--gemm", only_gemm, "time only a row-major N x N x N product of random values");
   app.add_option("--precision", precision, "of --gemm's operands and result")->check(CLI::IsMember({"fp32", "fp16"}));
+  bool only_linear = false;
+  app.add_flag("--linear", only_linear, "time only ViT-L/16's linear layers, each layout and the op before and after prepare");
+  uint32_t tokens = 197 * 4;
+  app.add_option("--tokens", tokens, "--linear: rows of x (197 a tile; default a batch of 4)")->check(CLI::Range(1u, 1u << 16));
   bool as_gpu = false;
   app.add_flag("--as-gpu", as_gpu, "with the kernel variant and tiles this device would get were it a GPU");
   CLI11_PARSE(app, argc, argv);
@@ -185,6 +249,12 @@ int main(int argc, char** argv) {
                              {"n", only_gemm}, {"precision", precision}, {"tflops", gflops / 1e3},
                              {"gflops_per_cpu_second", per_cpu_second}};
     std::printf("%s\n", result.dump().c_str());
+    return 0;
+  }
+  if (only_linear) {
+    nlohmann::json result = {{"device", context.info().name}, {"tokens", tokens},
+                             {"vit_l_linear_gflops", vit_l_linear_gflops(context, tokens)}};
+    std::printf("%s\n", result.dump(2).c_str());
     return 0;
   }
   GemmTiles tiles = gemm_tiles(context.kernels().tile_target(), 1024);

@@ -338,6 +338,7 @@ GraphLayout Network::layout() const {
       std::string full = tensor_name(layer.name, spec);
       bool saved = spec.role == TensorRole::saved, prepared = spec.role == TensorRole::prepared;
       if ((saved || prepared) && reuse && fused[l].skipped) continue;
+      if (spec.inference_only && !reuse) continue;  // bound as nullptr, never read
       // Inference keeps what prepare() wrote for every pass; training rewrites it each forward.
       std::string category = in_checkpoint(spec.role) ? "parameters"
                              : prepared && reuse      ? "prepared weights"
@@ -432,6 +433,7 @@ void Network::initialise(uint32_t seed) {
 
 void Network::prepare(vk::Context& context) {
   if (with_gradients_) throw std::logic_error("only an inference network keeps prepared weights");
+  if (prepared_) throw std::logic_error("the network's weights are prepared already");
   vk::Program program(context);
   vk::Recorder recorder(context, program);
   Bound none;  // prepare() reads parameters only: the graph inputs stay unbound (nullptr)

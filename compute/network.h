@@ -113,8 +113,9 @@ class Network {
   // Parameters and state get PyTorch's default initialisation from the seed.
   void initialise(uint32_t seed);
   // Inference, once the weights are loaded: runs every op's prepare() (conv2d's blocked and
-  // batch-norm-scaled weight), which forward passes then read instead of redoing it. Weights
-  // loaded afterwards need another prepare().
+  // batch-norm-scaled weight), which forward passes then read instead of redoing it. Once only:
+  // linear layers transpose their weight in place, so the weights are no longer the checkpoint's
+  // (read them, as the weights digest does, before).
   void prepare(vk::Context& context);
 
   // Graph inputs by name, as a pass reads them.

@@ -42,6 +42,9 @@ struct TensorSpec {
   // Named without the layer's prefix: a parameter of the model itself rather than of a module
   // (timm's cls_token, reg_token and pos_embed).
   bool model_level = false;
+  // A tensor that only inference reads (linear's scratch for transposing its weight in
+  // prepare()): a training graph allocates none and binds nullptr in its place.
+  bool inference_only = false;
 };
 
 // A tensor's full name: "<layer>.<spec>", or the spec's name alone where it is model-level.

@@ -1,10 +1,12 @@
 #version 450
 // blocked[kb, o, u] = weight[o, kb * BLOCK + u] for weight [O, K = C*KH*KW] (zero past K):
-// the layout in which conv2d_forward reads its weight. Its neighbouring invocations take
-// neighbouring output channels o: in [O, K] they would load floats K apart, all in one cache
-// set where K is a power of two; blocked, they load floats BLOCK apart, and each cache line
-// serves BLOCK steps of k. FOLD: each row scaled by gamma[o] / sqrt(var[o] + eps), a batch
-// norm folded into the convolution (conv2d_forward.comp adds its shift).
+// the layout in which conv2d_forward reads its weight; with BLOCK 1, the transpose [K, O] that
+// an inference linear layer reads (compute/ops/gemm.h's record_blocked_weight). Its
+// neighbouring invocations take neighbouring output channels o: in [O, K] they would load
+// floats K apart, all in one cache set where K is a power of two; blocked, they load floats
+// BLOCK apart, and each cache line serves BLOCK steps of k. FOLD: each row scaled by
+// gamma[o] / sqrt(var[o] + eps), a batch norm folded into the convolution (conv2d_forward.comp
+// adds its shift).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint BLOCK = 16;  // Conv2d's kWeightBlock

@@ -11,6 +11,10 @@ layout(constant_id = 4) const bool SHARE_B = false;
 layout(constant_id = 5) const int K_UNROLL = 1;
 layout(constant_id = 6) const bool SHARE_K = false;
 layout(constant_id = 7) const bool RELU = false;
+// Workgroups x count column blocks and y row blocks (else x rows, y and z columns): lavapipe
+// runs workgroups x first, so neighbouring workgroups then share their A rows (a weight's
+// panel, kept in cache) and sweep the smaller B.
+layout(constant_id = 8) const bool COLUMNS_FIRST = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
 layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
@@ -33,8 +37,8 @@ void b_values(uint k, out float v[B_LOADS]) {
 }
 
 void main() {
-  uint m0 = gl_WorkGroupID.x * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
-  uint n0 = block_first_column();
+  uint m0 = (COLUMNS_FIRST ? gl_WorkGroupID.y : gl_WorkGroupID.x) * gl_WorkGroupSize.x * TM + gl_LocalInvocationID.x;
+  uint n0 = COLUMNS_FIRST ? gl_WorkGroupID.x * TN : block_first_column();
   for (int q = 0; q < B_LOADS; ++q) b_columns[q] = min(loaded_column(n0, q), p.N - 1) * p.b_n;
   accumulate_block(m0, p.M, 0, p.K);
   for (int i = 0; i < TM; ++i) {

@@ -2,6 +2,8 @@
 // the device: test::runnable_tile_targets) and central differences.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "compute/ops/linear.h"
 #include "tests/support/op_check.h"
 #include "tests/support/vulkan_environment.h"
@@ -31,6 +33,74 @@ TEST(Linear, ForwardMatchesCpu) {
       test::TileTargetScope scope(test::context(), target);
       test::expect_near(check.forward(), expected, 1e-4, "y");
     }
+}
+
+// y[n,o] = bias[o] + sum_i x[n,i] weight[o,i] in double, over every row of x.
+std::vector<float> cpu_forward(const test::OpCheck& check, int64_t in, int64_t out, bool bias) {
+  const auto& x = check.inputs[0];
+  const auto& weight = check.tensors[0];
+  int64_t rows = static_cast<int64_t>(x.size()) / in;
+  std::vector<float> y(static_cast<size_t>(rows * out));
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = bias ? check.tensors[1][static_cast<size_t>(o)] : 0.0;
+      for (int64_t i = 0; i < in; ++i)
+        sum += static_cast<double>(x[static_cast<size_t>(n * in + i)]) * weight[static_cast<size_t>(o * in + i)];
+      y[static_cast<size_t>(n * out + o)] = static_cast<float>(sum);
+    }
+  return y;
+}
+
+// Inference after Network::prepare reads weight^T [in, out] (transposed by conv2d's weight-blocking
+// kernel with a block of one): against the CPU at sizes that are no multiple of the register
+// tiles (8 lanes x 8 rows, 32 columns) or of the GPU's, in both activation types, 2-D and a
+// ViT's 3-D input; and the unprepared forward of the same check, as training runs it.
+TEST(Linear, PreparedForwardMatchesCpu) {
+  struct Prepared {
+    Shape input;
+    int64_t out;
+    bool bias;
+  };
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
+    for (DType activations : {DType::f32, DType::f16})
+      for (const Prepared& c : {Prepared{{3, 7}, 5, true}, Prepared{{1, 1}, 1, true}, Prepared{{17, 33}, 9, false},
+                                Prepared{{2, 13, 40}, 130, true}, Prepared{{1, 197, 72}, 67, true},
+                                Prepared{{66, 129}, 257, false}}) {
+        Linear linear(c.out, c.bias);
+        test::OpCheck check(test::context(), linear, {c.input}, 3, {}, {}, activations);
+        int64_t in = c.input.back();
+        auto expected = cpu_forward(check, in, c.out, c.bias);
+        SCOPED_TRACE(test::describe(target) + (activations == DType::f16 ? " fp16 " : " fp32 ") + to_string(c.input) +
+                     " -> " + std::to_string(c.out));
+        test::TileTargetScope scope(test::context(), target);
+        // Sums of up to 257 products of [-1, 1] values: float's rounding, relative to max(1, |y|).
+        double tolerance = activations == DType::f16 ? test::forward_tolerance(activations) : 1e-5 * std::sqrt(in);
+        test::expect_near(check.forward_prepared(), expected, tolerance, "prepared y");
+        test::expect_near(check.forward(), expected, tolerance, "unprepared y");
+      }
+}
+
+// Inference holds one copy of the weight: prepare() transposes it in its own buffer, through a
+// scratch that shares the activations' buffers; a training graph, whose forward reads the weight
+// as stored, allocates no scratch.
+TEST(Linear, WeightTransposedInPlaceOnlyInInference) {
+  auto linear = std::make_shared<Linear>(30, true);
+  Network inference(linear, {{"x", {5, 20}, DType::f32, false}}, false);
+  EXPECT_EQ(inference.layout().plan(test::context().allocator()).bytes.count("prepared weights"), 0u);
+  inference.allocate(test::context());
+  inference.initialise(3);
+  auto weight = inference.layers()[0].tensors[0]->download();
+  ASSERT_NE(inference.layers()[0].tensors[2], nullptr);
+  EXPECT_EQ(inference.layers()[0].tensors[2]->shape(), (Shape{20, 30}));
+  inference.prepare(test::context());
+  auto transposed = inference.layers()[0].tensors[0]->download();
+  ASSERT_EQ(transposed.size(), weight.size());
+  for (size_t i = 0; i < 20; ++i)
+    for (size_t o = 0; o < 30; ++o) ASSERT_EQ(transposed[i * 30 + o], weight[o * 20 + i]) << i << ", " << o;
+  EXPECT_THROW(inference.prepare(test::context()), std::logic_error);  // a second transpose would undo it
+  Network training(linear, {{"x", {5, 20}, DType::f32, true}}, true);
+  training.allocate(test::context());
+  EXPECT_EQ(training.layers()[0].tensors[2], nullptr);
 }
 
 TEST(Linear, BackwardMatchesCpu) {
@@ -79,8 +149,11 @@ TEST(Linear, InitialisesLikePyTorchAndReadsItsFields) {
   auto linear = make_op(LayerConfig({{"name", "fc"}, {"type", "linear"}, {"out_features", 10}}));
   EXPECT_EQ(linear->infer({{2, 16}}), (Shape{2, 10}));
   auto specs = linear->tensors();
-  ASSERT_EQ(specs.size(), 2u);
+  ASSERT_EQ(specs.size(), 3u);
   EXPECT_EQ(specs[0].shape, (Shape{10, 16}));
+  EXPECT_EQ(specs[2].shape, (Shape{16, 10}));
+  EXPECT_EQ(specs[2].role, TensorRole::saved);
+  EXPECT_TRUE(specs[2].inference_only);
   EXPECT_FLOAT_EQ(specs[0].init.scale, 0.25f);
   EXPECT_FLOAT_EQ(specs[1].init.scale, 0.25f);
   EXPECT_DOUBLE_EQ(linear->forward_flops(), 2.0 * 2 * 10 * 16);

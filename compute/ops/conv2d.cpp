@@ -129,19 +129,9 @@ const vk::Buffer& Conv2d::folded(const OpTensors& t, const Tensor* FoldedBatchNo
 void Conv2d::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const Conv2dShape& s = shape_;
   // The weight in the layout that the forward kernel reads, scaled by a folded batch norm.
-  const Tensor& blocked = *t.tensors[has_bias_ ? 2 : 1];
-  struct WeightPush {
-    uint32_t rows, columns, count;
-    float eps;
-  };
-  const FoldedBatchNorm* fold = t.folded_batch_norm;
-  WeightPush push{static_cast<uint32_t>(s.out_channels), static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w),
-                  static_cast<uint32_t>(blocked.count()), fold ? fold->eps : 0.0f};
-  recorder.dispatch_elements(
-      kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {static_cast<int32_t>(kElementwiseGroup), kWeightBlock, fold ? 1 : 0}),
-      {vk::reads(t.tensors[0]->buffer()), vk::writes(blocked.buffer()), vk::reads(folded(t, &FoldedBatchNorm::weight)),
-       vk::reads(folded(t, &FoldedBatchNorm::running_var))},
-      push, push.count, kElementwiseGroup);
+  record_blocked_weight(recorder, kernels, *t.tensors[0], *t.tensors[has_bias_ ? 2 : 1],
+                        static_cast<uint32_t>(s.out_channels),
+                        static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w), kWeightBlock, t.folded_batch_norm);
 }
 
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {

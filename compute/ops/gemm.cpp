@@ -1,6 +1,7 @@
 #include "compute/ops/gemm.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "compute/op.h"
@@ -126,18 +127,43 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
                     tiles.reduction_unroll == tiles.group;
+  uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);
+  uint32_t row_blocks = (M + rows_per_group - 1) / rows_per_group;
+  uint64_t column_blocks = (N + tiles.columns - 1) / tiles.columns;
+  // Workgroups sweep the columns of one row block before the next (gemm.comp's COLUMNS_FIRST):
+  // neighbouring workgroups share A's rows, a weight's panel that stays in cache, where rows
+  // first streams all of A once per column block. ViT-L's linear layers with W^T, 788 tokens:
+  // 25 -> 37-47 GFLOPS on lavapipe (bench/README.md; W as stored: 25 either way).
+  bool columns_first = column_blocks <= kMaxGroupsY;
   auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm, *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
                                       tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
-                                      share_rows ? 1 : 0, relu ? 1 : 0});
+                                      share_rows ? 1 : 0, relu ? 1 : 0, columns_first ? 1 : 0});
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                 accumulate ? 1u : 0u};
-  uint32_t rows_per_group = static_cast<uint32_t>(tiles.group * tiles.rows);
-  auto [groups_y, groups_z] = column_groups((N + tiles.columns - 1) / tiles.columns);
+  auto [groups_y, groups_z] = column_groups(column_blocks);
+  uint32_t groups_x = row_blocks;
+  if (columns_first) std::tie(groups_x, groups_y, groups_z) = std::tuple{static_cast<uint32_t>(column_blocks), row_blocks, 1u};
   recorder.dispatch(kernel,
                     // Without a bias its binding is unread: any float buffer stands in.
                     {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
                      accumulate ? updates(*c.tensor) : writes(*c.tensor)},
-                    push, (M + rows_per_group - 1) / rows_per_group, groups_y, groups_z);
+                    push, groups_x, groups_y, groups_z);
+}
+
+void record_blocked_weight(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& weight, const Tensor& blocked,
+                           uint32_t rows, uint32_t columns, int32_t block, const FoldedBatchNorm* fold) {
+  struct WeightPush {
+    uint32_t rows, columns, count;
+    float eps;
+  };
+  // Without a folded batch norm its bindings take the weight, which the kernel leaves unread.
+  const vk::Buffer& gamma = fold ? fold->weight->buffer() : weight.buffer();
+  const vk::Buffer& variance = fold ? fold->running_var->buffer() : weight.buffer();
+  WeightPush push{rows, columns, static_cast<uint32_t>(blocked.count()), fold ? fold->eps : 0.0f};
+  recorder.dispatch_elements(
+      kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {static_cast<int32_t>(kElementwiseGroup), block, fold ? 1 : 0}),
+      {vk::reads(weight.buffer()), vk::writes(blocked.buffer()), vk::reads(gamma), vk::reads(variance)}, push, push.count,
+      kElementwiseGroup);
 }
 
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,

@@ -71,6 +71,14 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
                  MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias = nullptr,
                  bool relu = false);
 
+struct FoldedBatchNorm;
+// blocked[kb, r, u] = weight[r, kb * block + u] for weight [rows, columns], zero past the columns
+// (shaders/conv2d_forward_weight.comp), each row scaled by gamma / sqrt(var + eps) of a folded
+// batch norm where `fold` is given: what conv2d's forward and, with a block of one (then the
+// transpose W^T [columns, rows]), an inference linear layer's read.
+void record_blocked_weight(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& weight, const Tensor& blocked,
+                           uint32_t rows, uint32_t columns, int32_t block, const FoldedBatchNorm* fold = nullptr);
+
 // dbias[o] += sum_{n,i} dy[n,o,i] for dy [batch, channels, pixels].
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,
                           const Tensor& dbias, uint32_t batch, uint32_t channels, uint32_t pixels);

@@ -10,10 +10,16 @@ class Linear : public Op {
   std::string type() const override { return "linear"; }
   // x [N, in] -> y [N, out]; x [N, T, in] -> y [N, T, out] (tokens: rows of the batch)
   Shape infer(const std::vector<Shape>& inputs) override;
-  // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch.
+  // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch; inference only, a
+  // scratch [in, out] for prepare() (training allocates none: TensorSpec::inference_only).
   std::vector<TensorSpec> tensors() const override;
-  // y = x weight^T + bias (then max(y, 0) with a fused ReLU, OpTensors::relu)
+  // y = x weight^T + bias (then max(y, 0) with a fused ReLU, OpTensors::relu); once prepared,
+  // the weight's buffer holds weight^T [in, out].
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // Transposes the weight in its own buffer, through the scratch (shaders/conv2d_forward_weight.comp
+  // with a block of one, then a copy): an inference graph's weight is then weight^T
+  // (Network::prepare runs it once).
+  void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   Fusions fusions() const override { return {.relu = true}; }

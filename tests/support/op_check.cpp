@@ -94,13 +94,23 @@ void OpCheck::upload() {
       input_tensors_[i]->upload(inputs[i]);
     }
   }
-  auto& layer = network_.layers()[0];
+  upload_parameters(network_);
+  uint32_t steps[2] = {step, 0};
+  step_->upload(steps, sizeof steps);
+}
+
+void OpCheck::upload_parameters(Network& network) const {
+  auto& layer = network.layers()[0];
   for (size_t s = 0; s < tensors.size(); ++s) {
     if (!in_checkpoint(specs[s].role)) continue;
     layer.tensors[s]->upload(tensors[s]);
   }
-  uint32_t steps[2] = {step, 0};
-  step_->upload(steps, sizeof steps);
+}
+
+Network::Bound OpCheck::bound_inputs() const {
+  Network::Bound bound;
+  for (size_t i = 0; i < input_tensors_.size(); ++i) bound["input" + std::to_string(i)] = input_tensors_[i].get();
+  return bound;
 }
 
 bool OpCheck::differentiable(size_t input) const { return input_gradients_[input]; }
@@ -108,8 +118,7 @@ bool OpCheck::differentiable(size_t input) const { return input_gradients_[input
 std::vector<float> OpCheck::tensor_after_run(size_t s) const { return network_.layers()[0].tensors[s]->download(); }
 
 void OpCheck::run(bool backward, bool accumulate) {
-  Network::Bound bound;
-  for (size_t i = 0; i < input_tensors_.size(); ++i) bound["input" + std::to_string(i)] = input_tensors_[i].get();
+  Network::Bound bound = bound_inputs();
   Network::Pass pass{training, seed_, step_.get(), sample_offset};
   vk::Program program(context_);
   {
@@ -130,6 +139,26 @@ std::vector<float> OpCheck::forward() {
   upload();
   run(false, false);
   return network_.output().download();
+}
+
+std::vector<float> OpCheck::forward_prepared() {
+  // The op in a graph of its own without gradients, as an inference job builds it, sharing the
+  // inputs and the parameters' values.
+  Network inference(network_.layers()[0].op,
+                    graph_inputs(input_shapes_, input_dtypes_, std::vector<bool>(input_shapes_.size(), false)), false);
+  inference.set_activation_dtype(network_.activation_dtype());
+  inference.allocate(context_);
+  upload();
+  upload_parameters(inference);
+  inference.prepare(context_);
+  vk::Program program(context_);
+  {
+    vk::Recorder recorder(context_, program);
+    inference.record_forward(recorder, context_.kernels(), bound_inputs(), {false, seed_, step_.get(), sample_offset});
+    recorder.finish();
+  }
+  program.run();
+  return inference.output().download();
 }
 
 std::vector<std::vector<float>> OpCheck::backward(const std::vector<float>& output_grad) {

@@ -38,6 +38,10 @@ class OpCheck {
 
   // Runs forward and returns the output.
   std::vector<float> forward();
+  // Runs forward as an inference job does once its weights are loaded: in a graph without
+  // gradients, after Network::prepare, so that the op reads its prepared tensors
+  // (TensorRole::prepared). Same inputs and parameters as forward().
+  std::vector<float> forward_prepared();
   // Runs forward then backward with this upstream gradient. Returns the gradient of every
   // input (empty where an input has none) followed by the gradient of every parameter.
   std::vector<std::vector<float>> backward(const std::vector<float>& output_grad);
@@ -54,6 +58,8 @@ class OpCheck {
 
  private:
   void upload();
+  void upload_parameters(Network& network) const;
+  Network::Bound bound_inputs() const;
   void run(bool backward, bool accumulate);
   bool differentiable(size_t input) const;
   // sum(output_grad * forward()), and sum |output_grad * forward()| (its rounding scale).
