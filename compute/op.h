@@ -42,6 +42,11 @@ struct TensorSpec {
   // Named without the layer's prefix: a parameter of the model itself rather than of a module
   // (timm's cls_token, reg_token and pos_embed).
   bool model_level = false;
+  // A large weight that every kernel reads through a texel view of its own type (GEMM operands,
+  // samplerBuffer reads): an inference network stores it in its weight type instead of `dtype`
+  // (Network::set_weight_dtype: fp16 halves a ViT's memory). Small tensors (biases, norms,
+  // layer-scale gammas, class and register tokens) stay float.
+  bool follows_weight_dtype = false;
 };
 
 // A tensor's full name: "<layer>.<spec>", or the spec's name alone where it is model-level.

@@ -146,15 +146,19 @@ std::vector<float> SafetensorsFile::read(const Entry& entry) const {
       std::memcpy(&values[i], &bits, 4);
     }
   }
-  refuse_non_finite(values, path_ + ": tensor '" + quoted_excerpt(entry.name) + "' (" + entry.dtype + ")");
+  refuse_non_finite(values, tensor_in(*this, entry));
   return values;
+}
+
+std::string tensor_in(const SafetensorsFile& file, const SafetensorsFile::Entry& entry) {
+  return file.path() + ": tensor '" + quoted_excerpt(entry.name) + "' (" + quoted_excerpt(entry.dtype) + ")";
 }
 
 namespace {
 
 // Each parameter and state tensor of `network` with the file's tensor of its name; throws
 // BadInput naming every missing, unexpected, misshapen or unreadable tensor.
-std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
+std::vector<std::pair<Network::Named, const SafetensorsFile::Entry*>> match_tensors(
     const SafetensorsFile& file, Network& network, const std::function<std::string(const std::string&)>& rename) {
   const std::string& path = file.path();
   std::map<std::string, const SafetensorsFile::Entry*> given;
@@ -168,7 +172,7 @@ std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
   auto shown = [](const SafetensorsFile::Entry& entry, const std::string& name) {
     return "'" + quoted_excerpt(entry.name) + "'" + (entry.name == name ? "" : " ('" + quoted_excerpt(name) + "')");
   };
-  std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> loads;
+  std::vector<std::pair<Network::Named, const SafetensorsFile::Entry*>> loads;
   std::map<std::string, bool> needed;
   for (auto& named : network.named_tensors()) {
     needed[named.name] = true;
@@ -185,7 +189,7 @@ std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
       problems.push_back("tensor " + shown(entry, named.name) + " has dtype " + quoted_excerpt(entry.dtype) +
                          " (tessera reads F32, F16, BF16)");
     else
-      loads.emplace_back(named.tensor, &entry);
+      loads.emplace_back(named, &entry);
   }
   for (auto& [name, entry] : given)
     if (!needed.count(name))
@@ -208,14 +212,20 @@ std::vector<std::pair<Tensor*, const SafetensorsFile::Entry*>> match_tensors(
 void load_safetensors(const std::string& path, Network& network,
                       const std::function<std::string(const std::string&)>& rename) {
   SafetensorsFile file(path);
-  for (auto& [tensor, entry] : match_tensors(file, network, rename)) tensor->upload(file.read(*entry));
+  // Read as the file holds them (F32, F16, BF16), converted once to the tensor's type.
+  for (auto& [named, entry] : match_tensors(file, network, rename))
+    upload_weights(*named.tensor, file.read(*entry), tensor_in(file, *entry));
 }
 
 uint64_t check_safetensors(const std::string& path, Network& network,
                            const std::function<std::string(const std::string&)>& rename) {
   SafetensorsFile file(path);
   uint64_t values = 0;
-  for (auto& match : match_tensors(file, network, rename)) values += file.read(*match.second).size();
+  for (auto& [named, entry] : match_tensors(file, network, rename)) {
+    std::vector<float> read = file.read(*entry);
+    refuse_unrepresentable(read, named.spec.dtype, tensor_in(file, *entry));
+    values += read.size();
+  }
   return values;
 }
 

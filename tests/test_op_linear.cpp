@@ -33,6 +33,42 @@ TEST(Linear, ForwardMatchesCpu) {
     }
 }
 
+// Inference with fp16 weights (--weights fp16): record_gemm reads the weight through its fp16
+// texels and sums in float, so against a double reference on the same fp16-rounded weights only
+// the sums' order differs (and, with fp16 activations, the output's one rounding). Sizes that are
+// no multiple of any tile, over one register block's 64 rows, and a ViT's [batch, tokens, in].
+TEST(Linear, ForwardWithFp16WeightsMatchesCpu) {
+  struct Tokens {
+    Shape input;
+    int64_t out;
+    bool bias;
+  };
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
+    for (DType activations : {DType::f32, DType::f16})
+      for (const Tokens& c : {Tokens{{3, 7}, 5, true}, Tokens{{17, 33}, 9, false}, Tokens{{64, 40}, 130, true},
+                              Tokens{{2, 261, 48}, 67, true}}) {
+        Linear linear(c.out, c.bias);
+        test::OpCheck check(test::context(), linear, {c.input}, 3, {}, {}, activations, DType::f16);
+        ASSERT_EQ(check.specs[0].dtype, DType::f16);
+        if (c.bias) {
+          ASSERT_EQ(check.specs[1].dtype, DType::f32) << "a bias stays float";
+        }
+        const int64_t in = c.input.back(), rows = element_count(c.input) / in;
+        for (float w : check.tensors[0]) ASSERT_EQ(w, from_half(to_half(std::vector<float>{w}))[0]);
+        std::vector<float> expected(static_cast<size_t>(rows * c.out));
+        for (int64_t n = 0; n < rows; ++n)
+          for (int64_t o = 0; o < c.out; ++o) {
+            double sum = c.bias ? check.tensors[1][o] : 0.0;
+            for (int64_t i = 0; i < in; ++i)
+              sum += static_cast<double>(check.inputs[0][n * in + i]) * check.tensors[0][o * in + i];
+            expected[n * c.out + o] = static_cast<float>(sum);
+          }
+        SCOPED_TRACE(test::describe(target) + (activations == DType::f16 ? ", fp16 activations" : ""));
+        test::TileTargetScope scope(test::context(), target);
+        test::expect_near(check.forward(), expected, activations == DType::f16 ? 1.0 / 1024 : 1e-4, "y");
+      }
+}
+
 TEST(Linear, BackwardMatchesCpu) {
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
     for (const Case& c : {Case{3, 7, 5, true}, Case{19, 33, 9, false}, Case{64, 40, 130, true}}) {

@@ -33,6 +33,7 @@ std::vector<TensorSpec> Linear::tensors() const {
   float bound = 1.0f / std::sqrt(static_cast<float>(in_features_));
   std::vector<TensorSpec> specs{{"weight", {out_features_, in_features_}, TensorRole::parameter, DType::f32,
                                  {Init::uniform, bound}}};
+  specs[0].follows_weight_dtype = true;  // read only by record_gemm, which takes fp16 operands
   if (has_bias_) specs.push_back({"bias", {out_features_}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
   return specs;
 }
