@@ -17,13 +17,14 @@ position embedding) stored on the device in fp16, converted once as they load (i
   above check the fp16 weights of every block.
 - --dry-run plans of uni2-h, virchow2, h-optimus-0 and prov-gigapath at batch 1 with fp16
   weights: parameters within 0.1% of 2 bytes a large weight and 4 a small one, counted here from
-  the presets as timm defines them; uni2-h and virchow2 fit lavapipe's 2 GiB heap. h-optimus-0 and prov-gigapath (1.13 billion weights: 2.1 GiB in 16
-  bits) cannot fit 2 GiB whatever the activations: their plans fit 2.5 GiB, and against 2 GiB
-  they are exit 3 naming the budget.
+  the presets as timm defines them; uni2-h and virchow2 fit lavapipe's 2 GiB heap. h-optimus-0
+  and prov-gigapath (1.13 billion weights: 2.1 GiB in 16 bits) cannot fit 2 GiB whatever the
+  activations: their plans fit 2.5 GiB, and against 2 GiB they are exit 3 naming the budget.
 - A NaN in a weight, and (with fp16 weights) one past 65504, is exit 5 naming the tensor; nothing
   is written to --out. Weights whose products pass 65504 run in fp32 activations (fp16 weights)
-  and, in fp16 activations, are exit 5 naming the tile and --precision fp32: no infinity written. --weights bf16 is exit 2 naming the flag and what runs instead;
-  --weights with --layer (a CNN) is exit 2.
+  and, in fp16 activations, are exit 5 naming the tile and --precision fp32: no infinity written.
+- `forward --weights fp16|fp32` gives the reference's outputs (1e-2, 1e-4). --weights bf16 is
+  exit 2 naming the flag and what runs instead; --weights without --encoder (a CNN) is exit 2.
 """
 import json
 import os
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import unittest
 
+import h5py
 import numpy as np
 import openslide
 import torch
@@ -126,7 +128,8 @@ class SixteenBitWeights(unittest.TestCase):
         runs = {}
         for stored in ("fp16", "fp32"):
             out = "virchow2-" + stored
-            args = ["--encoder", "virchow2", "--random-weights", "--precision", "fp16", "--batch", 2, "--weights", stored]
+            args = ["--encoder", "virchow2", "--random-weights", "--precision", "fp16", "--batch", 2,
+                    "--weights", stored]
             if stored == "fp32":  # 2.5 GB of fp32 weights: past lavapipe's 2 GiB heap
                 args += ["--device-memory-limit", "3GiB"]
             summary = summary_of(self.extract(out, *args))
@@ -215,6 +218,30 @@ class SixteenBitWeights(unittest.TestCase):
         self.assertIn("tiles: tile 0", result.stderr)
         self.assertIn("extract it with --precision fp32", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.path("loud-fp16"), "tiles.h5")))
+
+    def test_forward_with_fp16_weights(self):
+        weights = self.path("forward-f32.safetensors")
+        write_safetensors(weights, self.state, "F32")
+        images = torch.randn((2, 3, 224, 224), generator=torch.Generator().manual_seed(32))
+        inputs = self.path("images.h5")
+        with h5py.File(inputs, "w") as f:
+            f.create_dataset("x", data=images.numpy())
+        with torch.no_grad():
+            expected = self.reference(images.double()).numpy()
+        for stored, limit in (("fp16", 1e-2), ("fp32", 1e-4)):
+            outputs = self.path(f"logits-{stored}.h5")
+            result = run("forward", "--encoder", self.encoder, "--model", weights, "--input", inputs, "--output",
+                         outputs, "--weights", stored)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            self.assertEqual(summary_of(result)["weights"], stored)
+            with h5py.File(outputs, "r") as f:
+                error = relative_error(f["logits"][...].astype(np.float64), expected)
+            print(f"forward --weights {stored}: relative error {error:.3g}", file=sys.stderr)
+            self.assertLess(error, limit)
+        refused = run("forward", "--model", "resnet18", "--random-weights", "--input", inputs, "--output",
+                      self.path("cnn.h5"), "--weights", "fp16")
+        self.assertEqual(refused.returncode, EXIT_USAGE, refused.stderr[-2000:])
+        self.assertIn("--weights is for --encoder", refused.stderr)
 
     def test_flags(self):
         result = self.extract("bf16", "--encoder", self.encoder, "--random-weights", "--weights", "bf16",

@@ -99,7 +99,8 @@ CLI::Option* add_weights_flag(CLI::App& command, std::string& weights) {
       .add_option("--weights", weights,
                   "An encoder's weights on the device: fp16 (linear and convolution weights and position "
                   "embeddings in half the memory, converted once as they load; sums stay fp32) or fp32; default "
-                  "fp16 with --precision fp16, else fp32. A weight past fp16's 65504 is exit 5 naming it")
+                  "fp16 with --precision fp16, else fp32. A weight past fp16's 65504 is exit 5 naming it. bf16: "
+                  "exit 2, no kernel computes with it (bf16 files are read as they come either way)")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
 }
 
