@@ -28,6 +28,7 @@ position embedding) stored on the device in fp16, converted once as they load (i
 """
 import json
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -66,11 +67,11 @@ def weight_counts(preset):
 class SixteenBitWeights(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.directory = tempfile.TemporaryDirectory(prefix="tessera-weights16-")
-        cls.dir = cls.directory.name
+        cls.dir = tempfile.mkdtemp(prefix="tessera-weights16-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir)
         cls.encoder = cls.path("small-vit.json")
         with open(cls.encoder, "w") as f:
-            json.dump(SMALL, f)
+            f.write(json.dumps(SMALL))
         # Two tiles of a real slide at its own 0.499 um/px: the encoders' 0.5, nothing resized.
         with openslide.OpenSlide(CMU) as slide:
             cls.pixels = np.asarray(slide.read_region((600, 1200), 0, (448, 224)).convert("RGB"))
@@ -78,10 +79,6 @@ class SixteenBitWeights(unittest.TestCase):
         write_tiff(cls.slide, cls.pixels, 0.499)
         cls.reference = randomised(SMALL, seed=32)
         cls.state = {k: v.float() for k, v in cls.reference.state_dict().items()}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.directory.cleanup()
 
     @classmethod
     def path(cls, name):
