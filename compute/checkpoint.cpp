@@ -277,7 +277,7 @@ void load_tensors(const std::map<std::string, HostArray>& arrays, const std::map
       std::vector<uint32_t> words(it->second.values.begin(), it->second.values.end());
       tensor->upload(words.data(), words.size() * 4);
     } else {
-      tensor->upload(it->second.values);
+      upload_weights(*tensor, it->second.values, file + ": dataset " + group + "/" + name);
     }
   }
 }

@@ -262,6 +262,9 @@ void FeatureFileWriter::record_rows() {
 BadInput FeatureFileWriter::refusal(float value, int64_t column, const int64_t *coords) const {
   std::string what = format_number(static_cast<double>(value));
   if (std::isfinite(value)) what += ", past float16's largest value (65504): extract it with --precision fp32";
+  // An encoder under --precision fp16 runs in fp16 too: an activation past 65504 ends as this.
+  else if (fp16_) what += " (under --precision fp16 an encoder's activations are fp16, past 65504 infinite: "
+                          "extract it with --precision fp32)";
   return BadInput(slide_name_ + ": tile " + std::to_string(rows_) + " (level-0 x " + std::to_string(coords[0]) +
                   ", y " + std::to_string(coords[1]) + "): feature " + std::to_string(column) + " is " + what +
                   "; a feature file holds finite values only, so " + path_ + " is not written (the tiles before this "

@@ -66,6 +66,7 @@ std::unique_ptr<Network> build_network(const ResolvedModel& model, const Inferen
   }
   auto network = std::make_unique<Network>(graph, options.inputs, false, options.prologue);
   network->set_activation_dtype(options.activations);
+  network->set_weight_dtype(options.weights);
   if (layer.empty()) layer = network->layers().back().name;
   return network;
 } catch (const ModelError& e) {
@@ -108,13 +109,17 @@ WeightsCheck check_weights(const ResolvedModel& model, const InferenceOptions& o
   std::unique_ptr<Network> network = build_network(model, options, layer);
   WeightsCheck check{network->named_tensors().size(), 0, network->output_shape()};
   if (model.checkpoint) {
-    // read_checkpoint read every value and refused any that is not finite.
+    // read_checkpoint read every value and refused any that is not finite; fp16 weights must
+    // also lie within its range.
     std::map<std::string, Shape> needed;
     for (auto& named : network->named_tensors()) {
       needed[named.name] = named.spec.shape;
       check.values += static_cast<uint64_t>(element_count(named.spec.shape));
     }
     check_arrays_fit(model.checkpoint->params, needed, model.source, "params");
+    for (auto& named : network->named_tensors())
+      refuse_unrepresentable(model.checkpoint->params.at(named.name).values, named.spec.dtype,
+                             model.source + ": dataset params/" + named.name);
   } else if (!model.safetensors.empty()) {
     check.values = check_safetensors(model.safetensors, *network, timm_parameter_piece);
   }

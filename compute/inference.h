@@ -45,6 +45,10 @@ struct InferenceOptions {
   std::string layer;
   // Activations (outputs of layers that keep the type) f32, or f16.
   DType activations = DType::f32;
+  // The large weights (linear and convolution weights, position embeddings:
+  // TensorSpec::follows_weight_dtype) f32, or f16: converted once as they are loaded, half the
+  // memory, sums still float. Biases, norms and layer-scale gammas stay f32.
+  DType weights = DType::f32;
   // What to change when the plan does not fit the budget, for the message.
   std::string advice = "lower --batch, or raise --device-memory-limit";
   // Take the SHA-256 of the weights as loaded, before they are prepared (weights_digest()).
@@ -64,7 +68,7 @@ struct WeightsCheck {
 };
 
 // The weights of `model` checked on the host as Inference would load them: every name, shape
-// and dtype against the graph, every value read and finite. Nothing is allocated, on the device
+// and dtype against the graph, every value read, finite and (fp16 weights) within fp16's range. Nothing is allocated, on the device
 // or on disk (tessera doctor). Throws BadInput naming the file and the tensor, ModelError naming
 // a malformed description.
 WeightsCheck check_weights(const ResolvedModel& model, const InferenceOptions& options);

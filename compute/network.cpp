@@ -43,11 +43,11 @@ uint32_t name_hash(const std::string& name) {
 
 }  // namespace
 
-void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command) {
+void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command, const std::string& flag) {
   if (!device.fp16_storage)
-    throw UsageError(command + " --precision fp16: " + device.name +
-                     " cannot store 16-bit floats in storage buffers (no storageBuffer16BitAccess); use --precision "
-                     "fp32");
+    throw UsageError(command + " " + flag + " fp16: " + device.name +
+                     " cannot store 16-bit floats in storage buffers (no storageBuffer16BitAccess); use " + flag +
+                     " fp32");
 }
 
 nlohmann::json expand_presets(const nlohmann::json& description) {
@@ -401,6 +401,13 @@ const Tensor& Network::input_grad(const std::string& name) const {
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].name == name && input_grads_.size() > i && input_grads_[i]) return *input_grads_[i];
   throw std::logic_error("the graph computes no gradient of its input " + name);
+}
+
+void Network::set_weight_dtype(DType dtype) {
+  if (with_gradients_ && dtype != DType::f32) throw std::logic_error("a training network keeps float weights");
+  for (auto& layer : layers_)
+    for (auto& spec : layer.specs)
+      if (spec.follows_weight_dtype && layer.from_model) spec.dtype = dtype;
 }
 
 void Network::initialise(uint32_t seed) {

@@ -39,9 +39,10 @@ nlohmann::json check_model_description(const nlohmann::json& description, const 
 // for errors found where the graph is built for its input (shapes, sizes).
 ModelError model_error_of(const std::string& source, const ModelError& error);
 
-// Throws UsageError (exit 2) naming `command` where `--precision fp16` cannot run: the device
-// cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).
-void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command);
+// Throws UsageError (exit 2) naming `command` where `FLAG fp16` (--precision, --weights) cannot
+// run: the device cannot store 16-bit floats in storage buffers (storageBuffer16BitAccess).
+void require_fp16_storage(const vk::DeviceInfo& device, const std::string& command,
+                          const std::string& flag = "--precision");
 
 // A tensor the graph reads from outside, bound when a pass is recorded: the images, the
 // labels, a bag's features and its instance count.
@@ -105,6 +106,10 @@ class Network {
   // Op::output_dtype): f32, or f16 in mixed precision. Set before layout() and allocate().
   void set_activation_dtype(DType dtype) { activations_ = dtype; }
   DType activation_dtype() const { return activations_; }
+  // The type of the large weights (TensorSpec::follows_weight_dtype) of an inference network:
+  // f32, or f16 (converted once as they are loaded; sums stay float). Set before layout() and
+  // allocate(); a training network keeps float weights (std::logic_error).
+  void set_weight_dtype(DType dtype);
 
   // The walk that both the plan and allocate() follow.
   GraphLayout layout() const;

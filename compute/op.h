@@ -45,6 +45,11 @@ struct TensorSpec {
   // A tensor that only inference reads (linear's scratch for transposing its weight in
   // prepare()): a training graph allocates none and binds nullptr in its place.
   bool inference_only = false;
+  // A large weight that every kernel reads through a texel view of its own type (GEMM operands,
+  // samplerBuffer reads): an inference network stores it in its weight type instead of `dtype`
+  // (Network::set_weight_dtype: fp16 halves a ViT's memory). Small tensors (biases, norms,
+  // layer-scale gammas, class and register tokens) stay float.
+  bool follows_weight_dtype = false;
 };
 
 // A tensor's full name: "<layer>.<spec>", or the spec's name alone where it is model-level.

@@ -146,8 +146,12 @@ std::vector<float> SafetensorsFile::read(const Entry& entry) const {
       std::memcpy(&values[i], &bits, 4);
     }
   }
-  refuse_non_finite(values, path_ + ": tensor '" + quoted_excerpt(entry.name) + "' (" + entry.dtype + ")");
+  refuse_non_finite(values, tensor_in(*this, entry));
   return values;
+}
+
+std::string tensor_in(const SafetensorsFile& file, const SafetensorsFile::Entry& entry) {
+  return file.path() + ": tensor '" + quoted_excerpt(entry.name) + "' (" + quoted_excerpt(entry.dtype) + ")";
 }
 
 namespace {
@@ -157,8 +161,8 @@ using Pieces = std::vector<const SafetensorsFile::Entry*>;
 
 // Each parameter and state tensor of `network` with the file's tensors of its name; throws
 // BadInput naming every missing, unexpected, misshapen or unreadable tensor.
-std::vector<std::pair<Tensor*, Pieces>> match_tensors(const SafetensorsFile& file, Network& network,
-                                                       const ParameterRename& rename) {
+std::vector<std::pair<Network::Named, Pieces>> match_tensors(const SafetensorsFile& file, Network& network,
+                                                              const ParameterRename& rename) {
   const std::string& path = file.path();
   std::map<std::string, Pieces> given;
   std::vector<std::string> problems;
@@ -177,7 +181,7 @@ std::vector<std::pair<Tensor*, Pieces>> match_tensors(const SafetensorsFile& fil
   auto shown = [](const SafetensorsFile::Entry& entry, const std::string& name) {
     return "'" + quoted_excerpt(entry.name) + "'" + (entry.name == name ? "" : " ('" + quoted_excerpt(name) + "')");
   };
-  std::vector<std::pair<Tensor*, Pieces>> loads;
+  std::vector<std::pair<Network::Named, Pieces>> loads;
   std::map<std::string, bool> needed;
   for (auto& named : network.named_tensors()) {
     needed[named.name] = true;
@@ -207,7 +211,7 @@ std::vector<std::pair<Tensor*, Pieces>> match_tensors(const SafetensorsFile& fil
         problems.push_back("tensor " + shown(*entry, named.name) + " has dtype " + quoted_excerpt(entry->dtype) +
                            " (tessera reads F32, F16, BF16)");
     }
-    if (problems.size() == problems_before) loads.emplace_back(named.tensor, pieces);
+    if (problems.size() == problems_before) loads.emplace_back(named, pieces);
   }
   for (auto& [name, pieces] : given)
     if (!needed.count(name))
@@ -237,17 +241,31 @@ std::vector<float> read_pieces(const SafetensorsFile& file, const Pieces& pieces
   return values;
 }
 
+// How messages name a tensor of the file, or the pieces joined into one.
+std::string pieces_in(const SafetensorsFile& file, const Pieces& pieces) {
+  if (pieces.size() == 1) return tensor_in(file, *pieces[0]);
+  std::string names;
+  for (const SafetensorsFile::Entry* entry : pieces) names += (names.empty() ? "'" : ", '") + quoted_excerpt(entry->name) + "'";
+  return file.path() + ": tensors " + names + " joined (" + quoted_excerpt(pieces[0]->dtype) + ")";
+}
+
 }  // namespace
 
 void load_safetensors(const std::string& path, Network& network, const ParameterRename& rename) {
   SafetensorsFile file(path);
-  for (auto& [tensor, pieces] : match_tensors(file, network, rename)) tensor->upload(read_pieces(file, pieces));
+  // Read as the file holds them (F32, F16, BF16), converted once to the tensor's type.
+  for (auto& [named, pieces] : match_tensors(file, network, rename))
+    upload_weights(*named.tensor, read_pieces(file, pieces), pieces_in(file, pieces));
 }
 
 uint64_t check_safetensors(const std::string& path, Network& network, const ParameterRename& rename) {
   SafetensorsFile file(path);
   uint64_t values = 0;
-  for (auto& match : match_tensors(file, network, rename)) values += read_pieces(file, match.second).size();
+  for (auto& [named, pieces] : match_tensors(file, network, rename)) {
+    std::vector<float> read = read_pieces(file, pieces);
+    refuse_unrepresentable(read, named.spec.dtype, pieces_in(file, pieces));
+    values += read.size();
+  }
   return values;
 }
 

@@ -43,8 +43,12 @@ struct ParameterPiece {
 };
 using ParameterRename = std::function<ParameterPiece(const std::string&)>;
 
+// "FILE: tensor 'NAME' (DTYPE)", as messages name a tensor of the file.
+std::string tensor_in(const SafetensorsFile& file, const SafetensorsFile::Entry& entry);
+
 // Loads every parameter and state tensor of `network` from the .safetensors file at `path`,
-// its names mapped through `rename` (a publisher's to timm's: compute/vit.h). All names,
+// its names mapped through `rename` (a publisher's to timm's: compute/vit.h), each converted
+// once to its tensor's type (fp16 weights: one past 65504 is refused by name). All names,
 // shapes and dtypes are checked before any value is read; every missing, unexpected,
 // misshapen or unreadable tensor is named in one BadInput (exit 5), and nothing is loaded.
 void load_safetensors(const std::string& path, Network& network, const ParameterRename& rename);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/units.h"
 #include "compute/vk/context.h"
 #include "compute/vk/recorder.h"
 
@@ -126,6 +127,30 @@ void refuse_non_finite(std::span<const float> values, const std::string& what) {
   const float value = values[*bad];
   throw BadInput(what + " holds " + (std::isnan(value) ? "NaN" : value > 0 ? "+Inf" : "-Inf") + " at index " +
                  std::to_string(*bad) + " (of " + std::to_string(values.size()) + ", in row-major order)");
+}
+
+namespace {
+// The values in fp16, refusing (BadInput) one that fp16 would hold as an infinity.
+std::vector<uint16_t> halves_of_weights(std::span<const float> values, const std::string& what) {
+  std::vector<uint16_t> halves = to_half(values);
+  if (std::optional<size_t> bad = first_non_finite(values, halves))
+    throw BadInput(what + " holds " + format_number(values[*bad]) + " at index " + std::to_string(*bad) + " (of " +
+                   std::to_string(values.size()) + ", in row-major order), past fp16's largest value 65504: " +
+                   "--weights fp16 cannot hold it (give --weights fp32)");
+  return halves;
+}
+}  // namespace
+
+void refuse_unrepresentable(std::span<const float> values, DType dtype, const std::string& what) {
+  refuse_non_finite(values, what);
+  if (dtype == DType::f16) halves_of_weights(values, what);
+}
+
+void upload_weights(const Tensor& tensor, std::span<const float> values, const std::string& what) {
+  refuse_non_finite(values, what);
+  if (tensor.dtype() != DType::f16) return tensor.upload(values);
+  std::vector<uint16_t> halves = halves_of_weights(values, what);
+  tensor.upload(halves.data(), halves.size() * sizeof(uint16_t));
 }
 
 }  // namespace tessera

@@ -31,6 +31,9 @@ struct ExtractOptions {
   int workers = 1;             // threads reading, decoding and resizing tiles (over all devices)
   uint64_t memory_budget = 0;  // --device-memory-limit per device (0: what the device reports)
   bool fp16 = false, gzip = false;
+  // --weights fp16 (encoders only): their large weights stored on the device in fp16
+  // (compute/inference.h, InferenceOptions::weights).
+  bool fp16_weights = false;
   bool overwrite = false;    // --overwrite: replace feature files that hold something else
   bool skip_errors = false;  // a slide that cannot be read is reported and the run goes on
   data::TilerOptions tiler;  // the grid and tissue detection of --slides

@@ -18,6 +18,7 @@ InferenceOptions extraction_inference(const ExtractOptions &options, const Extra
                                      : nlohmann::json::array({{{"name", "input"}, {"type", "input_normalize"}, {"inputs", {"images"}}}});
   inference.layer = options.layer;
   if (model.encoder && options.fp16) inference.activations = DType::f16;
+  if (model.encoder && options.fp16_weights) inference.weights = DType::f16;
   inference.advice = "lower --batch, or raise --device-memory-limit";
   inference.weights_digest = true;
   return inference;
@@ -155,6 +156,7 @@ void print_extraction_plans(const ExtractOptions &options, const std::vector<Ext
                             {"models", names},
                             {"requested_batch", options.batch},
                             {"precision", options.fp16 ? "fp16" : "fp32"},
+                            {"weights", options.fp16_weights ? "fp16" : "fp32"},
                             {"devices", reports}};
   print_result(summary, extraction_plan_text(summary));
   for (size_t k = 0; k < contexts.size(); ++k)

@@ -11,7 +11,8 @@ Extractor::Extractor(const ExtractOptions &options, const ExtractModel &model, v
                      nlohmann::json chosen)
     : options_(options), model_(model), context_(context),
       inference_options_(extraction_inference(options, model)), chosen_(std::move(chosen)) {
-  if (inference_options_.activations == DType::f16) require_fp16_storage(context_.info(), "extract --precision fp16");
+  if (inference_options_.activations == DType::f16) require_fp16_storage(context_.info(), "extract");
+  if (inference_options_.weights == DType::f16) require_fp16_storage(context_.info(), "extract", "--weights");
   inference_options_.inputs[0].shape[0] = batch;
   batch_ = capped_batch(model.resolved, inference_options_, context_.info(), batch, capped_);
   inference_options_.inputs[0].shape[0] = batch_;
@@ -35,6 +36,8 @@ void Extractor::load() {
                  {"pooling", out.size() > 2 ? "global_average" : "none"},
                  {"precision", options_.fp16 ? "fp16" : "fp32"},
                  {"tile_size", model_.input_size}};
+  // Files made with float weights keep the identity they always had.
+  if (inference_options_.weights == DType::f16) extraction_["weight_precision"] = "fp16";
   if (model_.encoder) extraction_.update(model_.encoder->describe());
   if (model_.channels != 3) extraction_["channels"] = model_.channels;  // RGB files keep the settings they always had
 }

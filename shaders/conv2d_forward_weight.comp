@@ -12,7 +12,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint BLOCK = 16;  // Conv2d's kWeightBlock
 layout(constant_id = 2) const bool FOLD = false;
 layout(binding = 0) uniform samplerBuffer weight;
-layout(std430, binding = 1) writeonly buffer Blocked { float blocked[]; };
+layout(std430, binding = 1) writeonly buffer Blocked { ACT blocked[]; };  // float, or fp16 weights' type
 layout(std430, binding = 2) readonly buffer Gamma { float gamma[]; };     // unread without FOLD
 layout(std430, binding = 3) readonly buffer Var { float running_var[]; };  // unread without FOLD
 layout(push_constant) uniform Push { uint rows, columns, count; float eps; } p;  // O, K, O * ceil(K / BLOCK) * BLOCK
@@ -21,5 +21,5 @@ void main() {
   if (i >= p.count) return;
   uint u = i % BLOCK, o = i / BLOCK % p.rows, k = i / (BLOCK * p.rows) * BLOCK + u;
   float scale = FOLD ? gamma[o] * inversesqrt(running_var[o] + p.eps) : 1.0;
-  blocked[i] = k < p.columns ? texelFetch(weight, int(o * p.columns + k)).x * scale : 0.0;
+  blocked[i] = ACT(k < p.columns ? texelFetch(weight, int(o * p.columns + k)).x * scale : 0.0);
 }

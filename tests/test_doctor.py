@@ -7,7 +7,8 @@
   exit 1, the VK_LOADER_DEBUG=all hint, and the formats still checked.
 - --model/--encoder: a small ViT's weights load (tensors and values counted by PyTorch) and its
   plan fits; a truncated file, a file missing a tensor and a plan over the budget are exit 1
-  naming the problem and its fix.
+  naming the problem and its fix; with --weights fp16 (--precision fp16's default) a weight past
+  65504 is named, and the plan counts the large weights in 2 bytes.
 - --out: a missing folder's free space is its parent's (os.statvfs); a path under a file fails.
 - readable ok/FAIL lines on a terminal (pty), JSON lines through a pipe.
 - --version: `git describe --tags --always --dirty` and the commit, and cmake/version.cmake's
@@ -295,6 +296,29 @@ def test_weights_that_do_not_fit_or_are_broken_are_exit_1(small_vit):
     code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--device-memory-limit", "1MiB",
                               "--batch", 2 * batch)
     assert code == 1 and not of(records, "plan")[0]["fits"]
+
+
+def test_fp16_weights_are_checked_in_fp16s_range_and_planned_in_16_bits(small_vit):
+    folder, encoder = small_vit["folder"], small_vit["encoder"]
+    state = dict(small_vit["state"])
+    name = "blocks.0.attn.qkv.weight"
+    state[name] = state[name].clone()
+    state[name][0, 2] = 7e4  # a float, not a half: past fp16's 65504
+    big = folder / "big.safetensors"
+    small_vit["write"](str(big), state)
+    code, records, _ = doctor("--model", big, "--encoder", encoder, "--weights", "fp16")
+    assert code == 1
+    weights = of(records, "weights")[0]
+    assert weights["exit_code"] == 5 and f"tensor '{name}'" in weights["message"] and "65504" in weights["message"]
+    code, records, _ = doctor("--model", big, "--encoder", encoder, "--weights", "fp32", "--batch", 1)
+    assert code == 0 and of(records, "weights")[0]["weights"] == "fp32"
+    fp32 = of(records, "plan")[0]["plan"]["bytes"]["parameters"]
+    # --precision fp16 stores the weights in fp16 unless --weights says otherwise.
+    code, records, _ = doctor("--model", small_vit["weights"], "--encoder", encoder, "--precision", "fp16",
+                              "--batch", 1)
+    assert code == 0 and of(records, "weights")[0]["weights"] == "fp16"
+    fp16 = of(records, "plan")[0]["plan"]["bytes"]["parameters"]
+    assert 0.5 * fp32 < fp16 < 0.6 * fp32  # biases, norms, gammas and tokens stay fp32
 
 
 def test_model_without_encoder_is_a_bad_flag(small_vit):

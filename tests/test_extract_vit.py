@@ -69,6 +69,15 @@ def write_tiff(path, pixels, mpp):
     tifffile.imwrite(path, pixels, tile=(256, 256), photometric="rgb", **resolution)
 
 
+def reference_features(model, tiles):
+    """The reference's features of uint8 RGB tiles [N,224,224,3], normalised SMALL's way."""
+    x = torch.from_numpy(np.stack(tiles)).permute(0, 3, 1, 2).double() / 255
+    mean = torch.tensor(H_OPTIMUS["mean"], dtype=torch.float64).view(1, 3, 1, 1)
+    std = torch.tensor(H_OPTIMUS["std"], dtype=torch.float64).view(1, 3, 1, 1)
+    with torch.no_grad():
+        return model((x - mean) / std).numpy()
+
+
 class EncoderExtraction(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -97,12 +106,7 @@ class EncoderExtraction(unittest.TestCase):
         return os.path.join(cls.dir, name)
 
     def expected(self, tiles):
-        """The reference's features of uint8 RGB tiles [N,224,224,3], normalised its way."""
-        x = torch.from_numpy(np.stack(tiles)).permute(0, 3, 1, 2).double() / 255
-        mean = torch.tensor(H_OPTIMUS["mean"], dtype=torch.float64).view(1, 3, 1, 1)
-        std = torch.tensor(H_OPTIMUS["std"], dtype=torch.float64).view(1, 3, 1, 1)
-        with torch.no_grad():
-            return self.reference((x - mean) / std).numpy()
+        return reference_features(self.reference, tiles)
 
     def extract(self, out, *args):
         result = run("extract", "--encoder", self.encoder, "--model", self.weights, "--out", self.path(out),

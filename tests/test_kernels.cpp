@@ -37,7 +37,7 @@ std::string error_of(const std::function<void()>& make) {
 
 TEST(Kernels, APipelineMadeForThePushBlockItDeclares) {
   auto& kernels = test::context().kernels();
-  auto pipeline = kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, kWeightConstants);
+  auto pipeline = kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight.f32, kWeightConstants);
   EXPECT_EQ(pipeline.kernel().push_bytes, sizeof(WeightPush));
   EXPECT_EQ(pipeline.kernel().name, "conv2d_forward_weight");
   // A kernel without push constants.
@@ -49,24 +49,24 @@ TEST(Kernels, APushBlockOfAnotherSizeIsAnErrorNamingTheKernel) {
   struct Short {
     uint32_t rows, columns, count;  // eps forgotten
   };
-  std::string message = error_of([&] { kernels.get<Short>(vk::kernel::conv2d_forward_weight, kWeightConstants); });
+  std::string message = error_of([&] { kernels.get<Short>(vk::kernel::conv2d_forward_weight.f32, kWeightConstants); });
   EXPECT_NE(message.find("conv2d_forward_weight"), std::string::npos) << message;
   EXPECT_NE(message.find("16 bytes"), std::string::npos) << message;
   EXPECT_NE(message.find("made for 12"), std::string::npos) << message;
   // Once the right pipeline exists, a caller with the wrong struct is refused all the same.
-  kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, kWeightConstants);
-  EXPECT_THROW(kernels.get<Short>(vk::kernel::conv2d_forward_weight, kWeightConstants), Error);
+  kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight.f32, kWeightConstants);
+  EXPECT_THROW(kernels.get<Short>(vk::kernel::conv2d_forward_weight.f32, kWeightConstants), Error);
   // Push constants where the kernel declares none, and none where it declares them.
   EXPECT_THROW(kernels.get<WeightPush>(vk::kernel::optimizer_step), Error);
-  EXPECT_THROW(kernels.get(vk::kernel::conv2d_forward_weight, kWeightConstants), Error);
+  EXPECT_THROW(kernels.get(vk::kernel::conv2d_forward_weight.f32, kWeightConstants), Error);
 }
 
 TEST(Kernels, AnotherNumberOfSpecializationConstantsIsAnErrorNamingTheKernel) {
   auto& kernels = test::context().kernels();
-  std::string message = error_of([&] { kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {256, 16}); });
+  std::string message = error_of([&] { kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight.f32, {256, 16}); });
   EXPECT_NE(message.find("conv2d_forward_weight"), std::string::npos) << message;
   EXPECT_NE(message.find("reads 3 specialization constants"), std::string::npos) << message;
-  EXPECT_THROW(kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {256, 16, 0, 1}), Error);
+  EXPECT_THROW(kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight.f32, {256, 16, 0, 1}), Error);
   EXPECT_EQ(test::context().validation_messages(), 0u);
 }
 

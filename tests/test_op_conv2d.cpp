@@ -53,9 +53,11 @@ double tolerance(DType activations, double scale = 1) {
   return (activations == DType::f16 ? 1.0 / 1024 : 1e-4) * scale;
 }
 
-void expect_forward_matches(const Case& c, DType activations = DType::f32, double scale = 1) {
+void expect_forward_matches(const Case& c, DType activations = DType::f32, double scale = 1,
+                            DType weights = DType::f32) {
   Conv2d conv = make(c);
-  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}}, 1, {}, {}, activations);
+  test::OpCheck check(test::context(), conv, {{c.batch, c.channels, c.height, c.width}}, 1, {}, {}, activations,
+                      weights);
   test::expect_near(check.forward(), cpu_forward(c, check), tolerance(activations, scale), "y");
 }
 
@@ -106,6 +108,19 @@ TEST(Conv2d, ForwardMatchesCpu) {
     for (const Case& c : {k3_same, k3_stride2, k1_no_bias, k7_stride2, k2x3_stride3, k5_valid, k3_wide, k3_many_channels,
                           k3_blocks})
       expect_forward_matches(c);
+  }
+}
+
+// Inference with fp16 weights (--weights fp16: a ViT's patch embedding): prepare() reads the
+// weight through its fp16 texels into the float blocked copy; the reference takes the same
+// fp16-rounded weights, so what differs is the sums' order alone (and fp16 activations' rounding).
+TEST(Conv2d, ForwardWithFp16WeightsMatchesCpu) {
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context())) {
+    SCOPED_TRACE(test::describe(target));
+    test::TileTargetScope scope(test::context(), target);
+    for (DType activations : {DType::f32, DType::f16})
+      for (const Case& c : {k3_stride2, k1_no_bias, k2x3_stride3, k3_many_channels})
+        expect_forward_matches(c, activations, 1, DType::f16);
   }
 }
 

@@ -103,6 +103,37 @@ TEST(Linear, WeightTransposedInPlaceOnlyInInference) {
   EXPECT_EQ(training.layers()[0].tensors[2], nullptr);
 }
 
+// Inference with fp16 weights (--weights fp16): record_gemm reads the weight through its fp16
+// texels and sums in float, so against a double reference on the same fp16-rounded weights only
+// the sums' order differs (and, with fp16 activations, the output's one rounding). Sizes that are
+// no multiple of any tile, over one register block's 64 rows, and a ViT's [batch, tokens, in];
+// as stored and, after prepare(), transposed in fp16.
+TEST(Linear, ForwardWithFp16WeightsMatchesCpu) {
+  struct Tokens {
+    Shape input;
+    int64_t out;
+    bool bias;
+  };
+  for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
+    for (DType activations : {DType::f32, DType::f16})
+      for (const Tokens& c : {Tokens{{3, 7}, 5, true}, Tokens{{17, 33}, 9, false}, Tokens{{64, 40}, 130, true},
+                              Tokens{{2, 261, 48}, 67, true}}) {
+        Linear linear(c.out, c.bias);
+        test::OpCheck check(test::context(), linear, {c.input}, 3, {}, {}, activations, DType::f16);
+        ASSERT_EQ(check.specs[0].dtype, DType::f16);
+        if (c.bias) {
+          ASSERT_EQ(check.specs[1].dtype, DType::f32) << "a bias stays float";
+        }
+        for (float w : check.tensors[0]) ASSERT_EQ(w, from_half(to_half(std::vector<float>{w}))[0]);
+        auto expected = cpu_forward(check, c.input.back(), c.out, c.bias);
+        SCOPED_TRACE(test::describe(target) + (activations == DType::f16 ? ", fp16 activations" : ""));
+        test::TileTargetScope scope(test::context(), target);
+        double tolerance = activations == DType::f16 ? 1.0 / 1024 : 1e-4;
+        test::expect_near(check.forward(), expected, tolerance, "y");
+        test::expect_near(check.forward_prepared(), expected, tolerance, "prepared y");
+      }
+}
+
 TEST(Linear, BackwardMatchesCpu) {
   for (const vk::TileTarget& target : test::runnable_tile_targets(test::context()))
     for (const Case& c : {Case{3, 7, 5, true}, Case{19, 33, 9, false}, Case{64, 40, 130, true}}) {

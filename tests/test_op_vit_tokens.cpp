@@ -94,11 +94,11 @@ struct Case {
   VitTokens::Resample resample = VitTokens::Resample::timm_antialiased;
 };
 
-void expect_tokens_match(const Case& c, DType activations) {
+void expect_tokens_match(const Case& c, DType activations, DType weights = DType::f32) {
   const int64_t batch = 2, width = 7, prefix = (c.class_token ? 1 : 0) + c.registers;
   const int64_t patches = c.input[0] * c.input[1], tokens = prefix + patches;
   VitTokens op(c.class_token, c.registers, c.position, c.learned, c.resample);
-  test::OpCheck check(test::context(), op, {{batch, width, c.input[0], c.input[1]}}, 21, {}, {}, activations);
+  test::OpCheck check(test::context(), op, {{batch, width, c.input[0], c.input[1]}}, 21, {}, {}, activations, weights);
   ASSERT_EQ(check.output_shape, (Shape{batch, tokens, width}));
   size_t next = 0;
   const std::vector<float>* cls = c.class_token ? &check.tensors[next++] : nullptr;
@@ -108,6 +108,7 @@ void expect_tokens_match(const Case& c, DType activations) {
   if (c.position != Position::none) {
     ASSERT_EQ(check.specs[next].name, "pos_embed");
     ASSERT_EQ(check.specs[next].shape, (Shape{1, covered + c.learned[0] * c.learned[1], width}));
+    ASSERT_EQ(check.specs[next].dtype, weights);
     position = resample(check.tensors[next], covered, width, c.learned, c.input, c.resample);
   }
   const auto& x = check.inputs[0];
@@ -179,6 +180,21 @@ TEST(VitTokens, ResamplesThePositionEmbeddingByScaleFactorAsDino) {
       SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
                    std::to_string(c.input[1]));
       expect_tokens_match(c, activations);
+    }
+}
+
+// --weights fp16: the position embedding stored fp16 (read as it is, and resampled), the class
+// and register tokens float; the reference takes the same fp16-rounded embedding.
+TEST(VitTokens, Fp16PositionEmbeddingMatchesCpu) {
+  for (DType activations : {DType::f32, DType::f16})
+    for (const Case& c : {
+             Case{true, 4, Position::tokens, {16, 16}, {16, 16}},
+             Case{true, 4, Position::patches, {16, 16}, {9, 12}},
+             Case{true, 0, Position::tokens, {14, 14}, {15, 13}},
+         }) {
+      SCOPED_TRACE((activations == DType::f16 ? "fp16, " : "fp32, ") + std::to_string(c.input[0]) + "x" +
+                   std::to_string(c.input[1]));
+      expect_tokens_match(c, activations, DType::f16);
     }
 }
 

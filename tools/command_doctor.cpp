@@ -28,6 +28,7 @@
 #include "jobs/extract_inputs.h"
 #include "jobs/extract_plan.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace tessera::cli {
 
@@ -332,10 +333,12 @@ void check_model(Findings& findings, ExtractOptions options, bool have_device) {
     const int64_t features = weights.output.empty() ? 0 : weights.output.back();
     findings.add("weights", Mark::ok,
                  subject + ": " + std::to_string(weights.tensors) + " tensors, " + std::to_string(weights.values) +
-                     " values, every name and shape as the model needs and every value finite; " +
+                     " values, every name and shape as the model needs and every value finite" +
+                     (options.fp16_weights ? " and within fp16's range (--weights fp16)" : "") + "; " +
                      std::to_string(features) + " features a tile",
                  {{"model", options.models.front()}, {"encoder", encoder}, {"tensors", weights.tensors},
-                  {"values", weights.values}, {"features", features}});
+                  {"values", weights.values}, {"features", features},
+                  {"weights", options.fp16_weights ? "fp16" : "fp32"}});
   } catch (const Error& e) {
     findings.add("weights", Mark::fail, subject + ": " + e.what(),
                  {{"model", options.models.front()}, {"encoder", encoder}, {"exit_code", static_cast<int>(e.code())}},
@@ -384,17 +387,20 @@ void add_doctor_command(CLI::App& app) {
   command->add_option("--precision", *precision, "fp32 or fp16, as extract's --precision")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
+  auto weights = std::make_shared<std::string>();
+  add_weights_flag(*command, *weights);
   command->add_option("--device", options->device, "Vulkan device index of the plan (default: the default device)");
   command->add_option("--device-memory-limit", *memory_limit, "Device memory budget of the plan, e.g. 2GiB");
-  command->callback([command, options, out, precision, memory_limit] {
+  command->callback([command, options, out, precision, memory_limit, weights] {
     if (options->models.size() != options->encoders.size() || options->models.size() > 1)
       throw UsageError("--model and --encoder go together, one of each (the weights and the encoder they are of)");
     if (options->models.empty())
-      for (const char* flag : {"--batch", "--precision", "--device", "--device-memory-limit"})
+      for (const char* flag : {"--batch", "--precision", "--weights", "--device", "--device-memory-limit"})
         if (command->count(flag)) throw UsageError(std::string(flag) + " is for the plan of --model/--encoder");
     if (command->count("--batch") && options->batch < 1) throw UsageError("--batch: give at least 1 tile");
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
+    options->fp16_weights = fp16_weights(*weights, options->fp16);
     options->out = out->empty() ? "." : *out;
 
     Findings findings;

@@ -69,6 +69,8 @@ void add_extract_command(CLI::App &app) {
                       "stores fp16)")
       ->check(CLI::IsMember({"fp32", "fp16"}))
       ->capture_default_str();
+  auto weights = std::make_shared<std::string>();
+  add_weights_flag(*command, *weights);
   command->add_option("--compression", *compression, "none or gzip")
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str();
@@ -85,9 +87,12 @@ void add_extract_command(CLI::App &app) {
                       "Device memory budget of each device, e.g. 2GiB; a plan over it is exit 3 before any work");
   add_tiling_flags(*command, options->tiler);  // the grid of --slides
   add_shard_flag(*command, options->shard);
-  command->callback([command, layer, options, precision, compression, memory_limit] {
+  command->callback([command, layer, options, precision, compression, memory_limit, weights] {
     if (options->encoders.empty()) {
       if (layer->count() == 0) throw UsageError("--layer is required (or --encoder)");
+      if (command->count("--weights"))
+        throw UsageError("--weights is for --encoder: a model up to --layer keeps fp32 weights (its fp16 features "
+                         "are float16 of its fp32 ones)");
       if (options->models.empty()) throw UsageError("--model is required (or --encoder)");
       if (options->models.size() > 1) throw UsageError("--model: one model with --layer (several with --encoder)");
       refuse_untrained_model(options->models.front(), options->random_weights);
@@ -112,6 +117,7 @@ void add_extract_command(CLI::App &app) {
     if (command->count("--batch") && options->batch < 1) throw UsageError("--batch must be at least 1");
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
+    options->fp16_weights = !options->encoders.empty() && fp16_weights(*weights, options->fp16);
     options->gzip = *compression == "gzip";
     if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
     with_run_report(*command, options->out, [&](nlohmann::json& summary, SlideObserver& observer) {

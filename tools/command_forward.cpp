@@ -25,7 +25,7 @@ namespace tessera::cli {
 namespace {
 
 struct ForwardFlags {
-  std::string model, encoder, input, output, precision = "fp32", memory_limit;
+  std::string model, encoder, input, output, precision = "fp32", memory_limit, weights;
   int batch = 16, device = -1, classes = 2;
   bool random_weights = false, overwrite = false;
 };
@@ -74,6 +74,10 @@ void run_forward(const ForwardFlags& f) {
   setup.inputs = {{"input", {batch, 3, x.shape[2], x.shape[3]}, activations}};
   setup.input_memory = vk::MemoryUsage::device;
   setup.activations = activations;
+  if (!f.encoder.empty() && fp16_weights(f.weights, activations == DType::f16)) {
+    require_fp16_storage(context.info(), "forward", "--weights");
+    setup.weights = DType::f16;
+  }
   Inference network(context, model, setup);
   const Tensor& input = network.input("input");
   const int64_t classes = network.output_shape()[1];
@@ -111,6 +115,7 @@ void run_forward(const ForwardFlags& f) {
                             {"batch", batch},
                             {"device", context.info().name},
                             {"precision", f.precision},
+                            {"weights", setup.weights == DType::f16 ? "fp16" : "fp32"},
                             {"forward_seconds", device_seconds}, {"images_per_second", n / device_seconds},
                             {"planned_device_bytes", network.plan().total()},
                             {"peak_device_bytes", context.allocator().stats().peak_bytes}};
@@ -140,9 +145,17 @@ void add_forward_command(CLI::App& app) {
   command->add_option("--device", flags->device, "Vulkan device index");
   command->add_option("--device-memory-limit", flags->memory_limit,
                       "Device memory budget, e.g. 2GiB; a plan over it is exit 3 before any work");
-  command->add_option("--precision", flags->precision, "fp32, or fp16 activations (weights stay fp32)")
+  command->add_option("--precision", flags->precision,
+                      "fp32, or fp16 activations (a model's weights stay fp32; an encoder's follow --weights)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16"}));
-  command->callback([flags] { run_forward(*flags); });
+  add_weights_flag(*command, flags->weights);
+  command->callback([command, flags] {
+    if (command->count("--weights") && flags->encoder.empty())
+      throw UsageError("--weights is for --encoder: a model's weights stay fp32");
+    // Refused before anything is read.
+    fp16_weights(flags->weights, flags->precision == "fp16");
+    run_forward(*flags);
+  });
 }
 
 }  // namespace tessera::cli

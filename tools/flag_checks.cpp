@@ -91,3 +91,26 @@ void refuse_untrained_model(const std::string& model, bool random_weights) {
 }
 
 }  // namespace tessera::cli
+
+namespace tessera::cli {
+
+CLI::Option* add_weights_flag(CLI::App& command, std::string& weights) {
+  return command
+      .add_option("--weights", weights,
+                  "An encoder's weights on the device: fp16 (linear and convolution weights and position "
+                  "embeddings in half the memory, converted once as they load; sums stay fp32) or fp32; default "
+                  "fp16 with --precision fp16, else fp32. A weight past fp16's 65504 is exit 5 naming it. bf16: "
+                  "exit 2, no kernel computes with it (bf16 files are read as they come either way)")
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+}
+
+bool fp16_weights(const std::string& weights, bool fp16_precision) {
+  if (weights == "bf16")
+    throw UsageError("--weights bf16: tessera has no kernel that computes with bf16 weights (nor does lavapipe "
+                     "bf16 arithmetic); give --weights fp16 (half the memory of fp32, as bf16) or fp32. A bf16 "
+                     ".safetensors file (UNI2-h's) is read as it comes either way, each value converted once as it "
+                     "loads; one past fp16's 65504 is refused by name under fp16");
+  return weights.empty() ? fp16_precision : weights == "fp16";
+}
+
+}  // namespace tessera::cli

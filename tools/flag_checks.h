@@ -39,3 +39,17 @@ void refuse_output_over_inputs(const std::string& output_flag, const std::string
 void refuse_untrained_model(const std::string& model, bool random_weights);
 
 }  // namespace tessera::cli
+
+namespace tessera::cli {
+
+// --weights fp16|bf16|fp32: how an encoder's large weights are stored on the device. Adds the
+// option (its value in `weights`, empty when not given).
+CLI::Option* add_weights_flag(CLI::App& command, std::string& weights);
+
+// Whether the weights are stored in fp16: as given, else as --precision (fp16 under fp16, fp32
+// otherwise). bf16 is a UsageError (exit 2) naming --weights: no kernel of tessera computes with
+// bf16 weights (lavapipe has no bf16 arithmetic, nor GLSL a bf16 type without extensions); the
+// message says what runs instead (a bf16 .safetensors file is read as it comes by either).
+bool fp16_weights(const std::string& weights, bool fp16_precision);
+
+}  // namespace tessera::cli

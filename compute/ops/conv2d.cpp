@@ -74,6 +74,8 @@ std::vector<TensorSpec> Conv2d::tensors() const {
   float bound = 1.0f / std::sqrt(static_cast<float>(s.in_channels * s.kernel_h * s.kernel_w));
   std::vector<TensorSpec> specs{{"weight", {s.out_channels, s.in_channels, s.kernel_h, s.kernel_w},
                                  TensorRole::parameter, DType::f32, {Init::uniform, bound}}};
+  // Inference reads it once, in prepare() (through texels of its own type); the blocked copy is float.
+  specs[0].follows_weight_dtype = true;
   if (has_bias_) specs.push_back({"bias", {s.out_channels}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
   int64_t weight_blocks = (s.in_channels * s.kernel_h * s.kernel_w + kWeightBlock - 1) / kWeightBlock;
   specs.push_back({"weight_blocked", {weight_blocks, s.out_channels, kWeightBlock}, TensorRole::prepared});
@@ -142,7 +144,6 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   // Training re-blocks the weight every pass (a pass over the weight, a rounding error beside
   // the convolution); inference did it once, when the weights were loaded.
   if (!t.prepared) prepare(recorder, kernels, t);
-  const vk::Buffer& weight = t.tensors[0]->buffer();
   const vk::Buffer& blocked = t.tensors[has_bias_ ? 2 : 1]->buffer();
   const FoldedBatchNorm* fold = t.folded_batch_norm;
   auto kernel = tiled ? kernel_for<Push>(kernels, vk::kernel::conv2d_forward_tiled, *t.output,
@@ -150,7 +151,7 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
                       : kernel_for<Push>(kernels, vk::kernel::conv2d_forward, *t.output,
                                          forward_constants(tiles, t.relu, fold != nullptr));
   recorder.dispatch(kernel,
-                    {reads(*t.inputs[0]), vk::reads(blocked), vk::reads(has_bias_ ? t.tensors[1]->buffer() : weight),
+                    {reads(*t.inputs[0]), vk::reads(blocked), vk::reads(has_bias_ ? t.tensors[1]->buffer() : blocked),
                      writes(*t.output), vk::reads(folded(t, &FoldedBatchNorm::weight)),
                      vk::reads(folded(t, &FoldedBatchNorm::bias)), vk::reads(folded(t, &FoldedBatchNorm::running_mean)),
                      vk::reads(folded(t, &FoldedBatchNorm::running_var))},

@@ -160,10 +160,12 @@ void record_blocked_weight(vk::Recorder& recorder, vk::Kernels& kernels, const T
   const vk::Buffer& gamma = fold ? fold->weight->buffer() : weight.buffer();
   const vk::Buffer& variance = fold ? fold->running_var->buffer() : weight.buffer();
   WeightPush push{rows, columns, static_cast<uint32_t>(blocked.count()), fold ? fold->eps : 0.0f};
+  // The weight read through its own type (fp16 weights: Network::set_weight_dtype), the copy
+  // written in the blocked tensor's.
   recorder.dispatch_elements(
-      kernels.get<WeightPush>(vk::kernel::conv2d_forward_weight, {static_cast<int32_t>(kElementwiseGroup), block, fold ? 1 : 0}),
-      {vk::reads(weight.buffer()), vk::writes(blocked.buffer()), vk::reads(gamma), vk::reads(variance)}, push, push.count,
-      kElementwiseGroup);
+      kernel_for<WeightPush>(kernels, vk::kernel::conv2d_forward_weight, blocked,
+                             {static_cast<int32_t>(kElementwiseGroup), block, fold ? 1 : 0}),
+      {reads(weight), writes(blocked), vk::reads(gamma), vk::reads(variance)}, push, push.count, kElementwiseGroup);
 }
 
 void record_bias_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& dy,

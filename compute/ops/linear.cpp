@@ -33,12 +33,14 @@ std::vector<TensorSpec> Linear::tensors() const {
   float bound = 1.0f / std::sqrt(static_cast<float>(in_features_));
   std::vector<TensorSpec> specs{{"weight", {out_features_, in_features_}, TensorRole::parameter, DType::f32,
                                  {Init::uniform, bound}}};
+  specs[0].follows_weight_dtype = true;  // read only by record_gemm, which takes fp16 operands
   if (has_bias_) specs.push_back({"bias", {out_features_}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
   // Scratch of prepare(), shared with the activations (saved: an inference graph frees it after
   // the layer, and prepare() runs before any pass), so that inference holds one copy of the
   // weight: ViT-L's 1.2 GB twice would not fit lavapipe's 2 GiB.
   TensorSpec scratch{"weight_transposed", {in_features_, out_features_}, TensorRole::saved};
   scratch.inference_only = true;
+  scratch.follows_weight_dtype = true;  // copied back over the weight, so of its type
   specs.push_back(scratch);
   return specs;
 }

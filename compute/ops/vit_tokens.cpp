@@ -59,6 +59,8 @@ std::vector<TensorSpec> VitTokens::tensors() const {
   if (position_ == Position::none) return specs;
   int64_t covered = position_ == Position::tokens ? prefix() : 0;
   model_level("pos_embed", {1, covered + grid_[0] * grid_[1], width_}, {Init::normal, 0.02f});
+  // Both kernels that read it (vit_tokens_forward, position_embedding_resample) take texels.
+  specs.back().follows_weight_dtype = true;
   if (resamples())
     specs.push_back({kResampled, {covered + input_grid_[0] * input_grid_[1], width_}, TensorRole::saved});
   return specs;

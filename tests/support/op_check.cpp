@@ -56,16 +56,19 @@ std::vector<GraphInput> graph_inputs(const std::vector<Shape>& shapes, const std
 }  // namespace
 
 OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed,
-                 std::vector<DType> input_dtypes, std::vector<bool> input_gradients, DType activations)
+                 std::vector<DType> input_dtypes, std::vector<bool> input_gradients, DType activations,
+                 DType weights)
     : context_(context),
       input_shapes_(std::move(input_shapes)),
       input_dtypes_(dtypes_of(std::move(input_dtypes), input_shapes_.size(), activations)),
       input_gradients_(gradients_of(std::move(input_gradients), input_dtypes_)),
       seed_(seed),
+      weights_(weights),
       // The test owns the op: the graph borrows it.
       network_(std::shared_ptr<Op>(std::shared_ptr<Op>(), &op),
-               graph_inputs(input_shapes_, input_dtypes_, input_gradients_), op.has_backward()) {
+               graph_inputs(input_shapes_, input_dtypes_, input_gradients_), op.has_backward() && weights == DType::f32) {
   network_.set_activation_dtype(activations);
+  network_.set_weight_dtype(weights);
   network_.allocate(context);
   output_shape = network_.output_shape();
   specs = network_.layers()[0].specs;
@@ -77,9 +80,10 @@ OpCheck::OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, 
   }
   for (size_t s = 0; s < specs.size(); ++s) {
     auto count = static_cast<size_t>(element_count(specs[s].shape));
-    if (specs[s].role == TensorRole::parameter)
+    if (specs[s].role == TensorRole::parameter) {
       tensors.push_back(random_values(count, seed + 200 + s));
-    else
+      if (specs[s].dtype == DType::f16) tensors.back() = from_half(to_half(tensors.back()));
+    } else
       tensors.push_back(std::vector<float>(count, specs[s].name == "running_var" ? 1.0f : 0.0f));
   }
   step_ = std::make_unique<Tensor>(context, "step", Shape{2}, DType::u32);
@@ -147,6 +151,7 @@ std::vector<float> OpCheck::forward_prepared() {
   Network inference(network_.layers()[0].op,
                     graph_inputs(input_shapes_, input_dtypes_, std::vector<bool>(input_shapes_.size(), false)), false);
   inference.set_activation_dtype(network_.activation_dtype());
+  inference.set_weight_dtype(weights_);
   inference.allocate(context_);
   upload();
   upload_parameters(inference);

@@ -24,9 +24,11 @@ class OpCheck {
   // forward only. With `activations` f16 the op runs as in mixed precision:
   // float inputs, the output and every activation gradient are fp16 (the host copies of the
   // inputs are rounded to fp16 values, so a float reference sees what the device sees).
+  // With `weights` f16 the op runs as in inference with fp16 weights (Network::set_weight_dtype:
+  // forward only), and the host copies of those weights are rounded to fp16 values likewise.
   OpCheck(vk::Context& context, Op& op, std::vector<Shape> input_shapes, uint32_t seed = 1,
           std::vector<DType> input_dtypes = {}, std::vector<bool> input_gradients = {},
-          DType activations = DType::f32);
+          DType activations = DType::f32, DType weights = DType::f32);
 
   Shape output_shape;
   std::vector<std::vector<float>> inputs;   // host copies, uploaded before each run
@@ -70,6 +72,7 @@ class OpCheck {
   std::vector<DType> input_dtypes_;
   std::vector<bool> input_gradients_;
   uint32_t seed_;
+  DType weights_;
   Network network_;
   std::vector<std::unique_ptr<Tensor>> input_tensors_;
   std::unique_ptr<Tensor> step_;
