@@ -216,6 +216,13 @@ class SixteenBitWeights(unittest.TestCase):
         self.assertIn("tiles: tile 0", result.stderr)
         self.assertIn("extract it with --precision fp32", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.path("loud-fp16"), "tiles.h5")))
+        # The run reports name the weights' type each run used, given (--weights fp16) or chosen
+        # (fp16, --precision fp16's default).
+        for out in ("loud-fp32", "loud-fp16"):
+            runs = os.path.join(self.path(out), "runs")
+            (report,) = [name for name in os.listdir(runs) if name.endswith(".json")]
+            with open(os.path.join(runs, report)) as f:
+                self.assertEqual(json.load(f)["settings"]["--weights"], "fp16", out)
 
     def test_forward_with_fp16_weights(self):
         weights = self.path("forward-f32.safetensors")

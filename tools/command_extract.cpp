@@ -118,6 +118,9 @@ void add_extract_command(CLI::App &app) {
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->fp16_weights = !options->encoders.empty() && fp16_weights(*weights, options->fp16);
+    // The run report's settings give the weights' type the encoders ran with, chosen or not.
+    if (!options->encoders.empty() && weights->empty())
+      command->get_option("--weights")->default_str(options->fp16_weights ? "fp16" : "fp32");
     options->gzip = *compression == "gzip";
     if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
     with_run_report(*command, options->out, [&](nlohmann::json& summary, SlideObserver& observer) {
