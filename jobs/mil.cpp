@@ -195,7 +195,8 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   setup.inputs = {{"features", {bag.instances, width}}};
   setup.input_memory = vk::MemoryUsage::device;
   setup.advice = "the slide's tile count and the head's width set it";
-  Inference head(context, {std::move(graph), std::move(checkpoint), checkpoint_path}, setup);
+  Inference head(context, {.graph = std::move(graph), .checkpoint = std::move(checkpoint), .source = checkpoint_path},
+                 setup);
   head.input("features").upload(bag.features);
   head.run();
   auto logits = head.output().download();

@@ -279,6 +279,14 @@ def main():
             f.write(data[:len(data) // 2])
         process = heatmap(os.path.join(work, "x.png"), 0.5, checkpoint=broken)
         assert process.returncode == 5 and "broken.h5" in process.stderr, process.stderr
+        # A head's checkpoint that says what it is but lacks a parameter: named with the file.
+        lacking = os.path.join(work, "lacking.h5")
+        shutil.copy(model, lacking)
+        with h5py.File(lacking, "r+") as f:
+            del f["params/classifier.weight"]
+        process = heatmap(os.path.join(work, "x.png"), 0.5, checkpoint=lacking)
+        assert process.returncode == 5, process.stderr
+        assert "lacking.h5" in process.stderr and "classifier.weight" in process.stderr, process.stderr
         outside = os.path.join(work, "outside.h5")
         write_features(outside, slide_features, coords + SIZE // 2)
         process = heatmap(os.path.join(work, "x.png"), 0.5, features=outside)
