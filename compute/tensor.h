@@ -78,8 +78,9 @@ std::optional<size_t> first_non_finite(std::span<const float> values, std::span<
 // Throws BadInput "WHAT holds NaN at index I (of N, in row-major order)" at the first value that
 // is not finite: weights are checked where they enter, since one NaN makes every feature NaN.
 void refuse_non_finite(std::span<const float> values, const std::string& what);
-// refuse_non_finite, and in f16 a magnitude past 65504 (one fp16 would store as an infinity):
-// BadInput naming WHAT, the index and the value. Weights are checked where they enter.
+// In f16, a magnitude past 65504 (one fp16 would store as an infinity): BadInput naming WHAT, the
+// index and the value. Weights' readers (read_checkpoint, SafetensorsFile::read) have already
+// refused every value that is not finite.
 void refuse_unrepresentable(std::span<const float> values, DType dtype, const std::string& what);
 // Weights as they enter the device: refuse_unrepresentable, then uploaded in the tensor's type.
 void upload_weights(const Tensor& tensor, std::span<const float> values, const std::string& what);

@@ -1,8 +1,8 @@
 // The `vit` model family: vision transformers as timm's VisionTransformer builds them (the patch
 // encoders of computational pathology: UNI, UNI2-h, Virchow2, H-optimus-0 and -1, H0-mini,
 // Prov-GigaPath, kaiko.ai's ViT-S/B/L, Lunit's DINO ViT-S/8, Phikon-v2, Midnight, CONCH v1.5's trunk
-// and pooler) and
-// torchvision's vit_b_16, as graphs of tessera's layers whose parameters carry timm's names.
+// and pooler) and torchvision's vit_b_16, as graphs of tessera's layers whose parameters carry
+// timm's names.
 //
 // A description is {"family": "vit", settings...} or {"preset": NAME, overrides...}; the presets
 // are compute/vit_presets.json (each cites its model card), which the Python tools read too.
@@ -16,11 +16,10 @@
 // output ("class_token", "class_token_and_patch_mean" as Virchow2, "patch_mean", or
 // "attentional_pool": CONCH v1.5's attn_pool_contrast, one learned query of pool_width features
 // attending with pool_heads heads over every token, then ln_contrast, LayerNorms of eps
-// pool_norm_eps), classes (a
-// linear head named "head"; 0: none, the features), name, and preprocessing, source and trident
-// (for the encoders' users; not part of the graph). preprocessing's input_size is the tiles an
-// encoder reads where they differ from image_size (kaiko-vitl14: 224-pixel tiles, its position
-// embedding learned at 518 and resampled).
+// pool_norm_eps), classes (a linear head named "head"; 0: none, the features), name, and
+// preprocessing, source and trident (for the encoders' users; not part of the graph).
+// preprocessing's input_size is the tiles an encoder reads where they differ from image_size
+// (kaiko-vitl14: 224-pixel tiles, its position embedding learned at 518 and resampled).
 #pragma once
 #include <optional>
 #include <string>

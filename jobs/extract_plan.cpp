@@ -111,6 +111,10 @@ namespace {
 // and why, each category's bytes, the total and whether it fits.
 std::string extraction_plan_text(const nlohmann::json &summary) {
   std::string text;
+  // "    activations             34.6 MiB": a label and its bytes, aligned.
+  auto bytes_row = [](const std::string &label, uint64_t bytes) {
+    return "    " + label + std::string(label.size() < 24 ? 24 - label.size() : 1, ' ') + format_bytes(bytes);
+  };
   for (const nlohmann::json &device : summary["devices"]) {
     text += "Device memory plan on " + device["name"].get<std::string>() + " (device " + format_number(device["index"]) +
             ", budget " + format_bytes(device["budget_bytes"].get<uint64_t>()) + "), " +
@@ -120,10 +124,8 @@ std::string extraction_plan_text(const nlohmann::json &summary) {
       if (model["batch_capped"].is_object()) text += ": " + model["batch_capped"]["warning"].get<std::string>();
       else if (model["batch_chosen"].is_object()) text += ": " + model["batch_chosen"]["why"].get<std::string>();
       text += "\n";
-      for (auto &[category, bytes] : model["plan"]["bytes"].items())
-        text += "    " + category + std::string(category.size() < 24 ? 24 - category.size() : 1, ' ') +
-                format_bytes(bytes.get<uint64_t>()) + "\n";
-      text += "    total                   " + format_bytes(model["plan"]["total"].get<uint64_t>()) + ": " +
+      for (auto &[category, bytes] : model["plan"]["bytes"].items()) text += bytes_row(category, bytes.get<uint64_t>()) + "\n";
+      text += bytes_row("total", model["plan"]["total"].get<uint64_t>()) + ": " +
               (model["fits"].get<bool>() ? "fits" : "does NOT fit") + "\n";
     }
     if (device["models"].size() > 1)

@@ -131,6 +131,11 @@ class MilJob {
   nlohmann::json split_report_;
 };
 
+bool is_mil_head(const std::string& name) {
+  const auto& heads = mil_heads();
+  return std::find(heads.begin(), heads.end(), name) != heads.end();
+}
+
 // The head a checkpoint of train_mil describes; throws BadInput naming the file otherwise.
 struct HeadDescription {
   std::string kind;
@@ -148,16 +153,12 @@ HeadDescription describe_head(const Checkpoint& checkpoint, const std::string& p
     throw BadInput(path + ": not a slide-level head (tessera train --features): its model is " + model.dump());
   HeadDescription head{model["head"].get<std::string>(), model["features"].get<int64_t>(),
                        model["attention_hidden"].get<int64_t>(), static_cast<int64_t>(model["classes"].size())};
-  const auto& heads = mil_heads();
-  if (std::find(heads.begin(), heads.end(), head.kind) == heads.end())
-    throw BadInput(path + ": unknown head '" + head.kind + "' (" + mil_head_list() + ")");
+  if (!is_mil_head(head.kind)) throw BadInput(path + ": unknown head '" + head.kind + "' (" + mil_head_list() + ")");
   return head;
 }
 
 void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
-  const auto& heads = mil_heads();
-  if (std::find(heads.begin(), heads.end(), mil.head) == heads.end())
-    throw UsageError("--head: unknown head '" + mil.head + "': the heads are " + mil_head_list());
+  if (!is_mil_head(mil.head)) throw UsageError("--head: unknown head '" + mil.head + "': the heads are " + mil_head_list());
   if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
   if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");

@@ -26,7 +26,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_vit_presets import (EXIT_BAD_INPUT, IMAGENET, KAIKO, TOLERANCE, expected_features, run,  # noqa: E402
                               write_region_slide)
-from test_vit_timm import relative_error, write_safetensors  # noqa: E402
+from test_vit_timm import randomise_parameters, relative_error, write_safetensors  # noqa: E402
 
 
 class Dinov2Layer(nn.Module):
@@ -128,18 +128,7 @@ class Dinov2Model(nn.Module):
 
 def randomised_dinov2(seed, **shape):
     torch.manual_seed(seed)
-    model = Dinov2Model(**shape)
-    with torch.no_grad():
-        for name, value in model.named_parameters():
-            if name.endswith("lambda1"):
-                value.uniform_(0.5, 1.5)
-            elif "norm" in name:
-                value.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(value))
-            elif name.endswith("weight") and value.dim() > 1:
-                value.normal_(0.0, 1.5 / value[0].numel() ** 0.5)
-            else:
-                value.normal_(0.0, 0.3)
-    return model.double().eval()
+    return randomise_parameters(Dinov2Model(**shape))
 
 
 class HuggingFaceDinov2(unittest.TestCase):

@@ -79,7 +79,7 @@ def randomise_parameters(model):
     """`model` (seeded by the caller) with random parameters of a size that matters, in eval mode, float64."""
     with torch.no_grad():
         for name, value in model.named_parameters():
-            if name.endswith("gamma"):
+            if name.endswith(("gamma", "lambda1")):  # timm's and Hugging Face's layer scales
                 value.uniform_(0.5, 1.5)
             elif "norm" in name or "ln_" in name:  # LayerNorms (CONCH's pooler: ln_q, ln_k, ln_contrast)
                 value.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn_like(value))

@@ -51,9 +51,6 @@ CLI::Validator finite_positive() {
       "above 0");
 }
 
-}  // namespace tessera::cli
-
-namespace tessera::cli {
 
 namespace {
 
@@ -90,9 +87,6 @@ void refuse_untrained_model(const std::string& model, bool random_weights) {
                    "weights): give trained weights, or --random-weights to run it untrained on purpose");
 }
 
-}  // namespace tessera::cli
-
-namespace tessera::cli {
 
 CLI::Option* add_weights_flag(CLI::App& command, std::string& weights) {
   return command

@@ -18,9 +18,6 @@ CLI::Validator finite_positive();
 // A finite number, zero or above.
 inline CLI::Validator finite_non_negative() { return finite_in(0, std::numeric_limits<double>::max()); }
 
-}  // namespace tessera::cli
-
-namespace tessera::cli {
 
 // A flag naming a path the run reads, for refuse_output_over_inputs.
 struct InputPath {
@@ -38,9 +35,6 @@ void refuse_output_over_inputs(const std::string& output_flag, const std::string
 // untrained model are noise that looks like a result.
 void refuse_untrained_model(const std::string& model, bool random_weights);
 
-}  // namespace tessera::cli
-
-namespace tessera::cli {
 
 // --weights fp16|bf16|fp32: how an encoder's large weights are stored on the device. Adds the
 // option (its value in `weights`, empty when not given).
