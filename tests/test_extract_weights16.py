@@ -9,8 +9,8 @@ position embedding) stored on the device in fp16, converted once as they load (i
   fp16's range: converting it loses nothing that matters). From F32 weights, --weights fp16 stays
   within 1e-2 of the reference on the unrounded weights, and the feature file says it
   (`weight_precision`).
-- `extract --encoder virchow2 --random-weights --precision fp16 --weights fp16` on two tiles of a
-  real slide (CMU-1-Small-Region.svs), 45 s on lavapipe: features within 1e-2 of the same run with
+- `extract --encoder virchow2 --random-weights --precision fp16 --weights fp16` on one tile of a
+  real slide (CMU-1-Small-Region.svs), batch 1: features within 1e-2 of the same run with
   --weights fp32 (which needs a 3 GiB budget), the peak device memory within 10% of its plan
   (measured: equal), under lavapipe's 2 GiB. timm's initialisation makes the layer-scale gammas
   1e-5, so this compares little beyond the patch and position embeddings: the small ViT's runs
@@ -77,6 +77,8 @@ class SixteenBitWeights(unittest.TestCase):
             cls.pixels = np.asarray(slide.read_region((600, 1200), 0, (448, 224)).convert("RGB"))
         cls.slide = cls.path("tiles.tif")
         write_tiff(cls.slide, cls.pixels, 0.499)
+        cls.one_tile = cls.path("tile.tif")  # for the giant ViT: a ViT-H/14 tile is 8 s on lavapipe
+        write_tiff(cls.one_tile, np.ascontiguousarray(cls.pixels[:, :224]), 0.499)
         cls.reference = randomised(SMALL, seed=32)
         cls.state = {k: v.float() for k, v in cls.reference.state_dict().items()}
 
@@ -87,8 +89,8 @@ class SixteenBitWeights(unittest.TestCase):
     def expected(self, model, coords):
         return reference_features(model, [self.pixels[y:y + 224, x:x + 224] for x, y in coords])
 
-    def extract(self, out, *args, code=0):
-        result = run("extract", "--slides", self.slide, "--min-tissue", 0, "--out", self.path(out), *args)
+    def extract(self, out, *args, code=0, slide=None):
+        result = run("extract", "--slides", slide or self.slide, "--min-tissue", 0, "--out", self.path(out), *args)
         self.assertEqual(result.returncode, code, result.stderr[-3000:])
         self.assertNotIn("vulkan validation", result.stderr)  # silent under TESSERA_VALIDATION=1
         return result
@@ -126,20 +128,20 @@ class SixteenBitWeights(unittest.TestCase):
         runs = {}
         for stored in ("fp16", "fp32"):
             out = "virchow2-" + stored
-            args = ["--encoder", "virchow2", "--random-weights", "--precision", "fp16", "--batch", 2,
+            args = ["--encoder", "virchow2", "--random-weights", "--precision", "fp16", "--batch", 1,
                     "--weights", stored]
             if stored == "fp32":  # 2.5 GB of fp32 weights: past lavapipe's 2 GiB heap
                 args += ["--device-memory-limit", "3GiB"]
-            summary = summary_of(self.extract(out, *args))
-            features, _, _, extraction = read_features(self.path(out), "tiles")
-            self.assertEqual(features.shape, (2, 2560))
+            summary = summary_of(self.extract(out, *args, slide=self.one_tile))
+            features, _, _, extraction = read_features(self.path(out), "tile")
+            self.assertEqual(features.shape, (1, 2560))
             self.assertTrue(np.isfinite(features).all())
             self.assertGreater(float(features.astype(np.float64).std()), 1e-3)
             runs[stored] = (features.astype(np.float64), summary, extraction)
         error = relative_error(runs["fp16"][0], runs["fp32"][0])
         summary = runs["fp16"][1]
         planned, peak = summary["planned_device_bytes"], summary["peak_device_bytes"]
-        print(f"virchow2 batch 2, fp16 weights: relative error {error:.3g} against fp32 weights; planned {planned} B, "
+        print(f"virchow2 batch 1, fp16 weights: relative error {error:.3g} against fp32 weights; planned {planned} B, "
               f"peak {peak} B (fp32 weights: planned {runs['fp32'][1]['planned_device_bytes']} B)", file=sys.stderr)
         self.assertLess(error, 1e-2)
         self.assertLessEqual(abs(peak - planned), 0.1 * planned)

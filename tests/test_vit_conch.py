@@ -160,10 +160,10 @@ def randomised_conch(seed, depth):
 
 
 def write_conch_slide(directory):
-    """Four 448-pixel tiles of real H&E (CMU-1), declared at 0.5714 um/px so that tessera reads them
+    """Two 448-pixel tiles of real H&E (CMU-1), declared at 0.5714 um/px so that tessera reads them
     unresized, as a tiled TIFF: (the pixels, the slide's path)."""
     with openslide.OpenSlide(CMU) as slide:
-        region = np.asarray(slide.read_region((500, 1100), 0, (2 * TILE, 2 * TILE)).convert("RGB"))
+        region = np.asarray(slide.read_region((500, 1100), 0, (2 * TILE, TILE)).convert("RGB"))
     path = os.path.join(directory, "cmu-conch.tif")
     tifffile.imwrite(path, region, tile=(256, 256), photometric="rgb",
                      resolution=(1e4 / MICRONS_PER_PIXEL, 1e4 / MICRONS_PER_PIXEL), resolutionunit="CENTIMETER")
@@ -209,6 +209,7 @@ class ConchV15(unittest.TestCase):
         reference = randomised_conch(15, depth=2)
         weights = self.path("conch.safetensors")
         write_safetensors(weights, {k: v.float() for k, v in reference.state_dict().items()})
+        expected = None  # the reference's features, on the coords both runs read
         for precision, tolerance in (("fp32", TOLERANCE), ("fp16", 1e-2)):
             with self.subTest(precision):
                 out = self.path("conch-out-" + precision)
@@ -218,11 +219,11 @@ class ConchV15(unittest.TestCase):
                 with h5py.File(os.path.join(out, "cmu-conch.h5"), "r") as f:
                     features, coords = f["features"][...], f["coords"][...]
                     self.assertEqual((f["coords"].attrs["patch_size"], f["coords"].attrs["patch_level"]), (TILE, 0))
-                self.assertEqual(features.shape, (4, 768))
-                expected = self.expected(reference, coords)
+                self.assertEqual(features.shape, (2, 768))
+                expected = self.expected(reference, coords) if expected is None else expected
                 self.assertGreater(float(expected.std()), 1e-2)
                 error = relative_error(features.astype(np.float64), expected)
-                print(f"conch-v1.5 (depth 2, CONCH's names, {precision}) on 4 CMU-1 tiles of 448: "
+                print(f"conch-v1.5 (depth 2, CONCH's names, {precision}) on 2 CMU-1 tiles of 448: "
                       f"relative error {error:.3g}", file=sys.stderr)
                 self.assertLess(error, tolerance)
 

@@ -10,7 +10,6 @@ those of compute/vit_presets.json (read from there, one source for C++ and Pytho
 AttentionalPooler attn_pool_contrast with ln_contrast, CONCH's names less the trunk's "trunk." prefix.
 """
 import json
-import math
 import os
 import re
 
