@@ -353,4 +353,13 @@ FeatureFileTiles read_feature_tiles(const std::string &path) {
   return tiles;
 }
 
+std::string feature_file_encoder(const std::string &path) {
+  const Hdf5Lock hdf5_lock;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid() || H5Lexists(file, "features", H5P_DEFAULT) <= 0) return "";
+  Handle features(H5Dopen2(file, "features", H5P_DEFAULT), H5Dclose);
+  return features.valid() ? hdf5::read_string_attribute(features, "encoder").value_or("") : "";
+}
+
 }  // namespace tessera

@@ -119,4 +119,8 @@ struct FeatureFileTiles {
 // level_dim are read when present.
 FeatureFileTiles read_feature_tiles(const std::string &path);
 
+// The encoder a feature file names (the attribute `encoder` of `features`, as extract writes it),
+// or empty where it names none (CLAM's and TRIDENT's files) or cannot be read.
+std::string feature_file_encoder(const std::string &path);
+
 }  // namespace tessera

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "compute/checkpoint.h"
+#include "compute/feature_file.h"
 #include "compute/tensor.h"
 
 namespace tessera {
@@ -71,7 +72,18 @@ Cohort read_cohort(const MilOptions& mil, bool fp16) {
   std::sort(classes.begin(), classes.end());
   classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
   if (classes.size() < 2) throw BadInput(mil.labels + ": needs at least two distinct labels");
+  std::string encoder, encoder_file;  // the first encoder a file names, and that file
   for (auto& row : cohort.rows) {
+    // Features of two encoders can share a width (uni and phikon-v2: 1024) yet mean nothing together.
+    if (std::string named = feature_file_encoder(row.path); !named.empty()) {
+      if (encoder.empty()) {
+        encoder = named;
+        encoder_file = row.path;
+      } else if (named != encoder) {
+        throw BadInput(row.path + ": features made by encoder '" + named + "', but " + encoder_file +
+                       "'s by '" + encoder + "': a cohort's features come from one encoder");
+      }
+    }
     Bag bag = read_bag_file(row.path, row.slide, cohort.width, fp16);
     bag.label = static_cast<uint32_t>(std::lower_bound(classes.begin(), classes.end(), row.label) - classes.begin());
     cohort.bags.push_back(std::move(bag));

@@ -4,7 +4,8 @@ spreadsheet's byte order mark, CRLF line ends and quoted fields train with every
 once and string labels mapped to sorted classes (read back from the checkpoint with h5py).
 Rows that would train silently wrong are exit 5 naming the file, the row and the slide: a slide
 listed twice (with the same label or a conflicting one) and a slide id that is a path outside
---features (`../feats/s1`, an absolute path)."""
+--features (`../feats/s1`, an absolute path). So are feature files of two encoders (the attribute
+extract writes, even at one width) or of two widths in one cohort."""
 import json
 import os
 import shutil
@@ -88,6 +89,26 @@ def main():
             assert "labels.csv" in process.stderr and row in process.stderr and slide in process.stderr, (
                 name, process.stderr)
             assert not epochs(process.stderr), (name, process.stderr)
+
+        # Feature files that cannot make one cohort: exit 5 naming them. Of two encoders (named by
+        # the attribute extract writes) even at one width; of two widths.
+        write_labels(labels, "slide,label\n" + "".join(f"slide_{s},{s % 2}\n" for s in range(6)))
+        for s, encoder in ((0, "uni"), (3, "phikon-v2")):
+            with h5py.File(os.path.join(features, f"slide_{s}.h5"), "a") as f:
+                f["features"].attrs["encoder"] = encoder
+        process = train(features, labels)
+        assert process.returncode == 5, process.stderr
+        assert ("slide_3.h5: features made by encoder 'phikon-v2', but " + os.path.join(features, "slide_0.h5") +
+                "'s by 'uni'") in process.stderr, process.stderr
+        with h5py.File(os.path.join(features, "slide_3.h5"), "a") as f:
+            f["features"].attrs["encoder"] = "uni"
+        assert train(features, labels).returncode == 0  # one encoder named, and files that name none
+        with h5py.File(os.path.join(features, "slide_4.h5"), "w") as f:
+            f["features"] = generator.normal(size=(10, WIDTH + 1)).astype(np.float32)
+            f["coords"] = np.zeros((10, 2), dtype=np.int64)
+        process = train(features, labels)
+        assert process.returncode == 5 and f"slide_4.h5: features have width {WIDTH + 1}, other slides {WIDTH}" in (
+            process.stderr), process.stderr
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)
