@@ -22,10 +22,16 @@ export TESSERA_BINARY="$PWD/build-sanitize/tools/tessera"
 # Memory ceilings are the plain run's: the sanitizers' shadow memory adds a few hundred MiB.
 export TESSERA_SANITIZED=1
 status=0
+# Two halves at once, one a core: the slides' tests and the models'.
 /usr/bin/python3 -m pytest -p no:cacheprovider -q -rA \
-  tests/test_data_bad_input.py tests/test_data_slide_bounds.py tests/test_fuzz_slides.py tests/test_error_messages.py \
-  tests/test_slide_declared.py tests/test_bad_models.py tests/test_fuzz_models.py ||
+  tests/test_data_bad_input.py tests/test_data_slide_bounds.py tests/test_fuzz_slides.py tests/test_slide_declared.py \
+  >"$PWD/build-sanitize/pytest-slides.log" 2>&1 &
+slides=$!
+/usr/bin/python3 -m pytest -p no:cacheprovider -q -rA \
+  tests/test_error_messages.py tests/test_bad_models.py tests/test_fuzz_models.py >"$PWD/build-sanitize/pytest-models.log" 2>&1 ||
   status=1
+wait "$slides" || status=1
+cat "$PWD/build-sanitize/pytest-slides.log" "$PWD/build-sanitize/pytest-models.log"
 if compgen -G "$reports/*" >/dev/null; then
   echo "sanitizer reports:" >&2
   cat "$reports"/* >&2
