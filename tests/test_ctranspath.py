@@ -12,7 +12,7 @@ the preset's 1.1429 um/px so that tessera reads them unresized.
 - CTransPath's checkpoint as it ships (torch.save({'model': state_dict})) through
   tools/torch_to_tessera.py, likewise.
 - The plan of the full preset holds CTransPath's 27,520,038 parameters (fp32) and BatchNorm's state.
-- A misshapen or missing tensor is exit 5 naming it, nothing written.
+- A misshapen or missing tensor, and a NaN in a weight, is exit 5 naming it, nothing written.
 """
 import json
 import os
@@ -149,6 +149,14 @@ class CTransPath(unittest.TestCase):
         self.assertEqual(result.returncode, EXIT_BAD_INPUT, result.stderr[-2000:])
         self.assertIn("'layers.1.blocks.1.attn.relative_position_bias_table' has shape [169,5]", result.stderr)
         self.assertIn("missing tensor 'layers.2.downsample.reduction.weight'", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "cmu-region.h5")))
+        # A NaN in the stem's BatchNorm statistics: named with its index.
+        state = shipped_state(self.reference)
+        state["patch_embed.proj.4.running_var"][7] = float("nan")
+        write_safetensors(weights, state)
+        result = self.extract(weights, out)
+        self.assertEqual(result.returncode, EXIT_BAD_INPUT, result.stderr[-2000:])
+        self.assertIn("patch_embed.proj.4.running_var", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(out, "cmu-region.h5")))
 
 
