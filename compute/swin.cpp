@@ -46,7 +46,6 @@ nlohmann::json swin_graph(nlohmann::json settings, const std::string& name) {
   auto stage_field = [&](const char* field) { return stage_fields.contains(field) ? &stage_fields[field] : nullptr; };
   const int64_t image_size = config.integer("image_size", std::nullopt, 1, kMaxImageSize);
   const int64_t patch = config.integer("patch_size", 4, 1, kMaxImageSize);
-  const std::string stem = config.choice("stem", "patch", {"patch", "conv"});
   const int64_t width = config.integer("width", std::nullopt, 1, kMaxWidth);
   const std::vector<int64_t> depths = stage_integers(config, "depths", stage_field("depths"), 0, kMaxStageDepth);
   const std::vector<int64_t> heads = stage_integers(config, "heads", stage_field("heads"), depths.size(), kMaxWidth);
@@ -60,8 +59,8 @@ nlohmann::json swin_graph(nlohmann::json settings, const std::string& name) {
   if (!(eps > 0 && eps <= 1)) config.fail("norm_eps", "must be above 0 and at most 1");
   if (!(bn_eps > 0 && bn_eps <= 1)) config.fail("batch_norm_eps", "must be above 0 and at most 1");
   // ConvStem: two stride-2 convolutions (CTransPath's ctran.py asserts patch_size 4, and embed_dim % 8).
-  if (stem == "conv" && patch != 4) config.fail("patch_size", "must be 4 with the conv stem (ConvStem asserts it)");
-  if (stem == "conv" && width % 8 != 0) config.fail("width", "must be a multiple of 8 with the conv stem");
+  if (patch != 4) config.fail("patch_size", "must be 4 (CTransPath's ConvStem asserts it)");
+  if (width % 8 != 0) config.fail("width", "must be a multiple of 8 (ConvStem's first width is width / 8)");
   if (image_size % patch != 0) config.fail("image_size", "must be a multiple of patch_size " + std::to_string(patch));
   const auto stages = static_cast<int64_t>(depths.size());
   // timm builds stage i at patch_grid // 2^i; PatchMerging asserts an even grid before each next stage.
@@ -84,26 +83,20 @@ nlohmann::json swin_graph(nlohmann::json settings, const std::string& name) {
 
   nlohmann::json layers = nlohmann::json::array();
   grid = image_size / patch;
-  if (stem == "conv") {
-    // ctran.py ConvStem: nn.Sequential(Conv2d, BatchNorm2d, ReLU, Conv2d, BatchNorm2d, ReLU, Conv2d).
-    int64_t channels = width / 8;
-    std::string input = "input";
-    for (int l = 0; l < 2; ++l, channels *= 2) {
-      const std::string base = "patch_embed.proj.";
-      layers.push_back(layer_description(base + std::to_string(3 * l), "conv2d",
-                                         {{"out_channels", channels}, {"kernel", 3}, {"stride", 2}, {"padding", 1}, {"bias", false}},
-                                         {input}));
-      layers.push_back(layer_description(base + std::to_string(3 * l + 1), "batch_norm2d", {{"eps", bn_eps}}));
-      layers.push_back(layer_description(base + std::to_string(3 * l + 2), "relu"));
-      input = base + std::to_string(3 * l + 2);
-    }
-    layers.push_back(layer_description("patch_embed.proj.6", "conv2d",
-                                       {{"out_channels", width}, {"kernel", 1}, {"stride", 1}, {"padding", 0}}));
-  } else {
-    layers.push_back(layer_description("patch_embed.proj", "conv2d",
-                                       {{"out_channels", width}, {"kernel", patch}, {"stride", patch}, {"padding", 0}},
-                                       {"input"}));
+  // ctran.py ConvStem: nn.Sequential(Conv2d, BatchNorm2d, ReLU, Conv2d, BatchNorm2d, ReLU, Conv2d).
+  int64_t channels = width / 8;
+  std::string input = "input";
+  for (int l = 0; l < 2; ++l, channels *= 2) {
+    const std::string base = "patch_embed.proj.";
+    layers.push_back(layer_description(base + std::to_string(3 * l), "conv2d",
+                                       {{"out_channels", channels}, {"kernel", 3}, {"stride", 2}, {"padding", 1}, {"bias", false}},
+                                       {input}));
+    layers.push_back(layer_description(base + std::to_string(3 * l + 1), "batch_norm2d", {{"eps", bn_eps}}));
+    layers.push_back(layer_description(base + std::to_string(3 * l + 2), "relu"));
+    input = base + std::to_string(3 * l + 2);
   }
+  layers.push_back(layer_description("patch_embed.proj.6", "conv2d",
+                                     {{"out_channels", width}, {"kernel", 1}, {"stride", 1}, {"padding", 0}}));
   // x.flatten(2).transpose(1, 2): [N, C, H, W] -> [N, H * W, C], vit_tokens without tokens or positions.
   layers.push_back(layer_description("patch_embed.flatten", "vit_tokens",
                                      {{"class_token", false}, {"register_tokens", 0}, {"position_embedding", "none"},

@@ -174,7 +174,7 @@ class SwinTransformer(nn.Module):
     def __init__(self, description):
         super().__init__()
         s = self.settings = swin_settings(description)
-        assert s.get("stem", "patch") == "conv" and s.get("patch_size", 4) == 4, "CTransPath's ConvStem only"
+        assert s.get("patch_size", 4) == 4, "ConvStem asserts patch_size 4"
         width, eps, depths = s["width"], s.get("norm_eps", 1e-5), s["depths"]
         self.patch_embed = ConvStem(width, eps, s.get("batch_norm_eps", 1e-5))
         grid = s["image_size"] // 4

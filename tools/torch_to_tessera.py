@@ -150,7 +150,11 @@ def is_swin(description):
 def convert_swin(description, state_dict, source):
     """A Swin's (CTransPath's) reference and names, its module's own; the buffers it derives from its
     shape (relative_position_index, attn_mask, num_batches_tracked) skipped."""
-    expected = {k: tuple(v.shape) for k, v in SwinTransformer(description).state_dict().items() if not derived_buffer(k)}
+    try:
+        model = SwinTransformer(description)
+    except (AssertionError, KeyError, IndexError, TypeError, ValueError) as error:
+        raise ConversionError(f"{json.dumps(description)} is not a Swin tessera builds: {error!r}")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not derived_buffer(k)}
     state_dict = {k: v for k, v in state_dict.items() if not derived_buffer(k)}
     return description, state_dict, validate_vit(description, state_dict, source, expected)
 
