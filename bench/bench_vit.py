@@ -3,7 +3,8 @@
 `tessera extract --encoder` over the tiles of one slide (real pixels: CMU-1-Small-Region.svs's
 level 0 at 0.499 um/px, written as a one-level TIFF, so that every tile is read at level 0 and
 none is resized) with random weights, for torchvision's vit_b_16 (`vit-b16`) and a ViT-L/16 of
-UNI's shape (`uni`), fp32 and fp16 (fp16 activations, features stored fp16), against PyTorch on
+UNI's shape (`uni`) (and `--encoders ctranspath`: CTransPath's Swin-T against
+tools/swin_reference.py, its pixels declared at its 1.143 um/px), fp32 and fp16 (fp16 activations, features stored fp16), against PyTorch on
 the same machine in the same run: torchvision's vit_b_16 and the plain-PyTorch timm reference
 (tools/vit_reference.py) of UNI, eval mode, no gradients, on the same number of tiles in batches of
 the same size, in float32 for both of tessera's precisions (PyTorch 1.13 has no float16 matrix
@@ -34,7 +35,8 @@ import torchvision
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
-from vit_reference import VisionTransformer  # noqa: E402
+from swin_reference import SWIN_PRESETS, SwinTransformer  # noqa: E402
+from vit_reference import VIT_PRESETS, VisionTransformer  # noqa: E402
 
 CMU = os.path.join(os.path.dirname(REPO), "shared", "testdata", "slides", "CMU-1-Small-Region.svs")
 
@@ -42,6 +44,8 @@ CMU = os.path.join(os.path.dirname(REPO), "shared", "testdata", "slides", "CMU-1
 def torch_model(encoder):
     if encoder == "vit-b16":
         return torchvision.models.vit_b_16().eval()
+    if encoder in SWIN_PRESETS:  # CTransPath: tools/swin_reference.py's plain-PyTorch Swin
+        return SwinTransformer({"preset": encoder}).eval()
     return VisionTransformer({"preset": encoder}).eval()
 
 
@@ -72,13 +76,17 @@ def main():
     torch.set_num_threads(os.cpu_count())
     load_before = os.getloadavg()  # the machine is shared: the load says what else ran
     try:
-        slide = os.path.join(work, "tiles.tif")
         with openslide.OpenSlide(CMU) as source:
             pixels = np.asarray(source.read_region((0, 0), 0, (224 * args.tiles, 224)).convert("RGB"))
-        tifffile.imwrite(slide, pixels, tile=(256, 256), photometric="rgb", resolution=(1e4 / 0.499, 1e4 / 0.499),
-                         resolutionunit="CENTIMETER")
         runs = []
         for encoder in args.encoders:
+            # The pixels declared at CMU-1's own 0.499 um/px, or at an encoder's rate far from 0.5
+            # (ctranspath's 1.143), so that every tile is read at level 0 and none is resized.
+            mpp = VIT_PRESETS.get(encoder, {}).get("preprocessing", {}).get("microns_per_pixel", 0.5)
+            mpp = mpp if abs(mpp - 0.5) > 0.01 else 0.499
+            slide = os.path.join(work, f"tiles-{mpp:.4f}.tif")
+            tifffile.imwrite(slide, pixels, tile=(256, 256), photometric="rgb", resolution=(1e4 / mpp, 1e4 / mpp),
+                             resolutionunit="CENTIMETER")
             reference = None
             for precision in args.precisions:
                 out = os.path.join(work, f"{encoder}-{precision}")

@@ -7,6 +7,7 @@
 #include "common/json_input.h"
 
 #include "compute/ops/registry.h"
+#include "compute/swin.h"
 
 namespace tessera {
 
@@ -51,7 +52,8 @@ std::string vit_preset_list() {
 
 bool is_vit_description(const nlohmann::json& description) {
   if (!description.is_object()) return false;
-  if (auto family = description.find("family"); family != description.end() && *family == "vit") return true;
+  if (auto family = description.find("family"); family != description.end() && (*family == "vit" || *family == "swin"))
+    return true;
   auto preset = description.find("preset");
   return preset != description.end() && preset->is_string() && vit_preset_name(preset->get<std::string>());
 }
@@ -75,6 +77,10 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
     if (auto it = description.find(field); it != description.end() && it->is_string()) name = it->get<std::string>();
   nlohmann::json settings = vit_settings(description);
   if (!description.contains("name") && description.contains("preset")) name = *vit_preset_name(name);
+  // A Swin (CTransPath): by its preset's family or the description's.
+  auto is_swin = [](const nlohmann::json& fields) { return fields.contains("family") && fields["family"] == "swin"; };
+  if (is_swin(settings) || is_swin(description))
+    return swin_graph(settings, name);
   for (const char* field : {"preprocessing", "source", "trident"})  // for the encoders' users, not the graph
     settings.erase(field);
   if (settings.contains("layer_scale") && settings["layer_scale"].is_null())
@@ -228,8 +234,11 @@ ParameterPiece timm_parameter_piece(const std::string& name) {
   };
   // Hugging Face keeps query, key and value apart; timm's qkv stacks them in that order.
   static const std::regex hf_attention(R"(^encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(weight|bias)$)");
-  // Dinov2's mask token replaces masked patches in pre-training only.
-  if (name == "embeddings.mask_token") return {};
+  // Dinov2's mask token replaces masked patches in pre-training only; buffers a module derives from
+  // its shape (Swin's relative_position_index and attn_mask, which TRIDENT drops from CTransPath's
+  // checkpoint too, and BatchNorm's num_batches_tracked) are never read.
+  static const std::regex derived(R"((^|\.)(relative_position_index|attn_mask|num_batches_tracked)$)");
+  if (name == "embeddings.mask_token" || std::regex_search(name, derived)) return {};
   if (std::smatch match; std::regex_match(name, match, hf_attention)) {
     int piece = match[2] == "query" ? 0 : match[2] == "key" ? 1 : 2;
     return {"blocks." + match[1].str() + ".attn.qkv." + match[3].str(), piece, 3};

@@ -73,14 +73,15 @@ def summary_of(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def write_region_slide(directory):
-    """Three 224-pixel tiles of real H&E at CMU-1's own 0.499 um/px (read at level 0, not resized),
-    as a tiled TIFF: (the pixels, the slide's path)."""
+def write_region_slide(directory, microns_per_pixel=0.499, size=(672, 224)):
+    """224-pixel tiles of real H&E (three at CMU-1's own 0.499 um/px, read at level 0, not resized), as a
+    tiled TIFF declared at `microns_per_pixel`, so that an encoder reading at that rate takes them
+    unresized: (the pixels, the slide's path)."""
     with openslide.OpenSlide(CMU) as slide:
-        region = np.asarray(slide.read_region((600, 1200), 0, (672, 224)).convert("RGB"))
+        region = np.asarray(slide.read_region((600, 1200), 0, size).convert("RGB"))
     path = os.path.join(directory, "cmu-region.tif")
     tifffile.imwrite(path, region, tile=(256, 256), photometric="rgb",
-                     resolution=(1e4 / 0.499, 1e4 / 0.499), resolutionunit="CENTIMETER")
+                     resolution=(1e4 / microns_per_pixel, 1e4 / microns_per_pixel), resolutionunit="CENTIMETER")
     return region, path
 
 

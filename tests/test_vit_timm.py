@@ -47,19 +47,21 @@ MEAN_POOLED = {"family": "vit", "image_size": 16, "patch_size": 4, "width": 32, 
                "class_token": False, "position_embedding": "tokens", "final_norm": "pooled",
                "output": "patch_mean", "classes": 5}
 
-SAFETENSORS_DTYPES = {"F32": (torch.float32, "<f4"), "F16": (torch.float16, "<f2"), "BF16": (torch.bfloat16, None)}
+SAFETENSORS_DTYPES = {"F32": (torch.float32, "<f4"), "F16": (torch.float16, "<f2"), "BF16": (torch.bfloat16, None),
+                      "I64": (torch.int64, "<i8")}
 
 
 def write_safetensors(path, tensors, dtype="F32"):
     """The format by hand: header length (u64 little-endian), JSON header, raw data."""
-    torch_dtype, _ = SAFETENSORS_DTYPES[dtype]
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name, value in tensors.items():
-        value = value.detach().to(torch_dtype).contiguous()
+        # Integer buffers (Swin's relative_position_index, BatchNorm's num_batches_tracked) stay I64.
+        tensor_dtype = dtype if value.is_floating_point() else "I64"
+        value = value.detach().to(SAFETENSORS_DTYPES[tensor_dtype][0]).contiguous()
         # bfloat16 has no numpy type: its bits are the upper halves of float32's.
-        raw = (value.float().numpy().view(np.uint32) >> 16).astype("<u2").tobytes() if dtype == "BF16" \
-            else value.numpy().astype(SAFETENSORS_DTYPES[dtype][1]).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(value.shape), "data_offsets": [offset, offset + len(raw)]}
+        raw = (value.float().numpy().view(np.uint32) >> 16).astype("<u2").tobytes() if tensor_dtype == "BF16" \
+            else value.numpy().astype(SAFETENSORS_DTYPES[tensor_dtype][1]).tobytes()
+        header[name] = {"dtype": tensor_dtype, "shape": list(value.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
     text = json.dumps(header).encode()

@@ -10,6 +10,10 @@ out (conv OIHW, linear [out,in], batch norm weight/bias/running_mean/running_var
 Every name and shape is checked against the preset; a missing, unexpected or misshapen
 tensor is an error (exit code 5) that names the tensor and the input file.
 
+CTransPath (the `ctranspath` preset, a Swin: compute/swin.h) takes its checkpoint as it ships,
+torch.save({'model': state_dict}) with its own module names; its derived buffers
+(relative_position_index, attn_mask) are skipped as num_batches_tracked is.
+
 Vision transformers (the `vit` family, compute/vit.h: the presets of compute/vit_presets.json,
 by tessera's name or TRIDENT's, or a model JSON {"family": "vit", ...} given with
 --model) take timm's parameter names, and torchvision's vit_b_16 names, which are renamed to
@@ -37,6 +41,7 @@ import h5py
 import numpy as np
 import torch
 
+from swin_reference import SWIN_PRESETS, SwinTransformer, derived_buffer
 from tessera_presets import PRESETS, build_preset, preset_reference
 from vit_reference import (VIT_PRESETS, TRIDENT_NAMES, expected_vit_shapes, is_vit_description, timm_parameter_name,
                             vit_preset_name)
@@ -57,6 +62,9 @@ def load_state_dict(path):
         raise ConversionError(f"{path}: cannot load with torch.load: {error}")
     if isinstance(loaded, torch.nn.Module):
         loaded = loaded.state_dict()
+    # CTransPath's checkpoint (as MoCo's and DeiT's): torch.save({'model': state_dict, ...}).
+    if isinstance(loaded, dict) and isinstance(loaded.get("model"), dict):
+        loaded = loaded["model"]
     if not isinstance(loaded, dict) or not all(torch.is_tensor(v) for v in loaded.values()):
         raise ConversionError(f"{path}: expected a state_dict (name -> tensor) or an nn.Module, "
                               f"got {type(loaded).__name__}")
@@ -119,10 +127,11 @@ def validate(preset, classes, width, state_dict, source):
     return list(expected)
 
 
-def validate_vit(description, state_dict, source):
-    """The tensor names to write for a ViT description; raises ConversionError listing every
-    missing, unexpected, misshapen and non-floating tensor (names already timm's)."""
-    expected = expected_vit_shapes(description)
+def validate_vit(description, state_dict, source, expected=None):
+    """The tensor names to write for a ViT description (or a Swin's, given its `expected` shapes);
+    raises ConversionError listing every missing, unexpected, misshapen and non-floating tensor
+    (names already timm's)."""
+    expected = expected or expected_vit_shapes(description)
     problems = [f"missing tensor '{k}' {list(s)}" for k, s in expected.items() if k not in state_dict]
     problems += [f"unexpected tensor '{k}' {list(v.shape)}" for k, v in state_dict.items() if k not in expected]
     problems += [f"tensor '{k}' has shape {list(v.shape)}, the model needs {list(expected[k])}"
@@ -132,6 +141,22 @@ def validate_vit(description, state_dict, source):
     if problems:
         raise ConversionError(f"{source} does not fit the ViT {json.dumps(description)}:\n  " + "\n  ".join(problems))
     return list(expected)
+
+
+def is_swin(description):
+    return description.get("family") == "swin" or description.get("preset") in SWIN_PRESETS
+
+
+def convert_swin(description, state_dict, source):
+    """A Swin's (CTransPath's) reference and names, its module's own; the buffers it derives from its
+    shape (relative_position_index, attn_mask, num_batches_tracked) skipped."""
+    try:
+        model = SwinTransformer(description)
+    except (AssertionError, KeyError, IndexError, TypeError, ValueError) as error:
+        raise ConversionError(f"{json.dumps(description)} is not a Swin tessera builds: {error!r}")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not derived_buffer(k)}
+    state_dict = {k: v for k, v in state_dict.items() if not derived_buffer(k)}
+    return description, state_dict, validate_vit(description, state_dict, source, expected)
 
 
 def convert_vit(description, state_dict, source, classes):
@@ -202,7 +227,10 @@ def convert(args):
         state_dict = load_state_dict(args.state_dict)
     if args.model or vit_preset_name(args.preset):
         description = {"preset": vit_preset_name(args.preset)} if args.preset else read_vit_description(args.model)
-        reference, state_dict, names = convert_vit(description, state_dict, source, args.classes)
+        if is_swin(description):
+            reference, state_dict, names = convert_swin(description, state_dict, source)
+        else:
+            reference, state_dict, names = convert_vit(description, state_dict, source, args.classes)
     else:
         classes = args.classes or infer_classes(args.preset, state_dict, source)
         width = args.width or (infer_width(state_dict, source) if args.preset == "small-cnn" else None)

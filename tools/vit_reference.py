@@ -45,7 +45,7 @@ def vit_settings(description):
 
 
 def is_vit_description(description):
-    return description.get("family") == "vit" or vit_preset_name(description.get("preset")) is not None
+    return description.get("family") in ("vit", "swin") or vit_preset_name(description.get("preset")) is not None
 
 
 class Attention(nn.Module):

@@ -24,9 +24,11 @@
 #include "compute/ops/layer_scale.h"
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
+#include "compute/ops/patch_merge.h"
 #include "compute/ops/relu.h"
 #include "compute/ops/softmax_cross_entropy.h"
 #include "compute/ops/vit_tokens.h"
+#include "compute/ops/window_attention.h"
 
 namespace tessera {
 
@@ -142,6 +144,8 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"vit_tokens", make_vit_tokens},
       {"token_pool", make_token_pool},
       {"attentional_pool", make_attentional_pool},
+      {"window_attention", make_window_attention},
+      {"patch_merge", make_patch_merge},
   };
   auto it = factories.find(layer.type());
   if (it == factories.end()) {
