@@ -3,6 +3,7 @@ the slide's tumour polygons are shifted from the normal tiles' cluster, and an a
 it among synthetic bags. Each tile's colour is viridis at the head's probability of "tumor" for
 that tile alone (computed here from the checkpoint's parameters), on the fixed 0..1 scale; the
 legend band under the thumbnail holds the colour bar from viridis(0) to viridis(1) and its text.
+Mean, max and dsmil heads score tiles too (dsmil by its instance classifier).
 A tumour-free synthetic slide is dark under the fixed scale and has a bright spot only under
 --scale slide. Bad input exits 5 and names the file: a missing feature file, a truncated
 checkpoint, coords outside the slide, and the features of another slide (by the name and size
@@ -61,10 +62,10 @@ def viridis(position):
     return VIRIDIS[low] + t * (VIRIDIS[low + 1] - VIRIDIS[low])
 
 
-def tumour_probability(checkpoint, features_path):
+def tumour_probability(checkpoint, features_path, classifier="classifier"):
     """The head's probability of its last class for each tile alone, in float64 from the checkpoint."""
     with h5py.File(checkpoint, "r") as f:
-        weight, bias = f["params/classifier.weight"][()].astype(np.float64), f["params/classifier.bias"][()]
+        weight, bias = f[f"params/{classifier}.weight"][()].astype(np.float64), f[f"params/{classifier}.bias"][()]
     with h5py.File(features_path, "r") as f:
         x = f["features"][()].astype(np.float64)
     logits = x @ weight.T + bias
@@ -231,6 +232,19 @@ def main():
         assert process.returncode == 0, process.stderr
         summary = json.loads(process.stdout.strip().splitlines()[-1])
         expected = tumour_probability(max_model, slide_file)
+        assert abs(summary["score_min"] - expected.min()) < 1e-5, (summary, expected.min())
+        assert abs(summary["score_max"] - expected.max()) < 1e-5, (summary, expected.max())
+
+        # A dsmil head scores each tile by its instance classifier (from the checkpoint here).
+        dsmil_model = os.path.join(work, "dsmil.h5")
+        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "dsmil", "--epochs", 5,
+                       "--optimizer", "adam", "--lr", "0.01", "--seed", 1, "--val-fraction", 0,
+                       "--checkpoint", dsmil_model])
+        assert process.returncode == 0, process.stderr
+        process = heatmap(os.path.join(work, "dsmil.png"), 0.5, checkpoint=dsmil_model)
+        assert process.returncode == 0, process.stderr
+        summary = json.loads(process.stdout.strip().splitlines()[-1])
+        expected = tumour_probability(dsmil_model, slide_file, "i_classifier.fc.0")
         assert abs(summary["score_min"] - expected.min()) < 1e-5, (summary, expected.min())
         assert abs(summary["score_max"] - expected.max()) < 1e-5, (summary, expected.max())
 
