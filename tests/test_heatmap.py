@@ -222,31 +222,20 @@ def main():
         assert 0 <= summary["score_min"] < summary["score_max"] <= 1, summary
 
         # A max head, as the mean: a max over one tile is that tile, so its score is the
-        # classifier's probability for the tile alone (from the checkpoint here).
-        max_model = os.path.join(work, "max.h5")
-        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "max", "--epochs", 5,
-                       "--optimizer", "adam", "--lr", "0.01", "--seed", 1, "--val-fraction", 0,
-                       "--checkpoint", max_model])
-        assert process.returncode == 0, process.stderr
-        process = heatmap(os.path.join(work, "max.png"), 0.5, checkpoint=max_model)
-        assert process.returncode == 0, process.stderr
-        summary = json.loads(process.stdout.strip().splitlines()[-1])
-        expected = tumour_probability(max_model, slide_file)
-        assert abs(summary["score_min"] - expected.min()) < 1e-5, (summary, expected.min())
-        assert abs(summary["score_max"] - expected.max()) < 1e-5, (summary, expected.max())
-
-        # A dsmil head scores each tile by its instance classifier (from the checkpoint here).
-        dsmil_model = os.path.join(work, "dsmil.h5")
-        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "dsmil", "--epochs", 5,
-                       "--optimizer", "adam", "--lr", "0.01", "--seed", 1, "--val-fraction", 0,
-                       "--checkpoint", dsmil_model])
-        assert process.returncode == 0, process.stderr
-        process = heatmap(os.path.join(work, "dsmil.png"), 0.5, checkpoint=dsmil_model)
-        assert process.returncode == 0, process.stderr
-        summary = json.loads(process.stdout.strip().splitlines()[-1])
-        expected = tumour_probability(dsmil_model, slide_file, "i_classifier.fc.0")
-        assert abs(summary["score_min"] - expected.min()) < 1e-5, (summary, expected.min())
-        assert abs(summary["score_max"] - expected.max()) < 1e-5, (summary, expected.max())
+        # classifier's probability for the tile alone; a dsmil head's, its instance classifier's
+        # (from the checkpoint here).
+        for head, classifier in (("max", "classifier"), ("dsmil", "i_classifier.fc.0")):
+            head_model = os.path.join(work, f"{head}.h5")
+            process = run(["train", "--features", features_dir, "--labels", labels, "--head", head, "--epochs", 5,
+                           "--optimizer", "adam", "--lr", "0.01", "--seed", 1, "--val-fraction", 0,
+                           "--checkpoint", head_model])
+            assert process.returncode == 0, process.stderr
+            process = heatmap(os.path.join(work, f"{head}.png"), 0.5, checkpoint=head_model)
+            assert process.returncode == 0, process.stderr
+            summary = json.loads(process.stdout.strip().splitlines()[-1])
+            expected = tumour_probability(head_model, slide_file, classifier)
+            assert abs(summary["score_min"] - expected.min()) < 1e-5, (head, summary, expected.min())
+            assert abs(summary["score_max"] - expected.max()) < 1e-5, (head, summary, expected.max())
 
         # A slide without tumour, its tiles' features all from the normal distribution: dark under the
         # fixed scale; --scale slide stretches its own small range so that its top tile is yellow.

@@ -23,15 +23,6 @@ std::string describe(const Case& c, DType activations) {
          std::to_string(c.count) + (activations == DType::f16 ? " fp16" : " fp32");
 }
 
-// The first of the bag's rows with the largest logit, per class.
-std::vector<int64_t> critical_rows(const std::vector<float>& logits, const Case& c) {
-  std::vector<int64_t> rows(static_cast<size_t>(c.classes), 0);
-  for (int64_t k = 0; k < c.classes; ++k)
-    for (int64_t n = 1; n < c.count; ++n)
-      if (logits[n * c.classes + k] > logits[rows[k] * c.classes + k]) rows[k] = n;
-  return rows;
-}
-
 void expect_forward_and_backward(const Case& c, DType activations, bool ties) {
   SCOPED_TRACE(describe(c, activations) + (ties ? " ties" : ""));
   CriticalInstanceScores op;
@@ -45,7 +36,7 @@ void expect_forward_and_backward(const Case& c, DType activations, bool ties) {
   if (ties)  // a few whole values: several rows share each class's largest logit
     for (int64_t n = 0; n < c.count; ++n)
       for (int64_t k = 0; k < c.classes; ++k) logits[n * c.classes + k] = static_cast<float>((n * 5 + k * 3) % 4);
-  auto critical = critical_rows(logits, c);
+  auto critical = test::first_argmax_rows(logits, c.count, c.classes);  // the first of the bag's largest logits
   const double scale = 1 / std::sqrt(static_cast<double>(c.width));
   auto dot = [&](int64_t a, int64_t b) {
     double sum = 0;
