@@ -13,7 +13,8 @@ nlohmann::json loss_layers(const nlohmann::json& graph, const std::vector<LossTe
   nlohmann::json layers = nlohmann::json::array(
       {{{"name", "loss"}, {"type", "softmax_cross_entropy"}, {"inputs", {logits, "labels"}}}});
   for (auto& term : extra)
-    layers.push_back({{"name", extra_loss_name(term)}, {"type", "softmax_cross_entropy"}, {"inputs", {term.layer, "labels"}}});
+    layers.push_back(
+        {{"name", extra_loss_name(term)}, {"type", "softmax_cross_entropy"}, {"inputs", {term.layer, "labels"}}});
   return layers;
 }
 

@@ -27,7 +27,8 @@ Shape CriticalInstanceScores::infer(const std::vector<Shape>& inputs) {
 }
 
 std::vector<TensorSpec> CriticalInstanceScores::tensors() const {
-  return {{"critical", {classes_}, TensorRole::saved, DType::u32}, {"gathered", {classes_ * width_}, TensorRole::saved}};
+  return {{"critical", {classes_}, TensorRole::saved, DType::u32},
+          {"gathered", {classes_ * width_}, TensorRole::saved}};
 }
 
 void CriticalInstanceScores::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -49,13 +50,15 @@ void CriticalInstanceScores::backward(vk::Recorder& recorder, vk::Kernels& kerne
   if (t.input_grads[0]) {
     Push push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), static_cast<uint32_t>(classes_),
               accumulates(t, 0)};
-    // sum_n ds[n, c] Q[n] / sqrt(K) for each class first: what each critical row gets besides its own term.
+    // sum_n ds[n, c] Q[n] / sqrt(K) for each class first: what each critical row gets besides
+    // its own term.
+    const Tensor& ds = *t.output_grad;
     recorder.dispatch_elements(
-        kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_gather, *t.output_grad, {kElementwiseGroup}),
+        kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_gather, ds, {kElementwiseGroup}),
         {reads(*t.output_grad), reads(*t.inputs[0]), reads(*t.inputs[2]), writes(gathered)}, push, classes_ * width_,
         kElementwiseGroup);
     recorder.dispatch_elements(
-        kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_queries, *t.output_grad, {kElementwiseGroup}),
+        kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_queries, ds, {kElementwiseGroup}),
         {reads(*t.output_grad), reads(*t.inputs[0]), reads(critical), reads(gathered), reads(*t.inputs[2]),
          input_grad_arg(t, 0)},
         push, rows_ * width_, kElementwiseGroup);
