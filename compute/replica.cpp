@@ -8,10 +8,14 @@
 
 namespace tessera {
 
-nlohmann::json loss_layers(const nlohmann::json& graph) {
+nlohmann::json loss_layers(const nlohmann::json& graph, const std::vector<LossTerm>& extra) {
   std::string logits = graph["layers"].back()["name"];
-  return nlohmann::json::array(
+  nlohmann::json layers = nlohmann::json::array(
       {{{"name", "loss"}, {"type", "softmax_cross_entropy"}, {"inputs", {logits, "labels"}}}});
+  for (auto& term : extra)
+    layers.push_back(
+        {{"name", extra_loss_name(term)}, {"type", "softmax_cross_entropy"}, {"inputs", {term.layer, "labels"}}});
+  return layers;
 }
 
 namespace {
@@ -49,10 +53,16 @@ Replica::Replica(vk::Context& device, const LoopSettings& settings, const Traini
       staged_inputs_(part_inputs(job.staged, replicated, part.count)),
       labels_input_(input_index(staged_inputs_, "labels")),
       valid_input_(input_index(staged_inputs_, "valid")),
-      network_(job.graph, staged_inputs_, true, job.prologue, loss_layers(job.graph)),
+      network_(job.graph, staged_inputs_, true, job.prologue, loss_layers(job.graph, job.extra_losses)),
       logits_(network_.layer(job.graph["layers"].back()["name"].get<std::string>())),
       optimizer_(Optimizer::make(settings.optimizer)) {
   network_.set_activation_dtype(settings.fp16 ? DType::f16 : DType::f32);
+  losses_.push_back({&network_.layer("loss"), job.logits_loss_weight});
+  for (auto& term : job.extra_losses) losses_.push_back({&network_.layer(extra_loss_name(term)), term.weight});
+  // A replica's loss weights (the samples' shares of a data-parallel batch) replace the loss
+  // gradient with the logits' term alone.
+  if (replicated_ && (losses_.size() > 1 || job.logits_loss_weight != 1))
+    throw std::logic_error("a loss of weighted terms trains on one replica");
 }
 
 std::vector<Replica::Planned> Replica::planned() const {
@@ -143,18 +153,19 @@ void Replica::allocate() {
 void Replica::initialise(const std::optional<Checkpoint>& start, const std::string& start_path,
                          std::optional<float> loss_scale) {
   network_.initialise(settings_.seed);
-  Network::Layer& loss = network_.layer("loss");
-  if (!settings_.class_weights.empty()) {
-    auto classes = static_cast<size_t>(loss.tensors[0]->count());
-    if (settings_.class_weights.size() != classes)
-      throw UsageError("--class-weights has " + std::to_string(settings_.class_weights.size()) +
-                       " values; the data has " + std::to_string(classes) + " classes");
-    loss.tensors[0]->upload(settings_.class_weights);
+  for (auto& [loss, weight] : losses_) {
+    if (!settings_.class_weights.empty()) {
+      auto classes = static_cast<size_t>(loss->tensors[0]->count());
+      if (settings_.class_weights.size() != classes)
+        throw UsageError("--class-weights has " + std::to_string(settings_.class_weights.size()) +
+                         " values; the data has " + std::to_string(classes) + " classes");
+      loss->tensors[0]->upload(settings_.class_weights);
+    }
+    // The loss is the sum of per-sample terms; each micro-batch adds 1/K of its gradient, each
+    // term its weight (replicated, loss_weight replaces this before every backward pass).
+    loss->output_grad->upload(
+        std::vector<float>(static_cast<size_t>(part_.count), weight / static_cast<float>(settings_.accumulate)));
   }
-  // The loss is the sum of per-sample terms; each micro-batch adds 1/K of its gradient
-  // (replicated, loss_weight replaces this before every backward pass).
-  loss.output_grad->upload(
-      std::vector<float>(static_cast<size_t>(part_.count), 1.0f / static_cast<float>(settings_.accumulate)));
   for (auto& [name, states] : optimizer_states_)
     for (auto& state : states) state->upload(std::vector<float>(static_cast<size_t>(state->count()), 0.0f));
   uint32_t step[2] = {0, 0};
@@ -355,7 +366,9 @@ void Replica::record() {
       if (!replicated_) {
         if (loss_scale_) {
           recorder.set_scope("loss scale");
-          loss_scale_->record_loss_gradient(recorder, kernels, dloss, 1.0f / static_cast<float>(settings_.accumulate));
+          for (auto& [loss, weight] : losses_)
+            loss_scale_->record_loss_gradient(recorder, kernels, *loss->output_grad,
+                                              weight / static_cast<float>(settings_.accumulate));
         }
         network_.record_backward(recorder, kernels, inputs, pass);
         if (last) record_update(recorder);

@@ -148,6 +148,8 @@ class Replica final : public ReplicaSync {
   size_t labels_input_ = 0, valid_input_ = 0;  // of staged_inputs_
   Network network_;
   Network::Layer& logits_;
+  // Each loss layer with the weight of its term: "loss" (the logits') first, then the extra terms.
+  std::vector<std::pair<Network::Layer*, float>> losses_;
   std::unique_ptr<Optimizer> optimizer_;
 
   std::array<std::vector<StagedBatch>, 2> staging_;  // [slot][k]

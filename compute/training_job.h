@@ -59,9 +59,19 @@ class Feed {
   }
 };
 
+// A term of a loss of several: the softmax cross-entropy of a layer's output (logits [N,C]) against
+// the staged "labels", weighted. DSMIL trains on 0.5 of its bag logits' loss and 0.5 of the loss of
+// the max over instances of its instance logits; CLAM on 0.7 bag and 0.3 instance clustering.
+struct LossTerm {
+  std::string layer;
+  float weight = 1;
+};
+
 // The layers the loop adds after a job's graph: the softmax cross-entropy of its last layer (the
-// logits) against the staged "labels", as the layer "loss".
-nlohmann::json loss_layers(const nlohmann::json& graph);
+// logits) against the staged "labels", as the layer "loss", then one for each of `extra` terms, as
+// the layer extra_loss_name(term).
+nlohmann::json loss_layers(const nlohmann::json& graph, const std::vector<LossTerm>& extra = {});
+inline std::string extra_loss_name(const LossTerm& term) { return "loss." + term.layer; }
 
 // What a job hands the loop.
 struct TrainingJob {
@@ -78,6 +88,11 @@ struct TrainingJob {
   nlohmann::json settings = nlohmann::json::object();
   nlohmann::json report = nlohmann::json::object();  // added to every epoch record
   std::string advice;  // what to change when the plan is over the budget
+  // The loss: the last layer's term (the logits that metrics, AUC and scores read) weighted by
+  // `logits_loss_weight`, plus the `extra_losses` terms (loss_layers). One replica only: the loss
+  // weights of a data-parallel run weigh the logits' term alone.
+  float logits_loss_weight = 1;
+  std::vector<LossTerm> extra_losses;
 };
 
 }  // namespace tessera

@@ -168,7 +168,7 @@ void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
 }  // namespace
 
 const std::vector<std::string>& mil_heads() {
-  static const std::vector<std::string> heads{"attention", "mean", "max"};
+  static const std::vector<std::string> heads{"attention", "mean", "max", "dsmil"};
   return heads;
 }
 
@@ -190,7 +190,8 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
     throw BadInput(features_path + ": features have width " + std::to_string(width) + "; the head in " +
                    checkpoint_path + " takes " + std::to_string(description.width));
   // The head's classifier on each instance alone: an attention, mean or max pool of one instance
-  // is that instance, so each head gives the probability it would give a bag of this one tile.
+  // is that instance, so each head gives the probability it would give a bag of this one tile;
+  // dsmil's instance classifier, the per-instance scores its critical instance is chosen by.
   nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
   InferenceOptions setup;
   setup.inputs = {{"features", {bag.instances, width}}};

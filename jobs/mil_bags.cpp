@@ -46,7 +46,25 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
   };
   nlohmann::json layers = nlohmann::json::array();
   if (instance_logits) {
-    layers.push_back(layer("classifier", "linear", {"features"}, {{"out_features", classes}}));
+    layers.push_back(layer(kind == "dsmil" ? "i_classifier.fc.0" : "classifier", "linear", {"features"},
+                           {{"out_features", classes}}));
+    return {{"layers", layers}};
+  }
+  if (kind == "dsmil") {
+    // DSMIL (Li et al. 2021) as binli123/dsmil-wsi at 80465ed trains it: dsmil.py's MILNet of
+    // FCLayer and BClassifier(nonlinear=True, passing_v=False), as train_tcga.py builds it, so
+    // V is the features themselves; the layers named as its state_dict's. The bag classifier
+    // fcc, Conv1d(C, C, kernel_size=D) over B [C, D], is a linear layer over B as one row: its
+    // weight is PyTorch's [C, C, D] viewed as [C, C*D].
+    layers.push_back(layer("i_classifier.fc.0", "linear", {"features"}, {{"out_features", classes}}));
+    layers.push_back(layer("instance_max", "instance_max", {"i_classifier.fc.0", "count"}));
+    layers.push_back(layer("b_classifier.q.0", "linear", {"features"}, {{"out_features", hidden}}));
+    layers.push_back(layer("b_classifier.q.1", "relu", {"b_classifier.q.0"}));
+    layers.push_back(layer("b_classifier.q.2", "linear", {"b_classifier.q.1"}, {{"out_features", hidden}}));
+    layers.push_back(layer("b_classifier.q.3", "tanh", {"b_classifier.q.2"}));
+    layers.push_back(layer("critical", "critical_instance_scores", {"b_classifier.q.3", "i_classifier.fc.0", "count"}));
+    layers.push_back(layer("pool", "attention_pool", {"critical", "features", "count"}));
+    layers.push_back(layer("b_classifier.fcc", "linear", {"pool"}, {{"out_features", classes}}));
     return {{"layers", layers}};
   }
   if (kind == "attention") {
@@ -91,6 +109,15 @@ Cohort read_cohort(const MilOptions& mil, bool fp16) {
   return cohort;
 }
 
+void set_head_losses(const std::string& kind, TrainingJob& job) {
+  if (kind != "dsmil") return;
+  // train_tcga.py: loss = 0.5 * bag loss + 0.5 * the loss of the max over instances of the
+  // instance classifier's logits. Its criterion is BCEWithLogitsLoss over multi-label targets;
+  // tessera's classes are single-label, so both terms are softmax cross-entropy.
+  job.logits_loss_weight = 0.5f;
+  job.extra_losses = {{"instance_max", 0.5f}};
+}
+
 TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOptions& options) {
   int64_t rows = 0;
   for (auto& bag : cohort.bags) rows = std::max(rows, bag.instances);
@@ -104,6 +131,7 @@ TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOpt
                 {"valid", {1}, DType::u32}};
   job.settings = run_settings(options);
   job.advice = "lower --attention-hidden, or raise --device-memory-limit";
+  set_head_losses(mil.head, job);
   return job;
 }
 

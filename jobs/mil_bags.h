@@ -36,9 +36,13 @@ struct Bag {
 Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16);
 
 // The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
-// the shared loop trains and that tile_scores runs. `instance_logits` (a mean head's tile
-// scores): the classifier reads every instance instead of their mean.
+// the shared loop trains and that tile_scores runs. `instance_logits` (tile scores): the
+// classifier reads every instance instead of their pool (dsmil: its instance classifier).
 nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, bool instance_logits = false);
+
+// The terms of a head's loss beside its logits' (TrainingJob::logits_loss_weight, extra_losses):
+// dsmil's half bag, half the max over instances of its instance classifier; the others none.
+void set_head_losses(const std::string& kind, TrainingJob& job);
 
 // The slides of a labels file as bags, with their classes: the labels sorted, each bag's label
 // its index among them. Throws BadInput naming the file (fewer than two labels) or a feature file.

@@ -1,6 +1,6 @@
 // The loss and parameter gradients of one training step of a slide-level head, for a test to
 // compare with PyTorch (tests/test_mil_heads_torch.py): the head's graph (jobs/mil_bags.h) and the
-// loss the training loop adds after it, on one bag, from given weights, forward and backward once
+// loss the training loop adds after it (each term weighted, jobs/mil_bags.h's set_head_losses), on one bag, from given weights, forward and backward once
 // on the device, as the loop records them (without the optimizer).
 // Usage: head_gradients SPEC.json OUT.json, SPEC being {"head", "attention_hidden", "classes",
 // "features": bag.h5, "label", "params": weights.h5 (a dataset per parameter, by its PyTorch
@@ -32,8 +32,10 @@ int main(int argc, char** argv) try {
   std::vector<GraphInput> inputs{{"features", {bag.instances, width}, fp16 ? DType::f16 : DType::f32},
                                  {"count", {1}, DType::u32},
                                  {"labels", {1}, DType::u32}};
+  TrainingJob losses;
+  set_head_losses(spec["head"], losses);
   vk::Context context;
-  Network network(graph, inputs, true, nlohmann::json::array(), loss_layers(graph));
+  Network network(graph, inputs, true, nlohmann::json::array(), loss_layers(graph, losses.extra_losses));
   network.set_activation_dtype(fp16 ? DType::f16 : DType::f32);
   network.allocate(context);
   network.initialise(0);
@@ -50,7 +52,10 @@ int main(int argc, char** argv) try {
   count.upload(&instances, 4);
   labels.upload(&label, 4);
   step.upload(steps, sizeof steps);
-  network.layer("loss").output_grad->upload(std::vector<float>{1.0f});
+  // Each term's loss layer gets its weight as its gradient: the loss is their weighted sum.
+  std::vector<std::pair<std::string, float>> terms{{"loss", losses.logits_loss_weight}};
+  for (auto& term : losses.extra_losses) terms.push_back({extra_loss_name(term), term.weight});
+  for (auto& [name, weight] : terms) network.layer(name).output_grad->upload(std::vector<float>{weight});
   Network::Bound bound{{"features", &features}, {"count", &count}, {"labels", &labels}};
   Network::Pass pass{true, 0, &step, 0};
   vk::Program program(context);
@@ -61,7 +66,9 @@ int main(int argc, char** argv) try {
     recorder.finish();
   }
   program.run();
-  nlohmann::json out = {{"loss", network.layer("loss").output->download()[0]}, {"gradients", nlohmann::json::object()}};
+  double loss = 0;
+  for (auto& [name, weight] : terms) loss += weight * network.layer(name).output->download()[0];
+  nlohmann::json out = {{"loss", loss}, {"gradients", nlohmann::json::object()}};
   for (auto& named : network.named_tensors())
     if (named.grad) out["gradients"][named.name] = {{"shape", named.spec.shape}, {"values", named.grad->download()}};
   std::ofstream(argv[2]) << out.dump();

@@ -3,6 +3,7 @@ the slide's tumour polygons are shifted from the normal tiles' cluster, and an a
 it among synthetic bags. Each tile's colour is viridis at the head's probability of "tumor" for
 that tile alone (computed here from the checkpoint's parameters), on the fixed 0..1 scale; the
 legend band under the thumbnail holds the colour bar from viridis(0) to viridis(1) and its text.
+Mean, max and dsmil heads score tiles too (dsmil by its instance classifier).
 A tumour-free synthetic slide is dark under the fixed scale and has a bright spot only under
 --scale slide. Bad input exits 5 and names the file: a missing feature file, a truncated
 checkpoint, coords outside the slide, and the features of another slide (by the name and size
@@ -61,10 +62,10 @@ def viridis(position):
     return VIRIDIS[low] + t * (VIRIDIS[low + 1] - VIRIDIS[low])
 
 
-def tumour_probability(checkpoint, features_path):
+def tumour_probability(checkpoint, features_path, classifier="classifier"):
     """The head's probability of its last class for each tile alone, in float64 from the checkpoint."""
     with h5py.File(checkpoint, "r") as f:
-        weight, bias = f["params/classifier.weight"][()].astype(np.float64), f["params/classifier.bias"][()]
+        weight, bias = f[f"params/{classifier}.weight"][()].astype(np.float64), f[f"params/{classifier}.bias"][()]
     with h5py.File(features_path, "r") as f:
         x = f["features"][()].astype(np.float64)
     logits = x @ weight.T + bias
@@ -221,18 +222,20 @@ def main():
         assert 0 <= summary["score_min"] < summary["score_max"] <= 1, summary
 
         # A max head, as the mean: a max over one tile is that tile, so its score is the
-        # classifier's probability for the tile alone (from the checkpoint here).
-        max_model = os.path.join(work, "max.h5")
-        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "max", "--epochs", 5,
-                       "--optimizer", "adam", "--lr", "0.01", "--seed", 1, "--val-fraction", 0,
-                       "--checkpoint", max_model])
-        assert process.returncode == 0, process.stderr
-        process = heatmap(os.path.join(work, "max.png"), 0.5, checkpoint=max_model)
-        assert process.returncode == 0, process.stderr
-        summary = json.loads(process.stdout.strip().splitlines()[-1])
-        expected = tumour_probability(max_model, slide_file)
-        assert abs(summary["score_min"] - expected.min()) < 1e-5, (summary, expected.min())
-        assert abs(summary["score_max"] - expected.max()) < 1e-5, (summary, expected.max())
+        # classifier's probability for the tile alone; a dsmil head's, its instance classifier's
+        # (from the checkpoint here).
+        for head, classifier in (("max", "classifier"), ("dsmil", "i_classifier.fc.0")):
+            head_model = os.path.join(work, f"{head}.h5")
+            process = run(["train", "--features", features_dir, "--labels", labels, "--head", head, "--epochs", 5,
+                           "--optimizer", "adam", "--lr", "0.01", "--seed", 1, "--val-fraction", 0,
+                           "--checkpoint", head_model])
+            assert process.returncode == 0, process.stderr
+            process = heatmap(os.path.join(work, f"{head}.png"), 0.5, checkpoint=head_model)
+            assert process.returncode == 0, process.stderr
+            summary = json.loads(process.stdout.strip().splitlines()[-1])
+            expected = tumour_probability(head_model, slide_file, classifier)
+            assert abs(summary["score_min"] - expected.min()) < 1e-5, (head, summary, expected.min())
+            assert abs(summary["score_max"] - expected.max()) < 1e-5, (head, summary, expected.max())
 
         # A slide without tumour, its tiles' features all from the normal distribution: dark under the
         # fixed scale; --scale slide stretches its own small range so that its top tile is yellow.

@@ -1,7 +1,7 @@
 """tessera train --features: slide-level multiple-instance learning on synthetic CLAM-layout
 feature files (h5py). Tumour slides hold a few instances from a shifted distribution among
-normal ones; the mean and the gated attention head must classify held-out slides well above
-chance, and in fp16 do as well as in fp32 (within fp16's rounding). --dry-run prints a memory
+normal ones; the mean, the gated attention and the dsmil head must classify held-out slides well
+above chance, and in fp16 do as well as in fp32 (within fp16's rounding). --dry-run prints a memory
 plan that matches the measured peak, and a plan over --device-memory-limit exits 3 before any
 work. A corrupt feature file, or in fp16 one beyond fp16's range, exits 5 and names the file;
 --data and --features exclude each other."""
@@ -62,7 +62,7 @@ def main():
             f.write(make_features(features))
 
         results = {}
-        for head, lr in (("attention", "0.002"), ("mean", "0.01")):
+        for head, lr in (("attention", "0.002"), ("mean", "0.01"), ("dsmil", "0.002")):
             for precision in ("fp32", "fp16"):
                 checkpoint = os.path.join(work, f"{head}-{precision}.h5")
                 flags = ["train", "--features", features, "--labels", labels, "--head", head, "--optimizer", "adam",
@@ -84,6 +84,11 @@ def main():
                       f"slides (train {final['train_accuracy']:.3f}, val loss {final['val_loss']:.4f}, "
                       f"activations {plan['bytes']['activations']} B)")
                 with h5py.File(checkpoint, "r") as f:
+                    if head == "dsmil":  # dsmil.py's names; fcc's Conv1d weight [C, C, D] as [C, C*D]
+                        assert f["params/i_classifier.fc.0.weight"].shape == (2, WIDTH)
+                        assert f["params/b_classifier.q.2.weight"].shape == (128, 128)
+                        assert f["params/b_classifier.fcc.weight"].shape == (2, 2 * WIDTH)
+                        continue
                     assert "classifier.weight" in f["params"] and f["params/classifier.weight"].shape == (2, WIDTH)
                     assert f["params/classifier.weight"].dtype == np.float32
                     if head == "attention":
@@ -95,6 +100,7 @@ def main():
             assert fp16["loss_scale"] == 65536 and fp16["skipped_steps"] == 0, fp16
         assert results["attention", "fp32"]["val_accuracy"] >= 0.8, results
         assert results["mean", "fp32"]["val_accuracy"] >= 0.65, results
+        assert results["dsmil", "fp32"]["val_accuracy"] >= 0.8, results
 
         # Features beyond fp16's range are named, exit 5, rather than trained on as infinities.
         wide = os.path.join(work, "wide")
@@ -116,9 +122,10 @@ def main():
         broken = os.path.join(features, "slide05.h5")
         with open(broken, "r+b") as f:
             f.truncate(os.path.getsize(broken) // 2)
-        process = run(["train", "--features", features, "--labels", labels, "--head", "attention", "--epochs", "1"])
-        assert process.returncode == 5, (process.returncode, process.stderr)
-        assert "slide05.h5" in process.stderr, process.stderr
+        for head in ("attention", "dsmil"):
+            process = run(["train", "--features", features, "--labels", labels, "--head", head, "--epochs", "1"])
+            assert process.returncode == 5, (process.returncode, process.stderr)
+            assert "slide05.h5" in process.stderr, process.stderr
 
         # A slide listed without a feature file is named too.
         with open(labels) as f:

@@ -6,8 +6,8 @@ scored once a seed, no case split across folds, each class's cases dealt evenly 
 the same folds from the same command and other folds from another seed. Each fold's AUC (the
 Mann-Whitney rank statistic, one-vs-rest macro for three classes), balanced accuracy and macro
 F1, and their mean and sample std, are recomputed here in numpy from those predictions. Gated
-attention (ABMIL) separates a cohort whose label lies in a few patches a slide: mean AUC over 5
-folds above 0.9. Without a case_id column each slide is its own case. On a terminal a table ends
+attention (ABMIL) and DSMIL each separate a cohort whose label lies in a few patches a slide: mean
+AUC over 5 folds above 0.9. Without a case_id column each slide is its own case. On a terminal a table ends
 the run (the JSON's numbers), through a pipe a `fold` record per head and the result line; a sweep
 takes `cv_auc_mean_less_std` as its objective, each fold an intermediate value, and its HTML report
 (rendered by chromium) gives each trial's means and stds as the trials reported them. Bad input: a case with slides of two classes, more folds than a class has cases
@@ -174,6 +174,20 @@ def test_attention_head_separates_the_cohort_over_five_folds(tmp_path):
     print(f"attention, 5 folds: AUC {result['cv']['auc']['mean']:.3f} +- {result['cv']['auc']['std']:.3f}, "
           f"balanced accuracy {result['cv']['balanced_accuracy']['mean']:.3f}, F1 {result['cv']['f1']['mean']:.3f}")
     assert result["cv"]["auc"]["mean"] > 0.9, result["cv"]
+
+
+def test_dsmil_head_separates_the_cohort_over_five_folds(tmp_path):
+    """DSMIL (instance classifier, attention to the critical instance, bag classifier; half its
+    bag loss, half its max-instance loss) learns the same cohort."""
+    features, labels = cohort(tmp_path, "features", cases=30)
+    predictions = str(tmp_path / "predictions.csv")
+    result = result_of(train("--features", features, "--labels", labels, "--folds", 5, "--head", "dsmil",
+                             "--optimizer", "adam", "--lr", "0.002", "--epochs", 8, "--seed", 1,
+                             "--fold-predictions", predictions))
+    check_metrics(result, read_predictions(predictions))
+    print(f"dsmil, 5 folds: AUC {result['cv']['auc']['mean']:.3f} +- {result['cv']['auc']['std']:.3f}, "
+          f"balanced accuracy {result['cv']['balanced_accuracy']['mean']:.3f}, F1 {result['cv']['f1']['mean']:.3f}")
+    assert result["head"] == "dsmil" and result["cv"]["auc"]["mean"] > 0.9, result["cv"]
 
 
 def test_folds_repeat_from_the_seed_and_three_classes_are_scored_one_against_the_rest(tmp_path):

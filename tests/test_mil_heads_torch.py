@@ -2,7 +2,8 @@
 (tests/head_gradients runs the head's graph and the training loop's loss once on the device,
 from weights written here) against the same head written in PyTorch from its published
 definition, in float64, on bags of 1, 7 and 10,001 instances (relative error under 1e-4 in
-fp32). The max head also on bags whose features tie (the first instance takes the gradient),
+fp32); dsmil's combined loss (bag and max-instance terms) from dsmil.py and train_tcga.py, and
+its ties of the critical instance in fp32 and fp16. The max head also on bags whose features tie (the first instance takes the gradient),
 trained twice to the same bytes, and its memory plan against the measured peak; --head with an
 unknown name exits 2 listing the heads."""
 import hashlib
@@ -39,6 +40,13 @@ def linear_weights(generator, name, inputs, outputs):
 def head_weights(head, classes, seed):
     generator = np.random.default_rng(seed)
     weights = {}
+    if head == "dsmil":
+        # Named as dsmil.py's MILNet state_dict; fcc, Conv1d(C, C, kernel_size=D), as [C, C*D].
+        weights.update(linear_weights(generator, "i_classifier.fc.0", WIDTH, classes))
+        weights.update(linear_weights(generator, "b_classifier.q.0", WIDTH, HIDDEN))
+        weights.update(linear_weights(generator, "b_classifier.q.2", HIDDEN, HIDDEN))
+        weights.update(linear_weights(generator, "b_classifier.fcc", classes * WIDTH, classes))
+        return weights
     if head == "attention":
         weights.update(linear_weights(generator, "attention_V", WIDTH, HIDDEN))
         weights.update(linear_weights(generator, "attention_U", WIDTH, HIDDEN))
@@ -47,12 +55,44 @@ def head_weights(head, classes, seed):
     return weights
 
 
+def dsmil_loss(p, h, label):
+    """DSMIL as binli123/dsmil-wsi at commit 80465ed534ac49b5e550833da56c27936f0b9440 defines and
+    trains it: dsmil.py's MILNet(FCLayer, BClassifier(nonlinear=True, passing_v=False)), as
+    train_tcga.py builds it (V = nn.Identity()), and train_tcga.py's loss 0.5 * bag loss + 0.5 *
+    the loss of the max over instances of the instance logits, with cross-entropy for its
+    BCEWithLogitsLoss (tessera's classes are single-label). torch.sort is made stable so that a tie
+    goes to the first instance, as tessera's does."""
+    classes = F.linear(h, p["i_classifier.fc.0.weight"], p["i_classifier.fc.0.bias"])  # N x C
+    count = p["i_classifier.fc.0.bias"].shape[0]
+
+    def q(x):  # nn.Sequential(nn.Linear(D, 128), nn.ReLU(), nn.Linear(128, 128), nn.Tanh())
+        hidden = F.relu(F.linear(x, p["b_classifier.q.0.weight"], p["b_classifier.q.0.bias"]))
+        return torch.tanh(F.linear(hidden, p["b_classifier.q.2.weight"], p["b_classifier.q.2.bias"]))
+
+    V = h
+    Q = q(h).view(h.shape[0], -1)
+    _, m_indices = torch.sort(classes, stable=True, dim=0, descending=True)
+    m_feats = torch.index_select(h, dim=0, index=m_indices[0, :])
+    q_max = q(m_feats)
+    A = torch.mm(Q, q_max.transpose(0, 1))
+    A = F.softmax(A / torch.sqrt(torch.tensor(Q.shape[1], dtype=torch.float64)), 0)
+    B = torch.mm(A.transpose(0, 1), V).view(1, count, -1)
+    bag = F.conv1d(B, p["b_classifier.fcc.weight"].view(count, count, -1), p["b_classifier.fcc.bias"]).view(1, -1)
+    max_prediction, _ = torch.max(classes, 0)
+    target = torch.tensor([label])
+    return 0.5 * F.cross_entropy(bag, target) + 0.5 * F.cross_entropy(max_prediction.view(1, -1), target)
+
+
 def torch_loss(head, weights, features, label):
     """The head in PyTorch: ABMIL's gated attention (Ilse et al. 2018: tanh(V h) * sigmoid(U h),
     w, softmax over the bag), the mean, or the max over instances per feature (the first instance
     of a tie, as numpy's argmax), then the linear classifier and cross-entropy."""
     p = {name: torch.tensor(value, dtype=torch.float64, requires_grad=True) for name, value in weights.items()}
     h = torch.tensor(features, dtype=torch.float64)
+    if head == "dsmil":
+        loss = dsmil_loss(p, h, label)
+        loss.backward()
+        return loss.item(), {name: t.grad.numpy() for name, t in p.items()}
     if head == "attention":
         gate = torch.tanh(F.linear(h, p["attention_V.weight"], p["attention_V.bias"])) * \
             torch.sigmoid(F.linear(h, p["attention_U.weight"], p["attention_U.bias"]))
@@ -90,7 +130,7 @@ def relative_error(actual, expected):
     return np.linalg.norm(np.asarray(actual, np.float64).ravel() - expected.ravel()) / max(np.linalg.norm(expected), 1e-30)
 
 
-@pytest.mark.parametrize("head", ["max", "mean", "attention"])
+@pytest.mark.parametrize("head", ["max", "mean", "attention", "dsmil"])
 @pytest.mark.parametrize("instances", [1, 7, 10001])
 def test_loss_and_gradients_match_pytorch(tmp_path, head, instances):
     classes = 3 if instances == 7 else 2
@@ -110,6 +150,28 @@ def test_loss_and_gradients_match_pytorch(tmp_path, head, instances):
             assert abs(expected[name]).max() < 1e-12 and abs(gradients[name]).max() < 1e-6, gradients[name]
             continue
         assert relative_error(gradients[name], expected[name]) < 1e-4, (name, relative_error(gradients[name], expected[name]))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_dsmil_attends_to_the_first_of_tied_critical_instances(tmp_path, precision):
+    """Whole-number features: several instances share each class's largest instance logit, and
+    the bag attends to the first of them, its max-instance loss reaching the first of them too."""
+    generator = np.random.default_rng(6)
+    features = generator.integers(-2, 3, size=(301, WIDTH)).astype(np.float32)
+    weights = head_weights("dsmil", 2, 8)
+    # Each class's logit the sum of two features: its largest, 4, held by about 1 in 25 instances.
+    weights["i_classifier.fc.0.weight"] = np.zeros((2, WIDTH), np.float32)
+    weights["i_classifier.fc.0.weight"][[0, 0, 1, 1], [0, 1, 2, 3]] = 1
+    weights["i_classifier.fc.0.bias"] = np.zeros(2, np.float32)
+    logits = features @ weights["i_classifier.fc.0.weight"].T
+    assert all((logits[:, c] == logits[:, c].max()).sum() > 1 for c in range(2)), "no tie to test"
+    expected_loss, expected = torch_loss("dsmil", weights, features, 1)
+    loss, gradients = device_loss(tmp_path, "dsmil", weights, features, 1, 2, precision)
+    # fp16: features and instance logits exact (whole numbers); queries, scores and pools rounded.
+    tolerance = 1e-4 if precision == "fp32" else 2e-2
+    assert abs(loss - expected_loss) <= tolerance * abs(expected_loss), (loss, expected_loss)
+    for name in expected:
+        assert relative_error(gradients[name], expected[name]) < tolerance, (name, relative_error(gradients[name], expected[name]))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -178,5 +240,5 @@ def test_unknown_head_exits_2_listing_the_heads(tmp_path):
     features, labels = write_cohort(tmp_path, slides=4)
     result = tessera("train", "--features", features, "--labels", labels, "--head", "maxx", "--epochs", 1)
     assert result.returncode == 2, result.stderr
-    for head in ("attention", "mean", "max"):
+    for head in ("attention", "mean", "max", "dsmil"):
         assert head in result.stderr, result.stderr

@@ -1,4 +1,5 @@
-// attention_pool against the CPU and central differences, with padding rows past the count.
+// attention_pool against the CPU and central differences, with padding rows past the count, for
+// one score column (ABMIL) and several (DSMIL's pool a class), fp32 and fp16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,35 +12,41 @@ namespace tessera {
 namespace {
 
 struct Case {
-  int64_t rows, width, count;
+  int64_t rows, width, count, columns = 1;
 };
 
 TEST(AttentionPool, ForwardMatchesCpuAndIgnoresPadding) {
-  for (const Case& c : {Case{7, 5, 7}, Case{40, 33, 23}, Case{1, 1, 1}, Case{300, 3, 299}}) {
-    AttentionPool pool;
-    test::OpCheck check(test::context(), pool, {{c.rows, 1}, {c.rows, c.width}, {1}}, 3,
-                        {DType::f32, DType::f32, DType::u32});
-    for (auto& s : check.inputs[0]) s *= 5;  // a peaked softmax
-    check.inputs[2] = {static_cast<float>(c.count)};
-    const auto& scores = check.inputs[0];
-    double largest = scores[0], total = 0;
-    for (int64_t n = 0; n < c.count; ++n) largest = std::max<double>(largest, scores[n]);
-    for (int64_t n = 0; n < c.count; ++n) total += std::exp(scores[n] - largest);
-    std::vector<float> expected(static_cast<size_t>(c.width));
-    for (int64_t d = 0; d < c.width; ++d) {
-      double sum = 0;
-      for (int64_t n = 0; n < c.count; ++n)
-        sum += std::exp(scores[n] - largest) / total * check.inputs[1][n * c.width + d];
-      expected[d] = static_cast<float>(sum);
+  for (DType activations : {DType::f32, DType::f16})
+    for (const Case& c : {Case{7, 5, 7}, Case{40, 33, 23}, Case{1, 1, 1}, Case{300, 3, 299}, Case{7, 5, 7, 3},
+                          Case{40, 33, 23, 2}, Case{1, 4, 1, 2}, Case{10001, 6, 10001, 2}}) {
+      SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.width) + " count " + std::to_string(c.count) +
+                   " columns " + std::to_string(c.columns) + (activations == DType::f16 ? " fp16" : " fp32"));
+      AttentionPool pool;
+      test::OpCheck check(test::context(), pool, {{c.rows, c.columns}, {c.rows, c.width}, {1}}, 3,
+                          {DType::f32, DType::f32, DType::u32}, {}, activations);
+      for (auto& s : check.inputs[0]) s *= 4;  // a peaked softmax (whole powers of two keep fp16 values exact)
+      check.inputs[2] = {static_cast<float>(c.count)};
+      const auto& scores = check.inputs[0];
+      std::vector<float> expected(static_cast<size_t>(c.columns * c.width));
+      for (int64_t k = 0; k < c.columns; ++k) {
+        double largest = scores[k], total = 0;
+        for (int64_t n = 0; n < c.count; ++n) largest = std::max<double>(largest, scores[n * c.columns + k]);
+        for (int64_t n = 0; n < c.count; ++n) total += std::exp(scores[n * c.columns + k] - largest);
+        for (int64_t d = 0; d < c.width; ++d) {
+          double sum = 0;
+          for (int64_t n = 0; n < c.count; ++n)
+            sum += std::exp(scores[n * c.columns + k] - largest) / total * check.inputs[1][n * c.width + d];
+          expected[k * c.width + d] = static_cast<float>(sum);
+        }
+      }
+      test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "z");
     }
-    test::expect_near(check.forward(), expected, 1e-5, "z");
-  }
 }
 
 TEST(AttentionPool, BackwardMatchesFiniteDifferences) {
-  for (const Case& c : {Case{6, 4, 4}, Case{5, 7, 5}, Case{9, 3, 1}}) {
+  for (const Case& c : {Case{6, 4, 4}, Case{5, 7, 5}, Case{9, 3, 1}, Case{6, 4, 4, 3}, Case{5, 3, 5, 2}}) {
     AttentionPool pool;
-    test::OpCheck check(test::context(), pool, {{c.rows, 1}, {c.rows, c.width}, {1}}, 4,
+    test::OpCheck check(test::context(), pool, {{c.rows, c.columns}, {c.rows, c.width}, {1}}, 4,
                         {DType::f32, DType::f32, DType::u32});
     check.inputs[2] = {static_cast<float>(c.count)};
     check.expect_gradients_match();
@@ -49,7 +56,8 @@ TEST(AttentionPool, BackwardMatchesFiniteDifferences) {
 TEST(AttentionPool, RejectsShapesThatAreNotABag) {
   AttentionPool pool;
   EXPECT_EQ(pool.infer({{9, 1}, {9, 16}, {1}}), (Shape{1, 16}));
-  EXPECT_THROW(pool.infer({{9, 2}, {9, 16}, {1}}), ShapeError);
+  EXPECT_EQ(pool.infer({{9, 3}, {9, 16}, {1}}), (Shape{1, 48}));
+  EXPECT_THROW(pool.infer({{9, 0}, {9, 16}, {1}}), ShapeError);
   EXPECT_THROW(pool.infer({{8, 1}, {9, 16}, {1}}), ShapeError);
   EXPECT_THROW(pool.infer({{9, 1}, {9, 16}}), ShapeError);
 }

@@ -15,15 +15,6 @@ struct Case {
   int64_t rows, width, count;
 };
 
-// The first row of the largest value in each column of the bag's first `count` rows.
-std::vector<int64_t> first_argmax(const std::vector<float>& h, const Case& c) {
-  std::vector<int64_t> rows(static_cast<size_t>(c.width), 0);
-  for (int64_t d = 0; d < c.width; ++d)
-    for (int64_t n = 1; n < c.count; ++n)
-      if (h[n * c.width + d] > h[rows[d] * c.width + d]) rows[d] = n;
-  return rows;
-}
-
 void expect_forward_and_backward(const Case& c, DType activations, bool ties) {
   SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.width) + " count " + std::to_string(c.count) +
                (activations == DType::f16 ? " fp16" : " fp32") + (ties ? " ties" : ""));
@@ -37,7 +28,7 @@ void expect_forward_and_backward(const Case& c, DType activations, bool ties) {
   if (ties)
     for (int64_t n = 0; n < c.count; ++n)
       for (int64_t d = 0; d < c.width; ++d) h[n * c.width + d] = static_cast<float>((n * 7 + d * 3) % 5);
-  auto rows = first_argmax(h, c);
+  auto rows = test::first_argmax_rows(h, c.count, c.width);
   std::vector<float> expected(static_cast<size_t>(c.width));
   for (int64_t d = 0; d < c.width; ++d) expected[d] = h[rows[d] * c.width + d];
   test::expect_near(check.forward(), expected, 0, "z");  // a copy of one input: exact

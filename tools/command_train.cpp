@@ -60,9 +60,10 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--labels", f.mil.labels, "With --features: CSV of slide,label rows (slide = feature file stem), or CLAM's case_id,slide_id,label")
       ->needs(features);
   command.add_option("--head", f.mil.head,
-                     "With --features: attention (gated, Ilse et al. 2018), mean or max (pooling over instances)")
+                     "With --features: attention (gated, Ilse et al. 2018), mean or max (pooling over instances), "
+                     "or dsmil (Li et al. 2021: instance and bag classifiers, half the loss each)")
       ->capture_default_str()->check(CLI::IsMember(mil_heads()))->needs(features);
-  command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches")
+  command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches (dsmil: of its queries)")
       ->capture_default_str()->check(CLI::PositiveNumber)->needs(features);
   // Flags of patch training that a head on features has no use for: an error with --features.
   command.add_option("--model", o.model, "Preset (small-cnn, resnet18, resnet50), model JSON, or checkpoint .h5 to start from")

@@ -6,44 +6,45 @@ namespace tessera {
 
 namespace {
 struct Push {
-  uint32_t rows, width, accumulate;
+  uint32_t rows, width, accumulate, columns;
 };
 }  // namespace
 
 std::unique_ptr<Op> make_attention_pool(const LayerConfig&) { return std::make_unique<AttentionPool>(); }
 
 Shape AttentionPool::infer(const std::vector<Shape>& inputs) {
-  if (inputs.size() != 3 || inputs[0].size() != 2 || inputs[0][1] != 1 || inputs[1].size() != 2 ||
+  if (inputs.size() != 3 || inputs[0].size() != 2 || inputs[0][1] < 1 || inputs[1].size() != 2 ||
       inputs[0][0] != inputs[1][0] || inputs[2] != Shape{1})
-    throw ShapeError("attention_pool takes scores [M,1], features [M,D] and a count [1], got " +
+    throw ShapeError("attention_pool takes scores [M,C], features [M,D] and a count [1], got " +
                      (inputs.empty() ? std::string("nothing") : to_string(inputs[0])) +
                      (inputs.size() > 1 ? " and " + to_string(inputs[1]) : std::string()));
   rows_ = inputs[1][0];
   width_ = inputs[1][1];
-  return {1, width_};
+  columns_ = inputs[0][1];
+  return {1, columns_ * width_};
 }
 
 std::vector<TensorSpec> AttentionPool::tensors() const {
-  return {{"weights", {rows_}, TensorRole::saved}, {"instance_grad", {rows_}, TensorRole::saved}};
+  return {{"weights", {columns_ * rows_}, TensorRole::saved}, {"instance_grad", {columns_ * rows_}, TensorRole::saved}};
 }
 
 void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_);
+  Push push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0, static_cast<uint32_t>(columns_)};
   const vk::Buffer& count = t.inputs[2]->buffer();
   const vk::Buffer& weights = t.tensors[0]->buffer();
-  // The softmax in one invocation: three passes over a bag of at most some thousands of scores
-  // cost less than a workgroup reduction's set-up.
+  // Each column's softmax in one invocation (a workgroup a column): three passes over a bag of
+  // at most some thousands of scores cost less than a workgroup reduction's set-up.
   recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_softmax, *t.inputs[0]),
-                    {reads(*t.inputs[0]), vk::reads(count), vk::writes(weights)},
-                    Push{rows, width, 0}, 1);
+                    {reads(*t.inputs[0]), vk::reads(count), vk::writes(weights)}, push,
+                    static_cast<uint32_t>(columns_));
   recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_forward, *t.output, {kElementwiseGroup}),
-                             {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count),
-                              writes(*t.output)},
-                             Push{rows, width, 0}, width_, kElementwiseGroup);
+                             {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count), writes(*t.output)}, push,
+                             columns_ * width_, kElementwiseGroup);
 }
 
 void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_);
+  auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_),
+       columns = static_cast<uint32_t>(columns_);
   const vk::Buffer& count = t.inputs[2]->buffer();
   const vk::Buffer& weights = t.tensors[0]->buffer();
   const vk::Buffer& instance_grad = t.tensors[1]->buffer();
@@ -51,17 +52,17 @@ void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const
   if (t.input_grads[0]) {
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_dot, *t.output_grad, {kElementwiseGroup}),
                                {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
-                               Push{rows, width, 0}, rows_, kElementwiseGroup);
+                               Push{rows, width, 0, columns}, columns_ * rows_, kElementwiseGroup);
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_scores, *t.input_grads[0],
                                           {kElementwiseGroup}),
                                {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
-                               Push{rows, width, accumulates(t, 0)}, rows_, kElementwiseGroup);
+                               Push{rows, width, accumulates(t, 0), columns}, rows_ * columns_, kElementwiseGroup);
   }
   if (t.input_grads[1]) {
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_features, *t.input_grads[1],
                                           {kElementwiseGroup}),
                                {vk::reads(weights), reads(dz), input_grad_arg(t, 1)},
-                               Push{rows, width, accumulates(t, 1)}, rows_ * width_, kElementwiseGroup);
+                               Push{rows, width, accumulates(t, 1), columns}, rows_ * width_, kElementwiseGroup);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "compute/ops/avg_pool2d.h"
 #include "compute/ops/batch_norm2d.h"
 #include "compute/ops/conv2d.h"
+#include "compute/ops/critical_instance_scores.h"
 #include "compute/ops/dropout.h"
 #include "compute/ops/flatten.h"
 #include "compute/ops/global_avg_pool.h"
@@ -27,6 +28,7 @@
 #include "compute/ops/patch_merge.h"
 #include "compute/ops/relu.h"
 #include "compute/ops/softmax_cross_entropy.h"
+#include "compute/ops/tanh.h"
 #include "compute/ops/vit_tokens.h"
 #include "compute/ops/window_attention.h"
 
@@ -133,6 +135,8 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"instance_max", make_instance_max},
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},
+      {"critical_instance_scores", make_critical_instance_scores},
+      {"tanh", make_tanh},
       {"input_normalize", make_input_normalize},
       // Transformers (inference only)
       {"layer_norm", make_layer_norm},

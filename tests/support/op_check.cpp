@@ -18,6 +18,14 @@ std::vector<float> random_values(size_t count, uint32_t seed, float low, float h
   return values;
 }
 
+std::vector<int64_t> first_argmax_rows(const std::vector<float>& values, int64_t count, int64_t columns) {
+  std::vector<int64_t> rows(static_cast<size_t>(columns), 0);
+  for (int64_t c = 0; c < columns; ++c)
+    for (int64_t n = 1; n < count; ++n)
+      if (values[n * columns + c] > values[rows[c] * columns + c]) rows[c] = n;
+  return rows;
+}
+
 void expect_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
                  const char* what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;

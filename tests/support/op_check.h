@@ -81,6 +81,10 @@ class OpCheck {
 // Uniform values in [low, high) from a seeded generator.
 std::vector<float> random_values(size_t count, uint32_t seed, float low = -1, float high = 1);
 
+// The first of rows [0, count) of a row-major [rows, columns] array with the largest value, per
+// column: the reference of the bag ops whose ties go to the first instance.
+std::vector<int64_t> first_argmax_rows(const std::vector<float>& values, int64_t count, int64_t columns);
+
 // The tolerance of expect_near for a forward pass against a float CPU reference on the same
 // (fp16-rounded) inputs: 1e-5 in fp32; in fp16, where each stored value is rounded once by up to
 // 2^-11 of itself, 4 x 2^-11.
