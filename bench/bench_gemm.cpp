@@ -231,6 +231,8 @@ int main(int argc, char** argv) {
   app.add_flag("--linear", only_linear, "time only ViT-L/16's linear layers, each layout and the op before and after prepare");
   uint32_t tokens = 197 * 4;
   app.add_option("--tokens", tokens, "--linear: rows of x (197 a tile; default a batch of 4)")->check(CLI::Range(1u, 1u << 16));
+  bool only_layouts = false;
+  app.add_flag("--layouts", only_layouts, "time only the 1024^3 product in each layout (nn, nt, tn, tt)");
   bool as_gpu = false;
   app.add_flag("--as-gpu", as_gpu, "with the kernel variant and tiles this device would get were it a GPU");
   CLI11_PARSE(app, argc, argv);
@@ -255,6 +257,19 @@ int main(int argc, char** argv) {
     nlohmann::json result = {{"device", context.info().name}, {"tokens", tokens},
                              {"vit_l_linear_gflops", vit_l_linear_gflops(context, tokens)}};
     std::printf("%s\n", result.dump(2).c_str());
+    return 0;
+  }
+  if (only_layouts) {
+    nlohmann::json result = {{"device", context.info().name}};
+    for (bool a_transposed : {false, true})
+      for (bool b_transposed : {false, true}) {
+        double per_cpu_second = 0;
+        std::string layout = std::string(a_transposed ? "t" : "n") + (b_transposed ? "t" : "n");
+        result["gemm_1024_gflops_by_layout"][layout] =
+            gemm_gflops(context, 1024, a_transposed, b_transposed, DType::f32, &per_cpu_second);
+        result["gemm_1024_gflops_per_cpu_second_by_layout"][layout] = per_cpu_second;
+      }
+    std::printf("%s\n", result.dump().c_str());
     return 0;
   }
   GemmTiles tiles = gemm_tiles(context.kernels().tile_target(), 1024);

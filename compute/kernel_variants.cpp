@@ -35,6 +35,11 @@ nlohmann::json kernel_variants(const vk::TileTarget& target) {
                          {"outputs_per_invocation", {tiles.rows, tiles.columns}}};
   if (tiles.kind == GemmKind::registers) {
     gemm["why"] = cpu_why + ": blocks kept in registers, no shared memory or barriers";
+    gemm["quad_texels"] = {{"rows_per_lane", tiles.quad_rows},
+                           {"columns", tiles.quad_columns},
+                           {"steps_ahead", tiles.quad_steps},
+                           {"why", "operands contiguous along m or k in multiples of 4: four-element texels, one "
+                                   "16-byte load a lane instead of a gather"}};
   } else {
     gemm.update({{"block", {tiles.block_rows, tiles.block_columns}},
                  {"depth", tiles.depth},

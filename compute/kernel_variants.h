@@ -8,7 +8,8 @@
 
 namespace tessera {
 
-// {"gemm": {kind, workgroup, outputs per invocation, block, depth, shared bytes, why},
+// {"gemm": {kind, workgroup, outputs per invocation, block, depth, shared bytes, why, and on CPU
+//  devices quad_texels: {rows_per_lane, columns, steps_ahead, why}},
 //  "reductions": {kind, why}, "layer_norm": {workgroup, subgroup_sum},
 //  "cooperative_matrix": {offered, used, why}}, for a product of many rows (a ViT's or a ResNet's
 // wide layers: 1024), the shape most of the work runs at.

@@ -60,6 +60,8 @@ class Tensor {
 
 // A tensor as a kernel argument: samplerBuffer bindings read it as texels of its own type.
 inline vk::BufferArg reads(const Tensor& t) { return vk::reads(t.buffer(), t.dtype() == DType::f16); }
+// Read as texels of four elements (a vec4 a texel in the shader).
+inline vk::BufferArg reads_quads(const Tensor& t) { return vk::reads_quads(t.buffer(), t.dtype() == DType::f16); }
 inline vk::BufferArg writes(const Tensor& t) { return vk::writes(t.buffer(), t.dtype() == DType::f16); }
 inline vk::BufferArg updates(const Tensor& t) { return vk::updates(t.buffer(), t.dtype() == DType::f16); }
 

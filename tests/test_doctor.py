@@ -102,6 +102,8 @@ def test_lavapipe_is_ready_with_its_device_formats_and_variants():
     check_device_against(lavapipe, reference)
     # lavapipe's subgroups are SIMD lanes: the register tiles and shared-memory trees of a CPU.
     assert lavapipe["kernel_variants"]["gemm"]["kind"] == "registers"
+    quads = lavapipe["kernel_variants"]["gemm"]["quad_texels"]
+    assert (quads["rows_per_lane"], quads["columns"]) == (4, min(8, reference["subgroup_size"]))
     assert lavapipe["kernel_variants"]["reductions"]["kind"] == "shared_memory"
     assert lavapipe["kernel_variants"]["layer_norm"] == {"workgroup": reference["subgroup_size"], "subgroup_sum": True}
     formats = {r["format"]: r for r in of(records, "format")}

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <vector>
 #include <string>
 
 #include "compute/ops/gemm.h"
@@ -51,6 +52,27 @@ TEST(Gemm, CpuDevicesGetRegisterBlocks) {
   expect_tiles(gemm_tiles({"cpu", 8}, 1000), {8, 8, 32, true, 8});
   expect_tiles(gemm_tiles({"cpu", 8}, 20), {8, 4, 32, true, 8});      // 3 rows needed, rounded up to 4
   expect_tiles(gemm_tiles({"cpu", 64}, 1000), {64, 8, 32, false, 8});  // 32 columns do not split over 64
+  // Four-element texels: 4 rows a lane, a column a lane up to 8, 16 steps loaded ahead.
+  GemmTiles eight = gemm_tiles({"cpu", 8}, 1000), four = gemm_tiles({"cpu", 4}, 1000);
+  EXPECT_EQ(std::vector<int32_t>({eight.quad_rows, eight.quad_columns, eight.quad_steps}), std::vector<int32_t>({4, 8, 16}));
+  EXPECT_EQ(std::vector<int32_t>({four.quad_rows, four.quad_columns, four.quad_steps}), std::vector<int32_t>({4, 4, 16}));
+  EXPECT_EQ(gemm_tiles(test::reference_devices()[0].target, 1000).quad_rows, 0);  // a GPU: none
+}
+
+// Which operands the four-element texels take: B along k, A along m or k, strides and K in
+// multiples of 4, whole texels within each tensor.
+TEST(Gemm, QuadTexelsNeedAlignedOperands) {
+  vk::Context& context = test::context();
+  GemmTiles tiles = gemm_tiles({"cpu", 8}, 1000);
+  Tensor a(context, "a", {36, 52}), b(context, "b", {52, 44});
+  EXPECT_TRUE(quad_texels_apply(tiles, 36, 44, 52, {&a, 1, 36}, {&b, 1, 52}));   // A along m
+  EXPECT_TRUE(quad_texels_apply(tiles, 36, 44, 52, {&a, 52, 1}, {&b, 1, 52}));   // A along k
+  EXPECT_FALSE(quad_texels_apply(tiles, 36, 44, 52, {&a, 52, 1}, {&b, 44, 1}));  // B along n
+  EXPECT_FALSE(quad_texels_apply(tiles, 36, 44, 50, {&a, 50, 1}, {&b, 1, 50}));  // K not a multiple of 4
+  EXPECT_FALSE(quad_texels_apply(tiles, 35, 44, 52, {&a, 1, 35}, {&b, 1, 52}));  // A's stride not one
+  EXPECT_FALSE(quad_texels_apply(tiles, 36, 44, 56, {&a, 1, 36}, {&b, 1, 56}));  // past the tensors
+  GemmTiles gpu = gemm_tiles(test::reference_devices()[0].target, 1000);
+  EXPECT_FALSE(quad_texels_apply(gpu, 36, 44, 52, {&a, 1, 36}, {&b, 1, 52}));
 }
 
 // The choice on GPUs, from each reference device's properties (never its name).
@@ -169,6 +191,22 @@ TEST(Gemm, EveryLayoutMatchesCpu) {
                              Case{300, 37, 19}, Case{257, 9, 33}, Case{131, 133, 35}},
                             dtype == DType::f32 ? std::initializer_list<int>{0, 1, 2, 3, 4, 5, 6, 7}
                                                 : std::initializer_list<int>{0, 7});
+}
+
+// The four-element texels' kernel (a CPU's, where quad_texels_apply): sizes that are not
+// multiples of its 32 x 8 block, reductions of whole and partial 16-step blocks (52: 3 and 4
+// steps; 4: one partial block), A along m (tt, and nn as C^T = B^T A^T where N is a multiple of
+// 4) and along k (nt, any M), in fp32 and fp16. With a CPU's register tiles (the device's own on
+// lavapipe; GPU tiles have no such kernel).
+TEST(Gemm, QuadTexelLayoutsMatchCpu) {
+  vk::Context& context = test::context();
+  for (const vk::TileTarget& target : test::runnable_tile_targets(context)) {
+    if (gemm_tiles(target, 1000).quad_rows == 0) continue;
+    for (DType dtype : {DType::f32, DType::f16})
+      expect_products_match(context, target, dtype, {Case{36, 44, 52}, Case{37, 45, 28}, Case{100, 12, 4}},
+                            dtype == DType::f32 ? std::initializer_list<int>{0, 2, 3, 6}
+                                                : std::initializer_list<int>{2, 3});
+  }
 }
 
 // Reductions of thousands of steps (hundreds of shared-memory slices, each between barriers):

@@ -43,6 +43,12 @@ GemmTiles register_tiles(const vk::TileTarget& target, int64_t M) {
   GemmTiles tiles{static_cast<int32_t>(target.subgroup_size), 8, 32, true, 8};
   tiles.share_columns = tiles.columns % tiles.group == 0;
   tiles.rows = rows_for(M, tiles.group, tiles.rows);
+  // Four-element texels: 4 rows a lane and 8 columns (one a lane of an 8-lane subgroup) keep 32
+  // accumulators, 16 reduction steps loaded ahead of their FMAs (1024^3 on lavapipe, against
+  // 4 x 6 and 4 x 4, 4 to 16 steps: bench/README.md).
+  tiles.quad_rows = 4;
+  tiles.quad_columns = std::min(8, tiles.group);
+  tiles.quad_steps = 16;
   return tiles;
 }
 
@@ -92,6 +98,50 @@ std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks) {
 }
 
 namespace {
+// Whether texels of four elements that cover a view of rows x columns lie within its tensor (a
+// texel view holds whole texels only).
+bool quads_within(const MatrixView& m, uint64_t rows, uint64_t columns) {
+  uint64_t last = (rows - 1) * m.row_stride + (columns - 1) * m.col_stride;
+  return (last | 3u) < static_cast<uint64_t>(m.tensor->count());
+}
+}  // namespace
+
+bool quad_texels_apply(const GemmTiles& tiles, uint32_t M, uint32_t N, uint32_t K, const MatrixView& a,
+                       const MatrixView& b) {
+  if (tiles.quad_rows == 0 || M == 0 || N == 0 || K % 4 != 0 || K == 0) return false;
+  if (b.row_stride != 1 || b.col_stride % 4 != 0) return false;
+  bool a_along_m = a.row_stride == 1 && a.col_stride % 4 == 0, a_along_k = a.col_stride == 1 && a.row_stride % 4 == 0;
+  if (!a_along_m && !a_along_k) return false;
+  uint64_t rows_per_group = static_cast<uint64_t>(tiles.quad_rows) * tiles.group;
+  if ((N + tiles.quad_columns - 1) / tiles.quad_columns > kMaxGroupsY || (M + rows_per_group - 1) / rows_per_group > kMaxGroupsY)
+    return false;
+  return quads_within(a, M, K) && quads_within(b, K, N);
+}
+
+namespace {
+
+// record_gemm with texels of four elements (shaders/gemm_quads.comp) where quad_texels_apply;
+// false where not (the caller records gemm.comp).
+bool record_quad_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTiles& tiles, const GemmPush& push,
+                      MatrixView a, MatrixView b, MatrixView c, const Tensor* bias, bool relu) {
+  if (!quad_texels_apply(tiles, push.M, push.N, push.K, a, b)) return false;
+  bool a_along_k = a.col_stride == 1;
+  uint64_t column_blocks = (push.N + tiles.quad_columns - 1) / tiles.quad_columns;
+  uint64_t rows_per_group = static_cast<uint64_t>(tiles.quad_rows) * tiles.group;
+  uint64_t row_blocks = (push.M + rows_per_group - 1) / rows_per_group;
+  auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm_quads, *c.tensor,
+                                     {tiles.group, tiles.quad_rows, tiles.quad_columns, bias ? 1 : 0,
+                                      a_along_k ? 1 : 0, relu ? 1 : 0, tiles.quad_steps});
+  // Workgroups x count column blocks, y row blocks (gemm.comp's COLUMNS_FIRST: neighbouring
+  // workgroups share A's rows).
+  recorder.dispatch(kernel,
+                    {reads_quads(*a.tensor), reads_quads(*b.tensor),
+                     vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
+                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor)},
+                    push, static_cast<uint32_t>(column_blocks), static_cast<uint32_t>(row_blocks), 1);
+  return true;
+}
+
 // record_gemm with shared-memory tiles: consecutive invocations load along each operand's
 // contiguous index, so no operand needs the register variant's transposition.
 void record_tiled_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTiles& tiles, const GemmPush& push,
@@ -124,6 +174,11 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
     std::swap(c.row_stride, c.col_stride);
   }
   GemmTiles tiles = gemm_tiles(kernels.tile_target(), M);
+  if (record_quad_gemm(recorder, kernels, tiles,
+                       {M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
+                        accumulate ? 1u : 0u},
+                       a, b, c, bias, relu))
+    return;
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
                     tiles.reduction_unroll == tiles.group;

@@ -37,6 +37,11 @@ struct GemmTiles {
   int32_t reduction_unroll;  // reduction steps loaded ahead of their FMAs
   GemmKind kind = GemmKind::registers;
   int32_t block_rows = 0, block_columns = 0, depth = 0;
+  // registers: where record_gemm's operands are contiguous along m or k (A) and k (B), in
+  // multiples of 4 (shaders/gemm_quads.comp), a subgroup's lanes each own quad_rows rows (a
+  // multiple of 4) and share quad_columns columns (at most group), loading quad_steps reduction
+  // steps ahead of their FMAs; 0 where the device has none (GPUs).
+  int32_t quad_rows = 0, quad_columns = 0, quad_steps = 0;
 
   // The outputs of one workgroup: rows_per_group() x columns_per_group().
   int32_t rows_per_group() const { return kind == GemmKind::registers ? group * rows : block_rows; }
@@ -56,10 +61,19 @@ struct GemmTiles {
 // kernels.tile_target().
 GemmTiles gemm_tiles(const vk::TileTarget& target, int64_t M);
 
+// Element (row, col) of a strided matrix is at row * row_stride + col * col_stride.
+struct MatrixView;
+// Whether record_gemm reads c = a b through texels of four elements (shaders/gemm_quads.comp:
+// on lavapipe one 16-byte load a lane instead of an 8-lane gather): tiles with quad_rows, B
+// contiguous along k, A along m or k, their other strides and K multiples of 4, every texel
+// within its tensor. record_gemm asks it after choosing between C and C^T (a row-major product
+// becomes C^T = B^T A^T, A along m and B along k).
+bool quad_texels_apply(const GemmTiles& tiles, uint32_t M, uint32_t N, uint32_t K, const MatrixView& a,
+                       const MatrixView& b);
+
 // Workgroups (y, z) that count `blocks` column blocks without passing the y limit.
 std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks);
 
-// Element (row, col) of a strided matrix is at row * row_stride + col * col_stride.
 struct MatrixView {
   const Tensor* tensor;
   uint32_t row_stride, col_stride;

@@ -53,6 +53,8 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     handle_ = std::exchange(other.handle_, VK_NULL_HANDLE);
     texel_view_ = std::exchange(other.texel_view_, VK_NULL_HANDLE);
     half_texel_view_ = std::exchange(other.half_texel_view_, VK_NULL_HANDLE);
+    quad_view_ = std::exchange(other.quad_view_, VK_NULL_HANDLE);
+    half_quad_view_ = std::exchange(other.half_quad_view_, VK_NULL_HANDLE);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
     pool_ = other.pool_;
@@ -69,6 +71,8 @@ void Buffer::release() {
   handle_ = VK_NULL_HANDLE;
   texel_view_ = VK_NULL_HANDLE;
   half_texel_view_ = VK_NULL_HANDLE;
+  quad_view_ = VK_NULL_HANDLE;
+  half_quad_view_ = VK_NULL_HANDLE;
 }
 
 Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
@@ -303,12 +307,16 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   };
   view(VK_FORMAT_R32_SFLOAT, 4, buffer.texel_view_);
   view(VK_FORMAT_R16_SFLOAT, 2, buffer.half_texel_view_);
+  view(VK_FORMAT_R32G32B32A32_SFLOAT, 16, buffer.quad_view_);
+  view(VK_FORMAT_R16G16B16A16_SFLOAT, 8, buffer.half_quad_view_);
   return buffer;
 }
 
 void Allocator::free(Buffer& buffer) {
   if (buffer.texel_view_) vkDestroyBufferView(context_.device(), buffer.texel_view_, nullptr);
   if (buffer.half_texel_view_) vkDestroyBufferView(context_.device(), buffer.half_texel_view_, nullptr);
+  if (buffer.quad_view_) vkDestroyBufferView(context_.device(), buffer.quad_view_, nullptr);
+  if (buffer.half_quad_view_) vkDestroyBufferView(context_.device(), buffer.half_quad_view_, nullptr);
   vkDestroyBuffer(context_.device(), buffer.handle_, nullptr);
   Block& block = *pools_[buffer.pool_].blocks[buffer.block_];
   uint64_t start = buffer.offset_, size = buffer.reserved_;

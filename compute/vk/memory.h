@@ -33,8 +33,12 @@ class Buffer {
   // The buffer as float texels (R32_SFLOAT, or R16_SFLOAT for half-precision contents) for
   // kernels that read it as a samplerBuffer, or VK_NULL_HANDLE for a buffer under one texel.
   // CPU devices gather texels with vector loads but storage buffers lane by lane, so
-  // read-mostly operands go this way; either format reads as float in the shader.
-  VkBufferView texel_view(bool half = false) const { return half ? half_texel_view_ : texel_view_; }
+  // read-mostly operands go this way; either format reads as float in the shader. quads: four
+  // floats a texel (R32G32B32A32_SFLOAT, R16G16B16A16_SFLOAT), which a CPU device loads with one
+  // 16-byte load a lane instead of a gather (shaders/gemm_quads.comp).
+  VkBufferView texel_view(bool half = false, bool quads = false) const {
+    return quads ? (half ? half_quad_view_ : quad_view_) : half ? half_texel_view_ : texel_view_;
+  }
   uint64_t size() const { return size_; }
   // Host address of the contents, or nullptr when the memory is not host-visible.
   void* mapped() const { return mapped_; }
@@ -57,6 +61,7 @@ class Buffer {
   Allocator* owner_ = nullptr;
   VkBuffer handle_ = VK_NULL_HANDLE;
   VkBufferView texel_view_ = VK_NULL_HANDLE, half_texel_view_ = VK_NULL_HANDLE;
+  VkBufferView quad_view_ = VK_NULL_HANDLE, half_quad_view_ = VK_NULL_HANDLE;
   uint64_t size_ = 0;
   void* mapped_ = nullptr;
   uint32_t pool_ = 0, block_ = 0;

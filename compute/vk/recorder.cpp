@@ -153,7 +153,7 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   views.reserve(buffers.size());
   for (auto& arg : buffers) {
     infos.push_back({arg.buffer->handle(), 0, VK_WHOLE_SIZE});
-    views.push_back(arg.buffer->texel_view(arg.half));
+    views.push_back(arg.buffer->texel_view(arg.half, arg.quads));
   }
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (uint32_t i = 0; i < writes.size(); ++i) {

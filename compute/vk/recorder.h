@@ -18,13 +18,16 @@ class Context;
 enum class Access : uint8_t { read, write, read_write };
 
 // half: the buffer holds 16-bit floats; a samplerBuffer binding then reads it through its
-// R16_SFLOAT view, and only a kernel's fp16 variant may bind it as a storage buffer.
+// R16_SFLOAT view, and only a kernel's fp16 variant may bind it as a storage buffer. quads: a
+// samplerBuffer binding reads four floats a texel (Buffer::texel_view).
 struct BufferArg {
   const Buffer* buffer;
   Access access;
   bool half = false;
+  bool quads = false;
 };
 inline BufferArg reads(const Buffer& b, bool half = false) { return {&b, Access::read, half}; }
+inline BufferArg reads_quads(const Buffer& b, bool half = false) { return {&b, Access::read, half, true}; }
 inline BufferArg writes(const Buffer& b, bool half = false) { return {&b, Access::write, half}; }
 inline BufferArg updates(const Buffer& b, bool half = false) { return {&b, Access::read_write, half}; }
 
