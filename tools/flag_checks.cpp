@@ -51,7 +51,6 @@ CLI::Validator finite_positive() {
       "above 0");
 }
 
-
 namespace {
 
 // Whether `inner` (a path without "..") is `outer` or lies inside the directory `outer`.
@@ -86,7 +85,6 @@ void refuse_untrained_model(const std::string& model, bool random_weights) {
                    " has random weights (a preset or a model description, not a checkpoint .h5 or .safetensors "
                    "weights): give trained weights, or --random-weights to run it untrained on purpose");
 }
-
 
 CLI::Option* add_weights_flag(CLI::App& command, std::string& weights) {
   return command

@@ -18,7 +18,6 @@ CLI::Validator finite_positive();
 // A finite number, zero or above.
 inline CLI::Validator finite_non_negative() { return finite_in(0, std::numeric_limits<double>::max()); }
 
-
 // A flag naming a path the run reads, for refuse_output_over_inputs.
 struct InputPath {
   std::string flag;  // "--data"
@@ -34,7 +33,6 @@ void refuse_output_over_inputs(const std::string& output_flag, const std::string
 // the user did not ask for random weights with --random-weights: features or logits of an
 // untrained model are noise that looks like a result.
 void refuse_untrained_model(const std::string& model, bool random_weights);
-
 
 // --weights fp16|bf16|fp32: how an encoder's large weights are stored on the device. Adds the
 // option (its value in `weights`, empty when not given).

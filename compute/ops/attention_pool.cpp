@@ -43,26 +43,28 @@ void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
 }
 
 void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_),
-       columns = static_cast<uint32_t>(columns_);
+  // The forward pass's push, with each gradient's accumulate flag.
+  auto push = [&](uint32_t accumulate) {
+    return Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), accumulate, static_cast<uint32_t>(columns_)};
+  };
   const vk::Buffer& count = t.inputs[2]->buffer();
   const vk::Buffer& weights = t.tensors[0]->buffer();
   const vk::Buffer& instance_grad = t.tensors[1]->buffer();
   const Tensor& dz = *t.output_grad;
   if (t.input_grads[0]) {
-    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_dot, *t.output_grad, {kElementwiseGroup}),
+    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_dot, dz, {kElementwiseGroup}),
                                {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
-                               Push{rows, width, 0, columns}, columns_ * rows_, kElementwiseGroup);
+                               push(0), columns_ * rows_, kElementwiseGroup);
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_scores, *t.input_grads[0],
                                           {kElementwiseGroup}),
                                {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
-                               Push{rows, width, accumulates(t, 0), columns}, rows_ * columns_, kElementwiseGroup);
+                               push(accumulates(t, 0)), rows_ * columns_, kElementwiseGroup);
   }
   if (t.input_grads[1]) {
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_features, *t.input_grads[1],
                                           {kElementwiseGroup}),
                                {vk::reads(weights), reads(dz), input_grad_arg(t, 1)},
-                               Push{rows, width, accumulates(t, 1), columns}, rows_ * width_, kElementwiseGroup);
+                               push(accumulates(t, 1)), rows_ * width_, kElementwiseGroup);
   }
 }
 

@@ -55,11 +55,11 @@ void CriticalInstanceScores::backward(vk::Recorder& recorder, vk::Kernels& kerne
     const Tensor& ds = *t.output_grad;
     recorder.dispatch_elements(
         kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_gather, ds, {kElementwiseGroup}),
-        {reads(*t.output_grad), reads(*t.inputs[0]), reads(*t.inputs[2]), writes(gathered)}, push, classes_ * width_,
+        {reads(ds), reads(*t.inputs[0]), reads(*t.inputs[2]), writes(gathered)}, push, classes_ * width_,
         kElementwiseGroup);
     recorder.dispatch_elements(
         kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_queries, ds, {kElementwiseGroup}),
-        {reads(*t.output_grad), reads(*t.inputs[0]), reads(critical), reads(gathered), reads(*t.inputs[2]),
+        {reads(ds), reads(*t.inputs[0]), reads(critical), reads(gathered), reads(*t.inputs[2]),
          input_grad_arg(t, 0)},
         push, rows_ * width_, kElementwiseGroup);
   }
