@@ -3,6 +3,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "common/error.h"
 #include "common/units.h"
 #include "compute/vk/context.h"
@@ -95,23 +99,67 @@ std::vector<float> Tensor::download() const {
   return from_half(halves);
 }
 
-// _Float16 is the compiler's IEEE binary16 (GCC and Clang on x86-64 and AArch64).
-std::vector<uint16_t> to_half(std::span<const float> values) {
-  std::vector<uint16_t> halves(values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
+// _Float16 is the compiler's IEEE binary16 (GCC and Clang on x86-64 and AArch64). On x86-64
+// without -mf16c its casts are libgcc calls, a fifth of loading a ViT-H with fp16 weights: where the
+// CPU has F16C, its instructions convert eight values at once, with the same rounding (to nearest
+// even) and the same NaNs (quieted, payload truncated) as the casts.
+namespace {
+void to_half_portable(const float* values, uint16_t* halves, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
     auto half = static_cast<_Float16>(values[i]);
     std::memcpy(&halves[i], &half, sizeof half);
   }
+}
+
+void from_half_portable(const uint16_t* halves, float* values, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    _Float16 half;
+    std::memcpy(&half, &halves[i], sizeof half);
+    values[i] = static_cast<float>(half);
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) void to_half_f16c(const float* values, uint16_t* halves, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(halves + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(values + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < count; ++i) halves[i] = _cvtss_sh(values[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+__attribute__((target("avx,f16c"))) void from_half_f16c(const uint16_t* halves, float* values, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    _mm256_storeu_ps(values + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + i))));
+  for (; i < count; ++i) values[i] = _cvtsh_ss(halves[i]);
+}
+
+const bool cpu_has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#endif
+}  // namespace
+
+std::vector<uint16_t> to_half(std::span<const float> values) {
+  std::vector<uint16_t> halves(values.size());
+#if defined(__x86_64__)
+  if (cpu_has_f16c) {
+    to_half_f16c(values.data(), halves.data(), values.size());
+    return halves;
+  }
+#endif
+  to_half_portable(values.data(), halves.data(), values.size());
   return halves;
 }
 
 std::vector<float> from_half(std::span<const uint16_t> halves) {
   std::vector<float> values(halves.size());
-  for (size_t i = 0; i < halves.size(); ++i) {
-    _Float16 half;
-    std::memcpy(&half, &halves[i], sizeof half);
-    values[i] = static_cast<float>(half);
+#if defined(__x86_64__)
+  if (cpu_has_f16c) {
+    from_half_f16c(halves.data(), values.data(), halves.size());
+    return values;
   }
+#endif
+  from_half_portable(halves.data(), values.data(), halves.size());
   return values;
 }
 
