@@ -71,5 +71,7 @@ ${constants}}  // namespace kernel
 }  // namespace tessera::vk
 ")
   target_sources(${target} PRIVATE ${embedded})
+  # Arrays of words that include nothing: precompiled headers would only slow them.
+  set_source_files_properties(${embedded} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
   target_include_directories(${target} PUBLIC ${generated_dir})
 endfunction()

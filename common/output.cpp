@@ -45,7 +45,10 @@ std::string this_run() {
   std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S", &local);
   std::string command;
   for (const std::string& argument : process_arguments()) command += (command.empty() ? "" : " ") + argument;
-  if (command.size() > 300) command = command.substr(0, 300) + "...";
+  if (command.size() > 300) {  // in place: GCC 12 sees a false overflow in substr(0, 300) + "..."
+    command.resize(300);
+    command += "...";
+  }
   return "pid " + std::to_string(getpid()) + " on " + host_name() + ", since " + since + ": " + command;
 }
 

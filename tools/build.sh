@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tessera needs and builds it in build/ (Release with debug info),
+# Installs the Debian packages tessera needs and builds it in build/ (Release with line tables),
 # warnings as errors as in CI.
 #   bash tools/build.sh           the tessera binary alone (what tools/demo.sh runs)
 #   bash tools/build.sh --tests   everything: tessera, the tests and the benchmarks
@@ -12,5 +12,8 @@ if [ "${1:-}" = --tests ]; then
 else
   bash tools/install-deps.sh
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_WERROR=ON >/dev/null
+# Line tables only (-g1): backtraces keep their files and lines, and the build takes half the time
+# that full debug information does (with the precompiled headers, cmake/precompiled_headers.cmake).
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DTESSERA_WERROR=ON >/dev/null
 cmake --build build --parallel "$(nproc)" "${targets[@]}"
