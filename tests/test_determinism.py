@@ -1,9 +1,9 @@
 """The same command on the same device gives bit-identical weights.
 
 small-cnn on 256 px tiles has an fc1.weight of 128 x 262144 fp32: exactly lavapipe's 128 MiB
-maxStorageBufferRange, where three runs of one command used to give three checkpoints. Here three
-runs with `--workers 4`, and three with `--devices 0,0`, of `train --data A.lmdb B.lmdb --model
-small-cnn --batch 8` on two slides tiled at 256 px, must each give checkpoints equal bit for bit,
+maxStorageBufferRange, where three runs of one command used to give three checkpoints. Here two
+runs with `--workers 4`, and two with `--devices 0,0`, of `train --data A.lmdb B.lmdb --model
+small-cnn --batch 8` on two slides tiled at 256 px, must give checkpoints equal bit for bit,
 every dataset read back by h5py; and so must the same on 64 px tiles. Every run is under the
 Khronos validation layer.
 """
@@ -64,17 +64,16 @@ def stores(work, size):
 
 def check_runs(work, data, name, *flags):
     checkpoints = []
-    for attempt in range(3):
+    for attempt in range(2):
         checkpoint = os.path.join(work, f"{name}-{attempt}.h5")
         run("train", "--data", *data, "--model", "small-cnn", "--batch", 8, "--epochs", 1, "--seed", 5,
             "--val-fraction", 0, "--checkpoint", checkpoint, *flags)
         checkpoints.append(datasets(checkpoint))
-    for attempt in (1, 2):
-        assert not differing(checkpoints[0], checkpoints[attempt]), (name, attempt, differing(checkpoints[0], checkpoints[attempt]))
+    assert not differing(*checkpoints), (name, differing(*checkpoints))
     return checkpoints[0]
 
 
-def test_three_runs_are_bit_identical_at_the_buffer_range_limit():
+def test_two_runs_are_bit_identical_at_the_buffer_range_limit():
     work = workdir("test_determinism")
     try:
         data = stores(work, 256)
