@@ -100,7 +100,8 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
   const int64_t registers = config.integer("register_tokens", 0);
   const bool layer_scale = config.json().contains("layer_scale");
   const double layer_scale_init = config.number("layer_scale", 1e-5);
-  const std::string position = config.choice("position_embedding", "tokens", {"tokens", "patches", "none"});
+  const std::string position =
+      config.choice("position_embedding", "tokens", {"tokens", "patches", "class_and_patches", "none"});
   // How a position grid learned at another size is resampled: timm's antialiased bicubic, the
   // plain bicubic of Hugging Face's Dinov2 (Midnight), or DINO's by scale factor (CONCH v1.5).
   const std::string position_resample =

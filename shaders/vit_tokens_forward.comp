@@ -3,14 +3,16 @@
 // (P = gh * gw patches) becomes tokens [N, prefix + P, D], the class token and the register
 // tokens first (timm's order: cls_token, reg_token, patches), and the learned position
 // embedding added, over every token (POSITION 1: timm's default, its table holds the prefix
-// tokens too) or over the patches only (POSITION 2: no_embed_class); POSITION 0: none.
+// tokens too), over the patches only (POSITION 2: no_embed_class), or over the class token and
+// the patches but not the registers (POSITION 3: Hugging Face's Dinov2WithRegisters, which inserts
+// the registers after adding it); POSITION 0: none.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int POSITION = 1;
 layout(binding = 0) uniform samplerBuffer x;
 layout(binding = 1) uniform samplerBuffer class_token;      // [D]; unread without a class token
 layout(binding = 2) uniform samplerBuffer register_tokens;  // [registers, D]; unread without
-layout(binding = 3) uniform samplerBuffer position;         // [prefix + P or P, D]; unread without
+layout(binding = 3) uniform samplerBuffer position;         // [prefix + P, P or 1 + P, D]; unread without
 layout(std430, binding = 4) writeonly buffer Y { ACT y[]; };
 layout(push_constant) uniform Push {
   uint count;  // N * (prefix + P) * D
@@ -30,5 +32,9 @@ void main() {
     value = texelFetch(x, int((n * p.width + d) * p.patches + token - p.prefix)).x;
   if (POSITION == 1) value += texelFetch(position, int(token * p.width + d)).x;
   if (POSITION == 2 && token >= p.prefix) value += texelFetch(position, int((token - p.prefix) * p.width + d)).x;
+  if (POSITION == 3 && (token < p.has_class || token >= p.prefix)) {
+    uint row = token < p.has_class ? token : token - p.prefix + p.has_class;
+    value += texelFetch(position, int(row * p.width + d)).x;
+  }
   y[i] = ACT(value);
 }

@@ -89,7 +89,7 @@ TEST(Vit, TridentNamesMeanThePresets) {
       {"gigapath", "prov-gigapath"}, {"kaiko-vits8", "kaiko-vits8"}, {"kaiko-vits16", "kaiko-vits16"},
       {"kaiko-vitb8", "kaiko-vitb8"}, {"kaiko-vitb16", "kaiko-vitb16"}, {"kaiko-vitl14", "kaiko-vitl14"},
       {"lunit-vits8", "lunit-vits8"}, {"virchow", "virchow"},       {"phikon_v2", "phikon-v2"},
-      {"midnight12k", "midnight"}, {"conch_v15", "conch-v1.5"}};
+      {"midnight12k", "midnight"}, {"conch_v15", "conch-v1.5"}, {"hibou_l", "hibou-l"}};
   for (auto [trident, preset] : names) {
     SCOPED_TRACE(trident);
     EXPECT_EQ(vit_preset_name(trident), std::optional<std::string>(preset));
@@ -97,7 +97,7 @@ TEST(Vit, TridentNamesMeanThePresets) {
     EXPECT_EQ(graph, own);  // the same layers, named as tessera's preset
     EXPECT_EQ(load_model_description(trident, 2), load_model_description(preset, 2));
   }
-  for (const char* unknown : {"conch_v1", "hibou_l", "uni_v3", "UNI"}) EXPECT_FALSE(vit_preset_name(unknown));
+  for (const char* unknown : {"conch_v1", "hibou_b", "uni_v3", "UNI"}) EXPECT_FALSE(vit_preset_name(unknown));
   EXPECT_NE(vit_preset_list().find("uni2-h (uni_v2)"), std::string::npos) << vit_preset_list();
   EXPECT_NE(vit_preset_list().find("kaiko-vits8, lunit-vits8"), std::string::npos) << vit_preset_list();
 }

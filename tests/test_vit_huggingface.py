@@ -1,4 +1,4 @@
-"""Encoders published with Hugging Face transformers' Dinov2 names (Phikon-v2, Midnight), read as shipped.
+"""Encoders published with Hugging Face transformers' Dinov2 names (Phikon-v2, Midnight, Hibou-L), read as shipped.
 
 The reference is Dinov2Model written from transformers' source (models/dinov2/modeling_dinov2.py) in
 plain PyTorch, with query, key and value as three linears and Hugging Face's parameter names, so that
@@ -9,8 +9,12 @@ model's real width, heads, patch size and MLP, over real pixels of CMU-1-Small-R
 - Phikon-v2: the class token after the final LayerNorm (last_hidden_state[:, 0, :]);
 - Midnight (ViT-g/14, the SwiGLU MLP's weights_in and weights_out): its position grid stored at
   518 pixels (37x37) and interpolated to the 16x16 of 224-pixel tiles as interpolate_pos_encoding
-  does (plain bicubic), the class token joined with the patch tokens' mean (kaiko's card), 3072-d. The file's mask token (pre-training only) is accepted and unused; a
-missing key or a misshapen value is exit 5 naming it.
+  does (plain bicubic), the class token joined with the patch tokens' mean (kaiko's card), 3072-d;
+- Hibou-L (Dinov2WithRegisters, transformers' models/dinov2_with_registers: 4 register tokens inserted
+  after the position embedding is added to the class token and the patches, the SwiGLU MLP), the class
+  token after the final LayerNorm (TRIDENT's pooler_output), 1024-d.
+The file's mask token (pre-training only) is accepted and unused; a missing key or a misshapen value is
+exit 5 naming it.
 """
 import math
 import os
@@ -24,9 +28,11 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_vit_presets import (EXIT_BAD_INPUT, IMAGENET, KAIKO, TOLERANCE, expected_features, run,  # noqa: E402
-                              write_region_slide)
+from test_vit_presets import (EXIT_BAD_INPUT, IMAGENET, KAIKO, TOLERANCE, expected_features,  # noqa: E402
+                              planned_parameter_bytes, run, write_region_slide)
 from test_vit_timm import randomise_parameters, relative_error, write_safetensors  # noqa: E402
+
+HIBOU = ((0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816))  # TRIDENT's get_constants('hibou')
 
 
 class Dinov2Layer(nn.Module):
@@ -84,15 +90,19 @@ class Dinov2Layer(nn.Module):
 class Dinov2Model(nn.Module):
     """Dinov2Model: embeddings (cls_token, mask_token, position_embeddings over the class token and
     the patches of an image_size input, patch_embeddings.projection), the encoder's layers, the final
-    layernorm; returns last_hidden_state's class token, or it joined with the patch tokens' mean."""
+    layernorm; returns last_hidden_state's class token, or it joined with the patch tokens' mean.
+    With registers, Dinov2WithRegistersModel: register_tokens inserted after the class token once
+    the position embedding is added."""
 
-    def __init__(self, width, depth, heads, patch, image_size=224, swiglu=False, output="class_token"):
+    def __init__(self, width, depth, heads, patch, image_size=224, swiglu=False, output="class_token", registers=0):
         super().__init__()
-        self.patch, self.output = patch, output
+        self.patch, self.output, self.registers = patch, output, registers
         grid = image_size // patch
         self.embeddings = nn.Module()
         self.embeddings.cls_token = nn.Parameter(torch.zeros(1, 1, width))
         self.embeddings.mask_token = nn.Parameter(torch.zeros(1, width))
+        if registers:
+            self.embeddings.register_tokens = nn.Parameter(torch.zeros(1, registers, width))
         self.embeddings.position_embeddings = nn.Parameter(torch.zeros(1, grid * grid + 1, width))
         self.embeddings.patch_embeddings = nn.Module()
         self.embeddings.patch_embeddings.projection = nn.Conv2d(3, width, patch, patch)
@@ -118,12 +128,14 @@ class Dinov2Model(nn.Module):
         x = embeddings.patch_embeddings.projection(pixels).flatten(2).transpose(1, 2)
         x = torch.cat([embeddings.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = x + self.interpolate_pos_encoding(*pixels.shape[-2:])
+        if self.registers:
+            x = torch.cat([x[:, :1], embeddings.register_tokens.expand(x.shape[0], -1, -1), x[:, 1:]], dim=1)
         for layer in self.encoder.layer:
             x = layer(x)
         x = self.layernorm(x)
         if self.output == "class_token":
             return x[:, 0, :]
-        return torch.cat([x[:, 0, :], x[:, 1:, :].mean(dim=1)], dim=-1)
+        return torch.cat([x[:, 0, :], x[:, 1 + self.registers:, :].mean(dim=1)], dim=-1)
 
 
 def randomised_dinov2(seed, **shape):
@@ -178,6 +190,19 @@ class HuggingFaceDinov2(unittest.TestCase):
         reference = randomised_dinov2(12, width=1536, depth=1, heads=24, patch=14, image_size=518, swiglu=True,
                                       output="class_token_and_patch_mean")
         self.expect_matches("midnight", reference, KAIKO, 3072)
+
+    def test_hibou_l_from_hugging_face_names_matches_dinov2_with_registers(self):
+        reference = randomised_dinov2(7, width=1024, depth=1, heads=16, patch=14, swiglu=True, registers=4)
+        self.assertEqual(reference.encoder.layer[0].mlp.weights_out.in_features, 2736)  # Hibou-L's SwiGLU
+        self.expect_matches("hibou_l", reference, HIBOU, 1024)
+        # The whole preset plans the parameters of Hibou-L's 24 layers, fp32 (the mask token unread).
+        def count(depth):
+            model = Dinov2Model(width=1024, depth=depth, heads=16, patch=14, swiglu=True, registers=4)
+            return sum(value.numel() for name, value in model.named_parameters() if name != "embeddings.mask_token")
+        one, two = count(1), count(2)
+        planned, parameters = planned_parameter_bytes(self, "hibou-l", self.path("dry-hibou-l")), one + 23 * (two - one)
+        self.assertGreaterEqual(planned, 4 * parameters)
+        self.assertLess(planned, 4 * parameters * 1.0001)  # 3 kB more in the plan; test_vit_presets allows 1%
 
     def test_a_missing_key_and_a_misshapen_value_are_named(self):
         state = {k: v.float() for k, v in randomised_dinov2(3, width=1024, depth=1, heads=16, patch=16)

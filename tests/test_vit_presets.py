@@ -11,7 +11,7 @@ VisionTransformer), and TRIDENT's names for the encoders.
   compute/vit_presets.json), relative error under 1e-4 in fp32. kaiko-vitl14 reads 224-pixel tiles
   while its position embedding is learned at 518 (37x37) and resampled as timm's dynamic_img_size.
 - The full presets' plans (extract --dry-run): their parameter bytes are 4 x timm's parameter
-  counts, and TRIDENT's names plan the same model as tessera's; an encoder not there (hibou_l)
+  counts, and TRIDENT's names plan the same model as tessera's; an encoder not there (musk)
   is exit 5 listing the presets with TRIDENT's names.
 - kaiko-vits16 at full depth, from a torch.save state_dict through tools/torch_to_tessera.py, likewise.
 - A wrong-shaped or missing tensor of a preset's weights is exit 5 naming it, nothing written.
@@ -62,7 +62,8 @@ PRESETS = {
 # TRIDENT's encoder_factory names (mahmoodlab/TRIDENT trident/patch_encoder_models/load.py) that
 # differ from tessera's presets.
 TRIDENT = {"uni_v1": "uni", "uni_v2": "uni2-h", "hoptimus0": "h-optimus-0", "hoptimus1": "h-optimus-1",
-           "gigapath": "prov-gigapath", "phikon_v2": "phikon-v2", "midnight12k": "midnight"}
+           "gigapath": "prov-gigapath", "phikon_v2": "phikon-v2", "midnight12k": "midnight",
+           "hibou_l": "hibou-l"}
 
 
 def run(*args, timeout=1200):
@@ -185,7 +186,7 @@ class EncoderPresets(unittest.TestCase):
         for trident, preset in TRIDENT.items():
             self.assertEqual(self.dry_run(trident), planned.get(preset) or self.dry_run(preset), trident)
         # An encoder tessera does not have yet: exit 5, the presets listed with TRIDENT's names.
-        result = run("extract", "--encoder", "hibou_l", "--random-weights", "--dry-run", "--out", self.path("x"))
+        result = run("extract", "--encoder", "musk", "--random-weights", "--dry-run", "--out", self.path("x"))
         self.assertEqual(result.returncode, EXIT_BAD_INPUT, result.stderr[-2000:])
         for listed in ("uni2-h (uni_v2)", "h-optimus-1 (hoptimus1)", "kaiko-vitl14", "lunit-vits8", "midnight (midnight12k)"):
             self.assertIn(listed, result.stderr)

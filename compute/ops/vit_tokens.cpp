@@ -18,10 +18,12 @@ constexpr const char* kResampled = "resampled_pos_embed";
 }  // namespace
 
 std::unique_ptr<Op> make_vit_tokens(const LayerConfig& layer) {
-  std::string position = layer.choice("position_embedding", "tokens", {"tokens", "patches", "none"});
-  auto rule = position == "tokens"    ? VitTokens::Position::tokens
-              : position == "patches" ? VitTokens::Position::patches
-                                      : VitTokens::Position::none;
+  std::string position =
+      layer.choice("position_embedding", "tokens", {"tokens", "patches", "class_and_patches", "none"});
+  auto rule = position == "tokens"              ? VitTokens::Position::tokens
+              : position == "patches"           ? VitTokens::Position::patches
+              : position == "class_and_patches" ? VitTokens::Position::class_and_patches
+                                                : VitTokens::Position::none;
   std::array<int64_t, 2> grid{layer.integer("grid_height", 0), layer.integer("grid_width", 0)};
   if ((grid[0] == 0) != (grid[1] == 0)) layer.fail("grid_width", "must be given with grid_height (or neither)");
   const std::string rule_name =
@@ -47,6 +49,16 @@ Shape VitTokens::infer(const std::vector<Shape>& inputs) {
   return {batch_, prefix() + input_grid_[0] * input_grid_[1], width_};
 }
 
+int64_t VitTokens::covered_prefix() const {
+  switch (position_) {
+    case Position::tokens: return prefix();
+    case Position::class_and_patches: return class_token_ ? 1 : 0;
+    case Position::patches:
+    case Position::none: return 0;
+  }
+  return 0;
+}
+
 std::vector<TensorSpec> VitTokens::tensors() const {
   std::vector<TensorSpec> specs;
   auto model_level = [&](const char* name, Shape shape, Init init) {
@@ -57,7 +69,7 @@ std::vector<TensorSpec> VitTokens::tensors() const {
   if (class_token_) model_level("cls_token", {1, 1, width_}, {Init::normal, 1e-6f});
   if (registers_ > 0) model_level("reg_token", {1, registers_, width_}, {Init::normal, 1e-6f});
   if (position_ == Position::none) return specs;
-  int64_t covered = position_ == Position::tokens ? prefix() : 0;
+  const int64_t covered = covered_prefix();
   model_level("pos_embed", {1, covered + grid_[0] * grid_[1], width_}, {Init::normal, 0.02f});
   // Both kernels that read it (vit_tokens_forward, position_embedding_resample) take texels.
   specs.back().follows_weight_dtype = true;
@@ -74,7 +86,7 @@ void VitTokens::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
   const Tensor* position = position_ != Position::none ? t.tensors[next++] : t.inputs[0];
   if (resamples()) {
     const Tensor& resampled = *t.tensors[next];
-    uint32_t covered = position_ == Position::tokens ? static_cast<uint32_t>(prefix()) : 0u;
+    const auto covered = static_cast<uint32_t>(covered_prefix());
     recorder.dispatch_elements(
         kernels.get<ResamplePush>(vk::kernel::position_embedding_resample, {kElementwiseGroup}), {reads(*position), writes(resampled)},
         ResamplePush{static_cast<uint32_t>(resampled.count()), static_cast<uint32_t>(width_), covered,

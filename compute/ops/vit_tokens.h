@@ -1,8 +1,9 @@
 // A ViT's token sequence: the patch embedding (a convolution whose stride is its kernel) laid
 // out as tokens, after the class token and the register tokens, plus the learned position
 // embedding, as timm's VisionTransformer._pos_embed. The embedding covers every token (timm's
-// default), the patches only (no_embed_class: UNI2-h, H-optimus-0) or none; where the input's
-// patch grid differs from the grid it was learned on, it is resampled as timm's
+// default), the patches only (no_embed_class: UNI2-h, H-optimus-0), the class token and the
+// patches but not the registers (Hugging Face's Dinov2WithRegisters: Hibou) or none; where the
+// input's patch grid differs from the grid it was learned on, it is resampled as timm's
 // resample_abs_pos_embed (bicubic, antialiased) or as Hugging Face's Dinov2 interpolates it
 // (PyTorch's plain bicubic to the new size: a = -0.75, four taps, edges clamped) or as DINO's
 // interpolate_pos_encoding does (CONCH v1.5's trunk: the same bicubic by the scale factor
@@ -17,7 +18,7 @@ namespace tessera {
 
 class VitTokens : public InferenceOp {
  public:
-  enum class Position { none, tokens, patches };
+  enum class Position { none, tokens, patches, class_and_patches };  // the shader's POSITION, in order
   enum class Resample { timm_antialiased, bicubic, bicubic_by_scale_factor };  // the shader's mode, in order
   // `grid`: the patch grid (rows, columns) the position embedding was learned on; {0, 0}: the input's.
   VitTokens(bool class_token, int64_t registers, Position position, std::array<int64_t, 2> grid,
@@ -34,6 +35,8 @@ class VitTokens : public InferenceOp {
 
  private:
   bool resamples() const { return position_ != Position::none && grid_ != input_grid_; }
+  // The rows of the position table before its patch grid's: the prefix tokens it covers.
+  int64_t covered_prefix() const;
 
   bool class_token_;
   int64_t registers_;
