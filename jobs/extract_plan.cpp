@@ -19,6 +19,7 @@ InferenceOptions extraction_inference(const ExtractOptions &options, const Extra
   inference.layer = options.layer;
   if (model.encoder && options.fp16) inference.activations = DType::f16;
   if (model.encoder && options.fp16_weights) inference.weights = DType::f16;
+  inference.stream_weights = model.encoder ? options.stream_weights : WeightStreaming::off;
   inference.advice = "lower --batch, or raise --device-memory-limit";
   inference.weights_digest = true;
   return inference;
@@ -68,7 +69,18 @@ vk::ContextOptions extraction_context(const ExtractOptions &options, int device)
 nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOptions &options,
                                       const std::vector<ExtractModel> &models, std::vector<MemoryPlan> &plans) {
   auto describe = [](const MemoryPlan &plan) {
-    return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
+    const MemoryPlan::Streaming &streaming = plan.streaming;
+    auto resident = [&](const char *category) { return plan.bytes.count(category) ? plan.bytes.at(category) : 0; };
+    return nlohmann::json{{"bytes", plan.bytes},
+                          {"total", plan.total()},
+                          {"readable", format_bytes(plan.total())},
+                          {"streams_weights", streaming.groups > 0},
+                          {"streaming",
+                           {{"groups", streaming.groups},
+                            {"blocks_per_group", streaming.blocks_per_group},
+                            {"ring_slots", streaming.slots},
+                            {"streamed_bytes", streaming.streamed_bytes},
+                            {"resident_weight_bytes", resident("parameters") + resident("prepared weights")}}}};
   };
   const uint64_t budget = context.allocator().stats().budget_bytes;
   nlohmann::json model_reports = nlohmann::json::array();
@@ -125,6 +137,12 @@ std::string extraction_plan_text(const nlohmann::json &summary) {
       else if (model["batch_chosen"].is_object()) text += ": " + model["batch_chosen"]["why"].get<std::string>();
       text += "\n";
       for (auto &[category, bytes] : model["plan"]["bytes"].items()) text += bytes_row(category, bytes.get<uint64_t>()) + "\n";
+      if (const nlohmann::json &streaming = model["plan"]["streaming"]; model["plan"]["streams_weights"].get<bool>())
+        text += "    streams the weights of " + format_number(streaming["groups"]) + " groups of " +
+                format_number(streaming["blocks_per_group"]) + " blocks (" +
+                format_bytes(streaming["streamed_bytes"].get<uint64_t>()) + " in host memory) through " +
+                format_number(streaming["ring_slots"]) + " ring slots; " +
+                format_bytes(streaming["resident_weight_bytes"].get<uint64_t>()) + " of weights resident\n";
       text += bytes_row("total", model["plan"]["total"].get<uint64_t>()) + ": " +
               (model["fits"].get<bool>() ? "fits" : "does NOT fit") + "\n";
     }
@@ -159,6 +177,9 @@ void print_extraction_plans(const ExtractOptions &options, const std::vector<Ext
                             {"requested_batch", options.batch},
                             {"precision", options.fp16 ? "fp16" : "fp32"},
                             {"weights", options.fp16_weights ? "fp16" : "fp32"},
+                            {"stream_weights", options.stream_weights == WeightStreaming::on    ? "on"
+                                               : options.stream_weights == WeightStreaming::off ? "off"
+                                                                                                : "auto"},
                             {"devices", reports}};
   print_result(summary, extraction_plan_text(summary));
   for (size_t k = 0; k < contexts.size(); ++k)
