@@ -68,7 +68,10 @@ vk::ContextOptions extraction_context(const ExtractOptions &options, int device)
 
 nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOptions &options,
                                       const std::vector<ExtractModel> &models, std::vector<MemoryPlan> &plans) {
-  auto describe = [](const MemoryPlan &plan) {
+  // with_streaming: whether it streams, and how (a model's plan; the sum of several says nothing of it).
+  auto describe = [](const MemoryPlan &plan, bool with_streaming = true) {
+    if (!with_streaming)
+      return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
     const MemoryPlan::Streaming &streaming = plan.streaming;
     auto resident = [&](const char *category) { return plan.bytes.count(category) ? plan.bytes.at(category) : 0; };
     return nlohmann::json{{"bytes", plan.bytes},
@@ -112,7 +115,7 @@ nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOption
                  {"name", context.info().name},
                  {"budget_bytes", budget},
                  {"models", model_reports},
-                 {"together", describe(together)},
+                 {"together", describe(together, false)},
                  {"models_together", together.device_bytes(context.allocator()) <= budget}});
   return report;
 }
