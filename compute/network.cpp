@@ -544,11 +544,14 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
 }
 
 void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
+  const bool streams = prepared_ && !pass.training;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    if (prepared_ && !pass.training) record_stream_uploads(recorder, *this, l);
-    if (fusion_[pass.training][l].skipped) continue;
-    recorder.set_scope(layers_[l].name);
-    layers_[l].op->forward(recorder, kernels, bindings(l, inputs, pass, false));
+    if (streams) record_stream_uploads(recorder, *this, l, false);
+    if (!fusion_[pass.training][l].skipped) {
+      recorder.set_scope(layers_[l].name);
+      layers_[l].op->forward(recorder, kernels, bindings(l, inputs, pass, false));
+    }
+    if (streams) record_stream_uploads(recorder, *this, l, true);
   }
   recorder.set_scope("");
 }

@@ -89,15 +89,15 @@ void place_stream_ring(GraphLayout& layout, const StreamGroups& streaming) {
     }
 }
 
-void record_stream_uploads(vk::Recorder& recorder, const Network& network, size_t layer) {
+void record_stream_uploads(vk::Recorder& recorder, const Network& network, size_t layer, bool after) {
   const StreamGroups& streaming = network.streaming();
   if (!streaming.active()) return;
   const int group = streaming.group_of_layer[layer];
   const auto& groups = streaming.group_of_layer;
   if (group < 0 || std::find(groups.begin(), groups.end(), group) != groups.begin() + static_cast<std::ptrdiff_t>(layer))
     return;  // not the group's first layer
-  if (group == 0) record_group_upload(recorder, network, 0);
-  if (group + 1 < streaming.groups) record_group_upload(recorder, network, group + 1);
+  if (!after && group == 0) record_group_upload(recorder, network, 0);
+  if (after && group + 1 < streaming.groups) record_group_upload(recorder, network, group + 1);
 }
 
 }  // namespace tessera

@@ -2,7 +2,7 @@
 // (loaded and prepared there once) and each pass copies them, a group of blocks at a time, into a
 // small ring of device buffers, so that a model whose weights do not fit the device's budget (a
 // ViT-g's 2.3 GB of fp16 weights against lavapipe's 2 GiB heap) still runs. The copies are
-// recorded in the pass's command buffer: group g + 1's before group g's first layer, so that the
+// recorded in the pass's command buffer: group g + 1's after group g's first layer, so that the
 // device may copy it while group g computes.
 #pragma once
 #include <cstddef>
@@ -28,8 +28,11 @@ bool is_streamed(const StreamGroups& streaming, size_t layer, const TensorSpec& 
 // Adds the ring to `layout`: `slots` sets of buffers, the k-th of each as large as the k-th
 // streamed tensor of any group, and each streamed tensor's place in its group's slot.
 void place_stream_ring(GraphLayout& layout, const StreamGroups& streaming);
-// Before layer `layer` of a prepared network's pass: where it is the first layer of group g,
-// the copies of group g + 1 into its slot (and, for group 0, of group 0 first).
-void record_stream_uploads(vk::Recorder& recorder, const Network& network, size_t layer);
+// Around layer `layer` of a prepared network's pass, where it is the first layer of group g:
+// before it (after false) group 0's copies, for group 0; after it, group g + 1's. After: the
+// first layer's read of the slot is what waits for group g's copies (a barrier that waits for
+// every transfer before it), so group g + 1's, recorded after that, run on beside group g
+// (vk::Recorder waits for compute only between dispatches).
+void record_stream_uploads(vk::Recorder& recorder, const Network& network, size_t layer, bool after);
 
 }  // namespace tessera

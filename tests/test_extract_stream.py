@@ -26,7 +26,7 @@ import numpy as np
 import openslide
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_extract_vit import CMU, SMALL, read_features, run, summary_of, write_tiff  # noqa: E402
+from test_extract_vit import CMU, SMALL, dry_run_encoder, read_features, run, summary_of, write_tiff  # noqa: E402
 from test_vit_timm import randomised, write_safetensors  # noqa: E402
 
 EXIT_USAGE, EXIT_OUT_OF_MEMORY = 2, 3
@@ -97,11 +97,7 @@ class WeightStreaming(unittest.TestCase):
         self.assertLess(planned, resident_model["planned_device_bytes"])
 
     def dry_run(self, encoder, *args):
-        out = self.path("dry-" + encoder)
-        result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 1, "--dry-run", "--out", out,
-                     "--precision", "fp16", *args)
-        self.assertFalse(os.path.exists(out))
-        return result
+        return dry_run_encoder(self.path("dry-" + encoder), encoder, *args)
 
     def test_giant_vits_with_16_bit_weights_fit_lavapipe_streamed(self):
         for encoder, streams in (("h-optimus-0", True), ("prov-gigapath", True), ("uni2-h", False)):

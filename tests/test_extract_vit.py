@@ -63,6 +63,14 @@ def read_features(directory, name):
                 json.loads(f["features"].attrs["extraction"]))
 
 
+def dry_run_encoder(out, encoder, *args):
+    """`extract --dry-run` of ENCODER with random weights at batch 1 in fp16; nothing is written to OUT."""
+    result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 1, "--dry-run", "--out", out,
+                 "--precision", "fp16", *args)
+    assert not os.path.exists(out), out
+    return result
+
+
 def write_tiff(path, pixels, mpp):
     """One tiled, uncompressed level; the pixel size as TIFF resolution (pixels per cm) or none."""
     resolution = {} if mpp is None else {"resolution": (1e4 / mpp, 1e4 / mpp), "resolutionunit": "CENTIMETER"}

@@ -40,7 +40,8 @@ import openslide
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_extract_vit import CMU, SMALL, read_features, reference_features, run, summary_of, write_tiff  # noqa: E402
+from test_extract_vit import (CMU, SMALL, dry_run_encoder, read_features, reference_features, run,  # noqa: E402
+                              summary_of, write_tiff)
 from test_vit_timm import randomised, relative_error, write_safetensors  # noqa: E402
 
 EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_BAD_INPUT = 2, 3, 5
@@ -151,11 +152,7 @@ class SixteenBitWeights(unittest.TestCase):
         self.assertNotIn("weight_precision", runs["fp32"][2])
 
     def dry_run(self, encoder, *args):
-        out = self.path("dry-" + encoder)
-        result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 1, "--dry-run", "--out", out,
-                     "--precision", "fp16", *args)
-        self.assertFalse(os.path.exists(out))
-        return result
+        return dry_run_encoder(self.path("dry-" + encoder), encoder, *args)
 
     def test_plans_count_16_bit_weights(self):
         with open(PRESETS) as f:

@@ -22,6 +22,20 @@ constexpr VkBufferUsageFlags kBufferUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
 uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
+
+// A buffer of `bytes` for every use tessera makes of one (`next`: its create info's chain), and
+// the memory it needs.
+VkBuffer create_buffer(VkDevice device, uint64_t bytes, const void* next, VkMemoryRequirements& requirements) {
+  VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  create.pNext = next;
+  create.size = std::max<uint64_t>(bytes, 4);
+  create.usage = kBufferUsage;
+  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  check(vkCreateBuffer(device, &create, nullptr, &buffer), "vkCreateBuffer");
+  vkGetBufferMemoryRequirements(device, buffer, &requirements);
+  return buffer;
+}
 }  // namespace
 
 void Buffer::flush(uint64_t offset, uint64_t bytes) const {
@@ -87,13 +101,8 @@ Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
   const char* fault = std::getenv("TESSERA_FAULT");
   skip_flush_ = fault && std::strcmp(fault, "skip_flush") == 0;
   device_memory_mapped_ = context.info().heaps.size() == 1;  // as pool_for chooses
-  VkBufferCreateInfo probe{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  probe.size = 4;
-  probe.usage = kBufferUsage;
-  VkBuffer buffer = VK_NULL_HANDLE;
-  check(vkCreateBuffer(context.device(), &probe, nullptr, &buffer), "vkCreateBuffer");
   VkMemoryRequirements requirements;
-  vkGetBufferMemoryRequirements(context.device(), buffer, &requirements);
+  VkBuffer buffer = create_buffer(context.device(), 4, nullptr, requirements);  // a probe
   storage_type_bits_ = requirements.memoryTypeBits;
   vkDestroyBuffer(context.device(), buffer, nullptr);
   if (context.info().host_memory_import) {
@@ -234,14 +243,9 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
     throw OutOfDeviceMemory(what + ": a buffer of " + format_bytes(bytes) + " is over the device's largest buffer (" +
                             format_bytes(context_.info().largest_buffer) + ")");
   if (usage == MemoryUsage::host && import_host_) return import_host(bytes, what);
-  VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  create.size = std::max<uint64_t>(bytes, 4);
-  create.usage = kBufferUsage;
-  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   Buffer buffer;
-  check(vkCreateBuffer(device, &create, nullptr, &buffer.handle_), "vkCreateBuffer");
   VkMemoryRequirements requirements;
-  vkGetBufferMemoryRequirements(device, buffer.handle_, &requirements);
+  buffer.handle_ = create_buffer(device, bytes, nullptr, requirements);
   uint64_t alignment = std::max<uint64_t>(requirements.alignment, alignment_);
   uint64_t reserved = round_up(requirements.size, alignment);
   uint32_t p = pool_for(usage, requirements.memoryTypeBits);
@@ -316,15 +320,9 @@ Buffer Allocator::import_host(uint64_t bytes, const std::string& what) {
   VkDevice device = context_.device();
   VkExternalMemoryBufferCreateInfo external{VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO};
   external.handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
-  VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  create.pNext = &external;
-  create.size = std::max<uint64_t>(bytes, 4);
-  create.usage = kBufferUsage;
-  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   Buffer buffer;
-  check(vkCreateBuffer(device, &create, nullptr, &buffer.handle_), "vkCreateBuffer");
   VkMemoryRequirements requirements;
-  vkGetBufferMemoryRequirements(device, buffer.handle_, &requirements);
+  buffer.handle_ = create_buffer(device, bytes, &external, requirements);
   const uint64_t alignment = std::max<uint64_t>(requirements.alignment, import_alignment_);
   const uint64_t size = round_up(requirements.size, alignment);
   auto block = std::make_unique<Block>();
