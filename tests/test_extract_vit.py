@@ -237,10 +237,15 @@ class EncoderExtraction(unittest.TestCase):
         if device["batch"] < 32:  # lavapipe: one buffer at most 128 MiB
             self.assertIn("maxStorageBufferRange", device["batch_capped"]["warning"])
             self.assertLessEqual(device["batch"] * 265 * 8192 * 4, 128 << 20)
-        # Against lavapipe's own 2 GiB heap UNI2-h's fp32 weights alone (2.7 GB) do not fit.
+        # Against lavapipe's own 2 GiB heap UNI2-h's fp32 weights alone (2.7 GB) do not fit resident;
+        # streamed (--stream-weights auto, the default) they do.
         if "llvmpipe" in device["name"]:
-            over = run("extract", "--encoder", "uni2-h", "--random-weights", "--batch", 32, "--dry-run", "--out", out)
+            args = ["extract", "--encoder", "uni2-h", "--random-weights", "--batch", 32, "--dry-run", "--out", out]
+            over = run(*args, "--stream-weights", "off")
             self.assertEqual(over.returncode, EXIT_OUT_OF_MEMORY, over.stderr[-2000:])
+            streamed = run(*args)
+            self.assertEqual(streamed.returncode, 0, streamed.stderr[-2000:])
+            self.assertTrue(summary_of(streamed)["devices"][0]["plan"]["streams_weights"])
             self.assertFalse(os.path.exists(out))
 
     def test_uni_random_weights_real_tiles_peak_within_plan(self):
