@@ -7,6 +7,7 @@
 #include "compute/ops/registry.h"
 #include "compute/safetensors.h"
 #include "compute/vit.h"
+#include "compute/weight_stream.h"
 
 namespace tessera {
 
@@ -55,7 +56,7 @@ namespace {
 
 // The network of the pass: the model up to options.layer between the prologue and nothing.
 std::unique_ptr<Network> build_network(const ResolvedModel& model, const InferenceOptions& options,
-                                       std::string& layer) try {
+                                       std::string& layer, const StreamGroups& streaming = {}) try {
   nlohmann::json graph = model.graph;
   layer.clear();
   if (!options.layer.empty()) {
@@ -67,6 +68,7 @@ std::unique_ptr<Network> build_network(const ResolvedModel& model, const Inferen
   auto network = std::make_unique<Network>(graph, options.inputs, false, options.prologue);
   network->set_activation_dtype(options.activations);
   network->set_weight_dtype(options.weights);
+  network->set_streaming(streaming);
   if (layer.empty()) layer = network->layers().back().name;
   return network;
 } catch (const ModelError& e) {
@@ -88,7 +90,32 @@ MemoryPlan plan_of(const Network& network, const InferenceOptions& options, cons
   if (options.input_memory == vk::MemoryUsage::device)
     for (auto& input : options.inputs) largest = std::max(largest, bytes_of(input.shape, input.dtype));
   if (allocator.transfer_footprint(largest)) plan.add(allocator, "staging", largest, vk::MemoryUsage::staging);
+  if (const StreamGroups& streaming = network.streaming(); streaming.active()) {
+    plan.streaming = {streaming.groups, streaming.blocks_per_group, streaming.slots, 0};
+    for (auto& buffer : network.layout().buffers)
+      if (buffer.category == kStreamedHostCategory) plan.streaming.streamed_bytes += buffer.bytes;
+  }
   return plan;
+}
+
+// Which blocks stream (InferenceOptions::stream_weights): none where the resident plan fits the
+// budget, else groups of the most blocks whose plan fits with at least four groups, so that the
+// ring of two slots holds at most half the blocks; one block a group where none fits (the plan
+// then says by how much).
+StreamGroups choose_streaming(const ResolvedModel& model, const InferenceOptions& options,
+                              const vk::Allocator& allocator) {
+  if (options.stream_weights == WeightStreaming::off) return {};
+  std::string layer;
+  std::unique_ptr<Network> network = build_network(model, options, layer);
+  const uint64_t budget = allocator.stats().budget_bytes;
+  auto fits = [&] { return plan_of(*network, options, allocator).device_bytes(allocator) <= budget; };
+  const int blocks = stream_block_count(*network);
+  if (blocks == 0 || (options.stream_weights == WeightStreaming::automatic && fits())) return {};
+  for (int per_group = std::max(blocks / 4, 1); per_group > 1; --per_group) {
+    network->set_streaming(stream_groups(*network, per_group));
+    if (fits()) return network->streaming();
+  }
+  return stream_groups(*network, 1);
 }
 
 // The options with every input's first dimension (the batch) set to `batch`.
@@ -101,7 +128,8 @@ InferenceOptions at_batch(InferenceOptions options, int64_t batch) {
 
 MemoryPlan plan_inference(vk::Context& context, const ResolvedModel& model, const InferenceOptions& options) {
   std::string layer;
-  return plan_of(*build_network(model, options, layer), options, context.allocator());
+  StreamGroups streaming = choose_streaming(model, options, context.allocator());
+  return plan_of(*build_network(model, options, layer, streaming), options, context.allocator());
 }
 
 WeightsCheck check_weights(const ResolvedModel& model, const InferenceOptions& options) {
@@ -161,7 +189,7 @@ BatchLimit batch_within(const ResolvedModel& model, const InferenceOptions& opti
 
 Inference::Inference(vk::Context& context, const ResolvedModel& model, const InferenceOptions& options)
     : context_(context) {
-  network_ = build_network(model, options, layer_);
+  network_ = build_network(model, options, layer_, choose_streaming(model, options, context.allocator()));
   plan_ = plan_of(*network_, options, context.allocator());
   check_plan_fits(context, plan_, options.advice);
 

@@ -33,6 +33,11 @@ struct ResolvedModel {
 // or a converted checkpoint of that architecture (UsageError otherwise); empty: random weights.
 ResolvedModel resolve_model(const std::string& model, int classes, const std::string& encoder = "");
 
+// Whether the weights of a model's transformer blocks stay in host memory and stream through a
+// ring of device buffers (compute/weight_stream.h): where the resident plan does not fit the
+// budget (automatic), always, or never.
+enum class WeightStreaming { automatic, on, off };
+
 struct InferenceOptions {
   // What the graph reads (images, features); the caller writes them before each run().
   std::vector<GraphInput> inputs;
@@ -49,6 +54,9 @@ struct InferenceOptions {
   // TensorSpec::follows_weight_dtype) f32, or f16: converted once as they are loaded, half the
   // memory, sums still float. Biases, norms and layer-scale gammas stay f32.
   DType weights = DType::f32;
+  // Weight streaming; with `on` or where automatic streams, the group size is the largest whose
+  // plan fits the budget with at least four groups (one block where none fits).
+  WeightStreaming stream_weights = WeightStreaming::off;
   // What to change when the plan does not fit the budget, for the message.
   std::string advice = "lower --batch, or raise --device-memory-limit";
   // Take the SHA-256 of the weights as loaded, before they are prepared (weights_digest()).

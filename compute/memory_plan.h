@@ -16,6 +16,12 @@ namespace tessera {
 struct MemoryPlan {
   std::map<std::string, uint64_t> bytes;   // "parameters", "gradients", "activations", ...
   std::vector<vk::PlannedBuffer> buffers;  // every buffer, in the order the run allocates it
+  // Weight streaming (compute/weight_stream.h), where the pass streams: its groups of transformer
+  // blocks, the ring's slots and the bytes of weights kept in host memory.
+  struct Streaming {
+    int groups = 0, blocks_per_group = 0, slots = 0;
+    uint64_t streamed_bytes = 0;
+  } streaming;
   // Adds a buffer of `bytes` (its footprint in device memory to `category`).
   void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
            vk::MemoryUsage usage = vk::MemoryUsage::device);

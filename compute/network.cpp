@@ -13,6 +13,7 @@
 #include "compute/cnn_presets.h"
 #include "compute/ops/registry.h"
 #include "compute/vit.h"
+#include "compute/weight_stream.h"
 
 namespace tessera {
 
@@ -277,7 +278,7 @@ void Network::plan_fusion() {
 
 MemoryPlan GraphLayout::plan(const vk::Allocator& allocator) const {
   MemoryPlan plan;
-  for (auto& buffer : buffers) plan.add(allocator, buffer.category, buffer.bytes);
+  for (auto& buffer : buffers) plan.add(allocator, buffer.category, buffer.bytes, buffer.usage);
   return plan;
 }
 
@@ -285,10 +286,11 @@ GraphLayout Network::layout() const {
   GraphLayout layout;
   const bool reuse = !with_gradients_;
   std::vector<size_t> free;  // shared buffers no live tensor holds
-  auto place = [&](GraphLayout::Placed placed, const std::string& category, bool shared) {
+  auto place = [&](GraphLayout::Placed placed, const std::string& category, bool shared,
+                   vk::MemoryUsage usage = vk::MemoryUsage::device) {
     uint64_t bytes = (static_cast<uint64_t>(element_count(placed.shape)) * element_size(placed.dtype) + 3) / 4 * 4;
     if (!shared) {
-      layout.buffers.push_back({placed.name, bytes, category});
+      layout.buffers.push_back({placed.name, bytes, category, usage});
       placed.buffer = layout.buffers.size() - 1;
     } else {
       // The smallest free buffer that holds it, else a new one: growing a small buffer for a
@@ -343,7 +345,10 @@ GraphLayout Network::layout() const {
       std::string category = in_checkpoint(spec.role) ? "parameters"
                              : prepared && reuse      ? "prepared weights"
                                                       : "activations";
-      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s}, category, saved && reuse);
+      const bool streamed = reuse && is_streamed(streaming_, l, spec);
+      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
+                            streamed ? kStreamedHostCategory : category, saved && reuse,
+                            streamed ? vk::MemoryUsage::host : vk::MemoryUsage::device);
       if (saved && reuse) scratch.push_back(buffer);
       if (spec.role == TensorRole::parameter && with_gradients_)
         place({full + ".grad", spec.shape, DType::f32, GraphLayout::Kind::grad, l, s}, "gradients", false);
@@ -370,6 +375,7 @@ GraphLayout Network::layout() const {
     if (inputs_[i].gradient && with_gradients_)
       place({inputs_[i].name + ".grad", inputs_[i].shape, inputs_[i].dtype, GraphLayout::Kind::input_grad, 0, i},
             "activation gradients", false);
+  if (reuse) place_stream_ring(layout, streaming_);
   return layout;
 }
 
@@ -378,11 +384,12 @@ void Network::allocate(vk::Context& context) {
   std::vector<std::shared_ptr<vk::Buffer>> buffers;
   for (auto& buffer : layout.buffers)
     buffers.push_back(
-        std::make_shared<vk::Buffer>(context.allocator().allocate(buffer.bytes, vk::MemoryUsage::device, buffer.name)));
+        std::make_shared<vk::Buffer>(context.allocator().allocate(buffer.bytes, buffer.usage, buffer.name)));
   input_grads_.resize(inputs_.size());
   for (auto& l : layers_) {
     l.tensors.resize(l.specs.size());
     l.grads.resize(l.specs.size());
+    l.ring.resize(l.specs.size());
   }
   for (auto& placed : layout.tensors) {
     auto tensor = std::make_unique<Tensor>(context, placed.name, placed.shape, placed.dtype, buffers[placed.buffer]);
@@ -393,6 +400,7 @@ void Network::allocate(vk::Context& context) {
       case GraphLayout::Kind::output: l.output = std::move(tensor); break;
       case GraphLayout::Kind::output_grad: l.output_grad = std::move(tensor); break;
       case GraphLayout::Kind::input_grad: input_grads_[placed.index] = std::move(tensor); break;
+      case GraphLayout::Kind::ring: l.ring[placed.index] = std::move(tensor); break;
     }
   }
 }
@@ -408,6 +416,11 @@ void Network::set_weight_dtype(DType dtype) {
   for (auto& layer : layers_)
     for (auto& spec : layer.specs)
       if (spec.follows_weight_dtype && layer.from_model) spec.dtype = dtype;
+}
+
+void Network::set_streaming(StreamGroups streaming) {
+  if (with_gradients_ && streaming.active()) throw std::logic_error("a training network keeps its weights resident");
+  streaming_ = std::move(streaming);
 }
 
 void Network::initialise(uint32_t seed) {
@@ -516,7 +529,9 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
     t.folded_batch_norm = &folded_[index];
   }
   for (size_t s = 0; s < l.tensors.size(); ++s) {
-    t.tensors.push_back(l.tensors[s].get());
+    // Once prepared, a streamed weight is read from its ring slot; prepare() works on the host's.
+    const bool ring = prepared_ && !pass.training && s < l.ring.size() && l.ring[s];
+    t.tensors.push_back(ring ? l.ring[s].get() : l.tensors[s].get());
     t.grads.push_back(l.grads[s].get());
   }
   t.training = pass.training;
@@ -529,10 +544,14 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
 }
 
 void Network::record_forward(vk::Recorder& recorder, vk::Kernels& kernels, const Bound& inputs, const Pass& pass) {
+  const bool streams = prepared_ && !pass.training;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    if (fusion_[pass.training][l].skipped) continue;
-    recorder.set_scope(layers_[l].name);
-    layers_[l].op->forward(recorder, kernels, bindings(l, inputs, pass, false));
+    if (streams) record_stream_uploads(recorder, *this, l, false);
+    if (!fusion_[pass.training][l].skipped) {
+      recorder.set_scope(layers_[l].name);
+      layers_[l].op->forward(recorder, kernels, bindings(l, inputs, pass, false));
+    }
+    if (streams) record_stream_uploads(recorder, *this, l, true);
   }
   recorder.set_scope("");
 }

@@ -62,8 +62,10 @@ struct GraphLayout {
     std::string name;      // its first tensor's name, or "activations (shared)"
     uint64_t bytes = 0;    // the largest tensor it holds, in whole 32-bit words
     std::string category;  // the MemoryPlan key
+    vk::MemoryUsage usage = vk::MemoryUsage::device;  // host: streamed weights (StreamGroups)
   };
-  enum class Kind { tensor, grad, output, output_grad, input_grad };
+  // ring: a streamed tensor's place in the ring slot of its group, which passes read.
+  enum class Kind { tensor, grad, output, output_grad, input_grad, ring };
   struct Placed {
     std::string name;
     Shape shape;
@@ -77,6 +79,18 @@ struct GraphLayout {
   MemoryPlan plan(const vk::Allocator& allocator) const;
 };
 
+// Weight streaming (inference only): the parameters and prepared weights of the layers of a group
+// stay in host memory (vk::MemoryUsage::host, loaded and prepared there once) and a pass copies
+// them, group by group, into a ring of `slots` device buffers: group g into slot g % slots,
+// recorded before group g - 1 runs so that the copy may overlap it (compute/weight_stream.h).
+struct StreamGroups {
+  std::vector<int> group_of_layer;  // per layer: its group, or -1 (resident); empty: nothing streams
+  int groups = 0;
+  int blocks_per_group = 0;
+  int slots = 2;
+  bool active() const { return groups > 0; }
+};
+
 class Network {
  public:
   struct Layer {
@@ -87,6 +101,7 @@ class Network {
     std::vector<TensorSpec> specs;
     bool from_model = true;    // false: added by the job (input normalisation, loss)
     std::vector<std::unique_ptr<Tensor>> tensors, grads;  // grads: parameters only
+    std::vector<std::unique_ptr<Tensor>> ring;  // streamed: the copy in its ring slot, read once prepared
     std::unique_ptr<Tensor> output, output_grad;
   };
 
@@ -110,6 +125,9 @@ class Network {
   // f32, or f16 (converted once as they are loaded; sums stay float). Set before layout() and
   // allocate(); a training network keeps float weights (std::logic_error).
   void set_weight_dtype(DType dtype);
+  // Weight streaming (StreamGroups): set before layout() and allocate(), inference only.
+  void set_streaming(StreamGroups streaming);
+  const StreamGroups& streaming() const { return streaming_; }
 
   // The walk that both the plan and allocate() follow.
   GraphLayout layout() const;
@@ -199,6 +217,7 @@ class Network {
   std::map<std::pair<size_t, size_t>, bool> accumulate_input_grad_;
   std::array<std::vector<Fused>, 2> fusion_;  // [training]
   bool prepared_ = false;
+  StreamGroups streaming_;
   mutable std::vector<FoldedBatchNorm> folded_;  // per layer, bound while folded
 };
 

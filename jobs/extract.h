@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "compute/inference.h"
 #include "data/tiler.h"
 
 namespace tessera {
@@ -34,6 +35,9 @@ struct ExtractOptions {
   // --weights fp16 (encoders only): their large weights stored on the device in fp16
   // (compute/inference.h, InferenceOptions::weights).
   bool fp16_weights = false;
+  // --stream-weights (encoders only): the transformer blocks' weights kept in host memory and
+  // streamed through the device where they do not fit its budget (compute/weight_stream.h).
+  WeightStreaming stream_weights = WeightStreaming::automatic;
   bool overwrite = false;    // --overwrite: replace feature files that hold something else
   bool skip_errors = false;  // a slide that cannot be read is reported and the run goes on
   data::TilerOptions tiler;  // the grid and tissue detection of --slides

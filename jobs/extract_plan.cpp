@@ -19,6 +19,7 @@ InferenceOptions extraction_inference(const ExtractOptions &options, const Extra
   inference.layer = options.layer;
   if (model.encoder && options.fp16) inference.activations = DType::f16;
   if (model.encoder && options.fp16_weights) inference.weights = DType::f16;
+  inference.stream_weights = model.encoder ? options.stream_weights : WeightStreaming::off;
   inference.advice = "lower --batch, or raise --device-memory-limit";
   inference.weights_digest = true;
   return inference;
@@ -67,8 +68,22 @@ vk::ContextOptions extraction_context(const ExtractOptions &options, int device)
 
 nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOptions &options,
                                       const std::vector<ExtractModel> &models, std::vector<MemoryPlan> &plans) {
-  auto describe = [](const MemoryPlan &plan) {
-    return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
+  // with_streaming: whether it streams, and how (a model's plan; the sum of several says nothing of it).
+  auto describe = [](const MemoryPlan &plan, bool with_streaming = true) {
+    if (!with_streaming)
+      return nlohmann::json{{"bytes", plan.bytes}, {"total", plan.total()}, {"readable", format_bytes(plan.total())}};
+    const MemoryPlan::Streaming &streaming = plan.streaming;
+    auto resident = [&](const char *category) { return plan.bytes.count(category) ? plan.bytes.at(category) : 0; };
+    return nlohmann::json{{"bytes", plan.bytes},
+                          {"total", plan.total()},
+                          {"readable", format_bytes(plan.total())},
+                          {"streams_weights", streaming.groups > 0},
+                          {"streaming",
+                           {{"groups", streaming.groups},
+                            {"blocks_per_group", streaming.blocks_per_group},
+                            {"ring_slots", streaming.slots},
+                            {"streamed_bytes", streaming.streamed_bytes},
+                            {"resident_weight_bytes", resident("parameters") + resident("prepared weights")}}}};
   };
   const uint64_t budget = context.allocator().stats().budget_bytes;
   nlohmann::json model_reports = nlohmann::json::array();
@@ -100,7 +115,7 @@ nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOption
                  {"name", context.info().name},
                  {"budget_bytes", budget},
                  {"models", model_reports},
-                 {"together", describe(together)},
+                 {"together", describe(together, false)},
                  {"models_together", together.device_bytes(context.allocator()) <= budget}});
   return report;
 }
@@ -125,6 +140,12 @@ std::string extraction_plan_text(const nlohmann::json &summary) {
       else if (model["batch_chosen"].is_object()) text += ": " + model["batch_chosen"]["why"].get<std::string>();
       text += "\n";
       for (auto &[category, bytes] : model["plan"]["bytes"].items()) text += bytes_row(category, bytes.get<uint64_t>()) + "\n";
+      if (const nlohmann::json &streaming = model["plan"]["streaming"]; model["plan"]["streams_weights"].get<bool>())
+        text += "    streams the weights of " + format_number(streaming["groups"]) + " groups of " +
+                format_number(streaming["blocks_per_group"]) + " blocks (" +
+                format_bytes(streaming["streamed_bytes"].get<uint64_t>()) + " in host memory) through " +
+                format_number(streaming["ring_slots"]) + " ring slots; " +
+                format_bytes(streaming["resident_weight_bytes"].get<uint64_t>()) + " of weights resident\n";
       text += bytes_row("total", model["plan"]["total"].get<uint64_t>()) + ": " +
               (model["fits"].get<bool>() ? "fits" : "does NOT fit") + "\n";
     }
@@ -159,6 +180,9 @@ void print_extraction_plans(const ExtractOptions &options, const std::vector<Ext
                             {"requested_batch", options.batch},
                             {"precision", options.fp16 ? "fp16" : "fp32"},
                             {"weights", options.fp16_weights ? "fp16" : "fp32"},
+                            {"stream_weights", options.stream_weights == WeightStreaming::on    ? "on"
+                                               : options.stream_weights == WeightStreaming::off ? "off"
+                                                                                                : "auto"},
                             {"devices", reports}};
   print_result(summary, extraction_plan_text(summary));
   for (size_t k = 0; k < contexts.size(); ++k)

@@ -124,6 +124,8 @@ nlohmann::json DeviceModels::report() {
                       {"batch_capped", extractor->capped()},
                       {"batch_chosen", extractor->chosen()},
                       {"planned_device_bytes", extractor->plan().total()},
+                      {"stream_groups", extractor->plan().streaming.groups},
+                      {"streamed_bytes", extractor->plan().streaming.streamed_bytes},
                       {"device_seconds", extractor->device_seconds()}});
   }
   return {{"index", context_.info().index},

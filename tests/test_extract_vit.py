@@ -63,6 +63,14 @@ def read_features(directory, name):
                 json.loads(f["features"].attrs["extraction"]))
 
 
+def dry_run_encoder(out, encoder, *args):
+    """`extract --dry-run` of ENCODER with random weights at batch 1 in fp16; nothing is written to OUT."""
+    result = run("extract", "--encoder", encoder, "--random-weights", "--batch", 1, "--dry-run", "--out", out,
+                 "--precision", "fp16", *args)
+    assert not os.path.exists(out), out
+    return result
+
+
 def write_tiff(path, pixels, mpp):
     """One tiled, uncompressed level; the pixel size as TIFF resolution (pixels per cm) or none."""
     resolution = {} if mpp is None else {"resolution": (1e4 / mpp, 1e4 / mpp), "resolutionunit": "CENTIMETER"}
@@ -229,10 +237,15 @@ class EncoderExtraction(unittest.TestCase):
         if device["batch"] < 32:  # lavapipe: one buffer at most 128 MiB
             self.assertIn("maxStorageBufferRange", device["batch_capped"]["warning"])
             self.assertLessEqual(device["batch"] * 265 * 8192 * 4, 128 << 20)
-        # Against lavapipe's own 2 GiB heap UNI2-h's fp32 weights alone (2.7 GB) do not fit.
+        # Against lavapipe's own 2 GiB heap UNI2-h's fp32 weights alone (2.7 GB) do not fit resident;
+        # streamed (--stream-weights auto, the default) they do.
         if "llvmpipe" in device["name"]:
-            over = run("extract", "--encoder", "uni2-h", "--random-weights", "--batch", 32, "--dry-run", "--out", out)
+            args = ["extract", "--encoder", "uni2-h", "--random-weights", "--batch", 32, "--dry-run", "--out", out]
+            over = run(*args, "--stream-weights", "off")
             self.assertEqual(over.returncode, EXIT_OUT_OF_MEMORY, over.stderr[-2000:])
+            streamed = run(*args)
+            self.assertEqual(streamed.returncode, 0, streamed.stderr[-2000:])
+            self.assertTrue(summary_of(streamed)["devices"][0]["plan"]["streams_weights"])
             self.assertFalse(os.path.exists(out))
 
     def test_uni_random_weights_real_tiles_peak_within_plan(self):

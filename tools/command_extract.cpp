@@ -71,6 +71,14 @@ void add_extract_command(CLI::App &app) {
       ->capture_default_str();
   auto weights = std::make_shared<std::string>();
   add_weights_flag(*command, *weights);
+  auto stream_weights = std::make_shared<std::string>("auto");
+  command
+      ->add_option("--stream-weights", *stream_weights,
+                   "An encoder's transformer blocks' weights kept in host memory and copied to the device a group of "
+                   "blocks at a time as each batch runs: auto (where the weights and the batch do not fit the "
+                   "device's budget), on or off; the plan (--dry-run) says whether it streams")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   command->add_option("--compression", *compression, "none or gzip")
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str();
@@ -87,12 +95,14 @@ void add_extract_command(CLI::App &app) {
                       "Device memory budget of each device, e.g. 2GiB; a plan over it is exit 3 before any work");
   add_tiling_flags(*command, options->tiler);  // the grid of --slides
   add_shard_flag(*command, options->shard);
-  command->callback([command, layer, options, precision, compression, memory_limit, weights] {
+  command->callback([command, layer, options, precision, compression, memory_limit, weights, stream_weights] {
     if (options->encoders.empty()) {
       if (layer->count() == 0) throw UsageError("--layer is required (or --encoder)");
       if (command->count("--weights"))
         throw UsageError("--weights is for --encoder: a model up to --layer keeps fp32 weights (its fp16 features "
                          "are float16 of its fp32 ones)");
+      if (command->count("--stream-weights"))
+        throw UsageError("--stream-weights is for --encoder: it streams the weights of a transformer's blocks");
       if (options->models.empty()) throw UsageError("--model is required (or --encoder)");
       if (options->models.size() > 1) throw UsageError("--model: one model with --layer (several with --encoder)");
       refuse_untrained_model(options->models.front(), options->random_weights);
@@ -121,6 +131,9 @@ void add_extract_command(CLI::App &app) {
     // The run report's settings give the weights' type the encoders ran with, chosen or not.
     if (!options->encoders.empty() && weights->empty())
       command->get_option("--weights")->default_str(options->fp16_weights ? "fp16" : "fp32");
+    options->stream_weights = *stream_weights == "on"    ? WeightStreaming::on
+                              : *stream_weights == "off" ? WeightStreaming::off
+                                                         : WeightStreaming::automatic;
     options->gzip = *compression == "gzip";
     if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
     with_run_report(*command, options->out, [&](nlohmann::json& summary, SlideObserver& observer) {

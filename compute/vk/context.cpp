@@ -123,6 +123,17 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   info.cooperative_matrix = std::any_of(extensions.begin(), extensions.end(), [](const VkExtensionProperties& e) {
     return std::strcmp(e.extensionName, "VK_KHR_cooperative_matrix") == 0;
   });
+  info.host_memory_import = std::any_of(extensions.begin(), extensions.end(), [](const VkExtensionProperties& e) {
+    return std::strcmp(e.extensionName, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME) == 0;
+  });
+  if (info.host_memory_import) {
+    VkPhysicalDeviceExternalMemoryHostPropertiesEXT host{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+    VkPhysicalDeviceProperties2 with_host{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    with_host.pNext = &host;
+    vkGetPhysicalDeviceProperties2(device, &with_host);
+    info.host_import_alignment = host.minImportedHostPointerAlignment;
+  }
   return info;
 }
 
@@ -255,13 +266,14 @@ Context::Context(ContextOptions options) {
   features11.pNext = &features12;
   features11.storageBuffer16BitAccess = info_.fp16_storage;
   features12.shaderFloat16 = info_.fp16_arithmetic;
-  const char* extensions[] = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
+  std::vector<const char*> extensions{VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
+  if (info_.host_memory_import) extensions.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   VkDeviceCreateInfo create{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   create.pNext = &features11;
   create.queueCreateInfoCount = 1;
   create.pQueueCreateInfos = &queue;
-  create.enabledExtensionCount = 1;
-  create.ppEnabledExtensionNames = extensions;
+  create.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  create.ppEnabledExtensionNames = extensions.data();
   check(vkCreateDevice(physical_device_, &create, nullptr, &device_), "vkCreateDevice");
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
   push_descriptor_set_ = reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(

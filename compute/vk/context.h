@@ -44,6 +44,10 @@ struct DeviceInfo {
   uint32_t max_workgroup_size_x;
   bool subgroup_arithmetic;
   bool cooperative_matrix;
+  // VK_EXT_external_memory_host: buffers over the host's own memory (streamed weights, which then
+  // take none of the device's heap), with its pointer alignment.
+  bool host_memory_import = false;
+  uint64_t host_import_alignment = 0;
 };
 
 // Throws on Vulkan errors with the call that failed; VK_ERROR_OUT_OF_*_MEMORY becomes

@@ -22,6 +22,20 @@ constexpr VkBufferUsageFlags kBufferUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
 uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
+
+// A buffer of `bytes` for every use tessera makes of one (`next`: its create info's chain), and
+// the memory it needs.
+VkBuffer create_buffer(VkDevice device, uint64_t bytes, const void* next, VkMemoryRequirements& requirements) {
+  VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  create.pNext = next;
+  create.size = std::max<uint64_t>(bytes, 4);
+  create.usage = kBufferUsage;
+  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  check(vkCreateBuffer(device, &create, nullptr, &buffer), "vkCreateBuffer");
+  vkGetBufferMemoryRequirements(device, buffer, &requirements);
+  return buffer;
+}
 }  // namespace
 
 void Buffer::flush(uint64_t offset, uint64_t bytes) const {
@@ -87,26 +101,31 @@ Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
   const char* fault = std::getenv("TESSERA_FAULT");
   skip_flush_ = fault && std::strcmp(fault, "skip_flush") == 0;
   device_memory_mapped_ = context.info().heaps.size() == 1;  // as pool_for chooses
-  VkBufferCreateInfo probe{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  probe.size = 4;
-  probe.usage = kBufferUsage;
-  VkBuffer buffer = VK_NULL_HANDLE;
-  check(vkCreateBuffer(context.device(), &probe, nullptr, &buffer), "vkCreateBuffer");
   VkMemoryRequirements requirements;
-  vkGetBufferMemoryRequirements(context.device(), buffer, &requirements);
+  VkBuffer buffer = create_buffer(context.device(), 4, nullptr, requirements);  // a probe
   storage_type_bits_ = requirements.memoryTypeBits;
   vkDestroyBuffer(context.device(), buffer, nullptr);
+  if (context.info().host_memory_import) {
+    host_pointer_properties_ = reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
+        vkGetDeviceProcAddr(context.device(), "vkGetMemoryHostPointerPropertiesEXT"));
+    import_host_ = host_pointer_properties_ != nullptr;
+    import_alignment_ = std::max<uint64_t>({context.info().host_import_alignment, alignment_, 4096});
+  }
 }
 
 Allocator::~Allocator() {
   for (auto& pool : pools_)
     for (auto& block : pool.blocks)
-      if (block && block->memory) vkFreeMemory(context_.device(), block->memory, nullptr);
+      if (block && block->memory) {
+        vkFreeMemory(context_.device(), block->memory, nullptr);
+        std::free(block->host);
+      }
 }
 
 uint64_t Allocator::footprint(uint64_t bytes) const { return round_up(std::max<uint64_t>(bytes, 4), alignment_); }
 
 uint64_t Allocator::device_footprint(uint64_t bytes, MemoryUsage usage) const {
+  if (usage == MemoryUsage::host && import_host_) return 0;
   return in_device_heap(memory_type_for(usage, storage_type_bits_)) ? footprint(bytes) : 0;
 }
 
@@ -131,6 +150,7 @@ uint32_t Allocator::memory_type_for(MemoryUsage usage, uint32_t type_bits) const
   };
   const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   int type = -1;
+  if (usage == MemoryUsage::host) usage = MemoryUsage::staging;  // where it is not imported
   if (usage == MemoryUsage::device) {
     // On devices with one heap (lavapipe, integrated GPUs) device memory is also mappable,
     // which lets uploads skip the staging copy.
@@ -150,7 +170,7 @@ uint32_t Allocator::memory_type_for(MemoryUsage usage, uint32_t type_bits) const
 uint32_t Allocator::pool_for(MemoryUsage usage, uint32_t type_bits) {
   uint32_t type = memory_type_for(usage, type_bits);
   for (uint32_t p = 0; p < pools_.size(); ++p)
-    if (pools_[p].memory_type == type) return p;
+    if (pools_[p].memory_type == type && !pools_[p].imported) return p;
   VkPhysicalDeviceMemoryProperties memory;
   vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
   Pool pool;
@@ -192,12 +212,14 @@ uint64_t Allocator::reserved_after(const std::vector<PlannedBuffer>& buffers) co
   // The pools' free ranges as they are now (no device memory), then each buffer placed.
   std::map<uint32_t, std::vector<std::unique_ptr<Block>>> pools;  // by memory type
   for (const Pool& pool : pools_)
-    for (auto& block : pool.blocks)
-      pools[pool.memory_type].push_back(block ? std::make_unique<Block>(Block{VK_NULL_HANDLE, block->size, nullptr,
-                                                                                block->free, block->used})
-                                              : nullptr);
+    if (!pool.imported)
+      for (auto& block : pool.blocks)
+        pools[pool.memory_type].push_back(block ? std::make_unique<Block>(Block{VK_NULL_HANDLE, block->size, nullptr,
+                                                                                  block->free, block->used})
+                                                : nullptr);
   uint64_t reserved_bytes = stats_.reserved_bytes;
   for (const PlannedBuffer& buffer : buffers) {
+    if (buffer.usage == MemoryUsage::host && import_host_) continue;  // the host's memory
     uint32_t type = memory_type_for(buffer.usage, storage_type_bits_);
     bool counted = in_device_heap(type);
     auto& blocks = pools[type];
@@ -220,14 +242,10 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   if (bytes > context_.info().largest_buffer)
     throw OutOfDeviceMemory(what + ": a buffer of " + format_bytes(bytes) + " is over the device's largest buffer (" +
                             format_bytes(context_.info().largest_buffer) + ")");
-  VkBufferCreateInfo create{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  create.size = std::max<uint64_t>(bytes, 4);
-  create.usage = kBufferUsage;
-  create.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  if (usage == MemoryUsage::host && import_host_) return import_host(bytes, what);
   Buffer buffer;
-  check(vkCreateBuffer(device, &create, nullptr, &buffer.handle_), "vkCreateBuffer");
   VkMemoryRequirements requirements;
-  vkGetBufferMemoryRequirements(device, buffer.handle_, &requirements);
+  buffer.handle_ = create_buffer(device, bytes, nullptr, requirements);
   uint64_t alignment = std::max<uint64_t>(requirements.alignment, alignment_);
   uint64_t reserved = round_up(requirements.size, alignment);
   uint32_t p = pool_for(usage, requirements.memoryTypeBits);
@@ -294,6 +312,76 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   if (counted) stats_.live_bytes += reserved;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
   stats_.allocations++;
+  make_views(buffer, bytes);
+  return buffer;
+}
+
+Buffer Allocator::import_host(uint64_t bytes, const std::string& what) {
+  VkDevice device = context_.device();
+  VkExternalMemoryBufferCreateInfo external{VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO};
+  external.handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  Buffer buffer;
+  VkMemoryRequirements requirements;
+  buffer.handle_ = create_buffer(device, bytes, &external, requirements);
+  const uint64_t alignment = std::max<uint64_t>(requirements.alignment, import_alignment_);
+  const uint64_t size = round_up(requirements.size, alignment);
+  auto block = std::make_unique<Block>();
+  block->host = std::aligned_alloc(alignment, size);
+  auto fail = [&](const std::string& problem) {
+    vkDestroyBuffer(device, buffer.handle_, nullptr);
+    buffer.handle_ = VK_NULL_HANDLE;
+    std::free(block->host);
+    return OutOfDeviceMemory(what + ": " + problem);
+  };
+  if (!block->host) throw fail("the host refused " + format_bytes(size) + " of memory");
+  VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+  check(host_pointer_properties_(device, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, block->host, &pointer),
+        "vkGetMemoryHostPointerPropertiesEXT");
+  // Coherent memory: the host writes it as weights load, then only the device reads it.
+  VkPhysicalDeviceMemoryProperties memory;
+  vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
+  const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  uint32_t type = memory.memoryTypeCount;
+  for (uint32_t t = 0; t < memory.memoryTypeCount && type == memory.memoryTypeCount; ++t)
+    if ((requirements.memoryTypeBits & pointer.memoryTypeBits & (1u << t)) &&
+        (memory.memoryTypes[t].propertyFlags & host) == host)
+      type = t;
+  if (type == memory.memoryTypeCount) throw fail("the device offers no coherent memory type over host memory");
+  VkImportMemoryHostPointerInfoEXT import{VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT};
+  import.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  import.pHostPointer = block->host;
+  VkMemoryAllocateInfo allocate{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  allocate.pNext = &import;
+  allocate.allocationSize = size;
+  allocate.memoryTypeIndex = type;
+  if (VkResult result = vkAllocateMemory(device, &allocate, nullptr, &block->memory); result != VK_SUCCESS)
+    throw fail("the device refused to import " + format_bytes(size) + " of host memory (VkResult " +
+               std::to_string(result) + ")");
+  check(vkBindBufferMemory(device, buffer.handle_, block->memory, 0), "vkBindBufferMemory");
+  block->size = block->used = size;
+  block->mapped = block->host;
+  auto pool = std::find_if(pools_.begin(), pools_.end(), [&](const Pool& p) { return p.imported && p.memory_type == type; });
+  if (pool == pools_.end()) {
+    pools_.push_back(Pool{type, true, true, false, true, {}});
+    pool = pools_.end() - 1;
+  }
+  auto empty = std::find(pool->blocks.begin(), pool->blocks.end(), nullptr);
+  if (empty == pool->blocks.end()) empty = pool->blocks.insert(empty, nullptr);
+  buffer.owner_ = this;
+  buffer.size_ = bytes;
+  buffer.mapped_ = block->host;
+  buffer.pool_ = static_cast<uint32_t>(pool - pools_.begin());
+  buffer.block_ = static_cast<uint32_t>(empty - pool->blocks.begin());
+  buffer.offset_ = 0;
+  buffer.reserved_ = size;
+  *empty = std::move(block);
+  stats_.allocations++;
+  make_views(buffer, bytes);
+  return buffer;
+}
+
+void Allocator::make_views(Buffer& buffer, uint64_t bytes) const {
+  VkDevice device = context_.device();
   // A tensor within the buffer has at most maxTexelBufferElements elements (Context's largest_buffer).
   uint64_t max_texels = context_.properties().limits.maxTexelBufferElements;
   auto view = [&](VkFormat format, uint64_t texel_bytes, VkBufferView& out) {
@@ -309,7 +397,6 @@ Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string&
   view(VK_FORMAT_R16_SFLOAT, 2, buffer.half_texel_view_);
   view(VK_FORMAT_R32G32B32A32_SFLOAT, 16, buffer.quad_view_);
   view(VK_FORMAT_R16G16B16A16_SFLOAT, 8, buffer.half_quad_view_);
-  return buffer;
 }
 
 void Allocator::free(Buffer& buffer) {
@@ -318,6 +405,13 @@ void Allocator::free(Buffer& buffer) {
   if (buffer.quad_view_) vkDestroyBufferView(context_.device(), buffer.quad_view_, nullptr);
   if (buffer.half_quad_view_) vkDestroyBufferView(context_.device(), buffer.half_quad_view_, nullptr);
   vkDestroyBuffer(context_.device(), buffer.handle_, nullptr);
+  if (pools_[buffer.pool_].imported) {  // a block of its own, over host memory: both go back
+    auto& imported = pools_[buffer.pool_].blocks[buffer.block_];
+    vkFreeMemory(context_.device(), imported->memory, nullptr);
+    std::free(imported->host);
+    imported.reset();
+    return;
+  }
   Block& block = *pools_[buffer.pool_].blocks[buffer.block_];
   uint64_t start = buffer.offset_, size = buffer.reserved_;
   // Coalesce with the neighbouring free ranges.

@@ -17,6 +17,9 @@ enum class MemoryUsage {
   device,   // tensors: device-local, host-visible only where the device has one heap (lavapipe, UMA)
   staging,  // host-visible, cached where the device has such memory (the host reads it back), and
             // then possibly not coherent: see Buffer::flush and Buffer::invalidate
+  host,     // the host's own memory, which the device reads and copies from (streamed weights):
+            // imported (VK_EXT_external_memory_host) where the device can, so that it takes none of
+            // the device's heap even where that heap is the host's memory (lavapipe); else staging
 };
 
 // A VkBuffer bound to a range of a pooled block. Move-only; returns its range when destroyed.
@@ -120,12 +123,14 @@ class Allocator {
     void* mapped = nullptr;
     std::map<uint64_t, uint64_t> free;  // offset -> size, coalesced
     uint64_t used = 0;
+    void* host = nullptr;  // an imported block's host memory, which the allocator frees
   };
   struct Pool {
     uint32_t memory_type = 0;
     bool host_visible = false;
     bool coherent = true;
     bool device_heap = true;  // in the device's own memory: counted in stats_ and bounded by the budget
+    bool imported = false;    // blocks of imported host memory, one buffer each (MemoryUsage::host)
     std::vector<std::unique_ptr<Block>> blocks;
   };
   // Where a buffer of `reserved` bytes goes: a block of the pool and the offset in it, where
@@ -144,6 +149,11 @@ class Allocator {
   void free(Buffer& buffer);
   // Buffer::flush (flush true) and Buffer::invalidate.
   void sync_host(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool flush) const;
+  // MemoryUsage::host where the device imports host memory: a block of its own, over memory this
+  // allocator takes from the host (aligned as the device asks) and gives back when it is freed.
+  Buffer import_host(uint64_t bytes, const std::string& what);
+  // The buffer's texel views (Buffer::texel_view).
+  void make_views(Buffer& buffer, uint64_t bytes) const;
   uint32_t memory_type_for(MemoryUsage usage, uint32_t type_bits) const;
   bool in_device_heap(uint32_t memory_type) const;
   uint32_t pool_for(MemoryUsage usage, uint32_t type_bits);
@@ -155,6 +165,10 @@ class Allocator {
   uint64_t atom_ = 1;  // nonCoherentAtomSize
   uint32_t storage_type_bits_ = ~0u;  // the memory types a storage buffer may take
   bool device_memory_mapped_ = false;
+  // MemoryUsage::host imports host memory (VK_EXT_external_memory_host), aligned to this.
+  bool import_host_ = false;
+  uint64_t import_alignment_ = 4096;
+  PFN_vkGetMemoryHostPointerPropertiesEXT host_pointer_properties_ = nullptr;
   // TESSERA_FAULT=skip_flush (tests): flushes do nothing, as if tessera had forgotten them.
   bool skip_flush_ = false;
 };

@@ -69,6 +69,8 @@ void Recorder::begin(Program& program) {
   command_buffer_ = program.handle();
   written_.clear();
   read_.clear();
+  transfer_written_.clear();
+  transfer_read_.clear();
   finished_ = false;
   check(vkResetCommandBuffer(command_buffer_, 0), "vkResetCommandBuffer");
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
@@ -107,17 +109,25 @@ void Recorder::timestamp(const std::string& command) {
                       static_cast<uint32_t>(program_->labels_.size()));
 }
 
-void Recorder::barrier() {
+void Recorder::barrier(bool transfers) {
   VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-  barrier.srcAccessMask = kDeviceAccess;
+  barrier.srcAccessMask = transfers ? kDeviceAccess : VkAccessFlags{VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
   barrier.dstAccessMask = kDeviceAccess;
-  vkCmdPipelineBarrier(command_buffer_, kDeviceStages, kDeviceStages, 0, 1, &barrier, 0, nullptr, 0, nullptr);
+  vkCmdPipelineBarrier(command_buffer_, transfers ? kDeviceStages : VkPipelineStageFlags{VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT},
+                       kDeviceStages, 0, 1, &barrier, 0, nullptr, 0, nullptr);
   written_.clear();
   read_.clear();
+  if (!transfers) return;
+  transfer_written_.clear();
+  transfer_read_.clear();
 }
 
 bool Recorder::hazard(VkBuffer buffer, Access access) const {
   return written_.count(buffer) || (access != Access::read && read_.count(buffer));
+}
+
+bool Recorder::transfer_hazard(VkBuffer buffer, Access access) const {
+  return transfer_written_.count(buffer) || (access != Access::read && transfer_read_.count(buffer));
 }
 
 void Recorder::track(VkBuffer buffer, Access access) {
@@ -142,9 +152,12 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
                                            ", more than the device's " + std::to_string(most[axis]) +
                                            ": a layer too large for its kernel");
   // Hazards first: a barrier must precede this dispatch, not split its own arguments.
-  bool any_hazard = false;
-  for (auto& arg : buffers) any_hazard = any_hazard || hazard(arg.buffer->handle(), arg.access);
-  if (any_hazard) barrier();
+  bool any_hazard = false, transfer = false;
+  for (auto& arg : buffers) {
+    any_hazard = any_hazard || hazard(arg.buffer->handle(), arg.access);
+    transfer = transfer || transfer_hazard(arg.buffer->handle(), arg.access);
+  }
+  if (any_hazard || transfer) barrier(transfer);
   for (auto& arg : buffers) track(arg.buffer->handle(), arg.access);
 
   std::vector<VkDescriptorBufferInfo> infos;
@@ -185,17 +198,21 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
 
 void Recorder::copy(const Buffer& source, uint64_t source_offset, const Buffer& destination,
                     uint64_t destination_offset, uint64_t bytes) {
-  if (hazard(source.handle(), Access::read) || hazard(destination.handle(), Access::write)) barrier();
-  track(source.handle(), Access::read);
-  track(destination.handle(), Access::write);
+  const bool transfer =
+      transfer_hazard(source.handle(), Access::read) || transfer_hazard(destination.handle(), Access::write);
+  if (transfer || hazard(source.handle(), Access::read) || hazard(destination.handle(), Access::write))
+    barrier(transfer);
+  transfer_read_.insert(source.handle());
+  transfer_written_.insert(destination.handle());
   VkBufferCopy region{source_offset, destination_offset, bytes};
   vkCmdCopyBuffer(command_buffer_, source.handle(), destination.handle(), 1, &region);
   timestamp("copy");
 }
 
 void Recorder::fill(const Buffer& buffer, uint32_t value) {
-  if (hazard(buffer.handle(), Access::write)) barrier();
-  track(buffer.handle(), Access::write);
+  const bool transfer = transfer_hazard(buffer.handle(), Access::write);
+  if (transfer || hazard(buffer.handle(), Access::write)) barrier(transfer);
+  transfer_written_.insert(buffer.handle());
   vkCmdFillBuffer(command_buffer_, buffer.handle(), 0, VK_WHOLE_SIZE, value);
   timestamp("fill");
 }

@@ -63,7 +63,10 @@ class Program {
 
 // Records into a Program. Inserts a barrier only where a dispatch touches a buffer that an
 // earlier dispatch since the last barrier wrote (or writes one that it read), so independent
-// dispatches may overlap.
+// dispatches may overlap. A barrier between dispatches waits for compute only: a copy (or fill)
+// runs on beside the dispatches recorded after it (a streamed weight group's upload beside the
+// group before it) until a command touches what it reads or writes, whose barrier waits for
+// transfers too.
 class Recorder {
  public:
   Recorder(Context& context, Program& program);
@@ -109,15 +112,19 @@ class Recorder {
                     uint32_t push_size, uint32_t groups_x, uint32_t groups_y, uint32_t groups_z);
   void begin(Program& program);
   bool hazard(VkBuffer buffer, Access access) const;
+  // Against the copies and fills no barrier has waited for yet.
+  bool transfer_hazard(VkBuffer buffer, Access access) const;
   void track(VkBuffer buffer, Access access);
-  void barrier();
+  // transfers: wait for copies and fills too (and forget them), not only dispatches.
+  void barrier(bool transfers);
   void timestamp(const std::string& command);
 
   Context& context_;
   Program* program_ = nullptr;
   VkCommandBuffer command_buffer_ = VK_NULL_HANDLE;
   std::string scope_;
-  std::set<VkBuffer> written_, read_;
+  std::set<VkBuffer> written_, read_;                    // by dispatches since the last barrier
+  std::set<VkBuffer> transfer_written_, transfer_read_;  // by copies and fills no barrier waited for
   bool finished_ = false;
 };
 
