@@ -58,10 +58,6 @@ inline std::string tensor_name(const std::string& layer, const TensorSpec& spec)
   return spec.model_level ? spec.name : layer + "." + spec.name;
 }
 
-// What an op's passes read and write. Gradients of parameters are always accumulated (+=):
-// the optimizer zeroes them after each update, which is what makes --accumulate K add up
-// K micro-batches. Gradients of inputs are overwritten unless accumulate_input_grads says
-// that another consumer of the same tensor has already written there (residual branches).
 // A batch norm folded into the convolution before it (inference): its tensors and epsilon.
 struct FoldedBatchNorm {
   const Tensor *weight, *bias, *running_mean, *running_var;
@@ -128,6 +124,10 @@ class ReplicaSync {
   virtual void exchange(vk::Recorder& recorder, const Tensor& values, Combine combine, int64_t count) = 0;
 };
 
+// What an op's passes read and write. Gradients of parameters are always accumulated (+=):
+// the optimizer zeroes them after each update, which is what makes --accumulate K add up
+// K micro-batches. Gradients of inputs are overwritten unless accumulate_input_grads says
+// that another consumer of the same tensor has already written there (residual branches).
 struct OpTensors {
   std::vector<const Tensor*> inputs;
   std::vector<const Tensor*> input_grads;  // nullptr where no gradient flows (the images)
