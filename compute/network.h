@@ -200,7 +200,7 @@ class Network {
   void plan_fusion();
   // The tensor a layer reads from `producer` (graph input i is -1 - i, bound in `inputs`).
   const Tensor* tensor_of(int producer, const Bound& inputs) const;
-  // Whether `step` (of layer `l`) can join the epilogue that `host` has so far.
+  // Whether `step` can join the epilogue that `host` has so far (training: a ReLU alone).
   bool joins(const Fused& host, EpilogueStep step, bool training) const;
 
   nlohmann::json description_;
