@@ -240,42 +240,6 @@ void Network::finish() {
   plan_fusion();
 }
 
-void Network::plan_fusion() {
-  std::vector<int> consumers(layers_.size(), 0);
-  for (auto& l : layers_)
-    for (int producer : l.inputs)
-      if (producer >= 0) ++consumers[static_cast<size_t>(producer)];
-  // The producer of layer l's only input when l is that producer's only consumer, else -1.
-  auto sole_producer = [&](size_t l) {
-    auto& inputs = layers_[l].inputs;
-    return inputs.size() == 1 && inputs[0] >= 0 && consumers[static_cast<size_t>(inputs[0])] == 1 ? inputs[0] : -1;
-  };
-  folded_.resize(layers_.size());
-  for (bool training : {false, true}) {
-    auto& fused = fusion_[training];
-    fused.assign(layers_.size(), Fused{});
-    // The layer whose pass computes layer l's output.
-    std::vector<int> computed_by(layers_.size());
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      computed_by[l] = static_cast<int>(l);
-      int producer = sole_producer(l);
-      if (producer < 0) continue;
-      auto host = static_cast<size_t>(computed_by[static_cast<size_t>(producer)]);
-      Epilogue::Kind kind = layers_[l].op->as_epilogue().kind;
-      Fusions can = layers_[host].op->fusions();
-      bool fold = !training && kind == Epilogue::Kind::batch_norm && can.batch_norm &&
-                  fused[host].folded_batch_norm < 0 && !fused[host].relu;
-      bool relu = kind == Epilogue::Kind::relu && can.relu && !fused[host].relu;
-      if (!fold && !relu) continue;
-      fused[l].skipped = true;
-      fused[host].writes_output_of = static_cast<int>(l);
-      if (fold) fused[host].folded_batch_norm = static_cast<int>(l);
-      if (relu) fused[host].relu = true;
-      computed_by[l] = static_cast<int>(host);
-    }
-  }
-}
-
 MemoryPlan GraphLayout::plan(const vk::Allocator& allocator) const {
   MemoryPlan plan;
   for (auto& buffer : buffers) plan.add(allocator, buffer.category, buffer.bytes, buffer.usage);
@@ -494,24 +458,27 @@ std::vector<Network::Named> Network::named_tensors() {
   return named;
 }
 
+const Tensor* Network::tensor_of(int producer, const Bound& inputs) const {
+  if (producer >= 0) return layers_[static_cast<size_t>(producer)].output.get();
+  const std::string& name = inputs_[static_cast<size_t>(-1 - producer)].name;
+  auto bound = inputs.find(name);
+  if (bound == inputs.end()) throw std::logic_error("graph input " + name + " is not bound");
+  return bound->second;
+}
+
 OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass, bool backward) const {
   const Layer& l = layers_[index];
   OpTensors t;
   for (size_t j = 0; j < l.inputs.size(); ++j) {
     int producer = l.inputs[j];
-    const Tensor* value = nullptr;
     const Tensor* grad = nullptr;
     if (producer < 0) {
       auto input = static_cast<size_t>(-1 - producer);
-      auto bound = inputs.find(inputs_[input].name);
-      if (bound == inputs.end()) throw std::logic_error("graph input " + inputs_[input].name + " is not bound");
-      value = bound->second;
       if (input < input_grads_.size()) grad = input_grads_[input].get();
     } else {
-      value = layers_[static_cast<size_t>(producer)].output.get();
       grad = layers_[static_cast<size_t>(producer)].output_grad.get();
     }
-    t.inputs.push_back(value);
+    t.inputs.push_back(tensor_of(producer, inputs));
     if (backward) {
       t.input_grads.push_back(grad);
       t.accumulate_input_grads.push_back(accumulate_input_grad_.at({index, j}));
@@ -521,12 +488,17 @@ OpTensors Network::bindings(size_t index, const Bound& inputs, const Pass& pass,
   const Layer& target = fused.writes_output_of < 0 ? l : layers_[static_cast<size_t>(fused.writes_output_of)];
   t.output = target.output.get();
   t.output_grad = backward ? target.output_grad.get() : nullptr;
-  t.relu = fused.relu;
-  if (fused.folded_batch_norm >= 0) {
-    const Layer& bn = layers_[static_cast<size_t>(fused.folded_batch_norm)];
+  t.epilogue.activation = fused.activation;
+  if (fused.batch_norm >= 0) {
+    const Layer& bn = layers_[static_cast<size_t>(fused.batch_norm)];
     folded_[index] = {bn.tensors[0].get(), bn.tensors[1].get(), bn.tensors[2].get(), bn.tensors[3].get(),
                       bn.op->as_epilogue().eps};
-    t.folded_batch_norm = &folded_[index];
+    t.epilogue.batch_norm = &folded_[index];
+  }
+  if (fused.scale >= 0) t.epilogue.scale = layers_[static_cast<size_t>(fused.scale)].tensors[0].get();
+  if (fused.residual >= 0) {
+    t.epilogue.residual = tensor_of(layers_[static_cast<size_t>(fused.residual)].inputs[fused.residual_input], inputs);
+    t.epilogue.residual_first = fused.residual_first;
   }
   for (size_t s = 0; s < l.tensors.size(); ++s) {
     // Once prepared, a streamed weight is read from its ring slot; prepare() works on the host's.

@@ -121,6 +121,12 @@ class Network {
   // Op::output_dtype): f32, or f16 in mixed precision. Set before layout() and allocate().
   void set_activation_dtype(DType dtype) { activations_ = dtype; }
   DType activation_dtype() const { return activations_; }
+  // Fusion on (the default) or off: off, every layer records its own pass (the reference that
+  // tests compare the fused graph with). Set before layout() and allocate().
+  void set_fusion(bool enabled);
+  // Whether layer `index` runs inside an earlier layer's pass (inference or training).
+  bool fused_away(size_t index, bool training) const { return fusion_[training][index].skipped; }
+
   // The type of the large weights (TensorSpec::follows_weight_dtype) of an inference network:
   // f32, or f16 (converted once as they are loaded; sums stay float). Set before layout() and
   // allocate(); a training network keeps float weights (std::logic_error).
@@ -194,16 +200,26 @@ class Network {
 
   // Fusion, decided once per mode (inference, training) from the graph and what its ops
   // declare (Op::fusions, Op::as_epilogue), so that checkpoints and layer names stay PyTorch's:
-  // a ReLU whose input has no other consumer runs in the epilogue of the op before it where that
-  // op takes one; in inference a batch norm whose input has no other consumer is folded into an op
-  // that takes it (a convolution).
+  // a layer whose input has no other consumer runs in the store (the Epilogue) of the op that
+  // computes that input, where that op applies its step and the steps' order allows it (op.h's
+  // Epilogue); an add does where one input is such and the other is written before that op runs.
+  // Training fuses a ReLU alone.
   struct Fused {
     bool skipped = false;         // runs inside an earlier layer: records nothing
     int writes_output_of = -1;    // writes the output (and reads the gradient) of this later layer
-    bool relu = false;
-    int folded_batch_norm = -1;   // conv2d: the batch norm layer folded in
+    // The epilogue by the layers fused in (-1: none): bindings() makes an Epilogue of it.
+    int batch_norm = -1;          // the batch norm folded in (conv2d)
+    Epilogue::Activation activation = Epilogue::Activation::none;
+    int scale = -1;               // the layer_scale whose gamma scales
+    int residual = -1;            // the add whose other input is added
+    size_t residual_input = 0;    // which of its inputs that is
+    bool residual_first = false;  // added before the activation and the scale
   };
   void plan_fusion();
+  // The tensor a layer reads from `producer` (graph input i is -1 - i, bound in `inputs`).
+  const Tensor* tensor_of(int producer, const Bound& inputs) const;
+  // Whether `step` can join the epilogue that `host` has so far (training: a ReLU alone).
+  bool joins(const Fused& host, EpilogueStep step, bool training) const;
 
   nlohmann::json description_;
   std::vector<GraphInput> inputs_;
@@ -216,6 +232,7 @@ class Network {
   // (layer, input) -> whether its backward adds to the input's gradient rather than writing it.
   std::map<std::pair<size_t, size_t>, bool> accumulate_input_grad_;
   std::array<std::vector<Fused>, 2> fusion_;  // [training]
+  bool fusion_enabled_ = true;
   bool prepared_ = false;
   StreamGroups streaming_;
   mutable std::vector<FoldedBatchNorm> folded_;  // per layer, bound while folded

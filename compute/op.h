@@ -1,6 +1,7 @@
 // The layer interface every op fits: shape inference, the tensors it owns, and a forward and
 // a backward pass that record dispatches into a Recorder.
 #pragma once
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -57,14 +58,52 @@ inline std::string tensor_name(const std::string& layer, const TensorSpec& spec)
   return spec.model_level ? spec.name : layer + "." + spec.name;
 }
 
-// What an op's passes read and write. Gradients of parameters are always accumulated (+=):
-// the optimizer zeroes them after each update, which is what makes --accumulate K add up
-// K micro-batches. Gradients of inputs are overwritten unless accumulate_input_grads says
-// that another consumer of the same tensor has already written there (residual branches).
 // A batch norm folded into the convolution before it (inference): its tensors and epsilon.
 struct FoldedBatchNorm {
   const Tensor *weight, *bias, *running_mean, *running_var;
   float eps;
+};
+
+// The one vocabulary of fusion: the steps that a layer can be when it runs in the store of the
+// GEMM-like op before it (Op::as_epilogue), and those that an op's store applies (Op::fusions).
+enum class EpilogueStep : uint8_t {
+  none,
+  batch_norm,  // inference: folded (the weight scaled in prepare, the shift added)
+  relu,
+  gelu,        // PyTorch's erf form (nn.GELU()), shaders/activations.glsl
+  silu,
+  scale,       // timm's LayerScale: y * gamma[feature]
+  residual,    // add: y + the add's other input
+};
+
+// A set of steps, what an op's store applies.
+class EpilogueSteps {
+ public:
+  EpilogueSteps() = default;
+  EpilogueSteps(std::initializer_list<EpilogueStep> steps) {
+    for (EpilogueStep step : steps) bits_ |= 1u << static_cast<unsigned>(step);
+  }
+  bool contains(EpilogueStep step) const { return (bits_ >> static_cast<unsigned>(step)) & 1u; }
+
+ private:
+  unsigned bits_ = 0;
+};
+
+// What a GEMM-like op's store applies to each output y = sum + bias, in this order: the folded
+// batch norm, the residual where residual_first (ResNet: bn, add, relu), the activation, the
+// scale, the residual otherwise (a ViT: proj, ls1, add). The graph fills it from the layers that
+// follow the op where nothing else reads their inputs (Network's fusion plan), so that names,
+// parameters and checkpoints stay PyTorch's. Training fuses a ReLU alone (its backward masks by
+// the output); GELU and SiLU need their input in backward, and the other steps run in inference
+// only, so they fuse in inference alone.
+struct Epilogue {
+  enum class Activation : int32_t { none, relu, gelu, silu };  // the shaders' ACTIVATION constant
+  const FoldedBatchNorm* batch_norm = nullptr;
+  Activation activation = Activation::none;
+  const Tensor* scale = nullptr;     // [features]: y * scale[feature]
+  const Tensor* residual = nullptr;  // the output's shape and type: y + residual
+  bool residual_first = false;
+  bool relu() const { return activation == Activation::relu; }
 };
 
 // --sync-bn: batch norm over every replica of a data-parallel run. An op records the kernel that
@@ -85,6 +124,10 @@ class ReplicaSync {
   virtual void exchange(vk::Recorder& recorder, const Tensor& values, Combine combine, int64_t count) = 0;
 };
 
+// What an op's passes read and write. Gradients of parameters are always accumulated (+=):
+// the optimizer zeroes them after each update, which is what makes --accumulate K add up
+// K micro-batches. Gradients of inputs are overwritten unless accumulate_input_grads says
+// that another consumer of the same tensor has already written there (residual branches).
 struct OpTensors {
   std::vector<const Tensor*> inputs;
   std::vector<const Tensor*> input_grads;  // nullptr where no gradient flows (the images)
@@ -98,26 +141,12 @@ struct OpTensors {
   const Tensor* step = nullptr;            // u32 [2]: optimizer step count, bumped on device
   uint32_t sample_offset = 0;              // index of the micro-batch's first sample in the batch
   ReplicaSync* sync = nullptr;             // training with --sync-bn over several replicas
-  // Fusion (the graph decides; conv2d, linear, batch_norm2d and add honour it): `output` is then the
-  // output of the ReLU (and batch norm) fused in. relu: forward applies max(y, 0), backward
-  // first masks output_grad by output > 0. folded_batch_norm (conv2d, inference): the
-  // convolution applies the batch norm in its weights and epilogue.
-  bool relu = false;
-  const FoldedBatchNorm* folded_batch_norm = nullptr;
+  // What the graph fused into this op's store (Epilogue): `output` is then the output of the
+  // last layer fused in. A ReLU (the one step training fuses) masks output_grad by output > 0
+  // in backward before the op's own backward reads it.
+  Epilogue epilogue;
   // Inference after Op::prepare: the prepared tensors hold what it wrote; forward reads them.
   bool prepared = false;
-};
-
-// Fusion, as ops declare it: what an op can apply in its own epilogue, and what it is when it
-// runs as the epilogue of the op before it. The graph decides from these alone (Network's
-// fusion plan), so that a layer's name, parameters and checkpoint stay PyTorch's.
-struct Fusions {
-  bool relu = false;        // applies max(y, 0) to its output (OpTensors::relu), and masks dy
-  bool batch_norm = false;  // inference: applies a batch norm in its weights and epilogue
-};
-struct Epilogue {
-  enum class Kind { none, relu, batch_norm } kind = Kind::none;
-  float eps = 0;  // batch_norm: its epsilon; its tensors are weight, bias, running_mean, running_var
 };
 
 class Op {
@@ -140,9 +169,14 @@ class Op {
     (void)kernels;
     (void)t;
   }
-  // What this op can apply in its epilogue, and what it is as the epilogue of another.
-  virtual Fusions fusions() const { return {}; }
-  virtual Epilogue as_epilogue() const { return {}; }
+  // The steps this op's store applies (OpTensors::epilogue), and which step it is in the store
+  // of the op before it; `eps`: a batch norm's epsilon.
+  virtual EpilogueSteps fusions() const { return {}; }
+  struct AsEpilogue {
+    EpilogueStep step = EpilogueStep::none;
+    float eps = 0;
+  };
+  virtual AsEpilogue as_epilogue() const { return {}; }
   // False for ops that run in inference only (a ViT's): a graph that would train them is refused.
   virtual bool has_backward() const { return true; }
   // Floating-point operations of one forward pass, for benchmarks.

@@ -14,9 +14,9 @@ layout(constant_id = 6) const bool SHARE_B = false;
 layout(constant_id = 7) const int K_UNROLL = 1;
 // Forward's weight layout [ceil(C*KH*KW / WEIGHT_BLOCK), O, WEIGHT_BLOCK]: conv2d_forward_weight.comp.
 layout(constant_id = 8) const uint WEIGHT_BLOCK = 16;
-// Forward's epilogue: a ReLU fused in; a batch norm folded in (inference, OpTensors::folded_batch_norm).
-layout(constant_id = 9) const bool RELU = false;
-layout(constant_id = 10) const bool FOLD = false;
+// Forward: a batch norm folded in (inference, Epilogue::batch_norm); its epilogue.glsl's
+// constants follow.
+layout(constant_id = 9) const bool FOLD = false;
 const bool SHARE_K = false;  // b_values follow the seek/step counters
 const uint TAPS = KH * KW;
 

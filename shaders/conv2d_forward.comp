@@ -3,7 +3,7 @@
 // as an implicit GEMM: rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded.
 // FOLD: the weight arrives scaled by the batch norm's scale s[o] = gamma[o] / sqrt(var[o] + eps)
 // (conv2d_forward_weight.comp) and the epilogue adds bias[o] s[o] + beta[o] - mean[o] s[o];
-// RELU: then y = relu(y) (NaN kept).
+// Then the rest of the epilogue fused in (epilogue.glsl).
 #include "common.glsl"
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer x;
@@ -15,6 +15,9 @@ layout(std430, binding = 4) readonly buffer Gamma { float gamma[]; };
 layout(std430, binding = 5) readonly buffer Beta { float beta[]; };
 layout(std430, binding = 6) readonly buffer Mean { float running_mean[]; };
 layout(std430, binding = 7) readonly buffer Var { float running_var[]; };
+#define EPILOGUE_CONSTANT 10
+#define EPILOGUE_BINDING 8
+#include "epilogue.glsl"
 
 #include "gemm_block.glsl"
 
@@ -73,8 +76,8 @@ void main() {
     }
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + j;
-      float value = acc[i][j] + shift;
-      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = ACT(RELU ? relu(value) : value);
+      uint at = (n / pixels * p.O + o) * pixels + n % pixels;
+      if (o < p.O && n < columns) y[at] = ACT(epilogue(acc[i][j] + shift, o, at));
     }
   }
 }

@@ -2,12 +2,12 @@
 // conv2d_forward.comp for GPUs: y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw]
 // x[n,c,oh*s-p+kh,ow*s-p+kw] as an implicit GEMM in shared-memory tiles (gemm_tiled.glsl):
 // rows o, columns (n,oh,ow), reduction (c,kh,kw); x is never unfolded. The weight is read
-// blocked (conv2d_forward_weight.comp, which scales it for FOLD); the epilogue is the same.
+// blocked (conv2d_forward_weight.comp, which scales it for FOLD); the epilogue is the same
+// (epilogue.glsl).
 #include "common.glsl"
 #include "conv2d_tiled.glsl"
 layout(constant_id = 9) const uint WEIGHT_BLOCK = 16;
-layout(constant_id = 10) const bool RELU = false;
-layout(constant_id = 11) const bool FOLD = false;
+layout(constant_id = 10) const bool FOLD = false;
 const bool A_K_FAST = true;  // a block of the weight holds WEIGHT_BLOCK consecutive k of a row
 const bool B_N_FAST = true;  // neighbouring output pixels read neighbouring input pixels
 layout(binding = 0) uniform samplerBuffer x;
@@ -19,6 +19,9 @@ layout(std430, binding = 4) readonly buffer Gamma { float gamma[]; };
 layout(std430, binding = 5) readonly buffer Beta { float beta[]; };
 layout(std430, binding = 6) readonly buffer Mean { float running_mean[]; };
 layout(std430, binding = 7) readonly buffer Var { float running_var[]; };
+#define EPILOGUE_CONSTANT 11
+#define EPILOGUE_BINDING 8
+#include "epilogue.glsl"
 
 #include "gemm_tiled.glsl"
 
@@ -59,8 +62,8 @@ void main() {
     }
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + tile_column(j);
-      float value = acc[i][j] + shift;
-      if (o < p.O && n < columns) y[(n / pixels * p.O + o) * pixels + n % pixels] = ACT(RELU ? relu(value) : value);
+      uint at = (n / pixels * p.O + o) * pixels + n % pixels;
+      if (o < p.O && n < columns) y[at] = ACT(epilogue(acc[i][j] + shift, o, at));
     }
   }
 }

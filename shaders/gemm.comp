@@ -1,7 +1,7 @@
 #version 450
 // C(m,n) (+)= sum_k A(m,k) B(k,n) (+ bias[m]), each operand addressed through two strides so
 // that one kernel serves every transposition (dense forward, both backward passes, benchmarks).
-// RELU: c = relu(c) (a ReLU fused into a dense layer; not with accumulate).
+// Then the epilogue fused in (epilogue.glsl; not with accumulate).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TM = 4;
@@ -10,11 +10,10 @@ layout(constant_id = 3) const bool HAS_BIAS = false;
 layout(constant_id = 4) const bool SHARE_B = false;
 layout(constant_id = 5) const int K_UNROLL = 1;
 layout(constant_id = 6) const bool SHARE_K = false;
-layout(constant_id = 7) const bool RELU = false;
 // Workgroups x count column blocks and y row blocks (else x rows, y and z columns): lavapipe
 // runs workgroups x first, so neighbouring workgroups then share their A rows (a weight's
 // panel, kept in cache) and sweep the smaller B.
-layout(constant_id = 8) const bool COLUMNS_FIRST = false;
+layout(constant_id = 7) const bool COLUMNS_FIRST = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
 layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
@@ -24,6 +23,9 @@ layout(push_constant) uniform Push {
   uint a_m, a_k, b_k, b_n, c_m, c_n;
   uint accumulate;
 } p;
+#define EPILOGUE_CONSTANT 8
+#define EPILOGUE_BINDING 4
+#include "epilogue.glsl"
 
 #include "gemm_block.glsl"
 
@@ -46,9 +48,10 @@ void main() {
     float shift = HAS_BIAS ? bias[min(m, p.M - 1)] : 0.0;
     for (int j = 0; j < TN; ++j) {
       uint at = m * p.c_m + (n0 + j) * p.c_n;
-      float value = acc[i][j] + shift;
-      if (RELU) value = relu(value);
-      if (m < p.M && n0 + j < p.N) c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
+      if (m < p.M && n0 + j < p.N) {
+        float value = epilogue(acc[i][j] + shift, m, at);
+        c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
+      }
     }
   }
 }

@@ -1,6 +1,6 @@
 #version 450
 // gemm.comp for CPU devices where the operands allow it: C(m,n) (+)= sum_k A(m,k) B(k,n)
-// (+ bias[m]), A and B read as texels of four floats. On llvmpipe a float texel is one lane of
+// (+ bias[m], then the epilogue: epilogue.glsl), A and B read as texels of four floats. On llvmpipe a float texel is one lane of
 // an 8-lane gather (vpgatherdd, two thirds of gemm.comp's time at 1024^3), a four-float texel
 // one 16-byte load a lane. A is contiguous along m (a texel holds rows m..m+3 at one k) or, with
 // A_ALONG_K, along k (reduction steps k..k+3 of one row); B is contiguous along k.
@@ -20,7 +20,6 @@ layout(constant_id = 1) const int TM = 4;  // a multiple of 4
 layout(constant_id = 2) const int TN = 6;  // at most the subgroup's lanes
 layout(constant_id = 3) const bool HAS_BIAS = false;
 layout(constant_id = 4) const bool A_ALONG_K = false;
-layout(constant_id = 5) const bool RELU = false;
 layout(binding = 0) uniform samplerBuffer a_quads;
 layout(binding = 1) uniform samplerBuffer b_quads;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
@@ -32,11 +31,14 @@ layout(push_constant) uniform Push {
   uint a_m, a_k, b_k, b_n, c_m, c_n;
   uint accumulate;
 } p;
+#define EPILOGUE_CONSTANT 6
+#define EPILOGUE_BINDING 4
+#include "epilogue.glsl"
 
 const int LANES = int(gl_WorkGroupSize.x);
 const int SPAN = LANES / TN;  // blocks of 4 reduction steps that one B texel load covers
 // Reduction steps a block loads before its FMAs: 8, or what one B texel covers where more.
-layout(constant_id = 6) const int BLOCK_STEPS = 16;  // steps loaded ahead of their FMAs
+layout(constant_id = 5) const int BLOCK_STEPS = 16;  // steps loaded ahead of their FMAs
 const int STEPS = 4 * SPAN > BLOCK_STEPS ? 4 * SPAN : BLOCK_STEPS;
 const int B_LOADS = STEPS / (4 * SPAN);
 const int A_TEXELS = A_ALONG_K ? TM : TM / 4;
@@ -115,9 +117,10 @@ void main() {
     float shift = HAS_BIAS ? bias[min(m, p.M - 1u)] : 0.0;
     [[unroll]] for (int j = 0; j < TN; ++j) {
       uint n = n0 + j, at = m * p.c_m + n * p.c_n;
-      float value = acc[s][j] + shift;
-      if (RELU) value = relu(value);
-      if (m < p.M && n < p.N) c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
+      if (m < p.M && n < p.N) {
+        float value = epilogue(acc[s][j] + shift, m, at);
+        c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
+      }
     }
   }
 }

@@ -1,12 +1,12 @@
 #version 450
 // gemm.comp for GPUs: C(m,n) (+)= sum_k A(m,k) B(k,n) (+ bias[m]), each operand addressed
 // through two strides, in shared-memory tiles (gemm_tiled.glsl). A_K_FAST, B_N_FAST: the
-// operands' contiguous index (invocations load along it). RELU: c = relu(c) (not with accumulate).
+// operands' contiguous index (invocations load along it). Then the epilogue fused in
+// (epilogue.glsl; not with accumulate).
 #include "common.glsl"
 layout(constant_id = 6) const bool A_K_FAST = true;
 layout(constant_id = 7) const bool B_N_FAST = true;
 layout(constant_id = 8) const bool HAS_BIAS = false;
-layout(constant_id = 9) const bool RELU = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
 layout(binding = 1) uniform samplerBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
@@ -16,6 +16,9 @@ layout(push_constant) uniform Push {
   uint a_m, a_k, b_k, b_n, c_m, c_n;
   uint accumulate;
 } p;
+#define EPILOGUE_CONSTANT 9
+#define EPILOGUE_BINDING 4
+#include "epilogue.glsl"
 
 #include "gemm_tiled.glsl"
 
@@ -33,9 +36,10 @@ void main() {
     float shift = HAS_BIAS ? bias[min(m, p.M - 1)] : 0.0;
     for (int j = 0; j < TN; ++j) {
       uint n = n0 + tile_column(j), at = m * p.c_m + n * p.c_n;
-      float value = acc[i][j] + shift;
-      if (RELU) value = relu(value);
-      if (m < p.M && n < p.N) c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
+      if (m < p.M && n < p.N) {
+        float value = epilogue(acc[i][j] + shift, m, at);
+        c[at] = ACT(p.accumulate != 0u ? float(c[at]) + value : value);
+      }
     }
   }
 }

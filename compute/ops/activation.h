@@ -13,6 +13,10 @@ class Activation : public InferenceOp {
   Shape infer(const std::vector<Shape>& inputs) override;
   // gelu: y = x/2 (1 + erf(x / sqrt 2)); silu: y = x / (1 + exp(-x))
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // In the store of the linear or conv2d before it (inference only, as this op).
+  AsEpilogue as_epilogue() const override {
+    return {function_ == Function::gelu ? EpilogueStep::gelu : EpilogueStep::silu};
+  }
 
  private:
   Function function_;

@@ -25,7 +25,7 @@ Shape Add::infer(const std::vector<Shape>& inputs) {
 }
 
 void Add::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto kernel = kernel_for<ForwardPush>(kernels, vk::kernel::add_forward, *t.output, {kElementwiseGroup, t.relu ? 1 : 0});
+  auto kernel = kernel_for<ForwardPush>(kernels, vk::kernel::add_forward, *t.output, {kElementwiseGroup, t.epilogue.relu() ? 1 : 0});
   recorder.dispatch_elements(kernel,
                              {reads(*t.inputs[0]), reads(*t.inputs[1]),
                               writes(*t.output)},
@@ -34,7 +34,7 @@ void Add::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors&
 
 void Add::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   for (size_t input = 0; input < 2; ++input)
-    if (t.relu)
+    if (t.epilogue.relu())
       record_relu_backward(recorder, kernels, t, input, count_);
     else
       record_pass_through_grad(recorder, kernels, t, input, count_);

@@ -8,11 +8,13 @@ class Add : public Op {
  public:
   std::string type() const override { return "add"; }
   Shape infer(const std::vector<Shape>& inputs) override;
-  // y[i] = a[i] + b[i] (then max(y, 0) with a fused ReLU, OpTensors::relu)
+  // y[i] = a[i] + b[i] (then max(y, 0) with a fused ReLU, OpTensors::epilogue)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // da[i] (+)= dy[i], db[i] (+)= dy[i] (where y > 0 with a fused ReLU)
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
-  Fusions fusions() const override { return {.relu = true}; }
+  EpilogueSteps fusions() const override { return {EpilogueStep::relu}; }
+  // In the store of a GEMM-like op that computes one input: that op adds the other.
+  AsEpilogue as_epilogue() const override { return {EpilogueStep::residual}; }
 
  private:
   int64_t count_ = 0;

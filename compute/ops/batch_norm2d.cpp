@@ -60,7 +60,7 @@ void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
   int64_t elements = batch_ * plane_;
   ForwardPush push{static_cast<uint32_t>(batch_), static_cast<uint32_t>(channels_), static_cast<uint32_t>(plane_),
                    eps_, momentum_, t.training ? 1u : 0u, static_cast<uint32_t>(elements)};
-  std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
+  std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.epilogue.relu() ? 1 : 0};
   const Tensor& statistics = *t.tensors[exchanged];
   if (t.sync) {
     MomentsPush moments{push.batch, push.channels, push.plane};
@@ -93,7 +93,7 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
        dy = reads(*t.output_grad), dw = updates(*t.grads[weight]),
        db = updates(*t.grads[bias]), y = reads(*t.output);
   auto groups = static_cast<uint32_t>(channels_);
-  std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.relu ? 1 : 0};
+  std::vector<int32_t> constants{static_cast<int32_t>(kChannelGroup), t.epilogue.relu() ? 1 : 0};
   // This device's variant of a kernel that sums over the channel (op.h's reduction_kernel).
   auto summing = [&](const vk::ActivationKernel& shared, const vk::ActivationKernel& subgroup) {
     return kernel_for<BackwardPush>(kernels, reduction_kernel(kernels, shared, subgroup), *t.output_grad, constants);

@@ -20,9 +20,9 @@ class BatchNorm2d : public Op {
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dy -> dx, dweight, dbias, one workgroup per channel
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
-  Fusions fusions() const override { return {.relu = true}; }
+  EpilogueSteps fusions() const override { return {EpilogueStep::relu}; }
   // In inference, folded into the convolution before it (Conv2d::fusions).
-  Epilogue as_epilogue() const override { return {Epilogue::Kind::batch_norm, eps_}; }
+  AsEpilogue as_epilogue() const override { return {EpilogueStep::batch_norm, eps_}; }
 
  private:
   float eps_, momentum_;

@@ -105,10 +105,10 @@ std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {
           tiles.share_columns ? 1 : 0, tiles.reduction_unroll};
 }
 
-std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, bool relu, bool fold) const {
+std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, const Epilogue& epilogue) const {
   std::vector<int32_t> all = constants(tiles);
-  all.insert(all.end(), {kWeightBlock, relu ? 1 : 0, fold ? 1 : 0});
-  return all;
+  all.insert(all.end(), {kWeightBlock, epilogue.batch_norm ? 1 : 0});
+  return with_epilogue_constants(std::move(all), epilogue);
 }
 
 std::vector<int32_t> Conv2d::tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more) const {
@@ -125,7 +125,7 @@ uint32_t blocks(int64_t count, int64_t per_block) { return static_cast<uint32_t>
 
 // Without a folded batch norm, its bindings take the weight, which the kernels leave unread.
 const vk::Buffer& Conv2d::folded(const OpTensors& t, const Tensor* FoldedBatchNorm::*member) const {
-  return t.folded_batch_norm ? (t.folded_batch_norm->*member)->buffer() : t.tensors[0]->buffer();
+  return t.epilogue.batch_norm ? (t.epilogue.batch_norm->*member)->buffer() : t.tensors[0]->buffer();
 }
 
 void Conv2d::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -133,7 +133,7 @@ void Conv2d::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   // The weight in the layout that the forward kernel reads, scaled by a folded batch norm.
   record_blocked_weight(recorder, kernels, *t.tensors[0], *t.tensors[has_bias_ ? 2 : 1],
                         static_cast<uint32_t>(s.out_channels),
-                        static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w), kWeightBlock, t.folded_batch_norm);
+                        static_cast<uint32_t>(s.in_channels * s.kernel_h * s.kernel_w), kWeightBlock, t.epilogue.batch_norm);
 }
 
 void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -145,16 +145,18 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   // the convolution); inference did it once, when the weights were loaded.
   if (!t.prepared) prepare(recorder, kernels, t);
   const vk::Buffer& blocked = t.tensors[has_bias_ ? 2 : 1]->buffer();
-  const FoldedBatchNorm* fold = t.folded_batch_norm;
+  const FoldedBatchNorm* fold = t.epilogue.batch_norm;
   auto kernel = tiled ? kernel_for<Push>(kernels, vk::kernel::conv2d_forward_tiled, *t.output,
-                                         tiled_constants(tiles, {kWeightBlock, t.relu ? 1 : 0, fold ? 1 : 0}))
+                                         with_epilogue_constants(tiled_constants(tiles, {kWeightBlock, fold ? 1 : 0}),
+                                                                 t.epilogue))
                       : kernel_for<Push>(kernels, vk::kernel::conv2d_forward, *t.output,
-                                         forward_constants(tiles, t.relu, fold != nullptr));
+                                         forward_constants(tiles, t.epilogue));
   recorder.dispatch(kernel,
                     {reads(*t.inputs[0]), vk::reads(blocked), vk::reads(has_bias_ ? t.tensors[1]->buffer() : blocked),
                      writes(*t.output), vk::reads(folded(t, &FoldedBatchNorm::weight)),
                      vk::reads(folded(t, &FoldedBatchNorm::bias)), vk::reads(folded(t, &FoldedBatchNorm::running_mean)),
-                     vk::reads(folded(t, &FoldedBatchNorm::running_var))},
+                     vk::reads(folded(t, &FoldedBatchNorm::running_var)), epilogue_scale_arg(t.epilogue, *t.inputs[0]),
+                     epilogue_residual_arg(t.epilogue, *t.inputs[0])},
                     push(false, fold ? fold->eps : 0.0f), blocks(s.out_channels, tiles.rows_per_group()), groups_y,
                     groups_z);
 }
@@ -163,7 +165,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const Conv2dShape& s = shape_;
   const Tensor& dy = *t.output_grad;
   const vk::Buffer& weight = t.tensors[0]->buffer();
-  if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
+  if (t.epilogue.relu()) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
 
   if (t.input_grads[0]) {
     GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.in_channels);

@@ -26,14 +26,18 @@ class Conv2d : public Op {
   // weight gradient's reduction is split, a saved buffer for the partial sums of the slices.
   std::vector<TensorSpec> tensors() const override;
   // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw],
-  // then the batch norm and ReLU fused in (OpTensors::folded_batch_norm, relu)
+  // then the epilogue fused in (OpTensors::epilogue: a folded batch norm, an activation, a
+  // residual)
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // The blocked weight, scaled by a folded batch norm's gamma / sqrt(var + eps)
   void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= the transposed convolution of dy; dweight += dy (*) x; dbias += sum dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   double forward_flops() const override;
-  Fusions fusions() const override { return {.relu = true, .batch_norm = true}; }
+  // No scale: a layer_scale scales the last dimension (the width), not the channels.
+  EpilogueSteps fusions() const override {
+    return {EpilogueStep::batch_norm, EpilogueStep::relu, EpilogueStep::gelu, EpilogueStep::silu, EpilogueStep::residual};
+  }
 
  private:
   struct Push {
@@ -45,7 +49,7 @@ class Conv2d : public Op {
   // The specialization constants of the conv2d shaders: these tiles, kernel size and stride;
   // forward's also its weight's block and its epilogue.
   std::vector<int32_t> constants(const GemmTiles& tiles) const;
-  std::vector<int32_t> forward_constants(const GemmTiles& tiles, bool relu, bool fold) const;
+  std::vector<int32_t> forward_constants(const GemmTiles& tiles, const Epilogue& epilogue) const;
   // Those of the shared-memory tiled shaders (conv2d_tiled.glsl): the tiles', kernel size and
   // stride, then the kernel's own.
   std::vector<int32_t> tiled_constants(const GemmTiles& tiles, std::initializer_list<int32_t> more = {}) const;

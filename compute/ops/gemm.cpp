@@ -1,6 +1,7 @@
 #include "compute/ops/gemm.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <tuple>
 #include <utility>
 
@@ -118,26 +119,43 @@ bool quad_texels_apply(const GemmTiles& tiles, uint32_t M, uint32_t N, uint32_t 
   return quads_within(a, M, K) && quads_within(b, K, N);
 }
 
+std::vector<int32_t> with_epilogue_constants(std::vector<int32_t> constants, const Epilogue& epilogue) {
+  int32_t residual = epilogue.residual == nullptr ? 0 : epilogue.residual_first ? 1 : 2;
+  constants.insert(constants.end(),
+                   {static_cast<int32_t>(epilogue.activation), epilogue.scale != nullptr ? 1 : 0, residual});
+  return constants;
+}
+
+vk::BufferArg epilogue_scale_arg(const Epilogue& epilogue, const Tensor& stand_in) {
+  return reads(epilogue.scale ? *epilogue.scale : stand_in);
+}
+
+vk::BufferArg epilogue_residual_arg(const Epilogue& epilogue, const Tensor& stand_in) {
+  return reads(epilogue.residual ? *epilogue.residual : stand_in);
+}
+
 namespace {
 
 // record_gemm with texels of four elements (shaders/gemm_quads.comp) where quad_texels_apply;
 // false where not (the caller records gemm.comp).
 bool record_quad_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTiles& tiles, const GemmPush& push,
-                      MatrixView a, MatrixView b, MatrixView c, const Tensor* bias, bool relu) {
+                      MatrixView a, MatrixView b, MatrixView c, const Tensor* bias, const Epilogue& epilogue) {
   if (!quad_texels_apply(tiles, push.M, push.N, push.K, a, b)) return false;
   bool a_along_k = a.col_stride == 1;
   uint64_t column_blocks = (push.N + tiles.quad_columns - 1) / tiles.quad_columns;
   uint64_t rows_per_group = static_cast<uint64_t>(tiles.quad_rows) * tiles.group;
   uint64_t row_blocks = (push.M + rows_per_group - 1) / rows_per_group;
   auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm_quads, *c.tensor,
-                                     {tiles.group, tiles.quad_rows, tiles.quad_columns, bias ? 1 : 0,
-                                      a_along_k ? 1 : 0, relu ? 1 : 0, tiles.quad_steps});
+                                     with_epilogue_constants({tiles.group, tiles.quad_rows, tiles.quad_columns,
+                                                              bias ? 1 : 0, a_along_k ? 1 : 0, tiles.quad_steps},
+                                                             epilogue));
   // Workgroups x count column blocks, y row blocks (gemm.comp's COLUMNS_FIRST: neighbouring
   // workgroups share A's rows).
   recorder.dispatch(kernel,
                     {reads_quads(*a.tensor), reads_quads(*b.tensor),
                      vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
-                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor)},
+                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor), epilogue_scale_arg(epilogue, *b.tensor),
+                     epilogue_residual_arg(epilogue, *b.tensor)},
                     push, static_cast<uint32_t>(column_blocks), static_cast<uint32_t>(row_blocks), 1);
   return true;
 }
@@ -145,28 +163,35 @@ bool record_quad_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTi
 // record_gemm with shared-memory tiles: consecutive invocations load along each operand's
 // contiguous index, so no operand needs the register variant's transposition.
 void record_tiled_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTiles& tiles, const GemmPush& push,
-                       MatrixView a, MatrixView b, MatrixView c, const Tensor* bias, bool relu) {
+                       MatrixView a, MatrixView b, MatrixView c, const Tensor* bias, const Epilogue& epilogue) {
   std::vector<int32_t> constants = tiles.tiled_constants();
-  constants.insert(constants.end(), {a.col_stride == 1 ? 1 : 0, b.col_stride == 1 ? 1 : 0, bias ? 1 : 0, relu ? 1 : 0});
+  constants.insert(constants.end(), {a.col_stride == 1 ? 1 : 0, b.col_stride == 1 ? 1 : 0, bias ? 1 : 0});
   auto [groups_y, groups_z] = column_groups((push.N + tiles.block_columns - 1) / tiles.block_columns);
-  recorder.dispatch(kernel_for<GemmPush>(kernels, vk::kernel::gemm_tiled, *c.tensor, constants),
+  recorder.dispatch(kernel_for<GemmPush>(kernels, vk::kernel::gemm_tiled, *c.tensor,
+                                         with_epilogue_constants(std::move(constants), epilogue)),
                     {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
-                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor)},
+                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor), epilogue_scale_arg(epilogue, *b.tensor),
+                     epilogue_residual_arg(epilogue, *b.tensor)},
                     push, (push.M + tiles.block_rows - 1) / tiles.block_rows, groups_y, groups_z);
 }
 }  // namespace
 
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
-                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias, bool relu) {
+                 MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias,
+                 const Epilogue& epilogue) {
+  if (epilogue.batch_norm != nullptr || (accumulate && (epilogue.activation != Epilogue::Activation::none ||
+                                                        epilogue.scale != nullptr || epilogue.residual != nullptr)))
+    throw std::logic_error("record_gemm: a batch norm is conv2d's to fold, and an epilogue does not accumulate");
   if (GemmTiles tiles = gemm_tiles(kernels.tile_target(), M); tiles.kind == GemmKind::shared_memory)
     return record_tiled_gemm(recorder, kernels, tiles, {M, N, K, a.row_stride, a.col_stride, b.row_stride,
                                                         b.col_stride, c.row_stride, c.col_stride, accumulate ? 1u : 0u},
-                             a, b, c, bias, relu);
+                             a, b, c, bias, epilogue);
   // The invocations of a workgroup take neighbouring rows of C, so they read A down a column.
   // Where A's rows are strided and B's columns contiguous, C^T = B^T A^T reads both along
   // contiguous memory: rows a power-of-two apart all fall in one cache set (a row-major 1024^3
   // product: 23 -> 50 GFLOPS on lavapipe).
-  if (bias == nullptr && a.row_stride != 1 && b.col_stride == 1) {
+  // Not where a row has its own bias or scale: rows would become columns.
+  if (bias == nullptr && epilogue.scale == nullptr && a.row_stride != 1 && b.col_stride == 1) {
     std::swap(M, N);
     std::swap(a, b);
     std::swap(a.row_stride, a.col_stride);
@@ -177,7 +202,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   if (record_quad_gemm(recorder, kernels, tiles,
                        {M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                         accumulate ? 1u : 0u},
-                       a, b, c, bias, relu))
+                       a, b, c, bias, epilogue))
     return;
   // The workgroup's shared B is loaded along whichever of its dimensions is contiguous.
   bool share_rows = tiles.share_columns && b.col_stride != 1 && b.row_stride == 1 &&
@@ -190,9 +215,12 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // first streams all of A once per column block. ViT-L's linear layers with W^T, 788 tokens:
   // 25 -> 37-47 GFLOPS on lavapipe (bench/README.md; W as stored: 25 either way).
   bool columns_first = column_blocks <= kMaxGroupsY;
-  auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm, *c.tensor, {tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
-                                      tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
-                                      share_rows ? 1 : 0, relu ? 1 : 0, columns_first ? 1 : 0});
+  auto kernel = kernel_for<GemmPush>(
+      kernels, vk::kernel::gemm, *c.tensor,
+      with_epilogue_constants({tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
+                               tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll, share_rows ? 1 : 0,
+                               columns_first ? 1 : 0},
+                              epilogue));
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                 accumulate ? 1u : 0u};
   auto [groups_y, groups_z] = column_groups(column_blocks);
@@ -201,7 +229,8 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   recorder.dispatch(kernel,
                     // Without a bias its binding is unread: any float buffer stands in.
                     {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
-                     accumulate ? updates(*c.tensor) : writes(*c.tensor)},
+                     accumulate ? updates(*c.tensor) : writes(*c.tensor), epilogue_scale_arg(epilogue, *b.tensor),
+                     epilogue_residual_arg(epilogue, *b.tensor)},
                     push, groups_x, groups_y, groups_z);
 }
 

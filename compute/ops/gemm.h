@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "compute/op.h"
 #include "compute/tensor.h"
 #include "compute/vk/kernels.h"
 #include "compute/vk/recorder.h"
@@ -79,11 +80,20 @@ struct MatrixView {
   uint32_t row_stride, col_stride;
 };
 
-// c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given); relu (not with
-// accumulate): c = max(c, 0), a fused ReLU. Any operand may be fp16; sums are float.
+// c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given), then the epilogue
+// (not with accumulate; its scale is per row m, its residual laid out as c; no folded batch
+// norm: that is conv2d's). Any operand may be fp16; sums are float.
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
                  MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias = nullptr,
-                 bool relu = false);
+                 const Epilogue& epilogue = {});
+
+// The specialization constants of shaders/epilogue.glsl (ACTIVATION, HAS_SCALE, RESIDUAL) for
+// `epilogue`, after `constants`.
+std::vector<int32_t> with_epilogue_constants(std::vector<int32_t> constants, const Epilogue& epilogue);
+// The texels of its scale and its residual, as epilogue.glsl binds them; `stand_in` (a tensor
+// the dispatch reads anyway) where it has none.
+vk::BufferArg epilogue_scale_arg(const Epilogue& epilogue, const Tensor& stand_in);
+vk::BufferArg epilogue_residual_arg(const Epilogue& epilogue, const Tensor& stand_in);
 
 struct FoldedBatchNorm;
 // blocked[kb, r, u] = weight[r, kb * block + u] for weight [rows, columns], zero past the columns

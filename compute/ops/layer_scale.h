@@ -13,6 +13,8 @@ class LayerScale : public InferenceOp {
   // gamma [D], every value `init` (timm's init_values)
   std::vector<TensorSpec> tensors() const override;
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // In the store of the linear before it: its output features are the scaled dimension.
+  AsEpilogue as_epilogue() const override { return {EpilogueStep::scale}; }
 
  private:
   float init_;

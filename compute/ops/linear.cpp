@@ -65,14 +65,14 @@ void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   // weight as stored: its transpose would cost a pass over the weight every step.
   MatrixView weight = t.prepared ? MatrixView{t.tensors[0], 1, out} : MatrixView{t.tensors[0], in, 1};
   record_gemm(recorder, kernels, out, batch, in, weight, {t.inputs[0], 1, in}, {t.output, 1, out}, false,
-              has_bias_ ? t.tensors[1] : nullptr, t.relu);
+              has_bias_ ? t.tensors[1] : nullptr, t.epilogue);
 }
 
 void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   auto batch = static_cast<uint32_t>(batch_), in = static_cast<uint32_t>(in_features_),
        out = static_cast<uint32_t>(out_features_);
   const Tensor& dy = *t.output_grad;
-  if (t.relu) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
+  if (t.epilogue.relu()) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
   if (t.input_grads[0]) {
     // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
     record_gemm(recorder, kernels, in, batch, out, {t.tensors[0], 1, in}, {&dy, 1, out}, {t.input_grads[0], 1, in},

@@ -13,7 +13,7 @@ class Linear : public Op {
   // weight [out, in], bias [out]: U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch; inference only, a
   // scratch [in, out] for prepare() (training allocates none: TensorSpec::inference_only).
   std::vector<TensorSpec> tensors() const override;
-  // y = x weight^T + bias (then max(y, 0) with a fused ReLU, OpTensors::relu); once prepared,
+  // y = x weight^T + bias, then the epilogue fused in (OpTensors::epilogue); once prepared,
   // the weight's buffer holds weight^T [in, out].
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // Transposes the weight in its own buffer, through the scratch (shaders/conv2d_forward_weight.comp
@@ -22,7 +22,10 @@ class Linear : public Op {
   void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
-  Fusions fusions() const override { return {.relu = true}; }
+  // Features are rows of record_gemm's product: the scale is per output feature.
+  EpilogueSteps fusions() const override {
+    return {EpilogueStep::relu, EpilogueStep::gelu, EpilogueStep::silu, EpilogueStep::scale, EpilogueStep::residual};
+  }
   double forward_flops() const override;
 
  private:

@@ -12,7 +12,7 @@ class Relu : public Op {
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx[i] (+)= y[i] > 0 ? dy[i] : 0
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
-  Epilogue as_epilogue() const override { return {Epilogue::Kind::relu}; }
+  AsEpilogue as_epilogue() const override { return {EpilogueStep::relu}; }
 
  private:
   int64_t count_ = 0;
@@ -26,7 +26,7 @@ void record_relu_backward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
                           int64_t count);
 
 // output_grad = output > 0 ? output_grad : 0 in place: the backward of a ReLU fused into the
-// op that wrote `output` (OpTensors::relu), before that op's own backward reads output_grad.
+// op that wrote `output` (Epilogue::Activation::relu), before that op's own backward reads output_grad.
 void record_relu_backward_in_place(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& output,
                                    const Tensor& output_grad);
 
