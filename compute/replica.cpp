@@ -13,8 +13,9 @@ nlohmann::json loss_layers(const nlohmann::json& graph, const std::vector<LossTe
   nlohmann::json layers = nlohmann::json::array(
       {{{"name", "loss"}, {"type", "softmax_cross_entropy"}, {"inputs", {logits, "labels"}}}});
   for (auto& term : extra)
-    layers.push_back(
-        {{"name", extra_loss_name(term)}, {"type", "softmax_cross_entropy"}, {"inputs", {term.layer, "labels"}}});
+    if (!term.computes_loss)
+      layers.push_back(
+          {{"name", extra_loss_name(term)}, {"type", "softmax_cross_entropy"}, {"inputs", {term.layer, "labels"}}});
   return layers;
 }
 
@@ -154,7 +155,9 @@ void Replica::initialise(const std::optional<Checkpoint>& start, const std::stri
                          std::optional<float> loss_scale) {
   network_.initialise(settings_.seed);
   for (auto& [loss, weight] : losses_) {
-    if (!settings_.class_weights.empty()) {
+    // --class-weights weigh the softmax cross-entropy terms (a layer that computes its own loss
+    // has no class weights: CLAM's instance loss is an unweighted CrossEntropyLoss).
+    if (!settings_.class_weights.empty() && loss->op->type() == "softmax_cross_entropy") {
       auto classes = static_cast<size_t>(loss->tensors[0]->count());
       if (settings_.class_weights.size() != classes)
         throw UsageError("--class-weights has " + std::to_string(settings_.class_weights.size()) +

@@ -60,18 +60,24 @@ class Feed {
 };
 
 // A term of a loss of several: the softmax cross-entropy of a layer's output (logits [N,C]) against
-// the staged "labels", weighted. DSMIL trains on 0.5 of its bag logits' loss and 0.5 of the loss of
-// the max over instances of its instance logits; CLAM on 0.7 bag and 0.3 instance clustering.
+// the staged "labels", weighted; or, `computes_loss`, the layer's own output (a loss [N], as
+// softmax_cross_entropy gives), weighted. DSMIL trains on 0.5 of its bag logits' loss and 0.5 of
+// the loss of the max over instances of its instance logits; CLAM on 0.7 bag and 0.3 instance
+// clustering (its clam_instance_loss layer).
 struct LossTerm {
   std::string layer;
   float weight = 1;
+  bool computes_loss = false;
 };
 
 // The layers the loop adds after a job's graph: the softmax cross-entropy of its last layer (the
-// logits) against the staged "labels", as the layer "loss", then one for each of `extra` terms, as
-// the layer extra_loss_name(term).
+// logits) against the staged "labels", as the layer "loss", then one for each of `extra` terms
+// that is not its own loss, as the layer extra_loss_name(term).
 nlohmann::json loss_layers(const nlohmann::json& graph, const std::vector<LossTerm>& extra = {});
-inline std::string extra_loss_name(const LossTerm& term) { return "loss." + term.layer; }
+// The layer whose output is the term's loss.
+inline std::string extra_loss_name(const LossTerm& term) {
+  return term.computes_loss ? term.layer : "loss." + term.layer;
+}
 
 // What a job hands the loop.
 struct TrainingJob {

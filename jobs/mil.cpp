@@ -131,6 +131,24 @@ class MilJob {
   nlohmann::json split_report_;
 };
 
+// Each value's rank among them (1 the smallest, ties given their mean rank) over their count, as
+// CLAM's create_heatmaps.py to_percentiles (scipy's rankdata "average" / n) scales attention.
+std::vector<float> percentile_ranks(const std::vector<float>& values) {
+  std::vector<size_t> order(values.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return values[a] < values[b]; });
+  std::vector<float> ranks(values.size());
+  for (size_t first = 0; first < order.size();) {
+    size_t last = first;
+    while (last + 1 < order.size() && values[order[last + 1]] == values[order[first]]) ++last;
+    double mean_rank = (static_cast<double>(first + 1) + static_cast<double>(last + 1)) / 2;
+    for (size_t i = first; i <= last; ++i)
+      ranks[order[i]] = static_cast<float>(mean_rank / static_cast<double>(values.size()));
+    first = last + 1;
+  }
+  return ranks;
+}
+
 bool is_mil_head(const std::string& name) {
   const auto& heads = mil_heads();
   return std::find(heads.begin(), heads.end(), name) != heads.end();
@@ -162,14 +180,33 @@ void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
   if (options.epochs < 1) throw UsageError("--epochs must be at least 1");
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
   if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
-  if (mil.attention_hidden < 1) throw UsageError("--attention-hidden must be at least 1");
+  if (mil.attention_hidden < 0) throw UsageError("--attention-hidden must be at least 1");
+  check_clam_flags(mil);
 }
 
 }  // namespace
 
 const std::vector<std::string>& mil_heads() {
-  static const std::vector<std::string> heads{"attention", "mean", "max", "dsmil"};
+  static const std::vector<std::string> heads{"attention", "mean", "max", "dsmil", "clam-sb", "clam-mb"};
   return heads;
+}
+
+void check_clam_flags(const MilOptions& mil) {
+  if (!is_clam_head(mil.head)) {
+    const char* flag = mil.clam.k_sample     ? "--k-sample"
+                       : mil.clam.bag_weight ? "--bag-weight"
+                       : mil.clam.subtyping  ? "--subtyping"
+                                             : nullptr;
+    if (flag) throw UsageError(std::string(flag) + " applies to the clam-sb and clam-mb heads only, not --head " + mil.head);
+  }
+  if (mil.clam.k_sample && *mil.clam.k_sample < 1) throw UsageError("--k-sample must be at least 1");
+  if (mil.clam.bag_weight && !(*mil.clam.bag_weight >= 0 && *mil.clam.bag_weight <= 1))
+    throw UsageError("--bag-weight must be in [0, 1]");
+}
+
+int attention_hidden(const MilOptions& mil) {
+  if (mil.attention_hidden > 0) return mil.attention_hidden;
+  return is_clam_head(mil.head) ? 256 : 128;  // CLAM's size_dict "small": [D, 512, 256]
 }
 
 std::string mil_head_list() {
@@ -192,7 +229,7 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   // The head's classifier on each instance alone: an attention, mean or max pool of one instance
   // is that instance, so each head gives the probability it would give a bag of this one tile;
   // dsmil's instance classifier, the per-instance scores its critical instance is chosen by.
-  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, true);
+  nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, HeadUse::tile_scores);
   InferenceOptions setup;
   setup.inputs = {{"features", {bag.instances, width}}};
   setup.input_memory = vk::MemoryUsage::device;
@@ -203,6 +240,12 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   head.run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
+  if (is_clam_head(description.kind)) {
+    // The attention of each tile (clam-mb: the last class's column), as its percentile in the slide.
+    size_t columns = description.kind == "clam-mb" ? static_cast<size_t>(description.classes) : 1;
+    for (size_t n = 0; n < scores.size(); ++n) scores[n] = logits[n * columns + columns - 1];
+    return percentile_ranks(scores);
+  }
   // Softmax of each instance's logits on the host: C numbers a row, for the last class.
   auto classes = static_cast<size_t>(description.classes);
   for (size_t n = 0; n < scores.size(); ++n)
@@ -212,10 +255,17 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
 
 nlohmann::json mil_settings(const MilOptions& mil) {
   std::error_code error;
-  return {{"features", std::filesystem::weakly_canonical(mil.features, error).string()},
-          {"labels", std::filesystem::weakly_canonical(mil.labels, error).string()},
-          {"head", mil.head},
-          {"attention_hidden", mil.attention_hidden}};
+  nlohmann::json settings = {{"features", std::filesystem::weakly_canonical(mil.features, error).string()},
+                              {"labels", std::filesystem::weakly_canonical(mil.labels, error).string()},
+                              {"head", mil.head},
+                              {"attention_hidden", attention_hidden(mil)}};
+  // As given (null: the default), so that a resumed run takes what the first run took.
+  auto given = [](const auto& value) { return value ? nlohmann::json(*value) : nlohmann::json(); };
+  if (is_clam_head(mil.head))
+    settings.update({{"k_sample", given(mil.clam.k_sample)},
+                     {"bag_weight", given(mil.clam.bag_weight)},
+                     {"subtyping", given(mil.clam.subtyping)}});
+  return settings;
 }
 
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {

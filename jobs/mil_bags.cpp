@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "compute/checkpoint.h"
 #include "compute/feature_file.h"
+#include "compute/ops/registry.h"
 #include "compute/tensor.h"
 
 namespace tessera {
@@ -36,7 +37,56 @@ Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& wi
   return bag;
 }
 
-nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, bool instance_logits) {
+ClamSettings clam_settings(const ClamOptions& options, size_t classes) {
+  ClamSettings settings;
+  settings.k_sample = options.k_sample.value_or(8);
+  settings.bag_weight = options.bag_weight.value_or(0.7);
+  // CLAM's task_2_tumor_subtyping (3 classes) asserts --subtyping; task_1_tumor_vs_normal leaves it off.
+  settings.subtyping = options.subtyping.value_or(classes > 2);
+  return settings;
+}
+
+bool is_clam_head(const std::string& kind) { return kind == "clam-sb" || kind == "clam-mb"; }
+
+namespace {
+
+// CLAM (Lu et al. 2021) as mahmoodlab/CLAM models/model_clam.py at 0266041 defines it, the layers
+// named as its state_dict's: attention_net = Sequential(fc Linear(D, 512), ReLU, Dropout, the gated
+// attention Attn_Net_Gated(512, hidden) with its branches attention_a (tanh) and attention_b
+// (sigmoid) and attention_c Linear(hidden, 1 or C)); softmax over the patches; CLAM-SB's
+// classifiers Linear(512, C) on M = A h, CLAM-MB's one Linear(512, 1) a class on M_c = A_c h (held
+// as one [C, 512] weight, class_linear); the instance classifiers (clam_instance_loss). Dropout
+// is left out (p = 0 is main.py's default without --drop_out), as in the other heads.
+void add_clam_layers(nlohmann::json& layers, const std::string& kind, int64_t hidden, int64_t classes, HeadUse use,
+                     const ClamSettings& clam) {
+  constexpr int64_t kClamWidth = 512;  // size_dict's size[1], "small" and "big" alike
+  auto layer = [&](const std::string& name, const std::string& type, std::vector<std::string> inputs,
+                   nlohmann::json fields = nlohmann::json::object()) {
+    layers.push_back(layer_description(name, type, std::move(fields), std::move(inputs)));
+  };
+  int64_t columns = kind == "clam-mb" ? classes : 1;
+  layer("attention_net.0", "linear", {"features"}, {{"out_features", kClamWidth}});
+  layer("attention_net.1", "relu", {"attention_net.0"});
+  layer("attention_net.3.attention_a.0", "linear", {"attention_net.1"}, {{"out_features", hidden}});
+  layer("attention_net.3.attention_b.0", "linear", {"attention_net.1"}, {{"out_features", hidden}});
+  layer("attention_net.3.gate", "attention_gate", {"attention_net.3.attention_a.0", "attention_net.3.attention_b.0"});
+  layer("attention_net.3.attention_c", "linear", {"attention_net.3.gate"}, {{"out_features", columns}});
+  if (use == HeadUse::tile_scores) return;  // the raw attention A_raw [M, 1 or C], as CLAM's heatmaps read it
+  layer("pool", "attention_pool", {"attention_net.3.attention_c", "attention_net.1", "count"});
+  if (use == HeadUse::train)
+    layer("instance_classifiers", "clam_instance_loss", {"attention_net.3.attention_c", "attention_net.1", "count", "labels"},
+          {{"classes", classes}, {"k_sample", clam.k_sample}, {"subtyping", clam.subtyping}});
+  if (kind == "clam-mb")
+    layer("classifiers", "class_linear", {"pool"}, {{"out_features", classes}});
+  else
+    layer("classifiers", "linear", {"pool"}, {{"out_features", classes}});
+}
+
+}  // namespace
+
+nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, HeadUse use,
+                          const ClamSettings& clam) {
+  bool instance_logits = use == HeadUse::tile_scores;
   auto layer = [](const std::string& name, const std::string& type, std::vector<std::string> inputs,
                   nlohmann::json fields = nlohmann::json::object()) {
     fields["name"] = name;
@@ -45,6 +95,10 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
     return fields;
   };
   nlohmann::json layers = nlohmann::json::array();
+  if (is_clam_head(kind)) {
+    add_clam_layers(layers, kind, hidden, classes, use, clam);
+    return {{"layers", layers}};
+  }
   if (instance_logits) {
     layers.push_back(layer(kind == "dsmil" ? "i_classifier.fc.0" : "classifier", "linear", {"features"},
                            {{"out_features", classes}}));
@@ -109,7 +163,14 @@ Cohort read_cohort(const MilOptions& mil, bool fp16) {
   return cohort;
 }
 
-void set_head_losses(const std::string& kind, TrainingJob& job) {
+void set_head_losses(const std::string& kind, TrainingJob& job, const ClamSettings& clam) {
+  if (is_clam_head(kind)) {
+    // CLAM's core_utils.py train_loop_clam: bag_weight * the bag's cross-entropy + (1 - bag_weight)
+    // * the instance loss.
+    job.logits_loss_weight = static_cast<float>(clam.bag_weight);
+    job.extra_losses = {{"instance_classifiers", static_cast<float>(1 - clam.bag_weight), true}};
+    return;
+  }
   if (kind != "dsmil") return;
   // train_tcga.py: loss = 0.5 * bag loss + 0.5 * the loss of the max over instances of the
   // instance classifier's logits. Its criterion is BCEWithLogitsLoss over multi-label targets;
@@ -122,16 +183,20 @@ TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOpt
   int64_t rows = 0;
   for (auto& bag : cohort.bags) rows = std::max(rows, bag.instances);
   TrainingJob job;
-  job.model = {{"head", mil.head}, {"features", cohort.width}, {"attention_hidden", mil.attention_hidden},
+  int64_t hidden = attention_hidden(mil);
+  job.model = {{"head", mil.head}, {"features", cohort.width}, {"attention_hidden", hidden},
                {"classes", cohort.classes}};
-  job.graph = head_graph(mil.head, mil.attention_hidden, static_cast<int64_t>(cohort.classes.size()));
+  ClamSettings clam = clam_settings(mil.clam, cohort.classes.size());
+  if (is_clam_head(mil.head))
+    job.model.update({{"k_sample", clam.k_sample}, {"bag_weight", clam.bag_weight}, {"subtyping", clam.subtyping}});
+  job.graph = head_graph(mil.head, hidden, static_cast<int64_t>(cohort.classes.size()), HeadUse::train, clam);
   job.staged = {{"features", {rows, cohort.width}, options.fp16 ? DType::f16 : DType::f32},
                 {"count", {1}, DType::u32},
                 {"labels", {1}, DType::u32},
                 {"valid", {1}, DType::u32}};
   job.settings = run_settings(options);
   job.advice = "lower --attention-hidden, or raise --device-memory-limit";
-  set_head_losses(mil.head, job);
+  set_head_losses(mil.head, job, clam);
   return job;
 }
 

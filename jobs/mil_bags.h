@@ -35,14 +35,29 @@ struct Bag {
 // With `fp16` the bag holds its features rounded to fp16, as --precision fp16 stages them.
 Bag read_bag_file(const std::string& path, const std::string& slide, int64_t& width, bool fp16);
 
-// The head as a graph over the staged bag ("features" [M,D], "count" [1]): the model that
-// the shared loop trains and that tile_scores runs. `instance_logits` (tile scores): the
-// classifier reads every instance instead of their pool (dsmil: its instance classifier).
-nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, bool instance_logits = false);
+// A clam head's settings, resolved (ClamOptions' defaults filled in for a cohort's classes).
+struct ClamSettings {
+  int64_t k_sample = 8;
+  double bag_weight = 0.7;
+  bool subtyping = false;
+};
+ClamSettings clam_settings(const ClamOptions& options, size_t classes);
+bool is_clam_head(const std::string& kind);
+
+// What a head's graph is for: training (over the staged bag "features" [M,D], "count" [1] and
+// "labels" [1]: clam's instance loss reads the label), scoring bags (no labels), or tile scores:
+// the classifier reads every instance instead of their pool (dsmil: its instance classifier;
+// clam: the attention scores [M, 1 or C]).
+enum class HeadUse { train, score, tile_scores };
+
+// The head as a graph: the model that the shared loop trains and that scoring runs.
+nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, HeadUse use = HeadUse::train,
+                          const ClamSettings& clam = {});
 
 // The terms of a head's loss beside its logits' (TrainingJob::logits_loss_weight, extra_losses):
-// dsmil's half bag, half the max over instances of its instance classifier; the others none.
-void set_head_losses(const std::string& kind, TrainingJob& job);
+// dsmil's half bag, half the max over instances of its instance classifier; clam's bag_weight of
+// the bag and the rest its instance loss; the others none.
+void set_head_losses(const std::string& kind, TrainingJob& job, const ClamSettings& clam = {});
 
 // The slides of a labels file as bags, with their classes: the labels sorted, each bag's label
 // its index among them. Throws BadInput naming the file (fewer than two labels) or a feature file.

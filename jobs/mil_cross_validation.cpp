@@ -32,7 +32,7 @@ Probabilities score_slides(vk::Context& context, const Cohort& cohort, const Mil
   for (size_t s : slides) rows = std::max(rows, cohort.bags[s].instances);
   auto classes = cohort.classes.size();
   ResolvedModel model;
-  model.graph = head_graph(mil.head, mil.attention_hidden, static_cast<int64_t>(classes));
+  model.graph = head_graph(mil.head, attention_hidden(mil), static_cast<int64_t>(classes), HeadUse::score);
   model.checkpoint.emplace();
   model.checkpoint->params = std::move(parameters);
   model.source = "the head trained on the other folds";
@@ -131,6 +131,7 @@ void report_folds(const Cohort& cohort, const std::vector<uint32_t>& fold_of_sli
 
 nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& given, const MilOptions& mil,
                                   const CrossValidationOptions& cv, const TrainReporting& reporting) {
+  check_clam_flags(mil);
   if (cv.folds < 2) throw UsageError("--folds must be at least 2 (got " + std::to_string(cv.folds) + ")");
   if (cv.seeds < 1) throw UsageError("--seeds must be at least 1 (got " + std::to_string(cv.seeds) + ")");
   if (given.epochs < 1) throw UsageError("--epochs must be at least 1");

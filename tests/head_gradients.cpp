@@ -4,7 +4,8 @@
 // on the device, as the loop records them (without the optimizer).
 // Usage: head_gradients SPEC.json OUT.json, SPEC being {"head", "attention_hidden", "classes",
 // "features": bag.h5, "label", "params": weights.h5 (a dataset per parameter, by its PyTorch
-// name), "precision": fp32|fp16}. OUT.json gets {"loss", "gradients": {name: {"shape", "values"}}}.
+// name), "precision": fp32|fp16, and for clam heads "k_sample", "bag_weight", "subtyping"}. OUT.json
+// gets {"loss", "gradients": {name: {"shape", "values"}}}.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -28,12 +29,16 @@ int main(int argc, char** argv) try {
   bool fp16 = spec.value("precision", "fp32") == "fp16";
   int64_t width = 0;
   Bag bag = read_bag_file(spec["features"], "", width, fp16);
-  nlohmann::json graph = head_graph(spec["head"], spec["attention_hidden"], spec["classes"]);
+  ClamSettings clam;
+  clam.k_sample = spec.value("k_sample", clam.k_sample);
+  clam.bag_weight = spec.value("bag_weight", clam.bag_weight);
+  clam.subtyping = spec.value("subtyping", clam.subtyping);
+  nlohmann::json graph = head_graph(spec["head"], spec["attention_hidden"], spec["classes"], HeadUse::train, clam);
   std::vector<GraphInput> inputs{{"features", {bag.instances, width}, fp16 ? DType::f16 : DType::f32},
                                  {"count", {1}, DType::u32},
                                  {"labels", {1}, DType::u32}};
   TrainingJob losses;
-  set_head_losses(spec["head"], losses);
+  set_head_losses(spec["head"], losses, clam);
   vk::Context context;
   Network network(graph, inputs, true, nlohmann::json::array(), loss_layers(graph, losses.extra_losses));
   network.set_activation_dtype(fp16 ? DType::f16 : DType::f32);

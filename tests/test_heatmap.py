@@ -3,7 +3,8 @@ the slide's tumour polygons are shifted from the normal tiles' cluster, and an a
 it among synthetic bags. Each tile's colour is viridis at the head's probability of "tumor" for
 that tile alone (computed here from the checkpoint's parameters), on the fixed 0..1 scale; the
 legend band under the thumbnail holds the colour bar from viridis(0) to viridis(1) and its text.
-Mean, max and dsmil heads score tiles too (dsmil by its instance classifier).
+Mean, max and dsmil heads score tiles too (dsmil by its instance classifier); a clam-mb head by its
+attention to the last class, as each tile's percentile in the slide.
 A tumour-free synthetic slide is dark under the fixed scale and has a bright spot only under
 --scale slide. Bad input exits 5 and names the file: a missing feature file, a truncated
 checkpoint, coords outside the slide, and the features of another slide (by the name and size
@@ -71,6 +72,25 @@ def tumour_probability(checkpoint, features_path, classifier="classifier"):
     logits = x @ weight.T + bias
     logits -= logits.max(axis=1, keepdims=True)
     return (np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True))[:, -1]
+
+
+def clam_attention_percentiles(checkpoint, features_path):
+    """A clam-mb head's attention to its last class for each tile (model_clam.py's A_raw), as
+    its percentile in the slide: scipy's rankdata(average) / n, as CLAM's to_percentiles."""
+    with h5py.File(checkpoint, "r") as f:
+        p = {name: f["params"][name][()].astype(np.float64) for name in f["params"]}
+    with h5py.File(features_path, "r") as f:
+        x = f["features"][()].astype(np.float64)
+    linear = lambda x, name: x @ p[name + ".weight"].T + p[name + ".bias"]
+    h = np.maximum(linear(x, "attention_net.0"), 0)
+    gate = np.tanh(linear(h, "attention_net.3.attention_a.0")) / (1 + np.exp(-linear(h, "attention_net.3.attention_b.0")))
+    scores = linear(gate, "attention_net.3.attention_c")[:, -1]
+    order = np.argsort(scores, kind="stable")
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    for value in np.unique(scores):  # ties: their mean rank
+        ranks[scores == value] = ranks[scores == value].mean()
+    return ranks / len(scores)
 
 
 def tile_means(image, coords, scale):
@@ -236,6 +256,24 @@ def main():
             expected = tumour_probability(head_model, slide_file, classifier)
             assert abs(summary["score_min"] - expected.min()) < 1e-5, (head, summary, expected.min())
             assert abs(summary["score_max"] - expected.max()) < 1e-5, (head, summary, expected.max())
+
+        # A clam head scores each tile by its attention (clam-mb: the last class's column) as its
+        # percentile in the slide (CLAM's create_heatmaps.py to_percentiles), here from the
+        # checkpoint's parameters in float64; the tumour tiles draw the most attention.
+        clam_model = os.path.join(work, "clam-mb.h5")
+        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "clam-mb", "--epochs", 5,
+                       "--optimizer", "adam", "--lr", "0.002", "--seed", 1, "--val-fraction", 0,
+                       "--checkpoint", clam_model])
+        assert process.returncode == 0, process.stderr
+        out = os.path.join(work, "clam-mb.png")
+        process = heatmap(out, 1.0, checkpoint=clam_model)
+        assert process.returncode == 0, process.stderr
+        summary = json.loads(process.stdout.strip().splitlines()[-1])
+        assert summary["score"] == "attention percentile of class 'tumor'", summary
+        expected = clam_attention_percentiles(clam_model, slide_file)
+        colours = tile_means(np.asarray(Image.open(out).convert("RGB"), dtype=np.float64)[:512], coords, scale)
+        assert np.abs(colours - viridis(expected)).max() < 6, np.abs(colours - viridis(expected)).max()
+        assert expected[tumour].mean() > 0.75, expected[tumour].mean()
 
         # A slide without tumour, its tiles' features all from the normal distribution: dark under the
         # fixed scale; --scale slide stretches its own small range so that its top tile is yellow.

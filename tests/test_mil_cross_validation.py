@@ -6,8 +6,9 @@ scored once a seed, no case split across folds, each class's cases dealt evenly 
 the same folds from the same command and other folds from another seed. Each fold's AUC (the
 Mann-Whitney rank statistic, one-vs-rest macro for three classes), balanced accuracy and macro
 F1, and their mean and sample std, are recomputed here in numpy from those predictions. Gated
-attention (ABMIL) and DSMIL each separate a cohort whose label lies in a few patches a slide: mean
-AUC over 5 folds above 0.9. Without a case_id column each slide is its own case. On a terminal a table ends
+attention (ABMIL), DSMIL, CLAM-SB and CLAM-MB each separate a cohort whose label lies in a few
+patches a slide: mean AUC over 5 folds above 0.9; CLAM's flags with another head or out of range
+exit 2 naming the flag. Without a case_id column each slide is its own case. On a terminal a table ends
 the run (the JSON's numbers), through a pipe a `fold` record per head and the result line; a sweep
 takes `cv_auc_mean_less_std` as its objective, each fold an intermediate value, and its HTML report
 (rendered by chromium) gives each trial's means and stds as the trials reported them. Bad input: a case with slides of two classes, more folds than a class has cases
@@ -188,6 +189,28 @@ def test_dsmil_head_separates_the_cohort_over_five_folds(tmp_path):
     print(f"dsmil, 5 folds: AUC {result['cv']['auc']['mean']:.3f} +- {result['cv']['auc']['std']:.3f}, "
           f"balanced accuracy {result['cv']['balanced_accuracy']['mean']:.3f}, F1 {result['cv']['f1']['mean']:.3f}")
     assert result["head"] == "dsmil" and result["cv"]["auc"]["mean"] > 0.9, result["cv"]
+
+
+@pytest.mark.parametrize("head", ["clam-sb", "clam-mb"])
+def test_clam_heads_separate_the_cohort_over_five_folds(tmp_path, head):
+    """CLAM (gated attention, one branch or one a class; 0.7 of its bag loss, 0.3 of its instance
+    clustering loss on the top and bottom 8 patches) learns the same cohort; a narrow attention and
+    3 epochs keep its 512-wide fc cheap on lavapipe."""
+    features, labels = cohort(tmp_path, "features", cases=30)
+    result = result_of(train("--features", features, "--labels", labels, "--folds", 5, "--head", head,
+                             "--attention-hidden", 32, "--optimizer", "adam", "--lr", "0.004", "--epochs", 3,
+                             "--seed", 1))
+    print(f"{head}, 5 folds: AUC {result['cv']['auc']['mean']:.3f} +- {result['cv']['auc']['std']:.3f}, "
+          f"balanced accuracy {result['cv']['balanced_accuracy']['mean']:.3f}, F1 {result['cv']['f1']['mean']:.3f}")
+    assert result["head"] == head and result["cv"]["auc"]["mean"] > 0.9, result["cv"]
+
+
+@pytest.mark.parametrize("flags", [("--head", "attention", "--k-sample", "4"), ("--head", "clam-sb", "--bag-weight", "1.5"),
+                                   ("--head", "clam-mb", "--subtyping", "maybe")])
+def test_clam_flags_out_of_place_or_range_exit_2_naming_them(tmp_path, flags):
+    features, labels = cohort(tmp_path, "features", cases=4)
+    result = train("--features", features, "--labels", labels, "--epochs", 1, *flags)
+    assert result.returncode == 2 and flags[2] in result.stderr, result.stderr
 
 
 def test_folds_repeat_from_the_seed_and_three_classes_are_scored_one_against_the_rest(tmp_path):

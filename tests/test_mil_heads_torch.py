@@ -3,7 +3,9 @@
 from weights written here) against the same head written in PyTorch from its published
 definition, in float64, on bags of 1, 7 and 10,001 instances (relative error under 1e-4 in
 fp32); dsmil's combined loss (bag and max-instance terms) from dsmil.py and train_tcga.py, and
-its ties of the critical instance in fp32 and fp16. The max head also on bags whose features tie (the first instance takes the gradient),
+its ties of the critical instance in fp32 and fp16; clam-sb's and clam-mb's (bag and instance
+clustering terms) from CLAM's model_clam.py and core_utils.py, and their ties of attention in
+fp32 and fp16. The max head also on bags whose features tie (the first instance takes the gradient),
 trained twice to the same bytes, and its memory plan against the measured peak; --head with an
 unknown name exits 2 listing the heads."""
 import hashlib
@@ -55,6 +57,79 @@ def head_weights(head, classes, seed):
     return weights
 
 
+CLAM_WIDTH = 512  # model_clam.py's size_dict: size[1]
+
+
+def clam_weights(head, classes, seed):
+    """Named as CLAM_SB's and CLAM_MB's state_dict; CLAM-MB's classifiers (Linear(512, 1) a class)
+    as one [C, 512] weight and [C] bias, the instance classifiers (Linear(512, 2) a class) as one
+    [C, 2, 512] weight and [C, 2] bias."""
+    generator = np.random.default_rng(seed)
+    weights = linear_weights(generator, "attention_net.0", WIDTH, CLAM_WIDTH)
+    weights.update(linear_weights(generator, "attention_net.3.attention_a.0", CLAM_WIDTH, HIDDEN))
+    weights.update(linear_weights(generator, "attention_net.3.attention_b.0", CLAM_WIDTH, HIDDEN))
+    columns = classes if head == "clam-mb" else 1
+    weights.update(linear_weights(generator, "attention_net.3.attention_c", HIDDEN, columns))
+    weights.update(linear_weights(generator, "classifiers", CLAM_WIDTH, 1 if head == "clam-mb" else classes))
+    if head == "clam-mb":
+        bags = [linear_weights(generator, "c", CLAM_WIDTH, 1) for _ in range(classes)]
+        weights["classifiers.weight"] = np.concatenate([b["c.weight"] for b in bags])
+        weights["classifiers.bias"] = np.concatenate([b["c.bias"] for b in bags])
+    instances = [linear_weights(generator, "i", CLAM_WIDTH, 2) for _ in range(classes)]
+    weights["instance_classifiers.weight"] = np.stack([i["i.weight"] for i in instances])
+    weights["instance_classifiers.bias"] = np.stack([i["i.bias"] for i in instances])
+    return weights
+
+
+def clam_loss(head, p, h, label, k_sample=8, subtyping=False, bag_weight=0.7):
+    """CLAM as mahmoodlab/CLAM at commit 0266041353ff716beea80d2ee8a4676adaf7ffb2 defines it
+    (models/model_clam.py, CLAM_SB and CLAM_MB with gate=True, dropout 0, instance_eval=True) and
+    trains it (utils/core_utils.py train_loop_clam: bag_weight * CrossEntropyLoss of the bag +
+    (1 - bag_weight) * the instance loss). Two departures, as tessera's: k = min(k_sample, N)
+    (CLAM's topk fails on fewer patches) and topk made stable, so a tie goes to the lowest row."""
+    classes = p["instance_classifiers.bias"].shape[0]
+    k = min(k_sample, h.shape[0])
+
+    def topk_ids(A, largest):  # torch.topk(A, k)[1] (largest) or torch.topk(-A, k)[1], stable on ties
+        return torch.sort(A, descending=largest, stable=True)[1][:k]
+
+    def instance_classifier(i, x):
+        return F.linear(x, p["instance_classifiers.weight"][i], p["instance_classifiers.bias"][i])
+
+    def inst_eval(A, h, i):  # top k positives, bottom k negatives
+        top_p, top_n = h.index_select(0, topk_ids(A, True)), h.index_select(0, topk_ids(A, False))
+        targets = torch.cat([torch.full((k,), 1), torch.full((k,), 0)]).long()
+        return F.cross_entropy(instance_classifier(i, torch.cat([top_p, top_n])), targets)
+
+    def inst_eval_out(A, h, i):  # top k as negatives
+        return F.cross_entropy(instance_classifier(i, h.index_select(0, topk_ids(A, True))),
+                               torch.full((k,), 0).long())
+
+    # attention_net: fc Linear + ReLU, then Attn_Net_Gated
+    h = F.relu(F.linear(h, p["attention_net.0.weight"], p["attention_net.0.bias"]))
+    a = torch.tanh(F.linear(h, p["attention_net.3.attention_a.0.weight"], p["attention_net.3.attention_a.0.bias"]))
+    b = torch.sigmoid(F.linear(h, p["attention_net.3.attention_b.0.weight"], p["attention_net.3.attention_b.0.bias"]))
+    A = F.linear(a.mul(b), p["attention_net.3.attention_c.weight"], p["attention_net.3.attention_c.bias"])
+    A = F.softmax(torch.transpose(A, 1, 0), dim=1)  # K x N
+    total_inst_loss = 0.0
+    inst_labels = F.one_hot(torch.tensor([label]), num_classes=classes).squeeze()
+    for i in range(classes):
+        column = A[i] if head == "clam-mb" else A[0]
+        if inst_labels[i].item() == 1:
+            total_inst_loss += inst_eval(column, h, i)
+        elif subtyping:
+            total_inst_loss += inst_eval_out(column, h, i)
+    if subtyping:
+        total_inst_loss /= classes
+    M = torch.mm(A, h)
+    if head == "clam-mb":
+        logits = torch.stack([F.linear(M[c], p["classifiers.weight"][c:c + 1], p["classifiers.bias"][c:c + 1])[0]
+                              for c in range(classes)]).view(1, classes)
+    else:
+        logits = F.linear(M, p["classifiers.weight"], p["classifiers.bias"])
+    return bag_weight * F.cross_entropy(logits, torch.tensor([label])) + (1 - bag_weight) * total_inst_loss
+
+
 def dsmil_loss(p, h, label):
     """DSMIL as binli123/dsmil-wsi at commit 80465ed534ac49b5e550833da56c27936f0b9440 defines and
     trains it: dsmil.py's MILNet(FCLayer, BClassifier(nonlinear=True, passing_v=False)), as
@@ -83,14 +158,15 @@ def dsmil_loss(p, h, label):
     return 0.5 * F.cross_entropy(bag, target) + 0.5 * F.cross_entropy(max_prediction.view(1, -1), target)
 
 
-def torch_loss(head, weights, features, label):
+def torch_loss(head, weights, features, label, **clam):
     """The head in PyTorch: ABMIL's gated attention (Ilse et al. 2018: tanh(V h) * sigmoid(U h),
     w, softmax over the bag), the mean, or the max over instances per feature (the first instance
-    of a tie, as numpy's argmax), then the linear classifier and cross-entropy."""
+    of a tie, as numpy's argmax), then the linear classifier and cross-entropy; dsmil and clam as
+    their sources."""
     p = {name: torch.tensor(value, dtype=torch.float64, requires_grad=True) for name, value in weights.items()}
     h = torch.tensor(features, dtype=torch.float64)
-    if head == "dsmil":
-        loss = dsmil_loss(p, h, label)
+    if head in ("dsmil", "clam-sb", "clam-mb"):
+        loss = dsmil_loss(p, h, label) if head == "dsmil" else clam_loss(head, p, h, label, **clam)
         loss.backward()
         return loss.item(), {name: t.grad.numpy() for name, t in p.items()}
     if head == "attention":
@@ -109,7 +185,7 @@ def torch_loss(head, weights, features, label):
     return loss.item(), {name: t.grad.numpy() for name, t in p.items()}
 
 
-def device_loss(work, head, weights, features, label, classes, precision="fp32"):
+def device_loss(work, head, weights, features, label, classes, precision="fp32", **clam):
     bag, params, spec, out = (work / f"{head}-{n}" for n in ("bag.h5", "params.h5", "spec.json", "out.json"))
     with h5py.File(bag, "w") as f:
         f["features"] = features
@@ -117,7 +193,7 @@ def device_loss(work, head, weights, features, label, classes, precision="fp32")
         for name, value in weights.items():
             f[name] = value
     spec.write_text(json.dumps({"head": head, "attention_hidden": HIDDEN, "classes": classes, "features": str(bag),
-                                "label": label, "params": str(params), "precision": precision}))
+                                "label": label, "params": str(params), "precision": precision, **clam}))
     result = subprocess.run([HEAD_GRADIENTS, str(spec), str(out)], capture_output=True, text=True,
                             env=dict(os.environ, TESSERA_VALIDATION="1"))
     assert result.returncode == 0 and "validation" not in result.stderr.lower(), result.stderr
@@ -150,6 +226,54 @@ def test_loss_and_gradients_match_pytorch(tmp_path, head, instances):
             assert abs(expected[name]).max() < 1e-12 and abs(gradients[name]).max() < 1e-6, gradients[name]
             continue
         assert relative_error(gradients[name], expected[name]) < 1e-4, (name, relative_error(gradients[name], expected[name]))
+
+
+def assert_matches(loss, gradients, expected_loss, expected, tolerance):
+    assert sorted(gradients) == sorted(expected)
+    assert abs(loss - expected_loss) <= tolerance * abs(expected_loss), (loss, expected_loss)
+    for name in expected:
+        assert gradients[name].shape == expected[name].shape, name
+        if name == "attention_net.3.attention_c.bias":
+            # A shift of every score of a column leaves its softmax and its order as they are:
+            # rounding alone (fp16's larger).
+            assert abs(expected[name]).max() < 1e-12 and abs(gradients[name]).max() < tolerance / 100, gradients[name]
+            continue
+        assert relative_error(gradients[name], expected[name]) < tolerance, (name, relative_error(gradients[name], expected[name]))
+
+
+@pytest.mark.parametrize("head", ["clam-sb", "clam-mb"])
+@pytest.mark.parametrize("instances", [1, 7, 10001])
+def test_clam_loss_and_gradients_match_pytorch(tmp_path, head, instances):
+    """k_sample 8: a bag of 1 or 7 patches takes every patch as both top and bottom (k = the patch
+    count); 3 classes (7 patches) with subtyping, as tessera's default for them is."""
+    classes = 3 if instances == 7 else 2
+    clam = {"k_sample": 8, "subtyping": classes > 2, "bag_weight": 0.7}
+    generator = np.random.default_rng(instances)
+    features = generator.normal(size=(instances, WIDTH)).astype(np.float32)
+    label = instances % classes
+    weights = clam_weights(head, classes, instances + 1)
+    expected_loss, expected = torch_loss(head, weights, features, label, **clam)
+    loss, gradients = device_loss(tmp_path, head, weights, features, label, classes, **clam)
+    assert_matches(loss, gradients, expected_loss, expected, 1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_clam_takes_the_lowest_of_tied_rows_to_the_same_bytes(tmp_path, precision):
+    """40 patches that repeat 5 distinct rows: every attention score ties with several others, and the top
+    and bottom 3 are the lowest of the tied rows, without subtyping (2 classes) and with it (3);
+    the same bag twice gives the same bytes."""
+    generator = np.random.default_rng(11)
+    features = generator.normal(size=(5, WIDTH)).astype(np.float32)[generator.integers(0, 5, size=40)]
+    # fp16: features and weights as fp16 holds them; attention, pools and logits rounded.
+    tolerance = 1e-4 if precision == "fp32" else 3e-2
+    for head, classes in (("clam-mb", 2), ("clam-sb", 3)):
+        clam = {"k_sample": 3, "subtyping": classes > 2, "bag_weight": 0.7}
+        weights = clam_weights(head, classes, 12)
+        expected_loss, expected = torch_loss(head, weights, features, 1, **clam)
+        loss, gradients = device_loss(tmp_path, head, weights, features, 1, classes, precision, **clam)
+        assert_matches(loss, gradients, expected_loss, expected, tolerance)
+        again = device_loss(tmp_path, head, weights, features, 1, classes, precision, **clam)[1]
+        assert all(np.array_equal(gradients[n], again[n]) for n in gradients)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -240,5 +364,5 @@ def test_unknown_head_exits_2_listing_the_heads(tmp_path):
     features, labels = write_cohort(tmp_path, slides=4)
     result = tessera("train", "--features", features, "--labels", labels, "--head", "maxx", "--epochs", 1)
     assert result.returncode == 2, result.stderr
-    for head in ("attention", "mean", "max", "dsmil"):
+    for head in ("attention", "mean", "max", "dsmil", "clam-sb", "clam-mb"):
         assert head in result.stderr, result.stderr

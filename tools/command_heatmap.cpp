@@ -89,7 +89,16 @@ void run_heatmap(const HeatmapFlags& flags) {
   if (scores.size() * 2 != tiles.coords.size())
     throw BadInput(flags.features + ": features has " + std::to_string(scores.size()) + " rows but coords " +
                    std::to_string(tiles.coords.size() / 2));
-  std::string positive = read_checkpoint(flags.model).model["classes"].back().get<std::string>();
+  nlohmann::json model = read_checkpoint(flags.model).model;
+  std::string positive = model["classes"].back().get<std::string>();
+  // A clam head's tiles are scored by their attention's percentile in the slide (jobs/mil.h tile_scores).
+  std::string head = model.value("head", std::string());
+  std::string score = head == "clam-sb"   ? "attention percentile"
+                      : head == "clam-mb" ? "attention percentile of class '" + positive + "'"
+                                          : "probability of class '" + positive + "'";
+  std::string legend_title = head == "clam-sb"   ? "attention percentile by tile"
+                             : head == "clam-mb" ? "attention to " + positive + " (percentile) by tile"
+                                                 : "P(" + positive + ") by tile";
   progress.update(1);
 
   auto [low, high] = std::minmax_element(scores.begin(), scores.end());
@@ -100,7 +109,7 @@ void run_heatmap(const HeatmapFlags& flags) {
   progress.update(2);
   int thumbnail_width = image.width, thumbnail_height = image.height;
   paint_scores(image, tiles, scores, slide->levels()[0], flags.alpha, scale);
-  int legend = add_legend(image, "P(" + positive + ") by tile", scale);
+  int legend = add_legend(image, legend_title, scale);
   data::write_png_rgb(flags.out, image.width, image.height, image.rgb.data());
 
   nlohmann::json summary{{"event", "heatmap"},
@@ -111,7 +120,7 @@ void run_heatmap(const HeatmapFlags& flags) {
                          {"legend_height", legend},
                          {"level", level},
                          {"tiles", scores.size()},
-                         {"score", "probability of class '" + positive + "'"},
+                         {"score", score},
                          {"colour_map", kColourMap},
                          {"scale", flags.scale},
                          {"scale_range", {scale.low, scale.high}},

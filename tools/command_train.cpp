@@ -19,6 +19,7 @@
 #include "common/units.h"
 #include "compute/checkpoint.h"
 #include "compute/data_parallel.h"
+#include "compute/ops/clam_instance_loss.h"
 #include "jobs/mil.h"
 #include "jobs/mil_cross_validation.h"
 #include "jobs/train.h"
@@ -61,10 +62,26 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->needs(features);
   command.add_option("--head", f.mil.head,
                      "With --features: attention (gated, Ilse et al. 2018), mean or max (pooling over instances), "
-                     "or dsmil (Li et al. 2021: instance and bag classifiers, half the loss each)")
+                     "dsmil (Li et al. 2021: instance and bag classifiers, half the loss each), or clam-sb and "
+                     "clam-mb (Lu et al. 2021: gated attention, one branch or one a class, and an instance "
+                     "clustering loss on the top and bottom --k-sample patches)")
       ->capture_default_str()->check(CLI::IsMember(mil_heads()))->needs(features);
-  command.add_option("--attention-hidden", f.mil.attention_hidden, "With --features: width of the attention branches (dsmil: of its queries)")
-      ->capture_default_str()->check(CLI::PositiveNumber)->needs(features);
+  command.add_option("--attention-hidden", f.mil.attention_hidden,
+                     "With --features: width of the attention branches (dsmil: of its queries); default 128, "
+                     "clam-sb and clam-mb 256")
+      ->check(CLI::PositiveNumber)->needs(features);
+  // CLAM's main.py flags --B, --bag_weight and --subtyping; refused with another head (check_mil_flags).
+  command.add_option("--k-sample", f.mil.clam.k_sample,
+                     "clam-sb, clam-mb: patches of highest and of lowest attention the instance loss takes "
+                     "(default 8, at most 64; a bag of fewer patches takes them all)")
+      ->check(CLI::Range(1, static_cast<int>(kMaxKSample)))->needs(features);
+  command.add_option("--bag-weight", f.mil.clam.bag_weight,
+                     "clam-sb, clam-mb: the bag loss's weight; the instance loss takes the rest (default 0.7)")
+      ->check(finite_in(0, 1))->needs(features);
+  command.add_option("--subtyping", f.mil.clam.subtyping,
+                     "clam-sb, clam-mb: true or false: the other classes' instance classifiers take the top "
+                     "patches as negatives (default: true with more than two classes, as CLAM's subtyping task)")
+      ->needs(features);
   // Flags of patch training that a head on features has no use for: an error with --features.
   command.add_option("--model", o.model, "Preset (small-cnn, resnet18, resnet50), model JSON, or checkpoint .h5 to start from")
       ->capture_default_str()->excludes(features);
@@ -208,7 +225,8 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
       {"lr", "--lr"},             {"momentum", "--momentum"}, {"weight_decay", "--weight-decay"},
       {"seed", "--seed"},         {"val_fraction", "--val-fraction"}, {"class_weights", "--class-weights"},
       {"augment", "--augment"},   {"features", "--features"}, {"labels", "--labels"},
-      {"head", "--head"},         {"attention_hidden", "--attention-hidden"}, {"precision", "--precision"}};
+      {"head", "--head"},         {"attention_hidden", "--attention-hidden"}, {"precision", "--precision"},
+      {"k_sample", "--k-sample"}, {"bag_weight", "--bag-weight"}, {"subtyping", "--subtyping"}};
   std::string differences;
   for (auto& [key, flag] : flags) {
     if (!saved.contains(key) || !settings.contains(key)) continue;
@@ -239,6 +257,12 @@ void settle_resume(const CLI::App& command, TrainFlags& f) {
   if (features) {
     settings.at("head").get_to(f.mil.head);
     settings.at("attention_hidden").get_to(f.mil.attention_hidden);
+    if (settings.contains("k_sample")) {  // a clam head's; null where the first run took the default
+      ClamOptions& clam = f.mil.clam;
+      if (!settings["k_sample"].is_null()) clam.k_sample = settings["k_sample"].get<int>();
+      if (!settings["bag_weight"].is_null()) clam.bag_weight = settings["bag_weight"].get<double>();
+      if (!settings["subtyping"].is_null()) clam.subtyping = settings["subtyping"].get<bool>();
+    }
   }
   o.fp16 = settings.at("precision") == "fp16";
   int done = saved.value("epoch", 0);

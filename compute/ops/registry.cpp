@@ -13,6 +13,8 @@
 #include "compute/ops/attentional_pool.h"
 #include "compute/ops/avg_pool2d.h"
 #include "compute/ops/batch_norm2d.h"
+#include "compute/ops/clam_instance_loss.h"
+#include "compute/ops/class_linear.h"
 #include "compute/ops/conv2d.h"
 #include "compute/ops/critical_instance_scores.h"
 #include "compute/ops/dropout.h"
@@ -136,6 +138,8 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},
       {"critical_instance_scores", make_critical_instance_scores},
+      {"class_linear", make_class_linear},
+      {"clam_instance_loss", make_clam_instance_loss},
       {"tanh", make_tanh},
       {"input_normalize", make_input_normalize},
       // Transformers (inference only)
