@@ -33,6 +33,7 @@ class MilJob {
   }
 
   const TrainOptions& options() const { return options_; }
+  const Cohort& cohort() const { return cohort_; }
 
   TrainingJob job() const {
     TrainingJob job = head_job(cohort_, mil_, options_);
@@ -271,6 +272,7 @@ nlohmann::json mil_settings(const MilOptions& mil) {
 MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
+  check_bags_within_kernel_loops(context.info(), job.cohort());
   return TrainingLoop(context, loop_settings(job.options()), job.job()).plan();
 }
 
@@ -278,6 +280,7 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
                const TrainReporting& reporting) {
   check_mil_flags(options, mil);
   MilJob job(options, mil);
+  check_bags_within_kernel_loops(context.info(), job.cohort());
   if (reporting.progress) job.report_split();
   TrainingLoop loop(context, loop_settings(job.options()), job.job());
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();

@@ -136,6 +136,21 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
   return {{"layers", layers}};
 }
 
+void check_bags_within_kernel_loops(const vk::DeviceInfo& device, const Cohort& cohort) {
+  constexpr int64_t kPasses = 3;  // attention_pool_softmax: the maximum, the sum, the weights
+  if (device.kernel_loop_iterations == 0 || cohort.bags.empty()) return;
+  const Bag& largest = *std::max_element(cohort.bags.begin(), cohort.bags.end(),
+                                         [](const Bag& a, const Bag& b) { return a.instances < b.instances; });
+  const int64_t bound = device.kernel_loop_iterations / kPasses;
+  if (largest.instances <= bound) return;
+  throw OutOfDeviceMemory("slide " + largest.slide + "'s bag holds " + std::to_string(largest.instances) +
+                          " patches; " + device.name + " ends a kernel's loops after " +
+                          std::to_string(device.kernel_loop_iterations) +
+                          " iterations, and the heads pool a bag in up to three passes of one invocation, so "
+                          "bags of at most " + std::to_string(bound) +
+                          " patches are pooled whole there: train on a GPU, or sample the slides' patches");
+}
+
 Cohort read_cohort(const MilOptions& mil, bool fp16) {
   Cohort cohort;
   cohort.rows = read_slide_labels(mil.labels, mil.features);

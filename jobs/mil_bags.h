@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compute/training_job.h"
+#include "compute/vk/context.h"
 #include "jobs/mil.h"
 #include "jobs/slide_labels.h"
 
@@ -68,6 +69,12 @@ struct Cohort {
   int64_t width = 0;
 };
 Cohort read_cohort(const MilOptions& mil, bool fp16);
+
+// The heads' pooling kernels (attention_pool's softmax, the means and maxima over a bag) loop
+// over a bag's patches in one invocation, up to three passes: on a device that bounds a kernel's
+// loops (lavapipe) a larger bag would be summed in part. Throws OutOfDeviceMemory (exit 3, before
+// any work) naming the largest bag's slide, its patches and the device's bound.
+void check_bags_within_kernel_loops(const vk::DeviceInfo& device, const Cohort& cohort);
 
 // The head over a cohort as a job for the shared loop: its description (what checkpoints hold),
 // graph, staged inputs (bags padded to the largest) and settings; no start, no report.

@@ -142,6 +142,7 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& give
   options.resume = false;
   options.job_settings = mil_settings(mil);
   Cohort cohort = read_cohort(mil, options.fp16);
+  check_bags_within_kernel_loops(context.info(), cohort);
   std::vector<uint32_t> labels;
   for (auto& bag : cohort.bags) labels.push_back(bag.label);
   // Every seed's folds before any training: a split that cannot work is refused before any work.

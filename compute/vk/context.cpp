@@ -101,6 +101,7 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   info.driver = std::string(driver.driverName) + " " + driver.driverInfo;
   info.host_cores = properties.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ||
                     driver.driverID == VK_DRIVER_ID_MESA_LLVMPIPE;
+  if (driver.driverID == VK_DRIVER_ID_MESA_LLVMPIPE) info.kernel_loop_iterations = 65535;
   info.api_version = properties.properties.apiVersion;
   for (uint32_t h = 0; h < memory.memoryHeapCount; ++h)
     info.heaps.push_back({memory.memoryHeaps[h].size,

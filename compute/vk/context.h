@@ -28,6 +28,10 @@ struct DeviceInfo {
   // lavapipe (whatever type a layer presents it as): it computes on the host's cores, so it
   // may be opened more than once (--devices 0,0).
   bool host_cores = false;
+  // The iterations all the loops of one kernel invocation may make together, 0 for no bound:
+  // llvmpipe's compiler ends them at 65,535 (gallivm's loop limiter), silently, so a kernel that
+  // loops over more than that computes a wrong answer there.
+  uint32_t kernel_loop_iterations = 0;
   uint32_t api_version;
   std::vector<MemoryHeapInfo> heaps;
   bool fp16_arithmetic;
