@@ -89,10 +89,7 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
   bool instance_logits = use == HeadUse::tile_scores;
   auto layer = [](const std::string& name, const std::string& type, std::vector<std::string> inputs,
                   nlohmann::json fields = nlohmann::json::object()) {
-    fields["name"] = name;
-    fields["type"] = type;
-    fields["inputs"] = inputs;
-    return fields;
+    return layer_description(name, type, std::move(fields), std::move(inputs));
   };
   nlohmann::json layers = nlohmann::json::array();
   if (is_clam_head(kind)) {
