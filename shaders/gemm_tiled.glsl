@@ -2,11 +2,14 @@
 // A workgroup computes a BM x BN block of C, BK reduction steps at a time: its invocations load
 // a BK-deep slice of A's rows and B's columns once into shared memory (each element by one
 // invocation, consecutive invocations along the operand's contiguous index), and each then
-// takes TM x TN outputs of the block from there, strided (rows tr + i * BM/TM, columns
-// tc + j * BN/TN), so that neighbouring invocations read neighbouring shared words. The next
-// slice is loaded into registers while the current one is multiplied. Sums are float whatever
-// the operands' storage. The tile shapes are specialization constants chosen from the device's
-// properties (compute/ops/gemm.cpp, gemm_tiles); CPU devices run gemm_block.glsl instead.
+// takes TM x TN outputs of the block from there, in runs of four neighbouring rows (columns),
+// the runs ROW_THREADS * 4 (COLUMN_THREADS * 4) apart: an invocation reads a run as one vec4,
+// and the invocations of a subgroup read neighbouring vec4s (no bank conflicts). The next slice
+// is loaded into registers while the current one is multiplied. Every loop over slots and
+// outputs is unrolled ([[unroll]]), so that the per-slot and per-output arrays stay in
+// registers. Sums are float whatever the operands' storage. The tile shapes are specialization
+// constants chosen from the device's properties (compute/ops/gemm.cpp, gemm_tiles); CPU devices
+// run gemm_block.glsl instead.
 //
 // The including shader declares the constants A_K_FAST and B_N_FAST (whether consecutive
 // invocations load along k of A, along n of B) before including this file and defines after it
@@ -18,6 +21,7 @@
 // window lies once, in a_slot or b_slot, not on every step.
 #ifndef TESSERA_GEMM_TILED_GLSL
 #define TESSERA_GEMM_TILED_GLSL
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int TM = 8;
@@ -29,11 +33,15 @@ layout(constant_id = 5) const int BK = 16;
 const int GROUP = int(gl_WorkGroupSize.x);  // (BM / TM) * (BN / TN)
 const int ROW_THREADS = BM / TM, COLUMN_THREADS = BN / TN;
 const int A_LOADS = (BM * BK + GROUP - 1) / GROUP, B_LOADS = (BK * BN + GROUP - 1) / GROUP;
-// One word of padding per k row: loads along k then store to distinct banks.
-const int A_STRIDE = BM + 1, B_STRIDE = BN + 1;
+// An invocation's outputs come in runs of RUN_M rows (RUN_N columns): 4 where TM (TN) allows
+// (TM and TN are powers of two, so a run never crosses a vec4).
+const int RUN_M = TM % 4 == 0 ? 4 : TM, RUN_N = TN % 4 == 0 ? 4 : TN;
+// A k row of a tile holds BM (BN) words and one vec4 of padding, so that loads along k store to
+// distinct banks (gemm_tiles keeps BM and BN multiples of 4).
+const int A_STRIDE = BM / 4 + 1, B_STRIDE = BN / 4 + 1;  // in vec4s
 
-shared float a_tile[BK * A_STRIDE];  // [k][m]
-shared float b_tile[BK * B_STRIDE];  // [k][n]
+shared vec4 a_tile[BK * A_STRIDE];  // [k][m]
+shared vec4 b_tile[BK * B_STRIDE];  // [k][n]
 
 void a_slot(int s, uint m);
 float a_value(int s, uint k);
@@ -41,64 +49,97 @@ void b_slot(int s, uint n);
 float b_value(int s, uint k);
 
 float acc[TM][TN];
-// Per load slot: its place in the tile ((k, m) of A, (k, n) of B) and whether it lies inside C.
-uint a_k[A_LOADS], a_at[A_LOADS], b_k[B_LOADS], b_at[B_LOADS];
-bool a_inside[A_LOADS], b_inside[B_LOADS];
 float a_next[A_LOADS], b_next[B_LOADS];
 
 // Row i (column j) of this invocation's outputs, within the block.
-uint tile_row(int i) { return gl_LocalInvocationID.x / COLUMN_THREADS + i * ROW_THREADS; }
-uint tile_column(int j) { return gl_LocalInvocationID.x % COLUMN_THREADS + j * COLUMN_THREADS; }
+uint tile_row(int i) {
+  return uint(i / RUN_M * ROW_THREADS * RUN_M) + gl_LocalInvocationID.x / COLUMN_THREADS * RUN_M + uint(i % RUN_M);
+}
+uint tile_column(int j) {
+  return uint(j / RUN_N * COLUMN_THREADS * RUN_N) + gl_LocalInvocationID.x % COLUMN_THREADS * RUN_N + uint(j % RUN_N);
+}
+
+// Where load slot s of invocation t lies in its tile: reduction step k and row (column) at.
+void a_place(uint t, int s, out uint k, out uint m) {
+  uint e = t + uint(s * GROUP);
+  m = A_K_FAST ? e / BK : e % BM;
+  k = A_K_FAST ? e % BK : e / BM;
+}
+void b_place(uint t, int s, out uint k, out uint n) {
+  uint e = t + uint(s * GROUP);
+  n = B_N_FAST ? e % BN : e / BK;
+  k = B_N_FAST ? e / BN : e % BK;
+}
 
 // Slice k0 of both operands into registers; zero past k_end, outside C, and in slots past the tile.
-void load_slice(uint k0, uint k_end) {
-  for (int s = 0; s < A_LOADS; ++s) {
-    uint k = k0 + a_k[s];
-    float value = a_value(s, min(k, k_end - 1));  // a clamped address and a select: no divergence
-    a_next[s] = a_inside[s] && k < k_end ? value : 0.0;
+void load_slice(uint m0, uint n0, uint M, uint N, uint k0, uint k_end) {
+  uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (int s = 0; s < A_LOADS; ++s) {
+    uint k, m;
+    a_place(t, s, k, m);
+    float value = a_value(s, min(k0 + k, k_end - 1));  // a clamped address and a select: no divergence
+    bool inside = t + uint(s * GROUP) < uint(BM * BK) && m0 + m < M && k0 + k < k_end;
+    a_next[s] = inside ? value : 0.0;
   }
-  for (int s = 0; s < B_LOADS; ++s) {
-    uint k = k0 + b_k[s];
-    float value = b_value(s, min(k, k_end - 1));
-    b_next[s] = b_inside[s] && k < k_end ? value : 0.0;
+  [[unroll]] for (int s = 0; s < B_LOADS; ++s) {
+    uint k, n;
+    b_place(t, s, k, n);
+    float value = b_value(s, min(k0 + k, k_end - 1));
+    bool inside = t + uint(s * GROUP) < uint(BK * BN) && n0 + n < N && k0 + k < k_end;
+    b_next[s] = inside ? value : 0.0;
+  }
+}
+
+void store_slice() {
+  uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (int s = 0; s < A_LOADS; ++s) {
+    uint k, m;
+    a_place(t, s, k, m);
+    if (t + uint(s * GROUP) < uint(BM * BK)) a_tile[k * A_STRIDE + m / 4][m % 4] = a_next[s];
+  }
+  [[unroll]] for (int s = 0; s < B_LOADS; ++s) {
+    uint k, n;
+    b_place(t, s, k, n);
+    if (t + uint(s * GROUP) < uint(BK * BN)) b_tile[k * B_STRIDE + n / 4][n % 4] = b_next[s];
   }
 }
 
 // acc = the block at (m0, n0) of the product over k in [k_begin, k_end), for C of M x N.
 void multiply_block(uint m0, uint n0, uint M, uint N, uint k_begin, uint k_end) {
   uint t = gl_LocalInvocationID.x;
-  for (int s = 0; s < A_LOADS; ++s) {
-    uint e = t + s * GROUP, m = A_K_FAST ? e / BK : e % BM, k = A_K_FAST ? e % BK : e / BM;
-    a_k[s] = k;
-    a_at[s] = e < BM * BK ? k * A_STRIDE + m : BK * A_STRIDE;  // past the tile: stored nowhere
-    a_inside[s] = e < BM * BK && m0 + m < M;
+  [[unroll]] for (int s = 0; s < A_LOADS; ++s) {
+    uint k, m;
+    a_place(t, s, k, m);
     a_slot(s, min(m0 + m, M - 1));
   }
-  for (int s = 0; s < B_LOADS; ++s) {
-    uint e = t + s * GROUP, n = B_N_FAST ? e % BN : e / BK, k = B_N_FAST ? e / BN : e % BK;
-    b_k[s] = k;
-    b_at[s] = e < BK * BN ? k * B_STRIDE + n : BK * B_STRIDE;
-    b_inside[s] = e < BK * BN && n0 + n < N;
+  [[unroll]] for (int s = 0; s < B_LOADS; ++s) {
+    uint k, n;
+    b_place(t, s, k, n);
     b_slot(s, min(n0 + n, N - 1));
   }
-  for (int i = 0; i < TM; ++i)
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.0;
-  if (k_begin < k_end) load_slice(k_begin, k_end);
-  uint row = t / COLUMN_THREADS, column = t % COLUMN_THREADS;
-  for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
+  [[unroll]] for (int i = 0; i < TM; ++i)
+    [[unroll]] for (int j = 0; j < TN; ++j) acc[i][j] = 0.0;
+  if (k_begin < k_end) load_slice(m0, n0, M, N, k_begin, k_end);
+  uint row_run = t / COLUMN_THREADS, column_run = t % COLUMN_THREADS;
+  [[dont_unroll]] for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
     barrier();  // every invocation is done with the previous slice
-    for (int s = 0; s < A_LOADS; ++s)
-      if (a_at[s] < BK * A_STRIDE) a_tile[a_at[s]] = a_next[s];
-    for (int s = 0; s < B_LOADS; ++s)
-      if (b_at[s] < BK * B_STRIDE) b_tile[b_at[s]] = b_next[s];
+    store_slice();
     barrier();
-    if (k0 + BK < k_end) load_slice(k0 + BK, k_end);
-    for (int k = 0; k < BK; ++k) {
+    if (k0 + BK < k_end) load_slice(m0, n0, M, N, k0 + BK, k_end);
+    [[unroll]] for (int k = 0; k < BK; ++k) {
       float a[TM], b[TN];
-      for (int i = 0; i < TM; ++i) a[i] = a_tile[k * A_STRIDE + row + i * ROW_THREADS];
-      for (int j = 0; j < TN; ++j) b[j] = b_tile[k * B_STRIDE + column + j * COLUMN_THREADS];
-      for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+      [[unroll]] for (int r = 0; r < TM / RUN_M; ++r) {
+        uint first = (uint(r * ROW_THREADS) + row_run) * RUN_M;  // a run never crosses a vec4
+        vec4 run = a_tile[k * A_STRIDE + first / 4];
+        [[unroll]] for (int i = 0; i < RUN_M; ++i) a[r * RUN_M + i] = run[(first + i) % 4];
+      }
+      [[unroll]] for (int r = 0; r < TN / RUN_N; ++r) {
+        uint first = (uint(r * COLUMN_THREADS) + column_run) * RUN_N;
+        vec4 run = b_tile[k * B_STRIDE + first / 4];
+        [[unroll]] for (int j = 0; j < RUN_N; ++j) b[r * RUN_N + j] = run[(first + j) % 4];
+      }
+      [[unroll]] for (int i = 0; i < TM; ++i)
+        [[unroll]] for (int j = 0; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
     }
   }
 }

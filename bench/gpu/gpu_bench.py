@@ -10,7 +10,11 @@
 - resnet50 layer3 (CLAM's features) tiles/s: `tessera extract` over the tiles of a synthetic
   slide (reading, decoding and the HDF5 writes included) in fp32 and fp16, PyTorch's trunk fp32
   and AMP channels_last on device tensors;
-- TESSERA_PROFILE of one resnet18 training step in fp32 and fp16 (device time per kernel).
+- TESSERA_PROFILE of one resnet18 training step in fp32 and fp16 (device time per kernel), and
+  the driver's statistics of every pipeline it makes (TESSERA_PIPELINE_STATISTICS: registers,
+  spills, shared memory, where the driver tells);
+- a sweep of the GEMM's shared-memory tiles (TESSERA_GEMM_TILES: outputs a side per invocation,
+  reduction depth, invocations) at 4096^3 in fp32 and fp16, to choose the defaults from.
 PyTorch figures are medians of CUDA-event times after warm-up. Where tessera's device is a CPU
 (lavapipe: a check of the bundle without a GPU) every size shrinks so that it finishes (as with
 --quick); where PyTorch has no CUDA it runs on the CPU (AMP as bfloat16 autocast, timed by the
@@ -64,10 +68,37 @@ def attempt(results, key, function, *args):
     print(f"{key}: {time.time() - started:.1f} s {json.dumps(results[key])[:300]}", file=sys.stderr, flush=True)
 
 
-def tessera_gemm(tessera, n, precision):
-    out = tessera.run(["--gemm", str(n), "--precision", precision],
+GEMM_TILES = ("8,16,256", "8,8,256", "8,32,256", "4,16,256", "4,32,256", "4,16,128", "8,16,128", "8,16,64")
+
+
+def statistics_lines(stderr):
+    """The pipeline statistics a run printed (TESSERA_PIPELINE_STATISTICS), by kernel and constants."""
+    lines = [json.loads(line) for line in stderr.splitlines() if '"event":"pipeline_statistics"' in line]
+    return {f"{line['kernel']} {line['constants']}": line["executables"] for line in lines}
+
+
+def tessera_gemm(tessera, n, precision, env=None):
+    out = tessera.run(["--gemm", str(n), "--precision", precision], env=env,
                       binary=os.path.join(tessera.root, "build", "bench", "bench_gemm"))
-    return json.loads(out.stdout)
+    result = json.loads(out.stdout)
+    if env and "TESSERA_PIPELINE_STATISTICS" in env:
+        result["pipeline_statistics"] = statistics_lines(out.stderr)
+    return result
+
+
+def gemm_tile_sweep(tessera, n):
+    """TFLOP/s of the n^3 product under each TESSERA_GEMM_TILES, fp32 and fp16."""
+    sweep = {}
+    for tiles in GEMM_TILES:
+        for precision in ("fp32", "fp16"):
+            if time.time() > tessera.deadline - 30:
+                return sweep
+            try:
+                figure = tessera_gemm(tessera, n, precision, {"TESSERA_GEMM_TILES": tiles})["tflops"]
+            except subprocess.CalledProcessError as error:
+                figure = f"exit {error.returncode}: {(error.stderr or '')[-300:]}"
+            sweep.setdefault(tiles, {})[precision] = figure
+    return sweep
 
 
 def patch_file(work, batch, side, steps):
@@ -85,12 +116,13 @@ def tessera_train(tessera, work, sizes, precision, epochs, profile):
     run = tessera.run(["train", "--data", data, "--model", "resnet18", "--batch", str(sizes["batch"]),
                        "--epochs", str(epochs), "--val-fraction", "0", "--optimizer", "sgd", "--momentum", "0.9",
                        "--lr", "0.01", "--precision", precision, "--workers", str(min(8, os.cpu_count() or 1))],
-                      env={"TESSERA_PROFILE": "1"} if profile else None)
+                      env={"TESSERA_PROFILE": "1", "TESSERA_PIPELINE_STATISTICS": "1"} if profile else None)
     epoch_lines = [json.loads(line) for line in run.stderr.splitlines() if '"event":"epoch"' in line]
     result = {"batch": sizes["batch"], "side": sizes["side"], "images_per_second": epoch_lines[-1]["images_per_second"],
               "first_epoch_images_per_second": epoch_lines[0]["images_per_second"]}
     if profile:
         result["profile"] = last_json(run.stderr, '"event":"profile"')
+        result["pipeline_statistics"] = statistics_lines(run.stderr)
     return result
 
 
@@ -238,7 +270,8 @@ def main():
         measure(ours, "gemm_fp16", tessera_gemm, tessera, sizes["gemm"], "fp16")
         for precision in ("fp16", "fp32"):
             measure(ours, "resnet18_train_" + precision, tessera_train, tessera, work, sizes, precision, 2, False)
-        measure(ours, "gemm_fp32", tessera_gemm, tessera, sizes["gemm"], "fp32")
+        measure(ours, "gemm_fp32", tessera_gemm, tessera, sizes["gemm"], "fp32", {"TESSERA_PIPELINE_STATISTICS": "1"})
+        measure(ours, "gemm_tiles", gemm_tile_sweep, tessera, sizes["gemm"])
         for precision in ("fp16", "fp32"):
             measure(ours, "resnet18_step_profile_" + precision, tessera_train, tessera, work, sizes, precision, 1, True)
         for precision in ("fp16", "fp32"):

@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/error.h"
 #include "compute/op.h"
 #include "compute/vk/context.h"
 
@@ -57,20 +58,33 @@ GemmTiles shared_memory_tiles(const vk::TileTarget& target, int64_t M) {
   // 256 invocations (8 subgroups of 32, 4 of 64) where the device allows, and never less than
   // one subgroup; laid out as 16 x 16 (8 x 16, 8 x 8, ...) over the block's rows and columns.
   int32_t limit = static_cast<int32_t>(std::min(target.max_workgroup_invocations, target.max_workgroup_size_x));
-  int32_t group = 256;
+  int32_t group = target.gemm_group ? target.gemm_group : 256;
   while (group > 1 && group > limit) group /= 2;
   group = std::max(group, std::min(static_cast<int32_t>(target.subgroup_size), limit));
   int32_t column_threads = 1;
   while (column_threads * column_threads < group) column_threads *= 2;
   int32_t row_threads = group / column_threads;
   // The largest tiles whose shared memory fits half the device's: 8x8 outputs per invocation
-  // (64 float accumulators stay in registers on every GPU), 16 reduction steps deep.
-  GemmTiles tiles{};
-  for (auto [outputs, depth] : {std::pair{8, 16}, {8, 8}, {4, 16}, {4, 8}, {2, 8}, {1, 8}, {1, 4}}) {
-    tiles = {group, rows_for(M, row_threads, outputs), outputs, false, 1, GemmKind::shared_memory};
+  // (64 float accumulators stay in registers on every GPU), 16 reduction steps deep; or what
+  // TESSERA_GEMM_TILES sets, within all of it.
+  auto tiles_of = [&](int32_t outputs, int32_t depth) {
+    GemmTiles tiles{group, rows_for(M, row_threads, outputs), outputs, false, 1, GemmKind::shared_memory};
     tiles.block_rows = row_threads * tiles.rows;
     tiles.block_columns = column_threads * outputs;
     tiles.depth = depth;
+    return tiles;
+  };
+  if (target.gemm_outputs) {
+    GemmTiles tiles = tiles_of(target.gemm_outputs, target.gemm_depth);
+    if (tiles.shared_bytes() > target.max_shared_memory)
+      throw UsageError("TESSERA_GEMM_TILES: " + std::to_string(tiles.shared_bytes()) +
+                       " bytes of shared memory a workgroup, more than the device's " +
+                       std::to_string(target.max_shared_memory));
+    return tiles;
+  }
+  GemmTiles tiles{};
+  for (auto [outputs, depth] : {std::pair{8, 16}, {8, 8}, {4, 16}, {4, 8}, {2, 8}, {1, 8}, {1, 4}}) {
+    tiles = tiles_of(outputs, depth);
     if (tiles.shared_bytes() <= target.max_shared_memory / 2) break;
   }
   return tiles;
@@ -78,7 +92,8 @@ GemmTiles shared_memory_tiles(const vk::TileTarget& target, int64_t M) {
 }  // namespace
 
 uint32_t GemmTiles::shared_bytes() const {
-  return static_cast<uint32_t>(sizeof(float) * depth * (block_rows + 1 + block_columns + 1));
+  // shaders/gemm_tiled.glsl: each k row of a tile padded by one vec4.
+  return static_cast<uint32_t>(sizeof(float) * depth * (block_rows + 4 + block_columns + 4));
 }
 
 std::vector<int32_t> GemmTiles::tiled_constants() const {

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "compute/vk/kernels.h"
 #include "compute/vk/memory.h"
+#include "compute/vk/pipeline_statistics.h"
 
 namespace tessera::vk {
 
@@ -127,6 +128,9 @@ DeviceInfo describe(VkPhysicalDevice device, uint32_t index) {
   info.host_memory_import = std::any_of(extensions.begin(), extensions.end(), [](const VkExtensionProperties& e) {
     return std::strcmp(e.extensionName, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME) == 0;
   });
+  info.pipeline_statistics = std::any_of(extensions.begin(), extensions.end(), [](const VkExtensionProperties& e) {
+    return std::strcmp(e.extensionName, kPipelineStatisticsExtension) == 0;
+  });
   if (info.host_memory_import) {
     VkPhysicalDeviceExternalMemoryHostPropertiesEXT host{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
@@ -165,6 +169,8 @@ ContextOptions options_from_environment() {
   options.validation = validation && std::strcmp(validation, "0") != 0;
   const char* profile = std::getenv("TESSERA_PROFILE");
   options.profile = profile && std::strcmp(profile, "0") != 0;
+  const char* statistics = std::getenv("TESSERA_PIPELINE_STATISTICS");
+  options.pipeline_statistics = statistics && std::strcmp(statistics, "0") != 0;
   return options;
 }
 
@@ -269,6 +275,17 @@ Context::Context(ContextOptions options) {
   features12.shaderFloat16 = info_.fp16_arithmetic;
   std::vector<const char*> extensions{VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
   if (info_.host_memory_import) extensions.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR executable_statistics{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  if (options.pipeline_statistics && !info_.pipeline_statistics)
+    std::fprintf(stderr, "TESSERA_PIPELINE_STATISTICS: %s does not offer %s; no statistics\n", info_.name.c_str(),
+                 kPipelineStatisticsExtension);
+  pipeline_statistics_ = options.pipeline_statistics && info_.pipeline_statistics;
+  if (pipeline_statistics_) {
+    extensions.push_back(kPipelineStatisticsExtension);
+    executable_statistics.pipelineExecutableInfo = VK_TRUE;
+    features12.pNext = &executable_statistics;
+  }
   VkDeviceCreateInfo create{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   create.pNext = &features11;
   create.queueCreateInfoCount = 1;

@@ -52,6 +52,8 @@ struct DeviceInfo {
   // take none of the device's heap), with its pointer alignment.
   bool host_memory_import = false;
   uint64_t host_import_alignment = 0;
+  // VK_KHR_pipeline_executable_properties: the compiler's statistics of each pipeline.
+  bool pipeline_statistics = false;
 };
 
 // Throws on Vulkan errors with the call that failed; VK_ERROR_OUT_OF_*_MEMORY becomes
@@ -75,6 +77,9 @@ struct ContextOptions {
   bool validation = false;
   // Device time per kernel (see profile.h); on when TESSERA_PROFILE=1.
   bool profile = false;
+  // Each pipeline's compiler statistics as a JSON line on stderr (pipeline_statistics.h), where
+  // the device offers them; on when TESSERA_PIPELINE_STATISTICS=1.
+  bool pipeline_statistics = false;
 };
 
 ContextOptions options_from_environment();
@@ -95,6 +100,8 @@ class Context {
   Allocator& allocator() { return *allocator_; }
   Kernels& kernels() { return *kernels_; }
   PFN_vkCmdPushDescriptorSetKHR push_descriptor_set() const { return push_descriptor_set_; }
+  // Whether pipelines are made with their statistics captured (ContextOptions::pipeline_statistics).
+  bool pipeline_statistics() const { return pipeline_statistics_; }
 
   // Messages the validation layer reported (warnings and errors); tests require zero.
   uint64_t validation_messages() const { return validation_messages_.load(); }
@@ -120,6 +127,7 @@ class Context {
   PFN_vkCmdPushDescriptorSetKHR push_descriptor_set_ = nullptr;
   std::atomic<uint64_t> validation_messages_{0};
   bool profiling_ = false;
+  bool pipeline_statistics_ = false;
   Profile profile_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<Kernels> kernels_;

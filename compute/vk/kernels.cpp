@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "common/error.h"
 #include "compute/vk/context.h"
+#include "compute/vk/pipeline_statistics.h"
 
 namespace tessera::vk {
 
@@ -121,14 +123,44 @@ std::string cache_file(const VkPhysicalDeviceProperties& properties) {
 
 }  // namespace
 
+namespace {
+// TESSERA_GEMM_TILES=OUTPUTS,DEPTH[,GROUP]: outputs a side per invocation (1-8), reduction steps
+// per slice (4-32), invocations per workgroup (32-1024); each a power of two.
+void set_gemm_tiles(TileTarget& target, const char* text) {
+  std::vector<int32_t> values;
+  std::string field;
+  for (const char* c = text;; ++c) {
+    if (*c == ',' || *c == 0) {
+      bool digits = !field.empty() && field.size() < 6 && field.find_first_not_of("0123456789") == std::string::npos;
+      values.push_back(digits ? std::stoi(field) : -1);
+      field.clear();
+      if (*c == 0) break;
+    } else {
+      field += *c;
+    }
+  }
+  auto power_within = [](int32_t v, int32_t low, int32_t high) { return v >= low && v <= high && (v & (v - 1)) == 0; };
+  bool valid = (values.size() == 2 || values.size() == 3) && power_within(values[0], 1, 8) &&
+               power_within(values[1], 4, 32) && (values.size() == 2 || power_within(values[2], 32, 1024));
+  if (!valid)
+    throw UsageError(std::string("TESSERA_GEMM_TILES=") + text +
+                     ": give OUTPUTS,DEPTH[,GROUP], powers of two: outputs 1-8, depth 4-32, group 32-1024");
+  target.gemm_outputs = values[0];
+  target.gemm_depth = values[1];
+  target.gemm_group = values.size() == 3 ? values[2] : 0;
+}
+}  // namespace
+
 TileTarget tile_target_of(const DeviceInfo& device) {
-  return {device.type,
-          device.subgroup_size,
-          device.max_shared_memory,
-          device.max_workgroup_invocations,
-          device.max_workgroup_size_x,
-          device.subgroup_arithmetic,
-          device.cooperative_matrix};
+  TileTarget target{device.type,
+                    device.subgroup_size,
+                    device.max_shared_memory,
+                    device.max_workgroup_invocations,
+                    device.max_workgroup_size_x,
+                    device.subgroup_arithmetic,
+                    device.cooperative_matrix};
+  if (const char* tiles = std::getenv("TESSERA_GEMM_TILES"); tiles && *tiles) set_gemm_tiles(target, tiles);
+  return target;
 }
 
 Kernels::Kernels(Context& context) : context_(context), tile_target_(tile_target_of(context.info())) { load_cache(); }
@@ -242,8 +274,16 @@ const Kernel& Kernels::make(const KernelSource& source, const std::vector<int32_
   create.stage.pName = "main";
   create.stage.pSpecializationInfo = constants.empty() ? nullptr : &specialization;
   create.layout = kernel->layout;
+  if (context_.pipeline_statistics()) create.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   check(vkCreateComputePipelines(device, cache_, 1, &create, nullptr, &kernel->pipeline),
         ("vkCreateComputePipelines(" + name + ")").c_str());
+  if (context_.pipeline_statistics()) {
+    nlohmann::json line = pipeline_statistics(device, kernel->pipeline);
+    line["event"] = "pipeline_statistics";
+    line["kernel"] = name;
+    line["constants"] = constants;
+    std::fprintf(stderr, "%s\n", line.dump().c_str());
+  }
   return *kernels_.emplace(key, std::move(kernel)).first->second;
 }
 

@@ -28,6 +28,9 @@ struct TileTarget {
   uint32_t max_workgroup_size_x = 128;
   bool subgroup_arithmetic = false;
   bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix is offered
+  // GPUs' shared-memory GEMM tiles as set by TESSERA_GEMM_TILES=OUTPUTS,DEPTH[,GROUP] (a tile
+  // sweep on a new device: bench/README.md), 0 where gemm_tiles chooses.
+  int32_t gemm_outputs = 0, gemm_depth = 0, gemm_group = 0;
 
   // A CPU, or a device whose subgroups are at most 8 lanes wide (lavapipe, whatever type it is
   // presented as): SIMD lanes of a core, where loads cost far more than FMAs and shared memory is
@@ -36,7 +39,8 @@ struct TileTarget {
   bool cpu_like() const { return device_type == "cpu" || subgroup_size <= 8; }
 };
 
-// The target of a device: what its kernels are chosen for.
+// The target of a device: what its kernels are chosen for, with TESSERA_GEMM_TILES where set
+// (a UsageError naming it where it is not three powers of two in range).
 TileTarget tile_target_of(const DeviceInfo& device);
 
 // Every kernel takes its buffers through one push-descriptor set (bindings 0..n-1, all
