@@ -10,6 +10,9 @@
 - resnet50 layer3 (CLAM's features) tiles/s: `tessera extract` over the tiles of a synthetic
   slide (reading, decoding and the HDF5 writes included) in fp32 and fp16, PyTorch's trunk fp32
   and AMP channels_last on device tensors;
+- ViT-L/16 of UNI's shape (`--encoder uni`, random weights) tiles/s: `tessera extract` over the
+  same tiles in fp32 and fp16, PyTorch's plain reference of it (tools/vit_reference.py) fp32 and
+  AMP on device tensors;
 - TESSERA_PROFILE of one resnet18 training step in fp32 and fp16 (device time per kernel), and
   the driver's statistics of every pipeline it makes (TESSERA_PIPELINE_STATISTICS: registers,
   spills, shared memory, where the driver tells);
@@ -139,10 +142,21 @@ def tessera_extract(tessera, work, sizes, precision):
             "tiles_per_second": summary["features_per_second"]}
 
 
+def tessera_vit_extract(tessera, work, sizes, precision):
+    store = os.path.join(work, "tiles.lmdb")  # tessera_extract made it
+    run = tessera.run(["extract", "--encoder", "uni", "--random-weights", "--tiles", store,
+                       "--out", os.path.join(work, "uni-" + precision), "--batch", str(sizes["extract_batch"]),
+                       "--precision", precision])
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"batch": sizes["extract_batch"], "tiles": summary["tiles"],
+            "tiles_per_second": summary["features_per_second"]}
+
+
 def torch_figures(root, sizes, results):
     import torch  # noqa: PLC0415 (absent where the bundle is checked without a GPU)
     sys.path.insert(0, os.path.join(root, "tools"))
     from tessera_presets import Resnet50Trunc, build_preset  # noqa: PLC0415
+    from vit_reference import VisionTransformer  # noqa: PLC0415
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -218,6 +232,17 @@ def torch_figures(root, sizes, results):
 
         return {"batch": batch, "tiles_per_second": batch / (median_ms(step) / 1e3)}
 
+    def vit_extract(amp):
+        batch = sizes["extract_batch"]
+        model = VisionTransformer({"preset": "uni"}).to(device).eval()
+        x = torch.randn(batch, 3, 224, 224, device=device)
+
+        def step():
+            with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
+                model(x)
+
+        return {"batch": batch, "tiles_per_second": batch / (median_ms(step) / 1e3)}
+
     tf32(False)
     attempt(results, "gemm_fp32", gemm, torch.float32)
     attempt(results, "gemm_fp16", gemm, amp_dtype)
@@ -225,6 +250,9 @@ def torch_figures(root, sizes, results):
     attempt(results, "resnet18_train_amp_channels_last", resnet18_train, True, True)
     attempt(results, "resnet50_layer3_extract_fp32", resnet50_extract, False)
     attempt(results, "resnet50_layer3_extract_amp_channels_last", resnet50_extract, True)
+    if cuda:  # minutes on a CPU
+        attempt(results, "vit_uni_extract_fp32", vit_extract, False)
+        attempt(results, "vit_uni_extract_amp", vit_extract, True)
     tf32(True)
     attempt(results, "resnet18_train_fp32_default_tf32", resnet18_train, False, False)
     if cuda:  # tessera's runs that follow get the memory back
@@ -276,6 +304,9 @@ def main():
             measure(ours, "resnet18_step_profile_" + precision, tessera_train, tessera, work, sizes, precision, 1, True)
         for precision in ("fp16", "fp32"):
             measure(ours, "resnet50_layer3_extract_" + precision, tessera_extract, tessera, work, sizes, precision)
+        if sizes is SIZES:
+            for precision in ("fp16", "fp32"):
+                measure(ours, "vit_uni_extract_" + precision, tessera_vit_extract, tessera, work, sizes, precision)
     result["ratios"] = {
         "gemm_fp32": ratio(ours.get("gemm_fp32"), theirs.get("gemm_fp32"), "tflops"),
         "gemm_fp16": ratio(ours.get("gemm_fp16"), theirs.get("gemm_fp16"), "tflops"),
@@ -288,6 +319,10 @@ def main():
         "resnet50_layer3_extract_fp16_vs_amp": ratio(ours.get("resnet50_layer3_extract_fp16"),
                                                      theirs.get("resnet50_layer3_extract_amp_channels_last"),
                                                      "tiles_per_second"),
+        "vit_uni_extract_fp32": ratio(ours.get("vit_uni_extract_fp32"), theirs.get("vit_uni_extract_fp32"),
+                                      "tiles_per_second"),
+        "vit_uni_extract_fp16_vs_amp": ratio(ours.get("vit_uni_extract_fp16"), theirs.get("vit_uni_extract_amp"),
+                                             "tiles_per_second"),
     }
     with open(args.out, "w") as out:
         json.dump(result, out, indent=1)
