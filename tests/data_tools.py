@@ -5,6 +5,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import zlib
@@ -45,7 +46,7 @@ def summary(result):
 def patch_task(path, count, size, seed=1):
     """A PCam-layout patch file from tools/make_patch_task.py."""
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "make_patch_task.py")
-    subprocess.run(["/usr/bin/python3", tool, "--out", str(path), "--count", str(count), "--size", str(size),
+    subprocess.run([sys.executable, tool, "--out", str(path), "--count", str(count), "--size", str(size),
                     "--seed", str(seed)], check=True, capture_output=True)
     return path
 

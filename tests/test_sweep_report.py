@@ -40,7 +40,7 @@ def rendered(page, fragment=""):
 
 def make_study(work):
     data = os.path.join(work, "task.h5")
-    made = run(["/usr/bin/python3", os.path.join(HERE, "..", "tools", "make_patch_task.py"), "--out", data,
+    made = run([sys.executable, os.path.join(HERE, "..", "tools", "make_patch_task.py"), "--out", data,
                 "--count", "64", "--size", "16", "--seed", "1"])
     assert made.returncode == 0, made.stderr
     study = os.path.join(work, "study.sqlite")
