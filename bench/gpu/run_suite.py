@@ -6,8 +6,9 @@ and every tests/test_*.py under pytest, all under the Khronos validation layer
 A test that needs what this machine lacks is skipped with the reason, not failed: a Python module
 its file (or a local module it imports) imports at the top, a program it runs by name (mpirun,
 PostgreSQL's, Slurm's), or Debian's /usr/bin/python3 with numpy and h5py, which some GoogleTests
-run by path (the Python tests run their helper scripts with their own interpreter). A test that imports a module only where it needs it (tests/data_tools.py's python3-lmdb)
-runs, and pytest skips the cases that need it: they are listed with the test (skipped_cases).
+run by path (the Python tests run their helper scripts with their own interpreter). A test that
+imports a module only where it needs it (tests/data_tools.py's python3-lmdb) runs, and pytest
+skips the cases that need it: they are listed with the test (skipped_cases).
 The environment names the helpers the Python tests run (TESSERA_DUMP_LOADER,
 TESSERA_HEAD_GRADIENTS) and the programs this machine lacks (TESSERA_ABSENT_PROGRAMS), so that a
 test that runs one only in some cases (chromium, through test_sweep_report) skips those cases.
