@@ -43,6 +43,20 @@ def summary(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def replica_devices(binary):
+    """--devices for a run on two replicas: two devices of one name where the machine has them,
+    else device 0 twice where it is a CPU (lavapipe may be opened twice; tessera opens a GPU once,
+    by design), else pytest skips the caller (one GPU)."""
+    devices = json.loads(run(binary, "info", "--json").stdout)["devices"]
+    alike = [d["index"] for d in devices if d["name"] == devices[0]["name"]]
+    if len(alike) >= 2:
+        return f"{alike[0]},{alike[1]}"
+    if devices[0]["type"] == "cpu":
+        return "0,0"
+    pytest.skip(f"two replicas need two alike devices or a CPU device opened twice; this machine has one "
+                f"{devices[0]['type']} ({devices[0]['name']}), which tessera opens once")
+
+
 def patch_task(path, count, size, seed=1):
     """A PCam-layout patch file from tools/make_patch_task.py."""
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "make_patch_task.py")
