@@ -5,6 +5,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import zlib
@@ -42,10 +43,35 @@ def summary(result):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def devices(binary):
+    """The Vulkan devices tessera sees, as `tessera info --json` lists them (index, name, type...)."""
+    return json.loads(run(binary, "info", "--json").stdout)["devices"]
+
+
+def on_host_cores(device):
+    """Whether a device runs on the CPU: a CPU device, or lavapipe presented as a discrete GPU by
+    tests/support/discrete_gpu (compute/vk/context.cpp's host_cores: type CPU or llvmpipe's driver)."""
+    return device["type"] == "cpu" or device["driver"].startswith("llvmpipe")
+
+
+def replica_devices(binary):
+    """--devices for a run on two replicas: two devices of one name where the machine has them,
+    else device 0 twice where it runs on the CPU (lavapipe may be opened twice; tessera opens a GPU
+    once, by design), else pytest skips the caller (one GPU)."""
+    listed = devices(binary)
+    alike = [d["index"] for d in listed if d["name"] == listed[0]["name"]]
+    if len(alike) >= 2:
+        return f"{alike[0]},{alike[1]}"
+    if on_host_cores(listed[0]):
+        return "0,0"
+    pytest.skip(f"two replicas need two alike devices or a CPU device opened twice: device 0 is a "
+                f"{listed[0]['type']} ({listed[0]['name']}), which tessera opens once, and no other device is alike")
+
+
 def patch_task(path, count, size, seed=1):
     """A PCam-layout patch file from tools/make_patch_task.py."""
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "make_patch_task.py")
-    subprocess.run(["/usr/bin/python3", tool, "--out", str(path), "--count", str(count), "--size", str(size),
+    subprocess.run([sys.executable, tool, "--out", str(path), "--count", str(count), "--size", str(size),
                     "--seed", str(seed)], check=True, capture_output=True)
     return path
 

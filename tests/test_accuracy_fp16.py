@@ -7,6 +7,7 @@ point is many samples (a single patch or tile is not a point)."""
 import json
 import os
 import shutil
+import sys
 
 from data_tools import run, summary, synth, workdir
 
@@ -41,7 +42,7 @@ def test_patch_task():
     work = workdir("test_accuracy_fp16_patches")
     try:
         data = os.path.join(work, "task.h5")
-        run("/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", data, "--count", 3000,
+        run(sys.executable, os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", data, "--count", 3000,
             "--size", 32, "--seed", 11)
         compare("patch task, 1500 held-out patches", data, 6)
     finally:

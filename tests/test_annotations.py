@@ -41,7 +41,9 @@ def sparse_slide(path, width, height, downsamples, tissue):
     tile = 512
     count = -(-width // tile) * -(-height // tile)
     with tifffile.TiffWriter(path, bigtiff=True) as writer:
-        writer.write((None for _ in range(count)), shape=(height, width, 3), dtype=np.uint8, tile=(tile, tile),
+        # Empty encoded tiles (b"", not None, which newer tifffiles refuse as an iterator's first item): tifffile
+        # writes each one's byte count as 0 and its offset as 0.
+        writer.write((b"" for _ in range(count)), shape=(height, width, 3), dtype=np.uint8, tile=(tile, tile),
                      compression="zlib", photometric="rgb", metadata=None)
         for d in downsamples:
             image = np.full((height // d, width // d, 3), 245, dtype=np.uint8)

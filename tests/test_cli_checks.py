@@ -109,7 +109,7 @@ def positive_model(tmp_path):
         constant = model.double()(torch.ones((1, 3, 16, 16), dtype=torch.float64))[0].numpy()
     torch.save(model.float().state_dict(), tmp_path / "positive.pt")
     converter = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "torch_to_tessera.py")
-    subprocess.run(["/usr/bin/python3", converter, "--state-dict", str(tmp_path / "positive.pt"), "--preset",
+    subprocess.run([sys.executable, converter, "--state-dict", str(tmp_path / "positive.pt"), "--preset",
                     "small-cnn", "--out", str(tmp_path / "positive.h5")], check=True, capture_output=True)
     return str(tmp_path / "positive.h5"), constant
 

@@ -26,6 +26,7 @@ Every run is under the Khronos validation layer and must print no validation mes
 import json
 import os
 import subprocess
+import sys
 import time
 
 import h5py
@@ -100,7 +101,7 @@ def assert_same_run(a, b, keys=("train_loss", "val_loss", "train_accuracy", "val
 
 
 def make_task(work, count):
-    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out",
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_patch_task.py"), "--out",
                     os.path.join(work, "task.h5"), "--count", str(count), "--size", "16", "--seed", "1"],
                    check=True, capture_output=True)
 

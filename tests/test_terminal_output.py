@@ -21,6 +21,7 @@ import pty
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -72,7 +73,7 @@ def off_terminal(args, check=True):
 @pytest.fixture(scope="module")
 def task():
     work = workdir("test_terminal_output")
-    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out",
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_patch_task.py"), "--out",
                     os.path.join(work, "task.h5"), "--count", "200", "--size", "16", "--seed", "2"],
                    check=True, capture_output=True)
     yield work

@@ -47,7 +47,7 @@ class TrainTest(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="tessera-train-")
         cls.data = os.path.join(cls.dir, "task.h5")
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", cls.data,
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", cls.data,
                         "--count", "320", "--size", "16", "--seed", "3"], check=True, capture_output=True)
 
     def base(self, *extra):

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -45,7 +46,7 @@ def group(path, name):
 def work():
     with tempfile.TemporaryDirectory(prefix="tessera-train-fp16-") as directory:
         data = os.path.join(directory, "task.h5")
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", data,
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_patch_task.py"), "--out", data,
                         "--count", "320", "--size", "16", "--seed", "3"], check=True, capture_output=True)
         yield directory, data
 

@@ -57,7 +57,10 @@ class ConversionError(Exception):
 def load_state_dict(path):
     """A state_dict from a torch.save file holding a state_dict or a whole nn.Module."""
     try:
-        loaded = torch.load(path, map_location="cpu")
+        # A whole nn.Module, or a checkpoint dict with more than tensors (CTransPath's), needs the
+        # full unpickler: torch 2.6 made weights_only=True the default, which refuses them; 1.13
+        # (Debian's) takes the argument and has False as its default. The file is the user's own.
+        loaded = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # a corrupt file makes torch.load raise almost any type
         raise ConversionError(f"{path}: cannot load with torch.load: {error}")
     if isinstance(loaded, torch.nn.Module):

@@ -24,10 +24,11 @@ bundle=$stage/tessera-bundle
 tree=$bundle/tessera
 mkdir -p "$tree"/build/{tools,tests,bench} "$tree"/build/Testing/Temporary "$bundle"/lib "$bundle"/vulkan/explicit_layer.d
 
-# The programs, and the sources the tests read (Python tests, tools' scripts, test data).
+# The programs (the test executables and the helpers the Python tests run: dump_loader,
+# head_gradients), and the sources the tests read (Python tests, tools' scripts, test data).
 cp "$build"/tools/tessera "$tree"/build/tools/
-for program in "$build"/tests/test_* "$build"/bench/bench_*; do
-  [[ -f $program && -x $program ]] && cp "$program" "$tree/build/${program#"$build"/}"
+for program in "$build"/tests/* "$build"/bench/*; do
+  if [[ -f $program && -x $program ]]; then cp "$program" "$tree/build/${program#"$build"/}"; fi
 done
 layer_dir=tests/support/discrete_gpu
 mkdir -p "$tree/build/$layer_dir"
@@ -36,6 +37,11 @@ cp "$build"/Testing/Temporary/CTestCostData.txt "$tree"/build/Testing/Temporary/
 mkdir -p "$tree"/{tests,tools,bench/gpu}
 cp tests/*.py tests/*.cpp "$tree"/tests/
 cp tools/*.py "$tree"/tools/
+# The data files the tests and tools read beside the Python: the encoder presets
+# (tools/vit_reference.py), and the version script test_doctor runs with cmake -P.
+mkdir -p "$tree"/compute "$tree"/cmake
+cp compute/*.json "$tree"/compute/
+cp cmake/version.cmake "$tree"/cmake/
 cp bench/*.py "$tree"/bench/
 cp bench/gpu/*.sh bench/gpu/*.py "$tree"/bench/gpu/
 [[ -d python ]] && cp -r python "$tree"/  # the Python tile-store reader, which its test imports
@@ -50,6 +56,11 @@ for deb in "$stage"/debs/*.deb; do dpkg-deb -x "$deb" "$stage"/root; done
 multiarch=$stage/root/usr/lib/x86_64-linux-gnu
 cp -a "$multiarch"/libvulkan.so.1* "$multiarch"/libGLdispatch.so.0* "$multiarch"/libVkLayer_khronos_validation.so \
   "$bundle"/lib/
+# DCMTK's data dictionary, which libdcmdata reads from the path built into it (Debian's
+# /usr/share/libdcmtk*): without it no DICOM tag can be set or read. run-on-gpu.sh names it in
+# DCMDICTPATH.
+mkdir -p "$bundle"/dcmtk
+cp /usr/share/libdcmtk*/dicom.dic /usr/share/libdcmtk*/private.dic "$bundle"/dcmtk/
 sed 's|"library_path": *"[^"]*"|"library_path": "../../lib/libVkLayer_khronos_validation.so"|' \
   "$stage"/root/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json \
   >"$bundle"/vulkan/explicit_layer.d/VkLayer_khronos_validation.json
@@ -67,7 +78,7 @@ missing=$(elves | xargs -n1 ldd 2>/dev/null | grep 'not found' | sort -u || true
 
 # Smaller, and relocatable.
 elves | xargs strip --strip-unneeded
-for program in "$tree"/build/tools/tessera "$tree"/build/tests/test_* "$tree"/build/bench/bench_*; do
+find "$tree"/build/tools/tessera "$tree"/build/{tests,bench} -maxdepth 1 -type f -executable | while read -r program; do
   patchelf --force-rpath --set-rpath '$ORIGIN/../../../lib' "$program"
 done
 # A library's own RUNPATH (OpenMPI's names its plugin folder) would hide the executables' RPATH

@@ -72,6 +72,8 @@ if [[ -n $icd ]]; then
 fi
 echo "Vulkan driver manifest: ${VK_DRIVER_FILES:-none named, the loader searches}"
 export XDG_CACHE_HOME=$work/cache
+# DCMTK's data dictionary from the bundle (the machine may have no DCMTK of its own).
+export DCMDICTPATH=$bundle/dcmtk/dicom.dic:$bundle/dcmtk/private.dic
 
 missing=$(ldd "$tree"/build/tools/tessera | grep 'not found' || true)
 [[ -z $missing ]] || { echo "run-on-gpu: tessera cannot load: $missing" >&2; exit 1; }

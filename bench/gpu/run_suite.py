@@ -5,9 +5,13 @@ and every tests/test_*.py under pytest, all under the Khronos validation layer
 
 A test that needs what this machine lacks is skipped with the reason, not failed: a Python module
 its file (or a local module it imports) imports at the top, a program it runs by name (mpirun,
-PostgreSQL's, Slurm's), or Debian's /usr/bin/python3 with numpy and h5py, which some tests run by
-path. A test that imports a module only where it needs it (tests/data_tools.py's python3-lmdb)
-runs, and pytest skips the cases that need it: they are listed with the test (skipped_cases).
+PostgreSQL's, Slurm's), or Debian's /usr/bin/python3 with numpy and h5py, which some GoogleTests
+run by path (the Python tests run their helper scripts with their own interpreter). A test that
+imports a module only where it needs it (tests/data_tools.py's python3-lmdb) runs, and pytest
+skips the cases that need it: they are listed with the test (skipped_cases).
+The environment names the helpers the Python tests run (TESSERA_DUMP_LOADER,
+TESSERA_HEAD_GRADIENTS) and the programs this machine lacks (TESSERA_ABSENT_PROGRAMS), so that a
+test that runs one only in some cases (chromium, through test_sweep_report) skips those cases.
 Writes one JSON object (every test: status, seconds, reason, the end of its output) and each
 test's whole output under --logs.
 
@@ -85,7 +89,9 @@ def skip_reason(root, test, debian_python):
     absent = [p for p in PROGRAMS if re.search(r"[\"']" + p + r"[\"']", text) and not shutil.which(p)]
     if absent:
         return "programs missing here: " + ", ".join(absent)
-    if DEBIAN_PYTHON in text and not debian_python:
+    # The Python tests run their helper scripts with sys.executable (this interpreter); a
+    # GoogleTest names Debian's Python by path.
+    if test["kind"] == "gtest" and DEBIAN_PYTHON in text and not debian_python:
         return f"runs {DEBIAN_PYTHON} by path, which lacks numpy and h5py here"
     return None
 
@@ -153,8 +159,13 @@ def run(args):
     costs = ctest_costs(root, tests)
     tests.sort(key=lambda t: -costs.get(t["name"], 60.0))
     debian_python = debian_python_ready()
+    # The programs this machine lacks, for a test that runs one through a module it imports
+    # (test_mil_cross_validation renders through test_sweep_report's chromium): it skips that case.
     env = dict(os.environ, TESSERA_VALIDATION="1", PYTHONDONTWRITEBYTECODE="1",
-               TESSERA_BINARY=os.path.join(root, "build", "tools", "tessera"))
+               TESSERA_BINARY=os.path.join(root, "build", "tools", "tessera"),
+               TESSERA_DUMP_LOADER=os.path.join(root, "build", "tests", "dump_loader"),
+               TESSERA_HEAD_GRADIENTS=os.path.join(root, "build", "tests", "head_gradients"),
+               TESSERA_ABSENT_PROGRAMS=",".join(p for p in PROGRAMS if not shutil.which(p)))
     waiting, running, results = [], {}, []
     for test in tests:
         reason = skip_reason(root, test, debian_python)
