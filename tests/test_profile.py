@@ -1,6 +1,8 @@
 """TESSERA_PROFILE=1: tessera forward prints one profile line on stderr when it ends, with the
 device time of every command named by layer and kernel; the entries add up to the total, each
-kernel ran once per batch, and the validation layer sees the timestamp queries as correct."""
+kernel ran once per batch, and the validation layer sees the timestamp queries as correct. In the
+same run TESSERA_PIPELINE_STATISTICS=1 gives each pipeline's compiler statistics where the device
+offers them (NVIDIA), else one line saying it does not (lavapipe)."""
 import json
 import os
 import subprocess
@@ -24,12 +26,25 @@ def device_variant(kernels, name):
     return found[0]
 
 
+def check_pipeline_statistics(stderr, kernels):
+    lines = [json.loads(line) for line in stderr.splitlines() if '"event":"pipeline_statistics"' in line]
+    if "does not offer VK_KHR_pipeline_executable_properties" in stderr:
+        assert not lines, lines[:1]
+        return
+    # Every kernel the profile names was made once with its statistics, each with some.
+    made = {line["kernel"] for line in lines}
+    profiled = {name.split(" ")[-1] for name in kernels if not name.startswith(("upload ", "download "))}
+    assert profiled <= made, (sorted(profiled - made), sorted(made))
+    for line in lines:
+        assert line["executables"] and all(executable["statistics"] for executable in line["executables"]), line
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="tessera-profile-") as work:
         images = os.path.join(work, "x.h5")
         with h5py.File(images, "w") as f:
             f["x"] = np.random.default_rng(0).standard_normal((IMAGES, 3, 32, 32), dtype=np.float32)
-        env = dict(os.environ, TESSERA_VALIDATION="1", TESSERA_PROFILE="1")
+        env = dict(os.environ, TESSERA_VALIDATION="1", TESSERA_PROFILE="1", TESSERA_PIPELINE_STATISTICS="1")
         process = subprocess.run([TESSERA, "forward", "--model", "small-cnn", "--random-weights", "--input", images, "--output",
                                   os.path.join(work, "logits.h5"), "--batch", str(BATCH)],
                                  capture_output=True, text=True, env=env)
@@ -57,6 +72,7 @@ def main():
         assert abs(sum(entry["share"] for entry in profile["kernels"]) - 1) < 1e-6
         seconds = [entry["seconds"] for entry in profile["kernels"]]
         assert seconds == sorted(seconds, reverse=True), "entries are not longest first"
+        check_pipeline_statistics(process.stderr, kernels)
         print(f"profile: {len(kernels)} entries, {profile['seconds'] * 1e3:.1f} ms of device time")
 
 
