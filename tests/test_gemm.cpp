@@ -81,18 +81,17 @@ TEST(Gemm, QuadTexelsNeedAlignedOperands) {
 // The choice on GPUs, from each reference device's properties (never its name).
 TEST(Gemm, GpuTilesFollowTheDevicesProperties) {
   std::map<std::string, GemmTiles> want = {
-      // 256 invocations of 8x8 outputs: 128x128 blocks, 16 deep (16.9 KB, within half of 48 KB)
-      {"NVIDIA H100 (NVIDIA driver)", shared(256, 8, 8, 128, 128, 16)},
-      {"AMD RDNA3, wave64 (RADV)", shared(256, 8, 8, 128, 128, 16)},  // 4 subgroups of 64
-      {"AMD RDNA2, wave32", shared(256, 8, 8, 128, 128, 16)},
-      {"Intel Xe (ANV)", shared(256, 8, 8, 128, 128, 16)},
-      // 32 KB of shared memory: 16 deep would take more than half, so 8 deep
-      {"Apple M1 (MoltenVK)", shared(256, 8, 8, 128, 128, 8)},
+      // 256 invocations of 4x4 outputs: 64x64 blocks, 16 deep (8.5 KB, within half of 48 KB)
+      {"NVIDIA H100 (NVIDIA driver)", shared(256, 4, 4, 64, 64, 16)},
+      {"AMD RDNA3, wave64 (RADV)", shared(256, 4, 4, 64, 64, 16)},  // 4 subgroups of 64
+      {"AMD RDNA2, wave32", shared(256, 4, 4, 64, 64, 16)},
+      {"Intel Xe (ANV)", shared(256, 4, 4, 64, 64, 16)},
+      {"Apple M1 (MoltenVK)", shared(256, 4, 4, 64, 64, 16)},  // within half of its 32 KB
       {"lavapipe", {8, 8, 32, true, 8}},
       // subgroups of 8: SIMD lanes of a CPU, whatever type the device is presented as
       {"lavapipe presented as a discrete GPU", {8, 8, 32, true, 8}},
       // 128 invocations as 8 x 16, 16 KB of shared memory
-      {"Vulkan's minimum limits, subgroups of 32", shared(128, 8, 8, 64, 128, 8)},
+      {"Vulkan's minimum limits, subgroups of 32", shared(128, 4, 4, 32, 64, 16)},
   };
   for (const test::ReferenceDevice& device : test::reference_devices()) {
     SCOPED_TRACE(device.name);
@@ -106,7 +105,7 @@ TEST(Gemm, GpuTilesFollowTheDevicesProperties) {
     EXPECT_EQ(tiles.group % static_cast<int32_t>(device.target.subgroup_size), 0);
     EXPECT_EQ((tiles.block_rows / tiles.rows) * (tiles.block_columns / tiles.columns), tiles.group);
     EXPECT_LE(tiles.shared_bytes(), device.target.max_shared_memory / 2);
-    // A small M: fewer rows per invocation (3 rows over 16 row threads: one each).
+    // A small M: fewer rows per invocation (3 rows over the row threads: one each).
     GemmTiles narrow = gemm_tiles(device.target, 3);
     EXPECT_EQ(narrow.rows, 1);
     EXPECT_EQ(narrow.block_rows, tiles.block_rows / tiles.rows);
@@ -118,11 +117,11 @@ TEST(Gemm, GpuTilesFollowTheDevicesProperties) {
 // Vulkan's 16 KB: smaller blocks.
 TEST(Gemm, GpuTilesKeepWithinTheLimits) {
   vk::TileTarget small{"discrete-gpu", 32, 32768, 64, 1024};
-  expect_tiles(gemm_tiles(small, 4096), shared(64, 8, 8, 64, 64, 16));
-  small.max_shared_memory = 16384;  // 64x64x16 takes 8704 B, past half
-  expect_tiles(gemm_tiles(small, 4096), shared(64, 8, 8, 64, 64, 8));
+  expect_tiles(gemm_tiles(small, 4096), shared(64, 4, 4, 32, 32, 16));
+  vk::TileTarget vulkan_minimum{"discrete-gpu", 32, 16384, 256, 1024};  // 64x64x16 takes 8704 B, past half
+  expect_tiles(gemm_tiles(vulkan_minimum, 4096), shared(256, 4, 4, 64, 64, 8));
   vk::TileTarget narrow_x{"discrete-gpu", 32, 49152, 1024, 128};
-  expect_tiles(gemm_tiles(narrow_x, 4096), shared(128, 8, 8, 64, 128, 16));
+  expect_tiles(gemm_tiles(narrow_x, 4096), shared(128, 4, 4, 32, 64, 16));
 }
 
 // TESSERA_GEMM_TILES (a tile sweep on a new GPU) sets a GPU's tiles, within its shared memory,

@@ -206,11 +206,14 @@ def test_clam_heads_separate_the_cohort_over_five_folds(tmp_path, head):
 
 
 @pytest.mark.parametrize("flags", [("--head", "attention", "--k-sample", "4"), ("--head", "clam-sb", "--bag-weight", "1.5"),
-                                   ("--head", "clam-mb", "--subtyping", "maybe")])
+                                   ("--head", "clam-mb", "--subtyping", "maybe"),
+                                   ("--head", "attention", "--attention-hidden", "0")])
 def test_clam_flags_out_of_place_or_range_exit_2_naming_them(tmp_path, flags):
     features, labels = cohort(tmp_path, "features", cases=4)
     result = train("--features", features, "--labels", labels, "--epochs", 1, *flags)
     assert result.returncode == 2 and flags[2] in result.stderr, result.stderr
+    # The range as a reader writes it, not CLI11's bounds in 17 digits.
+    assert "e+" not in result.stderr and "000000" not in result.stderr, result.stderr
 
 
 def test_folds_repeat_from_the_seed_and_three_classes_are_scored_one_against_the_rest(tmp_path):

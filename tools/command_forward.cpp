@@ -141,7 +141,7 @@ void add_forward_command(CLI::App& app) {
                     "Run a preset or model JSON with random weights (benchmarks); otherwise refused");
   command->add_flag("--overwrite", flags->overwrite, "Replace an existing --output (otherwise refused)");
   command->add_option("--classes", flags->classes, "Classes of a preset (not of a checkpoint)")->capture_default_str();
-  command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(CLI::PositiveNumber);
+  command->add_option("--batch", flags->batch, "Images per dispatch")->capture_default_str()->check(cli::at_least(1));
   command->add_option("--device", flags->device, "Vulkan device index");
   command->add_option("--device-memory-limit", flags->memory_limit,
                       "Device memory budget, e.g. 2GiB; a plan over it is exit 3 before any work");

@@ -69,7 +69,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--attention-hidden", f.mil.attention_hidden,
                      "With --features: width of the attention branches (dsmil: of its queries); default 128, "
                      "clam-sb and clam-mb 256")
-      ->check(CLI::PositiveNumber)->needs(features);
+      ->check(cli::at_least(1))->needs(features);
   // CLAM's main.py flags --B, --bag_weight and --subtyping; refused with another head (check_mil_flags).
   command.add_option("--k-sample", f.mil.clam.k_sample,
                      "clam-sb, clam-mb: patches of highest and of lowest attention the instance loss takes "
@@ -86,7 +86,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
   command.add_option("--model", o.model, "Preset (small-cnn, resnet18, resnet50), model JSON, or checkpoint .h5 to start from")
       ->capture_default_str()->excludes(features);
   command.add_option("--width", o.width, "Channel width of small-cnn (conv1; conv2 and fc1 scale with it)")
-      ->capture_default_str()->check(CLI::PositiveNumber)->excludes(features);
+      ->capture_default_str()->check(cli::at_least(1))->excludes(features);
   command.add_option("--epochs", o.epochs, "Passes over the training patches")->capture_default_str();
   command.add_option("--batch", o.batch,
                      "Micro-batch: patches on the device at once (default: the largest that fits the device's memory "
@@ -108,7 +108,7 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
       ->capture_default_str()->check(finite_in(0, 1));
   command.add_option("--class-weights", f.class_weights, "Cross-entropy weight per class, e.g. 1,3");
   command.add_flag("--augment", o.augment, "Flips, 90-degree rotations and colour jitter")->excludes(features);
-  command.add_option("--workers", o.workers, "Loader threads")->capture_default_str()->check(CLI::PositiveNumber)
+  command.add_option("--workers", o.workers, "Loader threads")->capture_default_str()->check(cli::at_least(1))
       ->excludes(features);
   command.add_option("--checkpoint", o.checkpoint, "HDF5 checkpoint written after every epoch");
   auto* resume = command.add_flag("--resume", o.resume, "Continue from --checkpoint if it exists");

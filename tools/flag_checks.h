@@ -15,8 +15,11 @@ CLI::Validator finite_in(double low, double high);
 // A finite number above zero.
 CLI::Validator finite_positive();
 
+// A finite number, `low` or above ("0 is out of range: at least 1").
+inline CLI::Validator at_least(double low) { return finite_in(low, std::numeric_limits<double>::max()); }
+
 // A finite number, zero or above.
-inline CLI::Validator finite_non_negative() { return finite_in(0, std::numeric_limits<double>::max()); }
+inline CLI::Validator finite_non_negative() { return at_least(0); }
 
 // A flag naming a path the run reads, for refuse_output_over_inputs.
 struct InputPath {

@@ -64,9 +64,12 @@ GemmTiles shared_memory_tiles(const vk::TileTarget& target, int64_t M) {
   int32_t column_threads = 1;
   while (column_threads * column_threads < group) column_threads *= 2;
   int32_t row_threads = group / column_threads;
-  // The largest tiles whose shared memory fits half the device's: 8x8 outputs per invocation
-  // (64 float accumulators stay in registers on every GPU), 16 reduction steps deep; or what
-  // TESSERA_GEMM_TILES sets, within all of it.
+  // The largest tiles whose shared memory fits half the device's: 4x4 outputs per invocation,
+  // 16 reduction steps deep; or what TESSERA_GEMM_TILES sets, within all of it. Not 8x8: on an
+  // H200 (NVIDIA 580) a workgroup of 256 gets at most 128 registers an invocation, so 64
+  // accumulators spilled to local memory (TESSERA_PIPELINE_STATISTICS) and the 4096^3 fp32
+  // product ran at 2.2 TFLOP/s, against 26 with 4x4 (64 registers, no spill; 8 deep 25.8, 32
+  // deep 10.9: bench/README.md).
   auto tiles_of = [&](int32_t outputs, int32_t depth) {
     GemmTiles tiles{group, rows_for(M, row_threads, outputs), outputs, false, 1, GemmKind::shared_memory};
     tiles.block_rows = row_threads * tiles.rows;
@@ -83,7 +86,7 @@ GemmTiles shared_memory_tiles(const vk::TileTarget& target, int64_t M) {
     return tiles;
   }
   GemmTiles tiles{};
-  for (auto [outputs, depth] : {std::pair{8, 16}, {8, 8}, {4, 16}, {4, 8}, {2, 8}, {1, 8}, {1, 4}}) {
+  for (auto [outputs, depth] : {std::pair{4, 16}, {4, 8}, {2, 8}, {1, 8}, {1, 4}}) {
     tiles = tiles_of(outputs, depth);
     if (tiles.shared_bytes() <= target.max_shared_memory / 2) break;
   }

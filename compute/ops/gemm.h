@@ -54,9 +54,10 @@ struct GemmTiles {
 };
 // The variant and tiles for a product with M rows on `target`, from the device's properties
 // alone. CPU-like devices (TileTarget::cpu_like) get register blocks (large per invocation,
-// since loads cost far more than FMAs there). GPUs get shared-memory tiles: 256 invocations (a whole number of subgroups)
-// within the workgroup limits, each computing 8x8 outputs, the largest block and depth whose
-// tiles fit half the shared memory (so that two workgroups share a core). Fewer rows per
+// since loads cost far more than FMAs there). GPUs get shared-memory tiles: 256 invocations (a
+// whole number of subgroups) within the workgroup limits, each computing 4x4 outputs (so that
+// they keep within the registers a GPU gives such a workgroup), the deepest block whose tiles
+// fit half the shared memory (so that two workgroups share a core). Fewer rows per
 // invocation where M is too small to fill a block (a 3-channel image), rounded up to a power of
 // two so that few pipelines are built. The GEMM-shaped ops record with the tiles of
 // kernels.tile_target().
