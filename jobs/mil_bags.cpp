@@ -134,16 +134,20 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
 }
 
 void check_bags_within_kernel_loops(const vk::DeviceInfo& device, const Cohort& cohort) {
-  constexpr int64_t kPasses = 3;  // attention_pool_softmax: the maximum, the sum, the weights
+  // The heads' kernels share a bag's rows among a workgroup's invocations (shaders/bag_rows.glsl:
+  // rows / 16 iterations each at most); the longest loops left are the clam heads' top-k
+  // selection (--k-sample up to 64 passes over rows / 256 each: rows / 4) and the weight
+  // gradients' reduction over the rows (8 rows an iteration).
+  constexpr int64_t kRowsPerIteration = 4;
   if (device.kernel_loop_iterations == 0 || cohort.bags.empty()) return;
   const Bag& largest = *std::max_element(cohort.bags.begin(), cohort.bags.end(),
                                          [](const Bag& a, const Bag& b) { return a.instances < b.instances; });
-  const int64_t bound = device.kernel_loop_iterations / kPasses;
+  const int64_t bound = int64_t{device.kernel_loop_iterations} * kRowsPerIteration;
   if (largest.instances <= bound) return;
   throw OutOfDeviceMemory("slide " + largest.slide + "'s bag holds " + std::to_string(largest.instances) +
                           " patches; " + device.name + " ends a kernel's loops after " +
                           std::to_string(device.kernel_loop_iterations) +
-                          " iterations, and the heads pool a bag in up to three passes of one invocation, so "
+                          " iterations, and the heads' kernels loop over up to a quarter of a bag's patches, so "
                           "bags of at most " + std::to_string(bound) +
                           " patches are pooled whole there: train on a GPU, or sample the slides' patches");
 }

@@ -70,10 +70,11 @@ struct Cohort {
 };
 Cohort read_cohort(const MilOptions& mil, bool fp16);
 
-// The heads' pooling kernels (attention_pool's softmax, the means and maxima over a bag) loop
-// over a bag's patches in one invocation, up to three passes: on a device that bounds a kernel's
-// loops (lavapipe) a larger bag would be summed in part. Throws OutOfDeviceMemory (exit 3, before
-// any work) naming the largest bag's slide, its patches and the device's bound.
+// The heads' kernels loop over up to a quarter of a bag's patches in one invocation (the clam
+// heads' top-k selection): on a device that bounds a kernel's loops (lavapipe: 65,535
+// iterations, so bags of up to 262,140 patches) a larger bag would be summed in part. Throws
+// OutOfDeviceMemory (exit 3, before any work) naming the largest bag's slide, its patches and the
+// device's bound.
 void check_bags_within_kernel_loops(const vk::DeviceInfo& device, const Cohort& cohort);
 
 // The head over a cohort as a job for the shared loop: its description (what checkpoints hold),

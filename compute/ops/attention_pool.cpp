@@ -1,5 +1,6 @@
 #include "compute/ops/attention_pool.h"
 
+#include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
 
 namespace tessera {
@@ -32,14 +33,13 @@ void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
   Push push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0, static_cast<uint32_t>(columns_)};
   const vk::Buffer& count = t.inputs[2]->buffer();
   const vk::Buffer& weights = t.tensors[0]->buffer();
-  // Each column's softmax in one invocation (a workgroup a column): three passes over a bag of
-  // at most some thousands of scores cost less than a workgroup reduction's set-up.
+  // A workgroup a column for its softmax, and for every 16 features of each column's pool.
   recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_softmax, *t.inputs[0]),
                     {reads(*t.inputs[0]), vk::reads(count), vk::writes(weights)}, push,
                     static_cast<uint32_t>(columns_));
-  recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_forward, *t.output, {kElementwiseGroup}),
-                             {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count), writes(*t.output)}, push,
-                             columns_ * width_, kElementwiseGroup);
+  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_forward, *t.output),
+                    {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count), writes(*t.output)}, push,
+                    bag_column_groups(width_), static_cast<uint32_t>(columns_));
 }
 
 void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -55,10 +55,9 @@ void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_dot, dz, {kElementwiseGroup}),
                                {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
                                push(0), columns_ * rows_, kElementwiseGroup);
-    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_scores, *t.input_grads[0],
-                                          {kElementwiseGroup}),
-                               {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
-                               push(accumulates(t, 0)), rows_ * columns_, kElementwiseGroup);
+    recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_scores, *t.input_grads[0]),
+                      {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
+                      push(accumulates(t, 0)), static_cast<uint32_t>(columns_));
   }
   if (t.input_grads[1]) {
     recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_features, *t.input_grads[1],

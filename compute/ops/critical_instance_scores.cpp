@@ -1,5 +1,6 @@
 #include "compute/ops/critical_instance_scores.h"
 
+#include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
 
 namespace tessera {
@@ -34,10 +35,9 @@ std::vector<TensorSpec> CriticalInstanceScores::tensors() const {
 void CriticalInstanceScores::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   Push push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), static_cast<uint32_t>(classes_), 0};
   const Tensor& critical = *t.tensors[0];
-  // One invocation a class scans its column in row order, as instance_max does.
-  recorder.dispatch_elements(
-      kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_argmax, *t.inputs[1], {kElementwiseGroup}),
-      {reads(*t.inputs[1]), reads(*t.inputs[2]), writes(critical)}, push, classes_, kElementwiseGroup);
+  // A workgroup for every 16 classes, as instance_max.
+  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_argmax, *t.inputs[1]),
+                    {reads(*t.inputs[1]), reads(*t.inputs[2]), writes(critical)}, push, bag_column_groups(classes_));
   recorder.dispatch_elements(
       kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_forward, *t.output, {kElementwiseGroup}),
       {reads(*t.inputs[0]), reads(critical), reads(*t.inputs[2]), writes(*t.output)}, push, rows_ * classes_,
@@ -53,10 +53,9 @@ void CriticalInstanceScores::backward(vk::Recorder& recorder, vk::Kernels& kerne
     // sum_n ds[n, c] Q[n] / sqrt(K) for each class first: what each critical row gets besides
     // its own term.
     const Tensor& ds = *t.output_grad;
-    recorder.dispatch_elements(
-        kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_gather, ds, {kElementwiseGroup}),
-        {reads(ds), reads(*t.inputs[0]), reads(*t.inputs[2]), writes(gathered)}, push, classes_ * width_,
-        kElementwiseGroup);
+    recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_gather, ds),
+                      {reads(ds), reads(*t.inputs[0]), reads(*t.inputs[2]), writes(gathered)}, push,
+                      bag_column_groups(width_), static_cast<uint32_t>(classes_));
     recorder.dispatch_elements(
         kernel_for<Push>(kernels, vk::kernel::critical_instance_scores_backward_queries, ds, {kElementwiseGroup}),
         {reads(ds), reads(*t.inputs[0]), reads(critical), reads(gathered), reads(*t.inputs[2]),

@@ -1,5 +1,6 @@
 #include "compute/ops/instance_max.h"
 
+#include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
 
 namespace tessera {
@@ -25,13 +26,11 @@ std::vector<TensorSpec> InstanceMax::tensors() const {
   return {{"argmax", {width_}, TensorRole::saved, DType::u32}};
 }
 
-// One invocation per feature, as instance_mean: each scans one column in row order.
+// A workgroup for every 16 features, as instance_mean.
 void InstanceMax::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_max_forward, *t.output, {kElementwiseGroup});
-  recorder.dispatch_elements(kernel,
-                             {reads(*t.inputs[0]), reads(*t.inputs[1]), writes(*t.tensors[0]), writes(*t.output)},
-                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, width_,
-                             kElementwiseGroup);
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_max_forward, *t.output);
+  recorder.dispatch(kernel, {reads(*t.inputs[0]), reads(*t.inputs[1]), writes(*t.tensors[0]), writes(*t.output)},
+                    Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, bag_column_groups(width_));
 }
 
 void InstanceMax::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {

@@ -1,5 +1,6 @@
 #include "compute/ops/instance_mean.h"
 
+#include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
 
 namespace tessera {
@@ -21,14 +22,11 @@ Shape InstanceMean::infer(const std::vector<Shape>& inputs) {
   return {1, width_};
 }
 
-// One invocation per feature: D is a few hundred at most, and each sums one column.
+// A workgroup for every 16 features, whose invocations share the bag's rows (bag_rows.glsl).
 void InstanceMean::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_mean_forward, *t.output, {kElementwiseGroup});
-  recorder.dispatch_elements(kernel,
-                             {reads(*t.inputs[0]), reads(*t.inputs[1]),
-                              writes(*t.output)},
-                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, width_,
-                             kElementwiseGroup);
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_mean_forward, *t.output);
+  recorder.dispatch(kernel, {reads(*t.inputs[0]), reads(*t.inputs[1]), writes(*t.output)},
+                    Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, bag_column_groups(width_));
 }
 
 void InstanceMean::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
