@@ -10,10 +10,14 @@ layout(std430, binding = 1) buffer DBias { float dbias[]; };
 layout(push_constant) uniform Push { uint batch, channels, pixels; } p;
 void main() {
   uint o = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
+  // The invocations share the (image, pixel) pairs, so that none loops more than their count
+  // over the workgroup: a linear layer's batch is a MIL bag's rows, a hundred thousand and more,
+  // and llvmpipe ends an invocation's loops after 65,535 iterations.
   float sum = 0.0;
-  for (uint n = 0u; n < p.batch; ++n) {
-    uint row = (n * p.channels + o) * p.pixels;
-    for (uint i = t; i < p.pixels; i += gl_WorkGroupSize.x) sum += float(dy[row + i]);
+  uint pairs = p.batch * p.pixels;
+  for (uint e = t; e < pairs; e += gl_WorkGroupSize.x) {
+    uint n = e / p.pixels, i = e % p.pixels;
+    sum += float(dy[(n * p.channels + o) * p.pixels + i]);
   }
   float total = workgroup_sum(vec2(sum, 0.0)).x;
   if (t == 0u) dbias[o] += total;
