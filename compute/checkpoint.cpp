@@ -146,27 +146,33 @@ void write_hdf5_arrays(const std::string& path, const std::map<std::string, Host
   write_then_rename(path, [&](hid_t file, const std::string& partial) { write_arrays(file, partial, "", arrays); });
 }
 
+namespace {
+HostArray download_array(const Tensor& tensor) {
+  HostArray array{tensor.shape(), {}};
+  if (tensor.dtype() == DType::u32) {
+    std::vector<uint32_t> words(static_cast<size_t>(tensor.count()));
+    tensor.download(words.data(), words.size() * 4);
+    array.values.assign(words.begin(), words.end());
+  } else {
+    array.values = tensor.download();
+  }
+  return array;
+}
+}  // namespace
+
 std::map<std::string, HostArray> download_tensors(const std::map<std::string, Tensor*>& tensors) {
   std::map<std::string, HostArray> arrays;
-  for (auto& [name, tensor] : tensors) {
-    HostArray array{tensor->shape(), {}};
-    if (tensor->dtype() == DType::u32) {
-      std::vector<uint32_t> words(static_cast<size_t>(tensor->count()));
-      tensor->download(words.data(), words.size() * 4);
-      array.values.assign(words.begin(), words.end());
-    } else {
-      array.values = tensor->download();
-    }
-    arrays[name] = std::move(array);
-  }
+  for (auto& [name, tensor] : tensors) arrays[name] = download_array(*tensor);
   return arrays;
 }
 
-std::string weights_digest(const std::map<std::string, HostArray>& arrays) {
+std::string weights_digest(const std::map<std::string, Tensor*>& tensors) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1)
     throw Error(ExitCode::runtime_error, "cannot start a SHA-256 digest");
-  for (auto& [name, array] : arrays) {
+  // One tensor on the host at a time: a ViT-g's weights as float32 are 4.5 GB.
+  for (auto& [name, tensor] : tensors) {
+    HostArray array = download_array(*tensor);
     std::string header = name + to_string(array.shape);
     EVP_DigestUpdate(context.get(), header.c_str(), header.size() + 1);
     EVP_DigestUpdate(context.get(), array.values.data(), array.values.size() * sizeof(float));

@@ -52,9 +52,9 @@ std::map<std::string, HostArray> download_tensors(const std::map<std::string, Te
 
 bool is_checkpoint_path(const std::string& path);
 
-// "sha256:<hex>" of the arrays' names, shapes and float32 values in name order: the identity of
-// a model's weights that feature files record.
-std::string weights_digest(const std::map<std::string, HostArray>& arrays);
+// "sha256:<hex>" of the tensors' names, shapes and float32 values in name order: the identity of
+// a model's weights that feature files record. Downloads one tensor at a time.
+std::string weights_digest(const std::map<std::string, Tensor*>& tensors);
 
 // Plain float32 arrays in an HDF5 file (inputs and outputs of `tessera forward`).
 HostArray read_hdf5_array(const std::string& path, const std::string& dataset);

@@ -207,7 +207,7 @@ Inference::Inference(vk::Context& context, const ResolvedModel& model, const Inf
   if (options.weights_digest) {
     std::map<std::string, Tensor*> tensors;
     for (auto& named : network_->named_tensors()) tensors[named.name] = named.tensor;
-    weights_digest_ = tessera::weights_digest(download_tensors(tensors));
+    weights_digest_ = tessera::weights_digest(tensors);
   }
   network_->prepare(context);
   Network::Bound bound;

@@ -335,8 +335,11 @@ Buffer Allocator::import_host(uint64_t bytes, const std::string& what) {
   };
   if (!block->host) throw fail("the host refused " + format_bytes(size) + " of memory");
   VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
-  check(host_pointer_properties_(device, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, block->host, &pointer),
-        "vkGetMemoryHostPointerPropertiesEXT");
+  if (VkResult result = host_pointer_properties_(device, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+                                                 block->host, &pointer);
+      result != VK_SUCCESS)
+    throw fail("the device cannot import host memory (vkGetMemoryHostPointerPropertiesEXT: VkResult " +
+               std::to_string(result) + ")");
   // Coherent memory: the host writes it as weights load, then only the device reads it.
   VkPhysicalDeviceMemoryProperties memory;
   vkGetPhysicalDeviceMemoryProperties(context_.physical_device(), &memory);
@@ -357,7 +360,10 @@ Buffer Allocator::import_host(uint64_t bytes, const std::string& what) {
   if (VkResult result = vkAllocateMemory(device, &allocate, nullptr, &block->memory); result != VK_SUCCESS)
     throw fail("the device refused to import " + format_bytes(size) + " of host memory (VkResult " +
                std::to_string(result) + ")");
-  check(vkBindBufferMemory(device, buffer.handle_, block->memory, 0), "vkBindBufferMemory");
+  if (VkResult result = vkBindBufferMemory(device, buffer.handle_, block->memory, 0); result != VK_SUCCESS) {
+    vkFreeMemory(device, block->memory, nullptr);
+    throw fail("vkBindBufferMemory refused the imported memory (VkResult " + std::to_string(result) + ")");
+  }
   block->size = block->used = size;
   block->mapped = block->host;
   auto pool = std::find_if(pools_.begin(), pools_.end(), [&](const Pool& p) { return p.imported && p.memory_type == type; });
