@@ -254,6 +254,14 @@ def test_weights_that_fit_load_and_the_plan_fits(small_vit):
     plan = of(records, "plan")[0]
     assert plan["status"] == "ok" and plan["fits"] and plan["batch"] == 4
     assert plan["plan"]["total"] <= plan["budget_bytes"]
+    assert not plan["plan"]["streams_weights"]  # auto: it fits resident
+    # --stream-weights as extract takes it: on plans the blocks' weights streamed, off resident.
+    for streaming, streams in (("on", True), ("off", False)):
+        code, records, _ = doctor("--model", small_vit["weights"], "--encoder", small_vit["encoder"], "--batch", 4,
+                                  "--stream-weights", streaming)
+        plan = of(records, "plan")[0]["plan"]
+        assert code == 0 and plan["streams_weights"] == streams, plan
+        assert (plan["streaming"]["streamed_bytes"] > 0) == streams, plan
 
 
 def test_weights_that_do_not_fit_or_are_broken_are_exit_1(small_vit):
@@ -337,8 +345,9 @@ def test_model_without_encoder_is_a_bad_flag(small_vit):
     result = subprocess.run([TESSERA, "doctor", "--model", str(small_vit["weights"])], capture_output=True,
                             text=True, env=ENV, timeout=60)
     assert result.returncode == 2 and "--model and --encoder go together" in result.stderr
-    result = subprocess.run([TESSERA, "doctor", "--batch", "4"], capture_output=True, text=True, env=ENV, timeout=60)
-    assert result.returncode == 2 and "--batch is for the plan" in result.stderr
+    for flag in (["--batch", "4"], ["--stream-weights", "on"]):
+        result = subprocess.run([TESSERA, "doctor", *flag], capture_output=True, text=True, env=ENV, timeout=60)
+        assert result.returncode == 2 and f"{flag[0]} is for the plan" in result.stderr, result.stderr
 
 
 def git(*args, cwd=ROOT):

@@ -389,18 +389,21 @@ void add_doctor_command(CLI::App& app) {
       ->capture_default_str();
   auto weights = std::make_shared<std::string>();
   add_weights_flag(*command, *weights);
+  auto stream_weights = std::make_shared<std::string>();
+  add_stream_weights_flag(*command, *stream_weights);
   command->add_option("--device", options->device, "Vulkan device index of the plan (default: the default device)");
   command->add_option("--device-memory-limit", *memory_limit, "Device memory budget of the plan, e.g. 2GiB");
-  command->callback([command, options, out, precision, memory_limit, weights] {
+  command->callback([command, options, out, precision, memory_limit, weights, stream_weights] {
     if (options->models.size() != options->encoders.size() || options->models.size() > 1)
       throw UsageError("--model and --encoder go together, one of each (the weights and the encoder they are of)");
     if (options->models.empty())
-      for (const char* flag : {"--batch", "--precision", "--weights", "--device", "--device-memory-limit"})
+      for (const char* flag : {"--batch", "--precision", "--weights", "--stream-weights", "--device", "--device-memory-limit"})
         if (command->count(flag)) throw UsageError(std::string(flag) + " is for the plan of --model/--encoder");
     if (command->count("--batch") && options->batch < 1) throw UsageError("--batch: give at least 1 tile");
     if (!memory_limit->empty()) options->memory_budget = parse_bytes(*memory_limit, "--device-memory-limit");
     options->fp16 = *precision == "fp16";
     options->fp16_weights = fp16_weights(*weights, options->fp16);
+    options->stream_weights = weight_streaming(*stream_weights);
     options->out = out->empty() ? "." : *out;
 
     Findings findings;

@@ -71,14 +71,8 @@ void add_extract_command(CLI::App &app) {
       ->capture_default_str();
   auto weights = std::make_shared<std::string>();
   add_weights_flag(*command, *weights);
-  auto stream_weights = std::make_shared<std::string>("auto");
-  command
-      ->add_option("--stream-weights", *stream_weights,
-                   "An encoder's transformer blocks' weights kept in host memory and copied to the device a group of "
-                   "blocks at a time as each batch runs: auto (where the weights and the batch do not fit the "
-                   "device's budget), on or off; the plan (--dry-run) says whether it streams")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
-      ->capture_default_str();
+  auto stream_weights = std::make_shared<std::string>();
+  add_stream_weights_flag(*command, *stream_weights);
   command->add_option("--compression", *compression, "none or gzip")
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str();
@@ -131,9 +125,7 @@ void add_extract_command(CLI::App &app) {
     // The run report's settings give the weights' type the encoders ran with, chosen or not.
     if (!options->encoders.empty() && weights->empty())
       command->get_option("--weights")->default_str(options->fp16_weights ? "fp16" : "fp32");
-    options->stream_weights = *stream_weights == "on"    ? WeightStreaming::on
-                              : *stream_weights == "off" ? WeightStreaming::off
-                                                         : WeightStreaming::automatic;
+    options->stream_weights = weight_streaming(*stream_weights);
     options->gzip = *compression == "gzip";
     if (options->dry_run) return extract_features(*options);  // nothing is written, nor reported
     with_run_report(*command, options->out, [&](nlohmann::json& summary, SlideObserver& observer) {

@@ -96,6 +96,21 @@ CLI::Option* add_weights_flag(CLI::App& command, std::string& weights) {
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
 }
 
+CLI::Option* add_stream_weights_flag(CLI::App& command, std::string& streaming) {
+  streaming = "auto";
+  return command
+      .add_option("--stream-weights", streaming,
+                  "An encoder's transformer blocks' weights kept in host memory and copied to the device a group of "
+                  "blocks at a time as each batch runs: auto (where the weights and the batch do not fit the "
+                  "device's budget), on or off; the plan says whether it streams")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+}
+
+WeightStreaming weight_streaming(const std::string& streaming) {
+  return streaming == "on" ? WeightStreaming::on : streaming == "off" ? WeightStreaming::off : WeightStreaming::automatic;
+}
+
 bool fp16_weights(const std::string& weights, bool fp16_precision) {
   if (weights == "bf16")
     throw UsageError("--weights bf16: tessera has no kernel that computes with bf16 weights (nor does lavapipe "

@@ -3,6 +3,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "compute/inference.h"
+
 #include <limits>
 #include <string>
 #include <vector>
@@ -40,6 +42,14 @@ void refuse_untrained_model(const std::string& model, bool random_weights);
 // --weights fp16|bf16|fp32: how an encoder's large weights are stored on the device. Adds the
 // option (its value in `weights`, empty when not given).
 CLI::Option* add_weights_flag(CLI::App& command, std::string& weights);
+
+// --stream-weights auto|on|off: whether an encoder's transformer blocks' weights stay in host
+// memory and reach the device a group of blocks at a time. Adds the option (its value in
+// `streaming`, "auto" unless given).
+CLI::Option* add_stream_weights_flag(CLI::App& command, std::string& streaming);
+
+// The WeightStreaming of --stream-weights' value.
+WeightStreaming weight_streaming(const std::string& streaming);
 
 // Whether the weights are stored in fp16: as given, else as --precision (fp16 under fp16, fp32
 // otherwise). bf16 is a UsageError (exit 2) naming --weights: no kernel of tessera computes with
