@@ -59,16 +59,19 @@ uint tile_column(int j) {
   return uint(j / RUN_N * COLUMN_THREADS * RUN_N) + gl_LocalInvocationID.x % COLUMN_THREADS * RUN_N + uint(j % RUN_N);
 }
 
-// Where load slot s of invocation t lies in its tile: reduction step k and row (column) at.
-void a_place(uint t, int s, out uint k, out uint m) {
+// Where load slot s of invocation t lies in its tile: reduction step k and row (column) at;
+// false for a slot past the tile (the last slot, where the tile is no multiple of the group).
+bool a_place(uint t, int s, out uint k, out uint m) {
   uint e = t + uint(s * GROUP);
   m = A_K_FAST ? e / BK : e % BM;
   k = A_K_FAST ? e % BK : e / BM;
+  return e < uint(BM * BK);
 }
-void b_place(uint t, int s, out uint k, out uint n) {
+bool b_place(uint t, int s, out uint k, out uint n) {
   uint e = t + uint(s * GROUP);
   n = B_N_FAST ? e % BN : e / BK;
   k = B_N_FAST ? e / BN : e % BK;
+  return e < uint(BK * BN);
 }
 
 // Slice k0 of both operands into registers; zero past k_end, outside C, and in slots past the tile.
@@ -76,16 +79,16 @@ void load_slice(uint m0, uint n0, uint M, uint N, uint k0, uint k_end) {
   uint t = gl_LocalInvocationID.x;
   [[unroll]] for (int s = 0; s < A_LOADS; ++s) {
     uint k, m;
-    a_place(t, s, k, m);
+    bool in_tile = a_place(t, s, k, m);
     float value = a_value(s, min(k0 + k, k_end - 1));  // a clamped address and a select: no divergence
-    bool inside = t + uint(s * GROUP) < uint(BM * BK) && m0 + m < M && k0 + k < k_end;
+    bool inside = in_tile && m0 + m < M && k0 + k < k_end;
     a_next[s] = inside ? value : 0.0;
   }
   [[unroll]] for (int s = 0; s < B_LOADS; ++s) {
     uint k, n;
-    b_place(t, s, k, n);
+    bool in_tile = b_place(t, s, k, n);
     float value = b_value(s, min(k0 + k, k_end - 1));
-    bool inside = t + uint(s * GROUP) < uint(BK * BN) && n0 + n < N && k0 + k < k_end;
+    bool inside = in_tile && n0 + n < N && k0 + k < k_end;
     b_next[s] = inside ? value : 0.0;
   }
 }
@@ -94,13 +97,11 @@ void store_slice() {
   uint t = gl_LocalInvocationID.x;
   [[unroll]] for (int s = 0; s < A_LOADS; ++s) {
     uint k, m;
-    a_place(t, s, k, m);
-    if (t + uint(s * GROUP) < uint(BM * BK)) a_tile[k * A_STRIDE + m / 4][m % 4] = a_next[s];
+    if (a_place(t, s, k, m)) a_tile[k * A_STRIDE + m / 4][m % 4] = a_next[s];
   }
   [[unroll]] for (int s = 0; s < B_LOADS; ++s) {
     uint k, n;
-    b_place(t, s, k, n);
-    if (t + uint(s * GROUP) < uint(BK * BN)) b_tile[k * B_STRIDE + n / 4][n % 4] = b_next[s];
+    if (b_place(t, s, k, n)) b_tile[k * B_STRIDE + n / 4][n % 4] = b_next[s];
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "compute/checkpoint.h"
+#include "compute/inference.h"
 #include "compute/safetensors.h"
 
 namespace tessera::cli {

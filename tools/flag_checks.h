@@ -3,11 +3,13 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include "compute/inference.h"
-
 #include <limits>
 #include <string>
 #include <vector>
+
+namespace tessera {
+enum class WeightStreaming;  // compute/inference.h
+}
 
 namespace tessera::cli {
 

@@ -1,5 +1,7 @@
 #include "compute/vk/pipeline_statistics.h"
 
+#include <vector>
+
 #include "compute/vk/context.h"
 
 namespace tessera::vk {

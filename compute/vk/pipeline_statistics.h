@@ -3,9 +3,6 @@
 // what a disassembly would (did the accumulators stay in registers?), with no vendor tool.
 // Collected when TESSERA_PIPELINE_STATISTICS=1 and the device offers the extension.
 #pragma once
-#include <string>
-#include <vector>
-
 #include <nlohmann/json.hpp>
 #include <vulkan/vulkan.h>
 
