@@ -182,13 +182,16 @@ void check_mil_flags(const TrainOptions& options, const MilOptions& mil) {
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) throw UsageError("--val-fraction must be in [0, 1)");
   if (options.resume && options.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
   if (mil.attention_hidden < 0) throw UsageError("--attention-hidden must be at least 1");
+  if (mil.head == "transmil" && attention_hidden(mil) % 8 != 0)
+    throw UsageError("--attention-hidden " + std::to_string(mil.attention_hidden) +
+                     ": transmil's width splits into 8 heads and half as many landmarks, so it must be a multiple of 8");
   check_clam_flags(mil);
 }
 
 }  // namespace
 
 const std::vector<std::string>& mil_heads() {
-  static const std::vector<std::string> heads{"attention", "mean", "max", "dsmil", "clam-sb", "clam-mb"};
+  static const std::vector<std::string> heads{"attention", "mean", "max", "dsmil", "clam-sb", "clam-mb", "transmil"};
   return heads;
 }
 
@@ -207,6 +210,7 @@ void check_clam_flags(const MilOptions& mil) {
 
 int attention_hidden(const MilOptions& mil) {
   if (mil.attention_hidden > 0) return mil.attention_hidden;
+  if (mil.head == "transmil") return 512;    // TransMIL's width
   return is_clam_head(mil.head) ? 256 : 128;  // CLAM's size_dict "small": [D, 512, 256]
 }
 

@@ -82,6 +82,37 @@ void add_clam_layers(nlohmann::json& layers, const std::string& kind, int64_t hi
     layer("classifiers", "linear", {"pool"}, {{"out_features", classes}});
 }
 
+// TransMIL (Shao et al. 2021) as szc19990412/TransMIL models/TransMIL.py defines it, the layers
+// named as its state_dict's, at width `hidden` (the source's 512): _fc1 (Linear, ReLU), the bag
+// wrapped to a square after the class token (transmil_sequence), two TransLayers x +
+// NystromAttention(LayerNorm(x)) (8 heads, hidden / 2 landmarks, 6 pseudo-inverse iterations,
+// the residual convolution of the values) with the PPEG position encoding between them, the
+// final LayerNorm of the class token and _fc2. Dropout (0.1 in to_out) is left out, as in the
+// other heads.
+void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes) {
+  auto layer = [&](const std::string& name, const std::string& type, std::vector<std::string> inputs,
+                   nlohmann::json fields = nlohmann::json::object()) {
+    layers.push_back(layer_description(name, type, std::move(fields), std::move(inputs)));
+  };
+  layer("_fc1.0", "linear", {"features"}, {{"out_features", hidden}});
+  layer("_fc1.1", "relu", {"_fc1.0"});
+  layer("sequence", "transmil_sequence", {"_fc1.1", "count"});
+  auto trans_layer = [&](const std::string& name, const std::string& input) {
+    layer(name + ".norm", "layer_norm", {input}, {{"eps", 1e-5}});
+    layer(name + ".attn.to_qkv", "linear", {name + ".norm"}, {{"out_features", 3 * hidden}, {"bias", false}});
+    layer(name + ".attn", "nystrom_attention", {name + ".attn.to_qkv", "count"},
+          {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}});
+    layer(name + ".attn.to_out.0", "linear", {name + ".attn"}, {{"out_features", hidden}});
+    layer(name, "add", {input, name + ".attn.to_out.0"});
+  };
+  trans_layer("layer1", "sequence");
+  layer("pos_layer", "ppeg", {"layer1", "count"});
+  trans_layer("layer2", "pos_layer");
+  layer("class_token", "token_pool", {"layer2"}, {{"output", "class_token"}});
+  layer("norm", "layer_norm", {"class_token"}, {{"eps", 1e-5}});
+  layer("_fc2", "linear", {"norm"}, {{"out_features", classes}});
+}
+
 }  // namespace
 
 nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, HeadUse use,
@@ -94,6 +125,10 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
   nlohmann::json layers = nlohmann::json::array();
   if (is_clam_head(kind)) {
     add_clam_layers(layers, kind, hidden, classes, use, clam);
+    return {{"layers", layers}};
+  }
+  if (kind == "transmil") {
+    add_transmil_layers(layers, hidden, classes);
     return {{"layers", layers}};
   }
   if (instance_logits) {

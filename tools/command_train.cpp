@@ -64,11 +64,12 @@ void add_train_flags(CLI::App& command, TrainFlags& f) {
                      "With --features: attention (gated, Ilse et al. 2018), mean or max (pooling over instances), "
                      "dsmil (Li et al. 2021: instance and bag classifiers, half the loss each), or clam-sb and "
                      "clam-mb (Lu et al. 2021: gated attention, one branch or one a class, and an instance "
-                     "clustering loss on the top and bottom --k-sample patches)")
+                     "clustering loss on the top and bottom --k-sample patches), or transmil (Shao et al. 2021: "
+                     "two Nystrom-attention layers with a convolutional position encoding between them)")
       ->capture_default_str()->check(CLI::IsMember(mil_heads()))->needs(features);
   command.add_option("--attention-hidden", f.mil.attention_hidden,
-                     "With --features: width of the attention branches (dsmil: of its queries); default 128, "
-                     "clam-sb and clam-mb 256")
+                     "With --features: width of the attention branches (dsmil: of its queries; transmil: of "
+                     "its tokens, a multiple of 8); default 128, clam-sb and clam-mb 256, transmil 512")
       ->check(cli::at_least(1))->needs(features);
   // CLAM's main.py flags --B, --bag_weight and --subtyping; refused with another head (check_mil_flags).
   command.add_option("--k-sample", f.mil.clam.k_sample,

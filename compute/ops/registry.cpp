@@ -23,6 +23,7 @@
 #include "compute/ops/input_normalize.h"
 #include "compute/ops/instance_max.h"
 #include "compute/ops/instance_mean.h"
+#include "compute/ops/nystrom_attention.h"
 #include "compute/ops/layer_norm.h"
 #include "compute/ops/layer_scale.h"
 #include "compute/ops/linear.h"
@@ -134,6 +135,7 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"avg_pool2d", make_avg_pool2d},
       {"global_avg_pool", make_global_avg_pool},
       {"instance_mean", make_instance_mean},
+      {"nystrom_attention", make_nystrom_attention},
       {"instance_max", make_instance_max},
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},

@@ -1,0 +1,34 @@
+// Nystrom attention (Xiong et al. 2021) as TransMIL's layers use it: lucidrains' NystromAttention
+// (nystrom_attention.py) between its to_qkv and to_out projections, which are linear layers of
+// the graph. Per head: landmarks are the means of m runs of the sequence (front-padded with
+// zero rows to a multiple of m), out = softmax(q kl^T) pinv(softmax(ql kl^T)) softmax(ql k^T) v
+// with the pseudo-inverse by 6 Newton-Schulz iterations, plus a depthwise convolution of v along
+// the sequence (res_conv). The sequence's length S comes from the bag's count on the device
+// (transmil_geometry.glsl); rows past it are written 0 and get no gradient.
+#pragma once
+#include "compute/ops/registry.h"
+
+namespace tessera {
+
+class NystromAttention : public Op {
+ public:
+  NystromAttention(int64_t heads, int64_t landmarks, int64_t pinv_iterations, int64_t residual_kernel)
+      : heads_(heads), landmarks_(landmarks), iterations_(pinv_iterations), kernel_(residual_kernel) {}
+  std::string type() const override { return "nystrom_attention"; }
+  // qkv [1, S_max, 3D] (to_qkv's output), count u32 [1] -> [1, S_max, D]
+  Shape infer(const std::vector<Shape>& inputs) override;
+  // res_conv.weight [heads, 1, kernel, 1]; saved: the landmarks, the three softmaxes, every
+  // iterate of the pseudo-inverse, and backward's scratch
+  std::vector<TensorSpec> tensors() const override;
+  void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  double forward_flops() const override;
+
+ private:
+  int64_t heads_, landmarks_, iterations_, kernel_;
+  int64_t rows_ = 0, width_ = 0, head_dim_ = 0;
+};
+
+std::unique_ptr<Op> make_nystrom_attention(const LayerConfig& layer);
+
+}  // namespace tessera

@@ -1,0 +1,29 @@
+#version 450
+// The values' share of nystrom_residual's gradient: dqkv[j, 2D + h*d + c] += sum_t weight[h, t]
+// dout[j - t + kernel / 2, h*d + c] over the S rows. One invocation per value.
+#include "common.glsl"
+#include "transmil_geometry.glsl"
+layout(local_size_x_id = 0) in;
+layout(binding = 0) uniform samplerBuffer dout;
+layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
+layout(std430, binding = 2) readonly buffer Count { uint count; };
+layout(std430, binding = 3) buffer Dqkv { ACT dqkv[]; };
+layout(push_constant) uniform Push {
+  uint rows, head_dim, width, kernel;
+} p;
+
+void main() {
+  uint index = global_index();
+  if (index >= p.rows * p.width) return;
+  uint j = index / p.width, column = index % p.width, head = column / p.head_dim;
+  uint sequence = transmil_sequence_length(count);
+  if (j >= sequence) return;
+  int reach = int(p.kernel / 2u);
+  float sum = 0.0;
+  for (int t = 0; t < int(p.kernel); ++t) {
+    int i = int(j) - t + reach;
+    if (i >= 0 && i < int(sequence)) sum += weight[head * p.kernel + uint(t)] * texelFetch(dout, i * int(p.width) + int(column)).x;
+  }
+  uint slot = j * 3u * p.width + 2u * p.width + column;
+  dqkv[slot] = ACT(float(dqkv[slot]) + sum);
+}

@@ -1,0 +1,150 @@
+// nystrom_attention against a CPU reference written from lucidrains' nystrom_attention.py (the
+// front zero padding to a multiple of the landmarks, landmark means, three softmaxes, the
+// iterative pseudo-inverse from the global maxima, the depthwise residual of v) and central
+// differences, on bags whose sequence is shorter than its padding (rows past it 0), fp32 and fp16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "compute/ops/nystrom_attention.h"
+#include "tests/support/op_check.h"
+#include "tests/support/vulkan_environment.h"
+
+namespace tessera {
+namespace {
+
+using Matrix = std::vector<std::vector<double>>;
+
+Matrix product(const Matrix& a, const Matrix& b, bool transpose_b = false) {
+  size_t rows = a.size(), depth = b.size(), columns = transpose_b ? b.size() : b[0].size();
+  if (transpose_b) depth = b[0].size();
+  Matrix c(rows, std::vector<double>(columns));
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < columns; ++j)
+      for (size_t k = 0; k < depth; ++k) c[i][j] += a[i][k] * (transpose_b ? b[j][k] : b[k][j]);
+  return c;
+}
+
+void softmax_rows(Matrix& x) {
+  for (auto& row : x) {
+    double largest = *std::max_element(row.begin(), row.end()), sum = 0;
+    for (double& v : row) sum += (v = std::exp(v - largest));
+    for (double& v : row) v /= sum;
+  }
+}
+
+struct Case {
+  int64_t rows, width, heads, landmarks, count;
+};
+
+int64_t sequence_length(int64_t patches) {
+  int64_t side = 1;
+  while (side * side < patches) ++side;
+  return 1 + side * side;
+}
+
+// out [rows, D] for qkv [rows, 3D] and res_conv.weight [heads, kernel], as nystrom_attention.py.
+std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const std::vector<float>& weight, int iterations,
+                             int64_t kernel) {
+  const int64_t S = sequence_length(c.count), m = c.landmarks, D = c.width, d = D / c.heads;
+  const int64_t P = (S + m - 1) / m * m, pad = P - S, run = P / m;
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  std::vector<Matrix> q(c.heads, Matrix(P, std::vector<double>(d))), k = q, v = q, ql, kl, a2(c.heads);
+  for (int64_t h = 0; h < c.heads; ++h) {
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t e = 0; e < d; ++e) {
+        q[h][pad + i][e] = scale * qkv[i * 3 * D + h * d + e];
+        k[h][pad + i][e] = qkv[i * 3 * D + D + h * d + e];
+        v[h][pad + i][e] = qkv[i * 3 * D + 2 * D + h * d + e];
+      }
+    Matrix qm(m, std::vector<double>(d)), km = qm;
+    for (int64_t j = 0; j < P; ++j)
+      for (int64_t e = 0; e < d; ++e) {
+        qm[j / run][e] += q[h][j][e] / static_cast<double>(run);
+        km[j / run][e] += k[h][j][e] / static_cast<double>(run);
+      }
+    ql.push_back(qm);
+    kl.push_back(km);
+    a2[h] = product(qm, km, true);
+    softmax_rows(a2[h]);
+  }
+  double row_max = 0, column_max = 0;
+  for (auto& x : a2)
+    for (int64_t i = 0; i < m; ++i) {
+      double row = 0, column = 0;
+      for (int64_t j = 0; j < m; ++j) row += std::abs(x[i][j]), column += std::abs(x[j][i]);
+      row_max = std::max(row_max, row), column_max = std::max(column_max, column);
+    }
+  std::vector<float> out(static_cast<size_t>(c.rows * D));
+  for (int64_t h = 0; h < c.heads; ++h) {
+    Matrix z(m, std::vector<double>(m)), identity = z;
+    for (int64_t i = 0; i < m; ++i) {
+      identity[i][i] = 1;
+      for (int64_t j = 0; j < m; ++j) z[i][j] = a2[h][j][i] / (row_max * column_max);
+    }
+    auto minus = [&](double s, const Matrix& x) {
+      Matrix y = x;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < m; ++j) y[i][j] = s * identity[i][j] - x[i][j];
+      return y;
+    };
+    for (int it = 0; it < iterations; ++it) {
+      Matrix xz = product(a2[h], z);
+      z = product(z, minus(13, product(xz, minus(15, product(xz, minus(7, xz))))));
+      for (auto& row : z)
+        for (double& value : row) value *= 0.25;
+    }
+    Matrix a1 = product(q[h], kl[h], true), a3 = product(ql[h], k[h], true);
+    softmax_rows(a1);
+    softmax_rows(a3);
+    Matrix mixed = product(product(a1, z), product(a3, v[h]));
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t e = 0; e < d; ++e) {
+        double residual = 0;
+        for (int64_t t = 0; t < kernel; ++t) {
+          int64_t j = pad + i + t - kernel / 2;
+          if (j >= 0 && j < P) residual += weight[h * kernel + t] * v[h][j][e];
+        }
+        out[i * D + h * d + e] = static_cast<float>(mixed[pad + i][e] + residual);
+      }
+  }
+  return out;
+}
+
+TEST(NystromAttention, ForwardMatchesCpuAndZeroesRowsPastTheSequence) {
+  constexpr int kIterations = 6, kKernel = 33;
+  for (DType activations : {DType::f32, DType::f16})
+    for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{17, 16, 8, 8, 16}, Case{5, 16, 8, 8, 1}, Case{10, 24, 2, 4, 9},
+                          Case{50, 16, 2, 4, 37}}) {
+      SCOPED_TRACE("rows " + std::to_string(c.rows) + " count " + std::to_string(c.count) + " landmarks " +
+                   std::to_string(c.landmarks) + (activations == DType::f16 ? " fp16" : " fp32"));
+      NystromAttention attention(c.heads, c.landmarks, kIterations, kKernel);
+      test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 5, {DType::f32, DType::u32}, {},
+                          activations);
+      check.inputs[1] = {static_cast<float>(c.count)};
+      std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], kIterations, kKernel);
+      test::expect_near(check.forward(), expected, activations == DType::f16 ? 1e-2 : 1e-4, "out");
+    }
+}
+
+TEST(NystromAttention, BackwardMatchesFiniteDifferences) {
+  for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 8, 2, 4, 9}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " count " + std::to_string(c.count));
+    NystromAttention attention(c.heads, c.landmarks, 6, 33);
+    test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 6, {DType::f32, DType::u32});
+    check.inputs[1] = {static_cast<float>(c.count)};
+    check.expect_gradients_match();
+  }
+}
+
+TEST(NystromAttention, RejectsShapesItCannotSplitIntoHeads) {
+  NystromAttention attention(8, 8, 6, 33);
+  EXPECT_EQ(attention.infer({{1, 17, 48}, {1}}), (Shape{1, 17, 16}));
+  EXPECT_THROW(attention.infer({{1, 17, 40}, {1}}), ShapeError);
+  EXPECT_THROW(attention.infer({{2, 17, 48}, {1}}), ShapeError);
+  EXPECT_THROW(attention.infer({{1, 17, 48}}), ShapeError);
+}
+
+}  // namespace
+}  // namespace tessera
