@@ -6,8 +6,9 @@ error under 1e-4 in fp32; past 65,535, lavapipe's bound on one invocation's loop
 that reduce over a bag's rows share them among a workgroup); dsmil's combined loss (bag and max-instance terms) from dsmil.py and train_tcga.py, and
 its ties of the critical instance in fp32 and fp16; clam-sb's and clam-mb's (bag and instance
 clustering terms) from CLAM's model_clam.py and core_utils.py, and their ties of attention in
-fp32 and fp16. The max head also on bags whose features tie (the first instance takes the gradient),
-trained twice to the same bytes, and its memory plan against the measured peak; --head with an
+fp32 and fp16; transmil's (Nystrom attention, PPEG) from TransMIL.py and nystrom_attention.py, on
+bags of 1, 2, 7, 10, 17 and 10,001, and in fp16. The max head also on bags whose features tie (the
+first instance takes the gradient), trained twice to the same bytes, and its memory plan against the measured peak; --head with an
 unknown name exits 2 listing the heads."""
 import hashlib
 import json
@@ -159,6 +160,127 @@ def dsmil_loss(p, h, label):
     return 0.5 * F.cross_entropy(bag, target) + 0.5 * F.cross_entropy(max_prediction.view(1, -1), target)
 
 
+def conv_weights(generator, name, channels, kernel):
+    """A depthwise nn.Conv2d(channels, channels, kernel, groups=channels)'s initialisation:
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = kernel[0] * kernel[1], as float32."""
+    bound = 1 / np.sqrt(kernel[0] * kernel[1])
+    return {name + ".weight": generator.uniform(-bound, bound, (channels, 1, *kernel)).astype(np.float32),
+            name + ".bias": generator.uniform(-bound, bound, channels).astype(np.float32)}
+
+
+TRANSMIL_HEADS, TRANSMIL_RESIDUAL_KERNEL = 8, 33  # TransLayer's NystromAttention(heads=8), its default kernel
+
+
+def transmil_weights(classes, seed, hidden=HIDDEN, features=WIDTH):
+    """Named and shaped as TransMIL's state_dict with its 512 as `hidden`; LayerNorms random (not
+    PyTorch's ones and zeros) so that their gradients are tested."""
+    generator = np.random.default_rng(seed)
+    inner = TRANSMIL_HEADS * (hidden // TRANSMIL_HEADS)
+    weights = linear_weights(generator, "_fc1.0", features, hidden)
+    weights["cls_token"] = generator.normal(size=(1, 1, hidden)).astype(np.float32)  # torch.randn
+    for norm in ("layer1.norm", "layer2.norm", "norm"):
+        weights[norm + ".weight"] = (1 + 0.2 * generator.normal(size=hidden)).astype(np.float32)
+        weights[norm + ".bias"] = (0.2 * generator.normal(size=hidden)).astype(np.float32)
+    for layer in ("layer1", "layer2"):
+        bound = 1 / np.sqrt(hidden)  # to_qkv: nn.Linear(dim, 3 * inner, bias=False)
+        weights[layer + ".attn.to_qkv.weight"] = \
+            generator.uniform(-bound, bound, (3 * inner, hidden)).astype(np.float32)
+        weights.update(linear_weights(generator, layer + ".attn.to_out.0", inner, hidden))
+        bound = 1 / np.sqrt(TRANSMIL_RESIDUAL_KERNEL)  # res_conv: (33, 1) kernels, bias=False
+        weights[layer + ".attn.res_conv.weight"] = generator.uniform(
+            -bound, bound, (TRANSMIL_HEADS, 1, TRANSMIL_RESIDUAL_KERNEL, 1)).astype(np.float32)
+    for name, kernel in (("proj", 7), ("proj1", 5), ("proj2", 3)):
+        weights.update(conv_weights(generator, "pos_layer." + name, hidden, (kernel, kernel)))
+    weights.update(linear_weights(generator, "_fc2", hidden, classes))
+    return weights
+
+
+def moore_penrose_iter_pinv(x, iters):
+    """nystrom_attention.py's: z0 = x^T / (the largest row sum of |x| times the largest column sum,
+    each over every head at once), then iters of z = z (13 I - xz (15 I - xz (7 I - xz))) / 4."""
+    abs_x = torch.abs(x)
+    col, row = abs_x.sum(dim=-1), abs_x.sum(dim=-2)
+    z = x.transpose(-1, -2) / (torch.max(col) * torch.max(row))
+    identity = torch.eye(x.shape[-1], dtype=x.dtype)[None]
+    for _ in range(iters):
+        xz = x @ z
+        z = 0.25 * z @ (13 * identity - (xz @ (15 * identity - (xz @ (7 * identity - xz)))))
+    return z
+
+
+def nystrom_attention(p, prefix, x, trace, iters=6):
+    """NystromAttention(dim, dim_head=dim//8, heads=8, num_landmarks=dim//2, pinv_iterations=6,
+    residual=True, residual_conv_kernel=33) without a mask or dropout, on x [1, n, dim]; einops'
+    rearrange and reduce written as reshapes ('b n (h d) -> b h n d', '... (n l) d -> ... n d');
+    `trace` gets the landmarks, the pinv and the heads' output (padded rows included)."""
+    b, n, dim = x.shape
+    heads, m = TRANSMIL_HEADS, dim // 2
+    remainder = n % m
+    if remainder > 0:  # zero rows in front, so that m landmarks of l rows each cover the sequence
+        x = F.pad(x, (0, 0, m - remainder, 0), value=0)
+    q, k, v = F.linear(x, p[prefix + "to_qkv.weight"]).chunk(3, dim=-1)
+    q, k, v = (t.reshape(b, t.shape[1], heads, -1).transpose(1, 2) for t in (q, k, v))
+    dim_head = q.shape[-1]
+    q = q * dim_head ** -0.5
+    l = -(-n // m)  # ceil(n / m), of the unpadded n as the source's
+    q_landmarks = q.reshape(b, heads, m, l, dim_head).sum(dim=-2) / l
+    k_landmarks = k.reshape(b, heads, m, l, dim_head).sum(dim=-2) / l
+    trace[prefix + "q_landmarks"], trace[prefix + "k_landmarks"] = q_landmarks, k_landmarks
+    sim1 = q @ k_landmarks.transpose(-1, -2)
+    sim2 = q_landmarks @ k_landmarks.transpose(-1, -2)
+    sim3 = q_landmarks @ k.transpose(-1, -2)
+    attn1, attn2, attn3 = (t.softmax(dim=-1) for t in (sim1, sim2, sim3))
+    trace[prefix + "attn2_inv"] = attn2_inv = moore_penrose_iter_pinv(attn2, iters)
+    out = (attn1 @ attn2_inv) @ (attn3 @ v)
+    kernel = p[prefix + "res_conv.weight"]  # Conv2d(heads, heads, (33, 1), padding=(16, 0), groups=heads, bias=False)
+    out = out + F.conv2d(v, kernel, padding=(kernel.shape[2] // 2, 0), groups=heads)
+    trace[prefix + "heads"] = out = out.transpose(1, 2).reshape(b, -1, heads * dim_head)
+    out = F.linear(out, p[prefix + "to_out.0.weight"], p[prefix + "to_out.0.bias"])
+    return out[:, -n:]
+
+
+def transmil_logits(p, h, trace=None):
+    """TransMIL's forward (TransMIL.py: _fc1, the square padding, the class token, TransLayer, PPEG,
+    TransLayer, norm, _fc2) on one bag h [n, features]; `trace` (a dict) gets the intermediates."""
+    trace = {} if trace is None else trace
+    dim = p["cls_token"].shape[-1]
+
+    def layer_norm(x, name):
+        return F.layer_norm(x, (dim,), p[name + ".weight"], p[name + ".bias"])  # nn.LayerNorm's eps, 1e-5
+
+    def trans_layer(x, name):
+        return x + nystrom_attention(p, name + ".attn.", layer_norm(x, name + ".norm"), trace)
+
+    h = F.relu(F.linear(h, p["_fc1.0.weight"], p["_fc1.0.bias"]))[None]  # [1, n, dim]
+    side = int(np.ceil(np.sqrt(h.shape[1])))
+    h = torch.cat([h, h[:, :side * side - h.shape[1], :]], dim=1)  # the first rows again, to a square
+    trace["sequence"] = h = torch.cat([p["cls_token"], h], dim=1)
+    trace["layer1"] = h = trans_layer(h, "layer1")
+
+    # PPEG: the class token kept, the rest a side x side grid (row-major) through three depthwise convs.
+    def depthwise(grid, name):  # nn.Conv2d(dim, dim, k, 1, k // 2, groups=dim)
+        kernel = p[f"pos_layer.{name}.weight"]
+        return F.conv2d(grid, kernel, p[f"pos_layer.{name}.bias"], padding=kernel.shape[-1] // 2, groups=dim)
+
+    cls_token, grid = h[:, 0], h[:, 1:].transpose(1, 2).reshape(1, dim, side, side)
+    grid = depthwise(grid, "proj") + grid + depthwise(grid, "proj1") + depthwise(grid, "proj2")
+    trace["pos_layer"] = h = torch.cat([cls_token[:, None], grid.flatten(2).transpose(1, 2)], dim=1)
+    trace["layer2"] = h = trans_layer(h, "layer2")
+    trace["logits"] = logits = F.linear(layer_norm(h, "norm")[:, 0], p["_fc2.weight"], p["_fc2.bias"])
+    return logits
+
+
+def transmil_loss(p, h, label):
+    """TransMIL as szc19990412/TransMIL at commit 0db153547b3acbb89459c8cf47fd0fc064f5dfd1 defines it
+    (models/TransMIL.py) and trains it (models/model_interface.py: CrossEntropyLoss of the logits),
+    with lucidrains/nystrom-attention's NystromAttention and moore_penrose_iter_pinv as of commit
+    fbe9ebad6bae24143d7930d6c2b82d6a12d68f76 (0.0.14; the same numbers from 0.0.10 on, which take
+    the output's last n rows: TransMIL's requirements.txt pins 0.0.9, which took its first n, the
+    bug d7eb229 fixed). Its width 512 (and fc1's input 1024) as `hidden` (and the features' width):
+    dim_head = hidden // 8, num_landmarks = hidden // 2; its dropouts (to_out's 0.1) left out."""
+    return F.cross_entropy(transmil_logits(p, h), torch.tensor([label]))
+
+
 def torch_loss(head, weights, features, label, **clam):
     """The head in PyTorch: ABMIL's gated attention (Ilse et al. 2018: tanh(V h) * sigmoid(U h),
     w, softmax over the bag), the mean, or the max over instances per feature (the first instance
@@ -166,8 +288,9 @@ def torch_loss(head, weights, features, label, **clam):
     their sources."""
     p = {name: torch.tensor(value, dtype=torch.float64, requires_grad=True) for name, value in weights.items()}
     h = torch.tensor(features, dtype=torch.float64)
-    if head in ("dsmil", "clam-sb", "clam-mb"):
-        loss = dsmil_loss(p, h, label) if head == "dsmil" else clam_loss(head, p, h, label, **clam)
+    if head in ("dsmil", "clam-sb", "clam-mb", "transmil"):
+        loss = dsmil_loss(p, h, label) if head == "dsmil" else transmil_loss(p, h, label) if head == "transmil" \
+            else clam_loss(head, p, h, label, **clam)
         loss.backward()
         return loss.item(), {name: t.grad.numpy() for name, t in p.items()}
     if head == "attention":
@@ -257,6 +380,32 @@ def test_clam_loss_and_gradients_match_pytorch(tmp_path, head, instances):
     loss, gradients = device_loss(tmp_path, head, weights, features, label, classes, **clam)
     assert_matches(loss, gradients, expected_loss, expected, 1e-4)
 
+
+@pytest.mark.parametrize("instances", [1, 2, 7, 10, 17, 10001])
+def test_transmil_loss_and_gradients_match_pytorch(tmp_path, instances):
+    """Width 16: 8 heads of 2, 8 landmarks. Sequences (1 + the square) of 2, 5, 10, 17, 26 and
+    10,202 rows: fewer rows than landmarks and more, bags padded to the square with their first
+    rows again (10: 6 of them), each sequence padded in front with 6, 3 or 7 zero rows to a
+    multiple of the landmarks (1 + a square never is one of 8), landmarks of 1 to 1,276 rows.
+    Measured: PyTorch in float32 lands within 4e-6 of float64 on these."""
+    classes = 2
+    features = np.random.default_rng(instances).normal(size=(instances, WIDTH)).astype(np.float32)
+    label = instances % classes
+    weights = transmil_weights(classes, instances + 1)
+    expected_loss, expected = torch_loss("transmil", weights, features, label)
+    loss, gradients = device_loss(tmp_path, "transmil", weights, features, label, classes)
+    assert_matches(loss, gradients, expected_loss, expected, 1e-4)
+
+
+def test_transmil_in_fp16_matches_pytorch_within_rounding(tmp_path):
+    """Features and activations in fp16: CLAM's fp16 tolerance (its attention and pools rounded too).
+    Measured: rounding the reference's inputs, weights and linear, conv and norm outputs to fp16
+    moves its loss 4e-4 and its gradients 2e-3 at most."""
+    features = np.random.default_rng(17).normal(size=(17, WIDTH)).astype(np.float32)
+    weights = transmil_weights(2, 18)
+    expected_loss, expected = torch_loss("transmil", weights, features, 1)
+    loss, gradients = device_loss(tmp_path, "transmil", weights, features, 1, 2, "fp16")
+    assert_matches(loss, gradients, expected_loss, expected, 3e-2)
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_clam_takes_the_lowest_of_tied_rows_to_the_same_bytes(tmp_path, precision):
@@ -365,5 +514,5 @@ def test_unknown_head_exits_2_listing_the_heads(tmp_path):
     features, labels = write_cohort(tmp_path, slides=4)
     result = tessera("train", "--features", features, "--labels", labels, "--head", "maxx", "--epochs", 1)
     assert result.returncode == 2, result.stderr
-    for head in ("attention", "mean", "max", "dsmil", "clam-sb", "clam-mb"):
+    for head in ("attention", "mean", "max", "dsmil", "clam-sb", "clam-mb", "transmil"):
         assert head in result.stderr, result.stderr
