@@ -237,16 +237,23 @@ std::vector<float> tile_scores(vk::Context& context, const std::string& features
   nlohmann::json graph = head_graph(description.kind, description.hidden, description.classes, HeadUse::tile_scores);
   InferenceOptions setup;
   setup.inputs = {{"features", {bag.instances, width}}};
+  bool counted = description.kind == "transmil";  // its graph reads the bag's count, as in training
+  if (counted) setup.inputs.push_back({"count", {1}, DType::u32});
   setup.input_memory = vk::MemoryUsage::device;
   setup.advice = "the slide's tile count and the head's width set it";
   Inference head(context, {.graph = std::move(graph), .checkpoint = std::move(checkpoint), .source = checkpoint_path},
                  setup);
   head.input("features").upload(bag.features);
+  if (counted) {
+    auto count = static_cast<uint32_t>(bag.instances);
+    head.input("count").upload(&count, sizeof count);
+  }
   head.run();
   auto logits = head.output().download();
   std::vector<float> scores(static_cast<size_t>(bag.instances));
-  if (is_clam_head(description.kind)) {
-    // The attention of each tile (clam-mb: the last class's column), as its percentile in the slide.
+  if (is_clam_head(description.kind) || description.kind == "transmil") {
+    // The attention of each tile (clam-mb: the last class's column; transmil: from the class token
+    // in its second layer), as its percentile in the slide.
     size_t columns = description.kind == "clam-mb" ? static_cast<size_t>(description.classes) : 1;
     for (size_t n = 0; n < scores.size(); ++n) scores[n] = logits[n * columns + columns - 1];
     return percentile_ranks(scores);

@@ -3,7 +3,9 @@
 // attention (Ilse et al. 2018) and classified by a linear layer, or classified by DSMIL (Li et al.
 // 2021: an instance classifier, attention to each class's critical instance, a bag classifier) or
 // CLAM (Lu et al. 2021: gated attention, one branch or one a class, with an instance clustering
-// loss on the top and bottom k patches); the backbone never runs.
+// loss on the top and bottom k patches) or TransMIL (Shao et al. 2021: two Nystrom-attention
+// layers over the bag wrapped to a square, a convolutional position encoding between them); the
+// backbone never runs.
 #pragma once
 #include <optional>
 #include <string>
@@ -38,7 +40,7 @@ void check_clam_flags(const MilOptions& mil);
 // --attention-hidden, or the head's default where it was not given.
 int attention_hidden(const MilOptions& mil);
 
-// The heads `--head` takes: attention (gated, ABMIL), mean and max pooling, dsmil, clam-sb and clam-mb.
+// The heads `--head` takes: attention (gated, ABMIL), mean and max pooling, dsmil, clam-sb, clam-mb and transmil.
 const std::vector<std::string>& mil_heads();
 // "attention, mean, max, dsmil, clam-sb or clam-mb": the heads for a message.
 std::string mil_head_list();
@@ -63,8 +65,9 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
 // class ("1", "tumor") under the head's classifier, as the head would score a bag of that tile
 // alone (attention, a mean or a max over one instance is that instance); dsmil's under its
 // instance classifier; clam-sb's and clam-mb's their attention (clam-mb: the last class's
-// column) as each tile's percentile in the slide, as CLAM's create_heatmaps.py shows it (rank,
-// ties averaged, over the tile count: in (0, 1]). Throws BadInput naming
+// column), transmil's the attention from the class token in its second layer, each as the
+// tile's percentile in the slide, as CLAM's create_heatmaps.py shows it (rank, ties averaged,
+// over the tile count: in (0, 1]). Throws BadInput naming
 // the feature file or the checkpoint when either is missing or corrupt, or when they do not fit
 // each other.
 std::vector<float> tile_scores(vk::Context& context, const std::string& features_path,

@@ -88,8 +88,9 @@ void add_clam_layers(nlohmann::json& layers, const std::string& kind, int64_t hi
 // NystromAttention(LayerNorm(x)) (8 heads, hidden / 2 landmarks, 6 pseudo-inverse iterations,
 // the residual convolution of the values) with the PPEG position encoding between them, the
 // final LayerNorm of the class token and _fc2. Dropout (0.1 in to_out) is left out, as in the
-// other heads.
-void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes) {
+// other heads. For tile scores, the graph ends at the second layer's attention from the class
+// token to each patch.
+void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes, HeadUse use) {
   auto layer = [&](const std::string& name, const std::string& type, std::vector<std::string> inputs,
                    nlohmann::json fields = nlohmann::json::object()) {
     layers.push_back(layer_description(name, type, std::move(fields), std::move(inputs)));
@@ -97,17 +98,19 @@ void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes
   layer("_fc1.0", "linear", {"features"}, {{"out_features", hidden}});
   layer("_fc1.1", "relu", {"_fc1.0"});
   layer("sequence", "transmil_sequence", {"_fc1.1", "count"});
-  auto trans_layer = [&](const std::string& name, const std::string& input) {
+  auto trans_layer = [&](const std::string& name, const std::string& input, const char* output) {
     layer(name + ".norm", "layer_norm", {input}, {{"eps", 1e-5}});
     layer(name + ".attn.to_qkv", "linear", {name + ".norm"}, {{"out_features", 3 * hidden}, {"bias", false}});
     layer(name + ".attn", "nystrom_attention", {name + ".attn.to_qkv", "count"},
-          {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}});
+          {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}, {"output", output}});
+    if (std::string(output) == "class_attention") return;
     layer(name + ".attn.to_out.0", "linear", {name + ".attn"}, {{"out_features", hidden}});
     layer(name, "add", {input, name + ".attn.to_out.0"});
   };
-  trans_layer("layer1", "sequence");
+  trans_layer("layer1", "sequence", "values");
   layer("pos_layer", "ppeg", {"layer1", "count"});
-  trans_layer("layer2", "pos_layer");
+  trans_layer("layer2", "pos_layer", use == HeadUse::tile_scores ? "class_attention" : "values");
+  if (use == HeadUse::tile_scores) return;
   layer("class_token", "token_pool", {"layer2"}, {{"output", "class_token"}});
   layer("norm", "layer_norm", {"class_token"}, {{"eps", 1e-5}});
   layer("_fc2", "linear", {"norm"}, {{"out_features", classes}});
@@ -128,7 +131,7 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
     return {{"layers", layers}};
   }
   if (kind == "transmil") {
-    add_transmil_layers(layers, hidden, classes);
+    add_transmil_layers(layers, hidden, classes, use);
     return {{"layers", layers}};
   }
   if (instance_logits) {
@@ -161,8 +164,10 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
     layers.push_back(layer("pool", "attention_pool", {"attention_w", "features", "count"}));
   } else if (kind == "max") {
     layers.push_back(layer("pool", "instance_max", {"features", "count"}));
-  } else {
+  } else if (kind == "mean") {
     layers.push_back(layer("pool", "instance_mean", {"features", "count"}));
+  } else {
+    throw UsageError("--head: unknown head '" + kind + "'");
   }
   layers.push_back(layer("classifier", "linear", {"pool"}, {{"out_features", classes}}));
   return {{"layers", layers}};

@@ -44,9 +44,11 @@ int64_t sequence_length(int64_t patches) {
   return 1 + side * side;
 }
 
-// out [rows, D] for qkv [rows, 3D] and res_conv.weight [heads, kernel], as nystrom_attention.py.
+// out [rows, D] for qkv [rows, 3D] and res_conv.weight [heads, kernel], as nystrom_attention.py;
+// with `class_attention`, each of the rows - 1 patches' mean over heads of the class token's row
+// of a1 pinv a3 at its places in the sequence instead.
 std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const std::vector<float>& weight, int iterations,
-                             int64_t kernel) {
+                             int64_t kernel, bool class_attention = false) {
   const int64_t S = sequence_length(c.count), m = c.landmarks, D = c.width, d = D / c.heads;
   const int64_t P = (S + m - 1) / m * m, pad = P - S, run = P / m;
   const double scale = 1 / std::sqrt(static_cast<double>(d));
@@ -76,7 +78,7 @@ std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const
       for (int64_t j = 0; j < m; ++j) row += std::abs(x[i][j]), column += std::abs(x[j][i]);
       row_max = std::max(row_max, row), column_max = std::max(column_max, column);
     }
-  std::vector<float> out(static_cast<size_t>(c.rows * D));
+  std::vector<float> out(static_cast<size_t>(c.rows * D)), scores(static_cast<size_t>(c.rows - 1));
   for (int64_t h = 0; h < c.heads; ++h) {
     Matrix z(m, std::vector<double>(m)), identity = z;
     for (int64_t i = 0; i < m; ++i) {
@@ -98,6 +100,15 @@ std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const
     Matrix a1 = product(q[h], kl[h], true), a3 = product(ql[h], k[h], true);
     softmax_rows(a1);
     softmax_rows(a3);
+    if (class_attention) {
+      Matrix tokens = product(product(Matrix{a1[pad]}, z), a3);  // the class token is the first real row
+      const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(S - 1))));
+      for (int64_t r = 0; r < c.count; ++r) {
+        double score = tokens[0][pad + 1 + r] + (r < side * side - c.count ? tokens[0][pad + 1 + c.count + r] : 0);
+        scores[r] += static_cast<float>(score / static_cast<double>(c.heads));
+      }
+      continue;
+    }
     Matrix mixed = product(product(a1, z), product(a3, v[h]));
     for (int64_t i = 0; i < S; ++i)
       for (int64_t e = 0; e < d; ++e) {
@@ -109,7 +120,7 @@ std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const
         out[i * D + h * d + e] = static_cast<float>(mixed[pad + i][e] + residual);
       }
   }
-  return out;
+  return class_attention ? scores : out;
 }
 
 TEST(NystromAttention, ForwardMatchesCpuAndZeroesRowsPastTheSequence) {
@@ -126,6 +137,16 @@ TEST(NystromAttention, ForwardMatchesCpuAndZeroesRowsPastTheSequence) {
       std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], kIterations, kKernel);
       test::expect_near(check.forward(), expected, activations == DType::f16 ? 1e-2 : 1e-4, "out");
     }
+}
+
+TEST(NystromAttention, ClassAttentionMatchesCpu) {
+  for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 8, 2, 4, 9}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " count " + std::to_string(c.count));
+    NystromAttention attention(c.heads, c.landmarks, 6, 33, true);
+    test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 7, {DType::f32, DType::u32});
+    check.inputs[1] = {static_cast<float>(c.count)};
+    test::expect_near(check.forward(), reference(c, check.inputs[0], check.tensors[0], 6, 33, true), 1e-4, "scores");
+  }
 }
 
 TEST(NystromAttention, BackwardMatchesFiniteDifferences) {

@@ -17,6 +17,7 @@ enum Slot : size_t {
   kValues, kMixed,  // w = attention3 v, y = pinv w [h, m, d]
   kGradAttention1, kGradAttention2, kGradAttention3, kGradPinv, kGradT3, kGradT2, kGradXz,
   kGradMixed, kGradValues, kGradQueryLandmarks, kGradKeyLandmarks,
+  kClassWeights, kTokenAttention,  // class_attention: row 0 of a1 pinv [h, m], then of a1 pinv a3 [h, S]
 };
 
 // Element (b, r, c) of a batched matrix is at offset + b * batch + r * row + c * col.
@@ -92,7 +93,8 @@ class Recording {
 
 std::unique_ptr<Op> make_nystrom_attention(const LayerConfig& layer) {
   return std::make_unique<NystromAttention>(layer.integer("heads", 8, 1), layer.integer("landmarks", 256, 1),
-                                            layer.integer("pinv_iterations", 6, 1, 64), layer.integer("residual_kernel", 33, 1));
+                                            layer.integer("pinv_iterations", 6, 1, 64), layer.integer("residual_kernel", 33, 1),
+                                            layer.choice("output", "values", {"values", "class_attention"}) == "class_attention");
 }
 
 Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
@@ -106,6 +108,7 @@ Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
   rows_ = inputs[0][1];
   width_ = inputs[0][2] / 3;
   head_dim_ = width_ / heads_;
+  if (class_attention_) return {rows_ - 1, 1};
   return {1, rows_, width_};
 }
 
@@ -123,7 +126,8 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
           saved("grad_attention1", {h, s, m}), saved("grad_attention2", {h, m, m}), saved("grad_attention3", {h, m, s}),
           saved("grad_pinv", {2, h, m, m}), saved("grad_t3", {h, m, m}), saved("grad_t2", {h, m, m}),
           saved("grad_xz", {h, m, m}), saved("grad_mixed", {h, m, d}), saved("grad_values", {h, m, d}),
-          saved("grad_q_landmarks", {h, m, d}), saved("grad_k_landmarks", {h, m, d})};
+          saved("grad_q_landmarks", {h, m, d}), saved("grad_k_landmarks", {h, m, d}),
+          saved("class_weights", {h, m}), saved("token_attention", {h, s})};
 }
 
 double NystromAttention::forward_flops() const {
@@ -180,6 +184,18 @@ void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, con
     r.product(m, m, m, kStatic, z, t3, next, 0.25f, false);
   }
   Operand pinv{&r.slot(kPinvZ), static_cast<uint32_t>(iterations_) * step, mm, m, 1};
+  if (class_attention_) {
+    Operand weights{&r.slot(kClassWeights), 0, m, m, 1}, tokens{&r.slot(kTokenAttention), 0, S, S, 1};
+    r.product(1, m, m, kStatic, a1, pinv, weights, 1, false);
+    r.product(1, S, m, kColumns, weights, a3, tokens, 1, false);
+    struct ClassPush {
+      uint32_t patches_max, rows, heads;
+    };
+    recorder.dispatch_elements(kernel_for<ClassPush>(kernels, vk::kernel::nystrom_class_attention, *t.output, {kElementwiseGroup}),
+                               {reads(*tokens.tensor), r.reads_count(), writes(*t.output)}, ClassPush{S - 1, S, H}, S - 1,
+                               kElementwiseGroup);
+    return;
+  }
   Operand w{&r.slot(kValues), 0, md, d, 1}, y{&r.slot(kMixed), 0, md, d, 1};
   r.product(m, d, S, kDepth, a3, values, w, 1, false);
   r.product(m, d, m, kStatic, pinv, w, y, 1, false);
