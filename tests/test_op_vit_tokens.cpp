@@ -1,5 +1,6 @@
 // vit_tokens (class and register tokens, the learned position embedding, resampled where the
-// patch grid differs) and token_pool against CPU loops, fp32 and fp16.
+// patch grid differs) and token_pool against CPU loops, fp32 and fp16; token_pool's class-token
+// backward (TransMIL trains through it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -229,6 +230,31 @@ TEST(TokenPool, ForwardMatchesCpu) {
         ASSERT_EQ(check.output_shape.back(), mode == TokenPool::Mode::class_token_and_patch_mean ? 2 * width : width);
         test::expect_near(check.forward(), expected, test::forward_tolerance(activations), "token_pool");
       }
+}
+
+TEST(TokenPool, ClassTokenBackwardTakesTokenZerosGradient) {
+  const int64_t batch = 2, tokens = 6, width = 7;
+  for (DType activations : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(activations == DType::f16 ? "fp16" : "fp32");
+    TokenPool pool(TokenPool::Mode::class_token, 1);
+    test::OpCheck check(test::context(), pool, {{batch, tokens, width}}, 33, {}, {}, activations);
+    auto dy = from_half(to_half(test::random_values(static_cast<size_t>(batch * width), 34)));
+    std::vector<float> expected(static_cast<size_t>(batch * tokens * width), 0.0f);
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t d = 0; d < width; ++d) expected[n * tokens * width + d] = dy[n * width + d];
+    auto grads = check.backward(dy);
+    ASSERT_EQ(grads.size(), 1u);
+    test::expect_near(grads[0], expected, 0, "dx");  // copies and zeros: exact
+  }
+  TokenPool pool(TokenPool::Mode::class_token, 5);
+  test::OpCheck check(test::context(), pool, {{batch, tokens, width}}, 35);
+  check.expect_gradients_match();
+}
+
+TEST(TokenPool, OnlyTheClassTokenTrains) {
+  EXPECT_TRUE(TokenPool(TokenPool::Mode::class_token, 1).has_backward());
+  EXPECT_FALSE(TokenPool(TokenPool::Mode::patch_mean, 1).has_backward());
+  EXPECT_FALSE(TokenPool(TokenPool::Mode::class_token_and_patch_mean, 1).has_backward());
 }
 
 }  // namespace

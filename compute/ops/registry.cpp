@@ -29,9 +29,11 @@
 #include "compute/ops/linear.h"
 #include "compute/ops/max_pool2d.h"
 #include "compute/ops/patch_merge.h"
+#include "compute/ops/ppeg.h"
 #include "compute/ops/relu.h"
 #include "compute/ops/softmax_cross_entropy.h"
 #include "compute/ops/tanh.h"
+#include "compute/ops/transmil_sequence.h"
 #include "compute/ops/vit_tokens.h"
 #include "compute/ops/window_attention.h"
 
@@ -144,7 +146,10 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"clam_instance_loss", make_clam_instance_loss},
       {"tanh", make_tanh},
       {"input_normalize", make_input_normalize},
-      // Transformers (inference only)
+      // TransMIL's sequence and its position encoding (bags of any size, from the count)
+      {"transmil_sequence", make_transmil_sequence},
+      {"ppeg", make_ppeg},
+      // Transformers (inference only; token_pool's class token also trains)
       {"layer_norm", make_layer_norm},
       {"gelu", make_gelu},
       {"silu", make_silu},

@@ -1,5 +1,7 @@
 #include "compute/ops/vit_tokens.h"
 
+#include "compute/ops/input_grad.h"
+
 namespace tessera {
 
 namespace {
@@ -13,6 +15,9 @@ struct ResamplePush {
 };
 struct PoolPush {
   uint32_t count, width, tokens, prefix;
+};
+struct PoolBackwardPush {
+  uint32_t count, width, tokens, accumulate;
 };
 constexpr const char* kResampled = "resampled_pos_embed";
 }  // namespace
@@ -134,6 +139,18 @@ void TokenPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
                              PoolPush{static_cast<uint32_t>(count), static_cast<uint32_t>(width_),
                                       static_cast<uint32_t>(tokens_), static_cast<uint32_t>(prefix_)},
                              static_cast<uint64_t>(count), kElementwiseGroup);
+}
+
+void TokenPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  if (mode_ != Mode::class_token) throw std::logic_error("token_pool has no backward pass but for the class token");
+  if (!t.input_grads[0]) return;
+  const int64_t count = element_count({batch_, tokens_, width_});
+  recorder.dispatch_elements(
+      kernel_for<PoolBackwardPush>(kernels, vk::kernel::token_pool_backward, *t.output_grad, {kElementwiseGroup}),
+      {reads(*t.output_grad), input_grad_arg(t, 0)},
+      PoolBackwardPush{static_cast<uint32_t>(count), static_cast<uint32_t>(width_), static_cast<uint32_t>(tokens_),
+                       accumulates(t, 0)},
+      static_cast<uint64_t>(count), kElementwiseGroup);
 }
 
 }  // namespace tessera

@@ -50,14 +50,18 @@ std::unique_ptr<Op> make_vit_tokens(const LayerConfig& layer);
 
 // A ViT's output from its tokens [N, T, D]: the class token [N, D]; the class token joined with
 // the mean of the patch tokens [N, 2D] (Virchow2); or the mean of the patch tokens [N, D]. Patch
-// tokens follow the `prefix` class and register tokens.
-class TokenPool : public InferenceOp {
+// tokens follow the `prefix` class and register tokens. The class token alone also trains
+// (TransMIL's head reads its sequence's class token); the other modes are inference only.
+class TokenPool : public Op {
  public:
   enum class Mode { class_token, class_token_and_patch_mean, patch_mean };
   TokenPool(Mode mode, int64_t prefix) : mode_(mode), prefix_(prefix) {}
   std::string type() const override { return "token_pool"; }
   Shape infer(const std::vector<Shape>& inputs) override;
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  bool has_backward() const override { return mode_ == Mode::class_token; }
+  // class_token: dx[n, 0] (+)= dy[n], the other tokens' gradient zero
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
 
  private:
   Mode mode_;
