@@ -4,12 +4,12 @@
 // accumulate), for each batch b of a workgroup z: the per-head products of Nystrom attention.
 // Element (b, r, c) of an operand is at offset + b * batch + r * row + c * col, so one kernel
 // serves every transposition and every head's columns of a packed projection. A dimension
-// flagged in `dynamic` is the bag's sequence length at most (transmil_geometry.glsl, from the
+// flagged in `dynamic` is the bag's sequence length at most (transmil_grid.glsl, from the
 // count on the device): rows and columns past it are written 0, and the reduction stops there.
 // Each invocation owns 4 x 4 outputs of a 32 x 32 block; the reduction takes 4 steps an
 // iteration, so that a sequence of 100,000 rows stays within lavapipe's 65,535 loop iterations.
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x = 8, local_size_y = 8) in;
 layout(binding = 0) uniform samplerBuffer a;
 layout(binding = 1) uniform samplerBuffer b;

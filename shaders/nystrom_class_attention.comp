@@ -4,7 +4,7 @@
 // copy 1 + n + r where the square's padding repeats it (r < side^2 - n); 0 past the bag's n
 // patches. One invocation per patch row.
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer Tokens { float token_attention[]; };
 layout(std430, binding = 1) readonly buffer Count { uint count; };
@@ -16,7 +16,7 @@ layout(push_constant) uniform Push {
 void main() {
   uint r = global_index();
   if (r >= p.patches_max) return;
-  uint patches = count, side = transmil_side(patches), repeated = side * side - patches;
+  uint patches = count, side = transmil_grid_side(patches), repeated = side * side - patches;
   float score = 0.0;
   if (r < patches)
     for (uint h = 0u; h < p.heads; ++h) {

@@ -5,7 +5,7 @@
 // q, k_landmarks of k, over head h's columns c of the packed projection qkv [S_max, 3D]. One
 // invocation per (head, landmark, column).
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer qkv;
 layout(std430, binding = 1) readonly buffer Count { uint count; };

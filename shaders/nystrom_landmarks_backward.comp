@@ -4,7 +4,7 @@
 // dqkv[j, h*d + c] += scale / l * dq_landmarks[h, a(j), c], dqkv[j, D + h*d + c] +=
 // dk_landmarks[h, a(j), c] / l. One invocation per (row, query or key column).
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer QueryLandmarks { float dq_landmarks[]; };
 layout(std430, binding = 1) readonly buffer KeyLandmarks { float dk_landmarks[]; };

@@ -4,7 +4,7 @@
 // += sum_t weight[h, t] v[i + t - kernel / 2, h*d + c], v zero outside the S rows (the front
 // padding's rows are zero, as is the convolution's). One invocation per output.
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer qkv;
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };

@@ -2,7 +2,7 @@
 // The values' share of nystrom_residual's gradient: dqkv[j, 2D + h*d + c] += sum_t weight[h, t]
 // dout[j - t + kernel / 2, h*d + c] over the S rows. One invocation per value.
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer dout;
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };

@@ -3,7 +3,7 @@
 // columns c of dout[i, h*d + c] v[i + t - kernel / 2, h*d + c]. A workgroup per (head, tap),
 // its invocations sharing the (row, column) pairs.
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x = 256) in;
 #include "reduce.glsl"
 layout(binding = 0) uniform samplerBuffer dout;

@@ -5,7 +5,7 @@
 // sequence's front padding to P, the next multiple of `landmarks` (nystrom_attention.py pads
 // the sequence with zero rows, whose keys score 0): they count in the sum, and are not stored.
 #include "common.glsl"
-#include "transmil_geometry.glsl"
+#include "transmil_grid.glsl"
 layout(local_size_x = 64) in;
 #include "reduce.glsl"
 layout(std430, binding = 0) buffer X { float x[]; };

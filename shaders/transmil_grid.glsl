@@ -14,4 +14,10 @@ uint transmil_grid_side(uint instances) {
   return side;
 }
 
+// The rows of the sequence: the class token and the grid.
+uint transmil_sequence_length(uint instances) {
+  uint side = transmil_grid_side(instances);
+  return 1u + side * side;
+}
+
 #endif
