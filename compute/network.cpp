@@ -305,6 +305,7 @@ GraphLayout Network::layout() const {
       bool saved = spec.role == TensorRole::saved, prepared = spec.role == TensorRole::prepared;
       if ((saved || prepared) && reuse && fused[l].skipped) continue;
       if (spec.inference_only && !reuse) continue;  // bound as nullptr, never read
+      if (spec.training_only && reuse) continue;
       // Inference keeps what prepare() wrote for every pass; training rewrites it each forward.
       std::string category = in_checkpoint(spec.role) ? "parameters"
                              : prepared && reuse      ? "prepared weights"

@@ -46,6 +46,9 @@ struct TensorSpec {
   // A tensor that only inference reads (linear's scratch for transposing its weight in
   // prepare()): a training graph allocates none and binds nullptr in its place.
   bool inference_only = false;
+  // Its opposite: a saved tensor that only a training forward writes and backward reads
+  // (layer_norm's per-row statistics): an inference graph allocates none and binds nullptr.
+  bool training_only = false;
   // A large weight that every kernel reads through a texel view of its own type (GEMM operands,
   // samplerBuffer reads): an inference network stores it in its weight type instead of `dtype`
   // (Network::set_weight_dtype: fp16 halves a ViT's memory). Small tensors (biases, norms,

@@ -11,8 +11,6 @@
 // stores one fp16 intermediate on the way and for the reference's own 1e-4.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <ostream>
 
 #include "compute/ops/registry.h"
@@ -43,20 +41,7 @@ std::unique_ptr<Op> make(const Case& c) {
 }
 
 void expect_close(const std::vector<float>& half, const std::vector<float>& full, const std::string& what) {
-  ASSERT_EQ(half.size(), full.size()) << what;
-  double largest = 0, error = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < full.size(); ++i) {
-    largest = std::max(largest, std::abs(static_cast<double>(full[i])));
-    double e = std::abs(static_cast<double>(half[i]) - full[i]);
-    if (!(e <= error)) {
-      error = e;
-      worst = i;
-    }
-  }
-  EXPECT_LE(error, kTolerance * largest)
-      << what << ": max |fp16 - fp32| = " << error << " at [" << worst << "] (fp16 " << half[worst] << ", fp32 "
-      << full[worst] << "), max |fp32| = " << largest << ", relative " << error / std::max(largest, 1e-30);
+  double largest = test::expect_relative(half, full, kTolerance, what + ": fp16 against fp32");
   EXPECT_GT(largest, 0) << what << " is all zeros: the comparison would prove nothing";
 }
 
@@ -108,6 +93,7 @@ const Case kCases[] = {
     {{{"type", "attention_pool"}}, {{9, 3}, {9, 6}, {1}}, {DType::f32, DType::f32, DType::u32}, {{2, {7}}}},
     {{{"type", "tanh"}}, {{5, 13}}},
     {{{"type", "instance_mean"}}, {{9, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    {{{"type", "layer_norm"}}, {{2, 5, 37}}},
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {

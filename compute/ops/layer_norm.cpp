@@ -1,14 +1,32 @@
 #include "compute/ops/layer_norm.h"
 
+#include "compute/ops/bag_rows.h"
+#include "compute/ops/input_grad.h"
 #include "compute/vk/context.h"
 
 namespace tessera {
 
 namespace {
+enum Slot : size_t { weight, bias, statistics };
+
 struct Push {
   uint32_t rows, width;
   float eps;
 };
+struct InputGradPush {
+  uint32_t rows, width, accumulate;
+};
+struct ParametersPush {
+  uint32_t rows, width;
+};
+
+// A row kernel's specialization constants: its workgroup, and whether that is one subgroup.
+std::vector<int32_t> row_constants(vk::Kernels& kernels, int64_t width) {
+  const vk::TileTarget& target = kernels.tile_target();
+  uint32_t group = row_group(target, width);
+  bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
+  return {static_cast<int32_t>(group), subgroup_sum ? 1 : 0};
+}
 }  // namespace
 
 std::unique_ptr<Op> make_layer_norm(const LayerConfig& layer) {
@@ -33,17 +51,18 @@ Shape LayerNorm::infer(const std::vector<Shape>& inputs) {
 }
 
 std::vector<TensorSpec> LayerNorm::tensors() const {
+  TensorSpec saved{"statistics", {rows_, 2}, TensorRole::saved};
+  saved.training_only = true;
   return {{"weight", {width_}, TensorRole::parameter, DType::f32, {Init::ones}},
-          {"bias", {width_}, TensorRole::parameter, DType::f32, {Init::zeros}}};
+          {"bias", {width_}, TensorRole::parameter, DType::f32, {Init::zeros}},
+          saved};
 }
 
 void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& x, const Tensor& weight,
                        const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps) {
-  const vk::TileTarget& target = kernels.tile_target();
-  uint32_t group = row_group(target, width);
-  bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y,
-                                 {static_cast<int32_t>(group), subgroup_sum ? 1 : 0});
+  std::vector<int32_t> constants = row_constants(kernels, width);
+  auto group = static_cast<uint32_t>(constants[0]);
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y, constants);
   // One workgroup per row: `group` elements per row, spread over x and y.
   recorder.dispatch_elements(kernel, {reads(x), reads(weight), reads(bias), writes(y)},
                              Push{static_cast<uint32_t>(rows), static_cast<uint32_t>(width), eps},
@@ -51,7 +70,41 @@ void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tenso
 }
 
 void LayerNorm::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  record_layer_norm(recorder, kernels, *t.inputs[0], *t.tensors[0], *t.tensors[1], *t.output, rows_, width_, eps_);
+  const Tensor &x = *t.inputs[0], &y = *t.output;
+  if (!t.training) {
+    record_layer_norm(recorder, kernels, x, *t.tensors[weight], *t.tensors[bias], y, rows_, width_, eps_);
+    return;
+  }
+  // Training: the same kernel, which also keeps each row's statistics for backward.
+  if (!t.tensors[statistics]) throw std::logic_error("layer_norm: training forward without its saved statistics");
+  std::vector<int32_t> constants = row_constants(kernels, width_);
+  auto group = static_cast<uint32_t>(constants[0]);
+  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward_training, y, constants);
+  recorder.dispatch_elements(kernel,
+                             {reads(x), reads(*t.tensors[weight]), reads(*t.tensors[bias]), writes(y),
+                              writes(*t.tensors[statistics])},
+                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), eps_},
+                             static_cast<uint64_t>(rows_) * group, group);
+}
+
+void LayerNorm::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  const Tensor &x = *t.inputs[0], &dy = *t.output_grad, &saved = *t.tensors[statistics];
+  const auto rows = static_cast<uint32_t>(rows_), width = static_cast<uint32_t>(width_);
+  if (t.input_grads[0]) {
+    std::vector<int32_t> constants = row_constants(kernels, width_);
+    auto group = static_cast<uint32_t>(constants[0]);
+    auto kernel = kernel_for<InputGradPush>(kernels, vk::kernel::layer_norm_backward_input, dy, constants);
+    recorder.dispatch_elements(kernel,
+                               {reads(x), reads(*t.tensors[weight]), reads(saved), reads(dy), input_grad_arg(t, 0)},
+                               InputGradPush{rows, width, accumulates(t, 0)}, static_cast<uint64_t>(rows_) * group,
+                               group);
+  }
+  // One pass over dy for both parameters (record_bias_backward would read dy again, a column a
+  // workgroup, which strides through it).
+  auto parameters = kernels.get<ParametersPush>(vk::kernel::layer_norm_backward_parameters);
+  recorder.dispatch(parameters,
+                    {reads(x), reads(saved), reads(dy), updates(*t.grads[weight]), updates(*t.grads[bias])},
+                    ParametersPush{rows, width}, bag_column_groups(width_));
 }
 
 }  // namespace tessera

@@ -1,20 +1,25 @@
 // Layer normalisation, PyTorch's nn.LayerNorm over the last dimension with an affine weight and
-// bias (a ViT's norm1, norm2 and final norm). Inference only.
+// bias (a ViT's norm1, norm2 and final norm; TransMIL's layer norms, which train).
 #pragma once
 #include "compute/ops/registry.h"
 
 namespace tessera {
 
-class LayerNorm : public InferenceOp {
+class LayerNorm : public Op {
  public:
   explicit LayerNorm(float eps) : eps_(eps) {}
   std::string type() const override { return "layer_norm"; }
   // x [..., D] -> y [..., D]
   Shape infer(const std::vector<Shape>& inputs) override;
-  // weight [D] (ones), bias [D] (zeros), as PyTorch
+  // weight [D] (ones), bias [D] (zeros), as PyTorch; statistics [rows, 2] (each row's mean and
+  // inverse std: written by a training forward for backward, TensorSpec::training_only, so an
+  // inference graph allocates none)
   std::vector<TensorSpec> tensors() const override;
   // y = (x - mean) / sqrt(var + eps) * weight + bias per row (biased variance), one workgroup a row
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // dx from the saved statistics, one workgroup a row; dweight and dbias summed over the rows
+  // by workgroups of 16 columns that share the rows (bag_rows.glsl)
+  void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
 
  private:
   float eps_;

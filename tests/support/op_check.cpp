@@ -26,6 +26,26 @@ std::vector<int64_t> first_argmax_rows(const std::vector<float>& values, int64_t
   return rows;
 }
 
+double expect_relative(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
+                       const std::string& what) {
+  EXPECT_EQ(actual.size(), expected.size()) << what;
+  if (actual.size() != expected.size()) return 0;
+  double largest = 0, error = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    largest = std::max(largest, std::abs(static_cast<double>(expected[i])));
+    double e = std::abs(static_cast<double>(actual[i]) - expected[i]);
+    if (!(e <= error)) {
+      error = e;
+      worst = i;
+    }
+  }
+  EXPECT_LE(error, tolerance * largest) << what << ": max error " << error << " at [" << worst << "] (got "
+                                        << actual[worst] << ", expected " << expected[worst] << "), max |expected| "
+                                        << largest << ", relative " << error / std::max(largest, 1e-30);
+  return largest;
+}
+
 void expect_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
                  const char* what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
@@ -175,6 +195,16 @@ std::vector<float> OpCheck::forward_prepared() {
 }
 
 std::vector<std::vector<float>> OpCheck::backward(const std::vector<float>& output_grad) {
+  return run_backward(output_grad, nullptr);
+}
+
+std::vector<std::vector<float>> OpCheck::backward_adding(const std::vector<float>& output_grad,
+                                                         const std::vector<std::vector<float>>& before) {
+  return run_backward(output_grad, &before);
+}
+
+std::vector<std::vector<float>> OpCheck::run_backward(const std::vector<float>& output_grad,
+                                                      const std::vector<std::vector<float>>* before) {
   // Backward must not depend on what forward left in state tensors (running statistics), so
   // state is reset by upload() and forward runs again in the same program.
   upload();
@@ -182,7 +212,10 @@ std::vector<std::vector<float>> OpCheck::backward(const std::vector<float>& outp
   auto& layer = network_.layers()[0];
   for (auto& grad : layer.grads)
     if (grad) grad->upload(std::vector<float>(static_cast<size_t>(grad->count()), 0.0f));
-  run(true, false);
+  if (before)
+    for (size_t i = 0; i < input_tensors_.size(); ++i)
+      if (differentiable(i)) network_.input_grad("input" + std::to_string(i)).upload(before->at(i));
+  run(true, before != nullptr);
   std::vector<std::vector<float>> grads;
   for (size_t i = 0; i < input_tensors_.size(); ++i)
     grads.push_back(differentiable(i) ? network_.input_grad("input" + std::to_string(i)).download()

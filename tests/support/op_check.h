@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "compute/network.h"
@@ -47,6 +48,10 @@ class OpCheck {
   // Runs forward then backward with this upstream gradient. Returns the gradient of every
   // input (empty where an input has none) followed by the gradient of every parameter.
   std::vector<std::vector<float>> backward(const std::vector<float>& output_grad);
+  // backward() as a second consumer of the inputs runs it (OpTensors::accumulate_input_grads):
+  // each input's gradient starts at `before[i]` and backward adds to it.
+  std::vector<std::vector<float>> backward_adding(const std::vector<float>& output_grad,
+                                                  const std::vector<std::vector<float>>& before);
   // The op's tensor `s` (a TensorSpec's) as the last run left it (running statistics).
   std::vector<float> tensor_after_run(size_t s) const;
   // Compares backward() with central differences of L = sum(output_grad * forward()) at
@@ -63,6 +68,10 @@ class OpCheck {
   void upload_parameters(Network& network) const;
   Network::Bound bound_inputs() const;
   void run(bool backward, bool accumulate);
+  // Runs forward and backward from zeroed parameter gradients; input gradients start at
+  // `before` where accumulating. Returns what backward() returns.
+  std::vector<std::vector<float>> run_backward(const std::vector<float>& output_grad,
+                                               const std::vector<std::vector<float>>* before);
   bool differentiable(size_t input) const;
   // sum(output_grad * forward()), and sum |output_grad * forward()| (its rounding scale).
   std::pair<double, double> loss(const std::vector<float>& output_grad);
@@ -89,6 +98,12 @@ std::vector<int64_t> first_argmax_rows(const std::vector<float>& values, int64_t
 // (fp16-rounded) inputs: 1e-5 in fp32; in fp16, where each stored value is rounded once by up to
 // 2^-11 of itself, 4 x 2^-11.
 inline double forward_tolerance(DType activations) { return activations == DType::f16 ? 4.0 / 2048 : 1e-5; }
+
+// Scale-free: the largest error against the largest reference value, max |actual - expected| <=
+// tolerance * max |expected| (a reference of zeros needs zeros), so a gradient summed over
+// 70,000 rows is held as strictly as one over 5. Returns max |expected|.
+double expect_relative(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
+                       const std::string& what);
 
 // Expects two arrays to agree elementwise within tolerance * max(1, |expected|).
 void expect_near(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance,
