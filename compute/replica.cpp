@@ -100,10 +100,10 @@ std::vector<Replica::Planned> Replica::planned() const {
       const TensorSpec& spec = layers[l].specs[s];
       if (spec.role != TensorRole::parameter) continue;
       if (replicated_)
-        list.push_back({Kind::gradients, "gradients/" + layers[l].name + "." + spec.name, spec.shape, DType::f32, staging,
+        list.push_back({Kind::gradients, "gradients/" + tensor_name(layers[l].name, spec), spec.shape, DType::f32, staging,
                         "gradient exchange", 0, 0, l, s});
       for (auto& state : optimizer_->state(spec))
-        list.push_back({Kind::optimizer_state, layers[l].name + "." + spec.name + "." + state.name, state.shape,
+        list.push_back({Kind::optimizer_state, tensor_name(layers[l].name, spec) + "." + state.name, state.shape,
                         state.dtype, vk::MemoryUsage::device, "optimizer state", 0, 0, l, s});
     }
   return list;
@@ -143,7 +143,8 @@ void Replica::allocate() {
       case Kind::gradients: host_gradients_[network_.layers()[t.index].grads[t.spec].get()] = std::move(tensor); break;
       case Kind::optimizer_state: {
         const Network::Layer& layer = network_.layers()[t.index];
-        optimizer_states_[layer.name + "." + layer.specs[t.spec].name].push_back(std::move(tensor));
+        // Keyed as named_tensors() names the parameter (a model-level one, TransMIL's cls_token, unprefixed).
+        optimizer_states_[tensor_name(layer.name, layer.specs[t.spec])].push_back(std::move(tensor));
         break;
       }
     }

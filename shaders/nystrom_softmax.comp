@@ -4,9 +4,11 @@
 // columns past it become 0. With `padded`, the row also holds the P - S zero scores of the
 // sequence's front padding to P, the next multiple of `landmarks` (nystrom_attention.py pads
 // the sequence with zero rows, whose keys score 0): they count in the sum, and are not stored.
+#extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common.glsl"
 #include "transmil_grid.glsl"
-layout(local_size_x = 64) in;
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const bool SUBGROUP_SUM = false;  // the workgroup is one subgroup: no barriers
 #include "reduce.glsl"
 layout(std430, binding = 0) buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Count { uint count; };
@@ -16,7 +18,8 @@ layout(push_constant) uniform Push {
 
 shared float maxima[gl_WorkGroupSize.x];
 
-float workgroup_max(float value) {
+float row_max(float value) {
+  if (SUBGROUP_SUM) return subgroupMax(value);
   uint t = gl_LocalInvocationID.x;
   maxima[t] = value;
   barrier();
@@ -43,9 +46,9 @@ void main() {
   uint zeros = p.padded != 0u ? (sequence + p.landmarks - 1u) / p.landmarks * p.landmarks - sequence : 0u;
   float largest = zeros > 0u ? 0.0 : -3.402823466e38;
   for (uint i = lane; i < live; i += step) largest = max(largest, x[first + i]);
-  largest = workgroup_max(largest);
+  largest = row_max(largest);
   float sum = 0.0;
   for (uint i = lane; i < live; i += step) sum += exp(x[first + i] - largest);
-  sum = workgroup_sum(vec2(sum, 0.0)).x + float(zeros) * exp(-largest);
+  sum = (SUBGROUP_SUM ? subgroupAdd(sum) : workgroup_sum(vec2(sum, 0.0)).x) + float(zeros) * exp(-largest);
   for (uint i = lane; i < p.row_length; i += step) x[first + i] = i < live ? exp(x[first + i] - largest) / sum : 0.0;
 }

@@ -4,7 +4,8 @@ it among synthetic bags. Each tile's colour is viridis at the head's probability
 that tile alone (computed here from the checkpoint's parameters), on the fixed 0..1 scale; the
 legend band under the thumbnail holds the colour bar from viridis(0) to viridis(1) and its text.
 Mean, max and dsmil heads score tiles too (dsmil by its instance classifier); a clam-mb head by its
-attention to the last class, as each tile's percentile in the slide.
+attention to the last class, and a transmil head by its class token's attention, as each tile's
+percentile in the slide.
 A tumour-free synthetic slide is dark under the fixed scale and has a bright spot only under
 --scale slide. Bad input exits 5 and names the file: a missing feature file, a truncated
 checkpoint, coords outside the slide, and the features of another slide (by the name and size
@@ -274,6 +275,19 @@ def main():
         colours = tile_means(np.asarray(Image.open(out).convert("RGB"), dtype=np.float64)[:512], coords, scale)
         assert np.abs(colours - viridis(expected)).max() < 6, np.abs(colours - viridis(expected)).max()
         assert expected[tumour].mean() > 0.75, expected[tumour].mean()
+
+        # A transmil head scores each tile by the attention its second layer gives it from the class
+        # token (checked against a CPU reference in test_op_nystrom_attention), as its percentile:
+        # the whole inference graph (the PPEG's combined kernel, the class-attention output) runs.
+        transmil_model = os.path.join(work, "transmil.h5")
+        process = run(["train", "--features", features_dir, "--labels", labels, "--head", "transmil", "--epochs", 1,
+                       "--attention-hidden", 16, "--seed", 1, "--val-fraction", 0, "--checkpoint", transmil_model])
+        assert process.returncode == 0, process.stderr
+        process = heatmap(os.path.join(work, "transmil.png"), 1.0, checkpoint=transmil_model)
+        assert process.returncode == 0, process.stderr
+        summary = json.loads(process.stdout.strip().splitlines()[-1])
+        assert summary["score"] == "class-token attention percentile", summary
+        assert summary["score_max"] == 1.0 and 0 < summary["score_min"] <= 1 / len(coords) * 2, summary
 
         # A slide without tumour, its tiles' features all from the normal distribution: dark under the
         # fixed scale; --scale slide stretches its own small range so that its top tile is yellow.

@@ -155,7 +155,7 @@ TEST(NystromAttention, BackwardMatchesFiniteDifferences) {
     NystromAttention attention(c.heads, c.landmarks, 6, 33);
     test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 6, {DType::f32, DType::u32});
     check.inputs[1] = {static_cast<float>(c.count)};
-    check.expect_gradients_match();
+    check.expect_gradients_match(1e-2, 2e-2, 160);  // 160 elements of each tensor: a forward pass is ~90 dispatches
   }
 }
 

@@ -91,14 +91,17 @@ void run_heatmap(const HeatmapFlags& flags) {
                    std::to_string(tiles.coords.size() / 2));
   nlohmann::json model = read_checkpoint(flags.model).model;
   std::string positive = model["classes"].back().get<std::string>();
-  // A clam head's tiles are scored by their attention's percentile in the slide (jobs/mil.h tile_scores).
+  // A clam or transmil head's tiles are scored by their attention's percentile in the slide
+  // (jobs/mil.h tile_scores; transmil's from the class token).
   std::string head = model.value("head", std::string());
-  std::string score = head == "clam-sb"   ? "attention percentile"
-                      : head == "clam-mb" ? "attention percentile of class '" + positive + "'"
-                                          : "probability of class '" + positive + "'";
-  std::string legend_title = head == "clam-sb"   ? "attention percentile by tile"
-                             : head == "clam-mb" ? "attention to " + positive + " (percentile) by tile"
-                                                 : "P(" + positive + ") by tile";
+  std::string score = head == "clam-sb"    ? "attention percentile"
+                      : head == "clam-mb"  ? "attention percentile of class '" + positive + "'"
+                      : head == "transmil" ? "class-token attention percentile"
+                                           : "probability of class '" + positive + "'";
+  std::string legend_title = head == "clam-sb"    ? "attention percentile by tile"
+                             : head == "clam-mb"  ? "attention to " + positive + " (percentile) by tile"
+                             : head == "transmil" ? "class-token attention percentile by tile"
+                                                  : "P(" + positive + ") by tile";
   progress.update(1);
 
   auto [low, high] = std::minmax_element(scores.begin(), scores.end());

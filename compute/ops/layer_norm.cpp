@@ -20,19 +20,19 @@ struct ParametersPush {
   uint32_t rows, width;
 };
 
-// A row kernel's specialization constants: its workgroup, and whether that is one subgroup.
-std::vector<int32_t> row_constants(vk::Kernels& kernels, int64_t width) {
-  const vk::TileTarget& target = kernels.tile_target();
-  uint32_t group = row_group(target, width);
-  bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
-  return {static_cast<int32_t>(group), subgroup_sum ? 1 : 0};
-}
 }  // namespace
 
 std::unique_ptr<Op> make_layer_norm(const LayerConfig& layer) {
   double eps = layer.number("eps", 1e-5);
   if (!(eps > 0)) layer.fail("eps", "must be above 0");
   return std::make_unique<LayerNorm>(static_cast<float>(eps));
+}
+
+std::vector<int32_t> row_constants(vk::Kernels& kernels, int64_t width) {
+  const vk::TileTarget& target = kernels.tile_target();
+  uint32_t group = row_group(target, width);
+  bool subgroup_sum = group == target.subgroup_size && group == kernels.context().info().subgroup_size;
+  return {static_cast<int32_t>(group), subgroup_sum ? 1 : 0};
 }
 
 uint32_t row_group(const vk::TileTarget& target, int64_t width) {

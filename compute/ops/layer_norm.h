@@ -32,6 +32,9 @@ std::unique_ptr<Op> make_layer_norm(const LayerConfig& layer);
 // devices one subgroup, which sums without barriers; on GPUs 128 invocations, or fewer for a
 // short row.
 uint32_t row_group(const vk::TileTarget& target, int64_t width);
+// A row kernel's specialization constants (layer_norm's, nystrom_attention's softmax): its
+// workgroup (row_group), and whether that is one subgroup, which reduces without barriers.
+std::vector<int32_t> row_constants(vk::Kernels& kernels, int64_t width);
 
 // y = layer_norm(x) over rows of `width` (x [rows, width], weight and bias [width]), one workgroup a
 // row: LayerNorm's forward, for ops that normalise inside themselves (attentional_pool's ln_q, ln_k).

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "compute/ops/input_grad.h"
+#include "compute/ops/layer_norm.h"
 
 namespace tessera {
 
@@ -66,7 +67,7 @@ class Recording {
       uint32_t rows, length, dynamic, padded, landmarks;
     };
     auto [x_groups, y_groups] = vk::Recorder::element_groups(rows, 1);
-    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax), {updates(x), reads_count()},
+    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax, row_constants(kernels_, length)), {updates(x), reads_count()},
                        Push{rows, length, dynamic, padded ? 1u : 0u, g_.landmarks}, x_groups, y_groups, g_.heads);
   }
 
@@ -76,7 +77,7 @@ class Recording {
       uint32_t rows, length;
     };
     auto [x_groups, y_groups] = vk::Recorder::element_groups(rows, 1);
-    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax_backward), {reads(a), updates(g)},
+    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax_backward, row_constants(kernels_, length)), {reads(a), updates(g)},
                        Push{rows, length}, x_groups, y_groups, g_.heads);
   }
 
