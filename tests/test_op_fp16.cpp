@@ -108,6 +108,10 @@ const Case kCases[] = {
     {{{"type", "attention_pool"}}, {{9, 3}, {9, 6}, {1}}, {DType::f32, DType::f32, DType::u32}, {{2, {7}}}},
     {{{"type", "tanh"}}, {{5, 13}}},
     {{{"type", "instance_mean"}}, {{9, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    // TransMIL: a bag of 7 in a sequence sized for 12 (side 3 of 4), and its class token's output
+    {{{"type", "transmil_sequence"}}, {{12, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    {{{"type", "ppeg"}}, {{1, 17, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    {{{"type", "token_pool"}}, {{2, 6, 7}}},
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
