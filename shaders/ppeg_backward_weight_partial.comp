@@ -15,8 +15,8 @@
 #include "common.glsl"
 #include "transmil_grid.glsl"
 layout(local_size_x = 64) in;
-layout(std430, binding = 0) readonly buffer DY { ACT dy[]; };
-layout(std430, binding = 1) readonly buffer X { ACT x[]; };
+layout(binding = 0) uniform samplerBuffer dy;  // texels: llvmpipe loads them as vectors
+layout(binding = 1) uniform samplerBuffer x;
 layout(std430, binding = 2) readonly buffer Count { uint count; };
 layout(std430, binding = 3) writeonly buffer Partial { float partial[]; };
 layout(push_constant) uniform Push { uint width, side, accumulate, blocks; } p;
@@ -33,7 +33,7 @@ void main() {
   [[unroll]] for (uint tap = 0u; tap < TAPS; ++tap) sums[tap] = 0.0;
   if (c < p.width)
     for (uint q = first + slice; q < last; q += SLICES) {
-      float gradient = float(dy[(1u + q) * p.width + c]);
+      float gradient = texelFetch(dy, int((1u + q) * p.width + c)).x;
       sums[49] += gradient;
       int pixel_row = int(q / side), pixel_column = int(q % side);
       [[unroll]] for (int ky = 0; ky < 7; ++ky) {
@@ -43,7 +43,7 @@ void main() {
           int source_column = pixel_column + kx - 3;
           if (source_column < 0 || source_column >= int(side)) continue;
           uint source = 1u + uint(source_row) * side + uint(source_column);
-          sums[ky * 7 + kx] += gradient * float(x[source * p.width + c]);
+          sums[ky * 7 + kx] += gradient * texelFetch(x, int(source * p.width + c)).x;
         }
       }
     }

@@ -68,7 +68,7 @@ void Ppeg::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensor
         {reads(dy), reads(*t.inputs[1]), reads(*t.tensors[combined]), input_grad_arg(t, 0)}, push(accumulates(t, 0)),
         static_cast<uint64_t>(dy.count()), kElementwiseGroup);
   // A workgroup for every 16 channels and block of pixels (ppeg_backward_weight_partial.comp).
-  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::ppeg_backward_weight_partial, dy),
+  recorder.dispatch(kernels.get<Push>(vk::kernel::ppeg_backward_weight_partial),
                     {reads(dy), reads(*t.inputs[0]), reads(*t.inputs[1]), writes(*t.tensors[partial])}, push(0),
                     static_cast<uint32_t>((width_ + kChannelsPerGroup - 1) / kChannelsPerGroup),
                     static_cast<uint32_t>(blocks()));
