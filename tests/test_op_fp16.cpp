@@ -94,6 +94,11 @@ const Case kCases[] = {
     {{{"type", "tanh"}}, {{5, 13}}},
     {{{"type", "instance_mean"}}, {{9, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
     {{{"type", "layer_norm"}}, {{2, 5, 37}}},
+    // TransMIL: a bag of 7 in a sequence sized for 12 (side 3 of 4), its attention and its class token's output
+    {{{"type", "transmil_sequence"}}, {{12, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    {{{"type", "ppeg"}}, {{1, 17, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    {{{"type", "nystrom_attention"}, {"heads", 2}, {"landmarks", 4}}, {{1, 17, 24}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    {{{"type", "token_pool"}}, {{2, 6, 7}}},
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {

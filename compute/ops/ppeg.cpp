@@ -1,6 +1,5 @@
 #include "compute/ops/ppeg.h"
 
-#include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
 #include "compute/ops/transmil_sequence.h"
 
@@ -8,6 +7,7 @@ namespace tessera {
 
 namespace {
 constexpr int64_t kTaps = 50;  // a combined 7x7 kernel and the summed bias, per channel
+constexpr int64_t kChannelsPerGroup = 16;  // ppeg_backward_weight_partial.comp's LANES
 // tensors()'s order
 enum Slot : size_t { weight7, bias7, weight5, bias5, weight3, bias3, combined, partial };
 }  // namespace
@@ -67,9 +67,11 @@ void Ppeg::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensor
         kernel_for<Push>(kernels, vk::kernel::ppeg_backward_input, dy, {kElementwiseGroup}),
         {reads(dy), reads(*t.inputs[1]), reads(*t.tensors[combined]), input_grad_arg(t, 0)}, push(accumulates(t, 0)),
         static_cast<uint64_t>(dy.count()), kElementwiseGroup);
-  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::ppeg_backward_weight_partial, dy),
+  // A workgroup for every 16 channels and block of pixels (ppeg_backward_weight_partial.comp).
+  recorder.dispatch(kernels.get<Push>(vk::kernel::ppeg_backward_weight_partial),
                     {reads(dy), reads(*t.inputs[0]), reads(*t.inputs[1]), writes(*t.tensors[partial])}, push(0),
-                    bag_column_groups(width_), static_cast<uint32_t>(blocks()));
+                    static_cast<uint32_t>((width_ + kChannelsPerGroup - 1) / kChannelsPerGroup),
+                    static_cast<uint32_t>(blocks()));
   recorder.dispatch_elements(kernels.get<Push>(vk::kernel::ppeg_backward_weight, {kElementwiseGroup}),
                              {reads(*t.tensors[partial]), updates(*t.grads[weight7]), updates(*t.grads[bias7]),
                               updates(*t.grads[weight5]), updates(*t.grads[bias5]), updates(*t.grads[weight3]),
