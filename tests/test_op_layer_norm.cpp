@@ -156,6 +156,10 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
     test::OpCheck check(test::context(), norm, {shape}, 7);
     check.expect_gradients_match(1e-2, 2e-2, 64);
   }
+  // On a graph input without a gradient (a head's features): the parameters' alone.
+  LayerNorm norm(1e-5f);
+  test::OpCheck check(test::context(), norm, {Shape{5, 24}}, 8, {}, {false});
+  check.expect_gradients_match(1e-2, 2e-2, 64);
 }
 
 // 70,000 rows: the parameter gradients' sums over the rows are shared by a workgroup's

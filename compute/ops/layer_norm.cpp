@@ -101,7 +101,7 @@ void LayerNorm::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpT
   }
   // One pass over dy for both parameters (record_bias_backward would read dy again, a column a
   // workgroup, which strides through it).
-  auto parameters = kernels.get<ParametersPush>(vk::kernel::layer_norm_backward_parameters);
+  auto parameters = kernel_for<ParametersPush>(kernels, vk::kernel::layer_norm_backward_parameters, dy);
   recorder.dispatch(parameters,
                     {reads(x), reads(saved), reads(dy), updates(*t.grads[weight]), updates(*t.grads[bias])},
                     ParametersPush{rows, width}, bag_column_groups(width_));
