@@ -4,7 +4,9 @@
 // zero rows to a multiple of m), out = softmax(q kl^T) pinv(softmax(ql kl^T)) softmax(ql k^T) v
 // with the pseudo-inverse by 6 Newton-Schulz iterations, plus a depthwise convolution of v along
 // the sequence (res_conv). The sequence's length S comes from the bag's count on the device
-// (transmil_grid.glsl); rows past it are written 0 and get no gradient.
+// (transmil_grid.glsl); rows past it are written 0 and get no gradient. The output is the last
+// S rows of the padded sequence, as nystrom-attention 0.0.10 on (d7eb229, "fix padding bug");
+// TransMIL's requirements.txt pins 0.0.9, which returned the first S (the padding's rows among them).
 // With `class_attention` (inference: a heatmap's scores) the output is instead each patch's
 // attention from the class token, row 0 of softmax(q kl^T) pinv softmax(ql k^T), summed over
 // the patch's places in the sequence (its wrapped-around copy too) and averaged over the heads.
