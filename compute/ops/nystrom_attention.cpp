@@ -39,26 +39,24 @@ struct ProductPush {
   uint32_t accumulate;
 };
 
-struct Geometry {
-  uint32_t rows, heads, head_dim, landmarks, width;
-};
-
+// The recording of one pass: the products and softmaxes of every head at once (z workgroups).
 class Recording {
  public:
-  Recording(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, const Geometry& g)
-      : recorder_(recorder), kernels_(kernels), t_(t), g_(g), count_(*t.inputs[1]) {}
+  Recording(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, uint32_t heads, uint32_t landmarks)
+      : recorder_(recorder), kernels_(kernels), t_(t), heads_(heads), landmarks_(landmarks) {}
 
   const Tensor& slot(Slot s) const { return *t_.tensors[s]; }
+  vk::BufferArg reads_count() const { return vk::reads(t_.inputs[1]->buffer()); }
 
   // c (+)= alpha a b + diagonal I for every head.
   void product(uint32_t M, uint32_t N, uint32_t K, uint32_t dynamic, Operand a, Operand b, Operand c, float alpha,
                bool accumulate, float diagonal = 0) {
     auto kernel = kernel_for<ProductPush>(kernels_, vk::kernel::batched_product, *c.tensor);
-    constexpr uint32_t kBlock = 32;
+    constexpr uint32_t kBlock = 32;  // the kernel's outputs a workgroup: 8 x 8 invocations of 4 x 4
     recorder_.dispatch(kernel, {reads(*a.tensor), reads(*b.tensor), reads_count(), accumulate ? updates(*c.tensor) : writes(*c.tensor)},
                        ProductPush{M, N, K, dynamic, a.offset, a.batch, a.row, a.col, b.offset, b.batch, b.row, b.col,
                                    c.offset, c.batch, c.row, c.col, alpha, diagonal, accumulate ? 1u : 0u},
-                       (N + kBlock - 1) / kBlock, (M + kBlock - 1) / kBlock, g_.heads);
+                       (N + kBlock - 1) / kBlock, (M + kBlock - 1) / kBlock, heads_);
   }
 
   // Each row of x [heads, rows, length] its softmax, in place.
@@ -68,7 +66,7 @@ class Recording {
     };
     auto [x_groups, y_groups] = vk::Recorder::element_groups(rows, 1);
     recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax, row_constants(kernels_, length)), {updates(x), reads_count()},
-                       Push{rows, length, dynamic, padded ? 1u : 0u, g_.landmarks}, x_groups, y_groups, g_.heads);
+                       Push{rows, length, dynamic, padded ? 1u : 0u, landmarks_}, x_groups, y_groups, heads_);
   }
 
   // g (the gradient of softmax a, [heads, rows, length]) becomes the scores' gradient, in place.
@@ -78,16 +76,14 @@ class Recording {
     };
     auto [x_groups, y_groups] = vk::Recorder::element_groups(rows, 1);
     recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax_backward, row_constants(kernels_, length)), {reads(a), updates(g)},
-                       Push{rows, length}, x_groups, y_groups, g_.heads);
+                       Push{rows, length}, x_groups, y_groups, heads_);
   }
 
-  vk::BufferArg reads_count() const { return vk::reads(count_.buffer()); }
-
+ private:
   vk::Recorder& recorder_;
   vk::Kernels& kernels_;
   const OpTensors& t_;
-  Geometry g_;
-  const Tensor& count_;
+  uint32_t heads_, landmarks_;
 };
 
 }  // namespace
@@ -141,7 +137,7 @@ double NystromAttention::forward_flops() const {
 void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
-  Recording r(recorder, kernels, t, {S, H, d, m, D});
+  Recording r(recorder, kernels, t, H, m);
   const Tensor& qkv = *t.inputs[0];
   float scale = 1.0f / std::sqrt(static_cast<float>(d));
   struct LandmarkPush {
@@ -215,7 +211,7 @@ void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, con
 void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
-  Recording r(recorder, kernels, t, {S, H, d, m, D});
+  Recording r(recorder, kernels, t, H, m);
   const Tensor& qkv = *t.inputs[0];
   const Tensor& dout = *t.output_grad;
   float scale = 1.0f / std::sqrt(static_cast<float>(d));
