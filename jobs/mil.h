@@ -42,7 +42,7 @@ int attention_hidden(const MilOptions& mil);
 
 // The heads `--head` takes: attention (gated, ABMIL), mean and max pooling, dsmil, clam-sb, clam-mb and transmil.
 const std::vector<std::string>& mil_heads();
-// "attention, mean, max, dsmil, clam-sb or clam-mb": the heads for a message.
+// "attention, mean, max, dsmil, clam-sb, clam-mb or transmil": the heads for a message.
 std::string mil_head_list();
 
 // The settings of `mil` that a resumed run must share (TrainOptions::job_settings): the

@@ -59,32 +59,29 @@ std::vector<TensorSpec> LayerNorm::tensors() const {
 }
 
 void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& x, const Tensor& weight,
-                       const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps) {
+                       const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps,
+                       const Tensor* statistics) {
   std::vector<int32_t> constants = row_constants(kernels, width);
   auto group = static_cast<uint32_t>(constants[0]);
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y, constants);
+  Push push{static_cast<uint32_t>(rows), static_cast<uint32_t>(width), eps};
   // One workgroup per row: `group` elements per row, spread over x and y.
-  recorder.dispatch_elements(kernel, {reads(x), reads(weight), reads(bias), writes(y)},
-                             Push{static_cast<uint32_t>(rows), static_cast<uint32_t>(width), eps},
-                             static_cast<uint64_t>(rows) * group, group);
+  const uint64_t elements = static_cast<uint64_t>(rows) * group;
+  if (!statistics) {
+    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::layer_norm_forward, y, constants),
+                               {reads(x), reads(weight), reads(bias), writes(y)}, push, elements, group);
+    return;
+  }
+  // The same kernel, which also keeps each row's statistics for backward.
+  recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::layer_norm_forward_training, y, constants),
+                             {reads(x), reads(weight), reads(bias), writes(y), writes(*statistics)}, push, elements,
+                             group);
 }
 
 void LayerNorm::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  const Tensor &x = *t.inputs[0], &y = *t.output;
-  if (!t.training) {
-    record_layer_norm(recorder, kernels, x, *t.tensors[weight], *t.tensors[bias], y, rows_, width_, eps_);
-    return;
-  }
-  // Training: the same kernel, which also keeps each row's statistics for backward.
-  if (!t.tensors[statistics]) throw std::logic_error("layer_norm: training forward without its saved statistics");
-  std::vector<int32_t> constants = row_constants(kernels, width_);
-  auto group = static_cast<uint32_t>(constants[0]);
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::layer_norm_forward_training, y, constants);
-  recorder.dispatch_elements(kernel,
-                             {reads(x), reads(*t.tensors[weight]), reads(*t.tensors[bias]), writes(y),
-                              writes(*t.tensors[statistics])},
-                             Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), eps_},
-                             static_cast<uint64_t>(rows_) * group, group);
+  if (t.training && !t.tensors[statistics])
+    throw std::logic_error("layer_norm: training forward without its saved statistics");
+  record_layer_norm(recorder, kernels, *t.inputs[0], *t.tensors[weight], *t.tensors[bias], *t.output, rows_, width_, eps_,
+                    t.training ? t.tensors[statistics] : nullptr);
 }
 
 void LayerNorm::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {

@@ -38,7 +38,9 @@ std::vector<int32_t> row_constants(vk::Kernels& kernels, int64_t width);
 
 // y = layer_norm(x) over rows of `width` (x [rows, width], weight and bias [width]), one workgroup a
 // row: LayerNorm's forward, for ops that normalise inside themselves (attentional_pool's ln_q, ln_k).
+// With `statistics` ([rows, 2], a training forward's) each row's mean and inverse std are kept too.
 void record_layer_norm(vk::Recorder& recorder, vk::Kernels& kernels, const Tensor& x, const Tensor& weight,
-                       const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps);
+                       const Tensor& bias, const Tensor& y, int64_t rows, int64_t width, float eps,
+                       const Tensor* statistics = nullptr);
 
 }  // namespace tessera

@@ -113,18 +113,30 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
   float bound = 1.0f / std::sqrt(static_cast<float>(kernel_));  // Conv2d's default for fan_in = kernel
   int64_t h = heads_, m = landmarks_, d = head_dim_, s = rows_;
   auto saved = [](const char* name, Shape shape) { return TensorSpec{name, std::move(shape), TensorRole::saved}; };
+  auto backward_scratch = [&](const char* name, Shape shape) {
+    TensorSpec spec = saved(name, std::move(shape));
+    spec.training_only = true;
+    return spec;
+  };
+  auto class_scratch = [&](const char* name, Shape shape) {  // class_attention's, which never trains
+    TensorSpec spec = saved(name, std::move(shape));
+    spec.inference_only = true;
+    return spec;
+  };
   return {{"res_conv.weight", {h, 1, kernel_, 1}, TensorRole::parameter, DType::f32, {Init::uniform, bound}},
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
           saved("attention1", {h, s, m}), saved("attention2", {h, m, m}), saved("attention3", {h, m, s}),
-          saved("pinv_scales", {4}), saved("pinv_z", {iterations_ + 1, h, m, m}),
+          saved("pinv_scales", {3}), saved("pinv_z", {iterations_ + 1, h, m, m}),
           saved("pinv_xz", {iterations_, h, m, m}), saved("pinv_t1", {iterations_, h, m, m}),
           saved("pinv_t2", {iterations_, h, m, m}), saved("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
-          saved("grad_attention1", {h, s, m}), saved("grad_attention2", {h, m, m}), saved("grad_attention3", {h, m, s}),
-          saved("grad_pinv", {2, h, m, m}), saved("grad_t3", {h, m, m}), saved("grad_t2", {h, m, m}),
-          saved("grad_xz", {h, m, m}), saved("grad_mixed", {h, m, d}), saved("grad_values", {h, m, d}),
-          saved("grad_q_landmarks", {h, m, d}), saved("grad_k_landmarks", {h, m, d}),
-          saved("class_weights", {h, m}), saved("token_attention", {h, s})};
+          backward_scratch("grad_attention1", {h, s, m}), backward_scratch("grad_attention2", {h, m, m}),
+          backward_scratch("grad_attention3", {h, m, s}), backward_scratch("grad_pinv", {2, h, m, m}),
+          backward_scratch("grad_t3", {h, m, m}), backward_scratch("grad_t2", {h, m, m}),
+          backward_scratch("grad_xz", {h, m, m}), backward_scratch("grad_mixed", {h, m, d}),
+          backward_scratch("grad_values", {h, m, d}), backward_scratch("grad_q_landmarks", {h, m, d}),
+          backward_scratch("grad_k_landmarks", {h, m, d}),
+          class_scratch("class_weights", {h, m}), class_scratch("token_attention", {h, s})};
 }
 
 double NystromAttention::forward_flops() const {

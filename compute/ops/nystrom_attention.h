@@ -26,7 +26,8 @@ class NystromAttention : public Op {
   // [S_max - 1, 1], a score for each of the bag's first rows
   Shape infer(const std::vector<Shape>& inputs) override;
   // res_conv.weight [heads, 1, kernel, 1]; saved: the landmarks, the three softmaxes, every
-  // iterate of the pseudo-inverse, and backward's scratch
+  // iterate of the pseudo-inverse, backward's scratch (training graphs alone) and
+  // class_attention's (inference graphs alone)
   std::vector<TensorSpec> tensors() const override;
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;

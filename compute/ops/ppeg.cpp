@@ -36,7 +36,9 @@ std::vector<TensorSpec> Ppeg::tensors() const {
     specs.push_back({std::string(name) + ".bias", {width_}, TensorRole::parameter, DType::f32, init});
   }
   specs.push_back({"combined_kernel", {width_, kTaps}, TensorRole::prepared});
-  specs.push_back({"weight_grad_partial", {blocks(), width_, kTaps}, TensorRole::saved});
+  TensorSpec scratch{"weight_grad_partial", {blocks(), width_, kTaps}, TensorRole::saved};
+  scratch.training_only = true;  // backward's alone
+  specs.push_back(scratch);
   return specs;
 }
 

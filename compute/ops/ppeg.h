@@ -20,7 +20,7 @@ class Ppeg : public Op {
   // proj.weight [D,1,7,7], proj.bias, proj1.weight [D,1,5,5], proj1.bias, proj2.weight [D,1,3,3],
   // proj2.bias (TransMIL's names; PyTorch's Conv2d init: U(-1/k, 1/k) for a depthwise k x k);
   // combined_kernel [D, 50] (prepared: the three kernels as one 7x7 and the summed bias);
-  // weight_grad_partial [blocks, D, 50] (backward's scratch)
+  // weight_grad_partial [blocks, D, 50] (backward's scratch: training graphs alone)
   std::vector<TensorSpec> tensors() const override;
   // y[0] = x[0]; y[1 + i*side + j][c] = g + conv7(g) + conv5(g) + conv3(g) + biases, g the grid
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;

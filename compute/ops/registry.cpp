@@ -137,7 +137,6 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"avg_pool2d", make_avg_pool2d},
       {"global_avg_pool", make_global_avg_pool},
       {"instance_mean", make_instance_mean},
-      {"nystrom_attention", make_nystrom_attention},
       {"instance_max", make_instance_max},
       {"attention_gate", make_attention_gate},
       {"attention_pool", make_attention_pool},
@@ -146,8 +145,9 @@ std::unique_ptr<Op> make_op(const LayerConfig& layer) {
       {"clam_instance_loss", make_clam_instance_loss},
       {"tanh", make_tanh},
       {"input_normalize", make_input_normalize},
-      // TransMIL's sequence and its position encoding (bags of any size, from the count)
+      // TransMIL's sequence, its attention and its position encoding (bags of any size, from the count)
       {"transmil_sequence", make_transmil_sequence},
+      {"nystrom_attention", make_nystrom_attention},
       {"ppeg", make_ppeg},
       // Transformers (inference only; token_pool's class token also trains)
       {"layer_norm", make_layer_norm},
