@@ -88,8 +88,10 @@ void add_clam_layers(nlohmann::json& layers, const std::string& kind, int64_t hi
 // NystromAttention(LayerNorm(x)) (8 heads, hidden / 2 landmarks, 6 pseudo-inverse iterations,
 // the residual convolution of the values) with the PPEG position encoding between them, the
 // final LayerNorm of the class token and _fc2. Dropout (0.1 in to_out) is left out, as in the
-// other heads. For tile scores, the graph ends at the second layer's attention from the class
-// token to each patch.
+// other heads. Nothing reads the second layer's other rows, so it computes the class token's
+// alone (its attention still spans the sequence): the same logits, without two [S, D] products
+// and their gradients. For tile scores, the graph ends at the second layer's attention from the
+// class token to each patch.
 void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes, HeadUse use) {
   auto layer = [&](const std::string& name, const std::string& type, std::vector<std::string> inputs,
                    nlohmann::json fields = nlohmann::json::object()) {
@@ -98,21 +100,25 @@ void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes
   layer("_fc1.0", "linear", {"features"}, {{"out_features", hidden}});
   layer("_fc1.1", "relu", {"_fc1.0"});
   layer("sequence", "transmil_sequence", {"_fc1.1", "count"});
-  auto trans_layer = [&](const std::string& name, const std::string& input, const char* output) {
+  auto trans_layer = [&](const std::string& name, const std::string& input, const std::string& output) {
     layer(name + ".norm", "layer_norm", {input}, {{"eps", 1e-5}});
     layer(name + ".attn.to_qkv", "linear", {name + ".norm"}, {{"out_features", 3 * hidden}, {"bias", false}});
     layer(name + ".attn", "nystrom_attention", {name + ".attn.to_qkv", "count"},
           {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}, {"output", output}});
-    if (std::string(output) == "class_attention") return;
+    if (output == "class_attention") return;
     layer(name + ".attn.to_out.0", "linear", {name + ".attn"}, {{"out_features", hidden}});
-    layer(name, "add", {input, name + ".attn.to_out.0"});
+    std::string residual = input;
+    if (output == "class_token") {
+      residual = name + ".class_token";
+      layer(residual, "token_pool", {input}, {{"output", "class_token"}});
+    }
+    layer(name, "add", {residual, name + ".attn.to_out.0"});
   };
   trans_layer("layer1", "sequence", "values");
   layer("pos_layer", "ppeg", {"layer1", "count"});
-  trans_layer("layer2", "pos_layer", use == HeadUse::tile_scores ? "class_attention" : "values");
+  trans_layer("layer2", "pos_layer", use == HeadUse::tile_scores ? "class_attention" : "class_token");
   if (use == HeadUse::tile_scores) return;
-  layer("class_token", "token_pool", {"layer2"}, {{"output", "class_token"}});
-  layer("norm", "layer_norm", {"class_token"}, {{"eps", 1e-5}});
+  layer("norm", "layer_norm", {"layer2"}, {{"eps", 1e-5}});
   layer("_fc2", "linear", {"norm"}, {{"out_features", classes}});
 }
 

@@ -5,7 +5,8 @@
 // Element (b, r, c) of an operand is at offset + b * batch + r * row + c * col, so one kernel
 // serves every transposition and every head's columns of a packed projection. A dimension
 // flagged in `dynamic` is the bag's sequence length at most (transmil_grid.glsl, from the
-// count on the device): rows and columns past it are written 0, and the reduction stops there.
+// count on the device), less `start` where the operands are a chunk of the sequence from its
+// row `start` on: rows and columns past it are written 0, and the reduction stops there.
 // Each invocation owns 4 x 4 outputs of a 32 x 32 block; the reduction takes 4 steps an
 // iteration, so that a sequence of 100,000 rows stays within lavapipe's 65,535 loop iterations.
 #include "common.glsl"
@@ -21,13 +22,13 @@ layout(push_constant) uniform Push {
   uint b_offset, b_batch, b_row, b_col;
   uint c_offset, c_batch, c_row, c_col;
   float alpha, diagonal;
-  uint accumulate;
+  uint accumulate, start;
 } p;
 
 const uint BLOCK = 4u;
 
 void main() {
-  uint sequence = transmil_sequence_length(count);
+  uint whole = transmil_sequence_length(count), sequence = whole > p.start ? whole - p.start : 0u;
   uint rows = (p.dynamic & 1u) != 0u ? min(p.M, sequence) : p.M;
   uint columns = (p.dynamic & 2u) != 0u ? min(p.N, sequence) : p.N;
   uint depth = (p.dynamic & 4u) != 0u ? min(p.K, sequence) : p.K;

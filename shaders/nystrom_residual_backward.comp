@@ -1,6 +1,7 @@
 #version 450
 // The values' share of nystrom_residual's gradient: dqkv[j, 2D + h*d + c] += sum_t weight[h, t]
-// dout[j - t + kernel / 2, h*d + c] over the S rows. One invocation per value.
+// dout[j - t + kernel / 2, h*d + c] over the S rows, or over dout's first dout_rows (the class
+// token's alone where the attention gives only its row). One invocation per value.
 #include "common.glsl"
 #include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
@@ -9,7 +10,7 @@ layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) readonly buffer Count { uint count; };
 layout(std430, binding = 3) buffer Dqkv { ACT dqkv[]; };
 layout(push_constant) uniform Push {
-  uint rows, head_dim, width, kernel;
+  uint rows, head_dim, width, kernel, dout_rows;
 } p;
 
 void main() {
@@ -19,10 +20,11 @@ void main() {
   uint sequence = transmil_sequence_length(count);
   if (j >= sequence) return;
   int reach = int(p.kernel / 2u);
+  uint dout_rows = min(sequence, p.dout_rows);
   float sum = 0.0;
   for (int t = 0; t < int(p.kernel); ++t) {
     int i = int(j) - t + reach;
-    if (i >= 0 && i < int(sequence)) sum += weight[head * p.kernel + uint(t)] * texelFetch(dout, i * int(p.width) + int(column)).x;
+    if (i >= 0 && i < int(dout_rows)) sum += weight[head * p.kernel + uint(t)] * texelFetch(dout, i * int(p.width) + int(column)).x;
   }
   uint slot = j * 3u * p.width + 2u * p.width + column;
   dqkv[slot] = ACT(float(dqkv[slot]) + sum);

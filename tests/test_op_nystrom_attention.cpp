@@ -1,11 +1,16 @@
 // nystrom_attention against a CPU reference written from lucidrains' nystrom_attention.py (the
 // front zero padding to a multiple of the landmarks, landmark means, three softmaxes, the
 // iterative pseudo-inverse from the global maxima, the depthwise residual of v) and central
-// differences, on bags whose sequence is shorter than its padding (rows past it 0), fp32 and fp16.
+// differences, on bags whose sequence is shorter than its padding (rows past it 0), fp32 and fp16,
+// the sequence taken whole and in chunks of a few rows (the last one shorter, some past the bag),
+// and the class token's row alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include "compute/ops/nystrom_attention.h"
 #include "tests/support/op_check.h"
@@ -15,6 +20,7 @@ namespace tessera {
 namespace {
 
 using Matrix = std::vector<std::vector<double>>;
+using Output = NystromAttention::Output;
 
 Matrix product(const Matrix& a, const Matrix& b, bool transpose_b = false) {
   size_t rows = a.size(), depth = b.size(), columns = transpose_b ? b.size() : b[0].size();
@@ -123,45 +129,65 @@ std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const
   return class_attention ? scores : out;
 }
 
+std::string describe(const Case& c, int64_t chunk_rows) {
+  return "rows " + std::to_string(c.rows) + " count " + std::to_string(c.count) + " landmarks " +
+         std::to_string(c.landmarks) + " chunks of " + (chunk_rows ? std::to_string(chunk_rows) : std::string("all"));
+}
+
 TEST(NystromAttention, ForwardMatchesCpuAndZeroesRowsPastTheSequence) {
   constexpr int kIterations = 6, kKernel = 33;
   for (DType activations : {DType::f32, DType::f16})
     for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{17, 16, 8, 8, 16}, Case{5, 16, 8, 8, 1}, Case{10, 24, 2, 4, 9},
-                          Case{50, 16, 2, 4, 37}}) {
-      SCOPED_TRACE("rows " + std::to_string(c.rows) + " count " + std::to_string(c.count) + " landmarks " +
-                   std::to_string(c.landmarks) + (activations == DType::f16 ? " fp16" : " fp32"));
-      NystromAttention attention(c.heads, c.landmarks, kIterations, kKernel);
-      test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 5, {DType::f32, DType::u32}, {},
-                          activations);
-      check.inputs[1] = {static_cast<float>(c.count)};
-      std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], kIterations, kKernel);
-      test::expect_near(check.forward(), expected, activations == DType::f16 ? 1e-2 : 1e-4, "out");
-    }
+                          Case{50, 16, 2, 4, 37}})
+      for (int64_t chunk_rows : {0, 3}) {
+        SCOPED_TRACE(describe(c, chunk_rows) + (activations == DType::f16 ? " fp16" : " fp32"));
+        NystromAttention attention(c.heads, c.landmarks, kIterations, kKernel, Output::values, chunk_rows);
+        test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 5, {DType::f32, DType::u32}, {},
+                            activations);
+        check.inputs[1] = {static_cast<float>(c.count)};
+        std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], kIterations, kKernel);
+        test::expect_near(check.forward(), expected, activations == DType::f16 ? 1e-2 : 1e-4, "out");
+      }
 }
 
 TEST(NystromAttention, ClassAttentionMatchesCpu) {
-  for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 8, 2, 4, 9}}) {
-    SCOPED_TRACE("rows " + std::to_string(c.rows) + " count " + std::to_string(c.count));
-    NystromAttention attention(c.heads, c.landmarks, 6, 33, true);
-    test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 7, {DType::f32, DType::u32});
+  for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 8, 2, 4, 9}})
+    for (int64_t chunk_rows : {0, 4}) {
+      SCOPED_TRACE(describe(c, chunk_rows));
+      NystromAttention attention(c.heads, c.landmarks, 6, 33, Output::class_attention, chunk_rows);
+      test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 7, {DType::f32, DType::u32});
+      check.inputs[1] = {static_cast<float>(c.count)};
+      test::expect_near(check.forward(), reference(c, check.inputs[0], check.tensors[0], 6, 33, true), 1e-4, "scores");
+    }
+}
+
+TEST(NystromAttention, ClassTokenIsTheFirstRowOfTheValues) {
+  for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 24, 2, 4, 9}}) {
+    SCOPED_TRACE(describe(c, 4));
+    NystromAttention attention(c.heads, c.landmarks, 6, 33, Output::class_token, 4);
+    test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 8, {DType::f32, DType::u32});
     check.inputs[1] = {static_cast<float>(c.count)};
-    test::expect_near(check.forward(), reference(c, check.inputs[0], check.tensors[0], 6, 33, true), 1e-4, "scores");
+    std::vector<float> values = reference(c, check.inputs[0], check.tensors[0], 6, 33);
+    test::expect_near(check.forward(), std::vector<float>(values.begin(), values.begin() + c.width), 1e-4, "class token");
   }
 }
 
 TEST(NystromAttention, BackwardMatchesFiniteDifferences) {
-  for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 8, 2, 4, 9}}) {
-    SCOPED_TRACE("rows " + std::to_string(c.rows) + " count " + std::to_string(c.count));
-    NystromAttention attention(c.heads, c.landmarks, 6, 33);
+  for (auto [c, output, chunk_rows] : {std::tuple{Case{17, 16, 8, 8, 7}, Output::values, int64_t{5}},
+                                       std::tuple{Case{10, 8, 2, 4, 9}, Output::values, int64_t{0}},
+                                       std::tuple{Case{10, 8, 2, 4, 9}, Output::class_token, int64_t{3}}}) {
+    SCOPED_TRACE(describe(c, chunk_rows) + (output == Output::class_token ? " class token" : ""));
+    NystromAttention attention(c.heads, c.landmarks, 6, 33, output, chunk_rows);
     test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 6, {DType::f32, DType::u32});
     check.inputs[1] = {static_cast<float>(c.count)};
-    check.expect_gradients_match(1e-2, 2e-2, 160);  // 160 elements of each tensor: a forward pass is ~90 dispatches
+    check.expect_gradients_match(1e-2, 2e-2, 160);  // 160 elements of each tensor: a forward pass is ~100 dispatches
   }
 }
 
 TEST(NystromAttention, RejectsShapesItCannotSplitIntoHeads) {
   NystromAttention attention(8, 8, 6, 33);
   EXPECT_EQ(attention.infer({{1, 17, 48}, {1}}), (Shape{1, 17, 16}));
+  EXPECT_EQ(NystromAttention(8, 8, 6, 33, Output::class_token).infer({{1, 17, 48}, {1}}), (Shape{1, 16}));
   EXPECT_THROW(attention.infer({{1, 17, 40}, {1}}), ShapeError);
   EXPECT_THROW(attention.infer({{2, 17, 48}, {1}}), ShapeError);
   EXPECT_THROW(attention.infer({{1, 17, 48}}), ShapeError);

@@ -1,6 +1,9 @@
 #include "compute/ops/nystrom_attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "compute/ops/input_grad.h"
 #include "compute/ops/layer_norm.h"
@@ -13,13 +16,18 @@ namespace {
 enum Slot : size_t {
   kWeight,
   kQueryLandmarks, kKeyLandmarks,
-  kAttention1, kAttention2, kAttention3,  // softmax(q kl^T) [h, S, m], softmax(ql kl^T) [h, m, m], softmax(ql k^T) [h, m, S]
+  kScores,  // a chunk of softmax(q kl^T) [h, C, m] or of softmax(ql k^T) [h, m, C]
+  kAttention2,  // softmax(ql kl^T) [h, m, m]
+  kStats3,  // each row of softmax(ql k^T): its maximum and sum of exponentials [h, m, 2]
   kPinvScales, kPinvZ, kPinvXz, kPinvT1, kPinvT2, kPinvT3,  // the iterates of moore_penrose_iter_pinv
-  kValues, kMixed,  // w = attention3 v, y = pinv w [h, m, d]
-  kGradAttention1, kGradAttention2, kGradAttention3, kGradPinv, kGradT3, kGradT2, kGradXz,
+  kValues, kMixed,  // w = softmax(ql k^T) v, y = pinv w [h, m, d]
+  kGradScores, kGradAttention2, kGradPinv, kGradT3, kGradT2, kGradXz,
   kGradMixed, kGradValues, kGradQueryLandmarks, kGradKeyLandmarks,
   kClassWeights, kTokenAttention,  // class_attention: row 0 of a1 pinv [h, m], then of a1 pinv a3 [h, S]
 };
+
+// A chunk's scores take at most this many floats (32 MiB), unless a chunk_rows asks otherwise.
+constexpr int64_t kChunkFloats = int64_t{1} << 23;
 
 // Element (b, r, c) of a batched matrix is at offset + b * batch + r * row + c * col.
 struct Operand {
@@ -36,8 +44,11 @@ struct ProductPush {
   uint32_t b_offset, b_batch, b_row, b_col;
   uint32_t c_offset, c_batch, c_row, c_col;
   float alpha, diagonal;
-  uint32_t accumulate;
+  uint32_t accumulate, start;
 };
+
+// softmax_stats's modes (shaders/nystrom_softmax_stats.comp).
+enum StatsMode : uint32_t { kStartStats = 0, kFoldStats = 1, kApplyStats = 2 };
 
 // The recording of one pass: the products and softmaxes of every head at once (z workgroups).
 class Recording {
@@ -48,35 +59,51 @@ class Recording {
   const Tensor& slot(Slot s) const { return *t_.tensors[s]; }
   vk::BufferArg reads_count() const { return vk::reads(t_.inputs[1]->buffer()); }
 
-  // c (+)= alpha a b + diagonal I for every head.
+  // c (+)= alpha a b + diagonal I for every head; a dynamic dimension holds the sequence's rows
+  // from `start` on.
   void product(uint32_t M, uint32_t N, uint32_t K, uint32_t dynamic, Operand a, Operand b, Operand c, float alpha,
-               bool accumulate, float diagonal = 0) {
+               bool accumulate, float diagonal = 0, uint32_t start = 0) {
     auto kernel = kernel_for<ProductPush>(kernels_, vk::kernel::batched_product, *c.tensor);
     constexpr uint32_t kBlock = 32;  // the kernel's outputs a workgroup: 8 x 8 invocations of 4 x 4
     recorder_.dispatch(kernel, {reads(*a.tensor), reads(*b.tensor), reads_count(), accumulate ? updates(*c.tensor) : writes(*c.tensor)},
                        ProductPush{M, N, K, dynamic, a.offset, a.batch, a.row, a.col, b.offset, b.batch, b.row, b.col,
-                                   c.offset, c.batch, c.row, c.col, alpha, diagonal, accumulate ? 1u : 0u},
+                                   c.offset, c.batch, c.row, c.col, alpha, diagonal, accumulate ? 1u : 0u, start},
                        (N + kBlock - 1) / kBlock, (M + kBlock - 1) / kBlock, heads_);
   }
 
-  // Each row of x [heads, rows, length] its softmax, in place.
-  void softmax(const Tensor& x, uint32_t rows, uint32_t length, uint32_t dynamic, bool padded) {
+  // Each row of x [heads, rows, length] its softmax, in place; with dynamic_rows the rows are
+  // the sequence's from `start` on.
+  void softmax(const Tensor& x, uint32_t rows, uint32_t length, bool dynamic_rows, uint32_t start = 0) {
     struct Push {
-      uint32_t rows, length, dynamic, padded, landmarks;
+      uint32_t rows, length, dynamic_rows, start;
     };
     auto [x_groups, y_groups] = vk::Recorder::element_groups(rows, 1);
     recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax, row_constants(kernels_, length)), {updates(x), reads_count()},
-                       Push{rows, length, dynamic, padded ? 1u : 0u, landmarks_}, x_groups, y_groups, heads_);
+                       Push{rows, length, dynamic_rows ? 1u : 0u, start}, x_groups, y_groups, heads_);
   }
 
-  // g (the gradient of softmax a, [heads, rows, length]) becomes the scores' gradient, in place.
-  void softmax_backward(const Tensor& a, const Tensor& g, uint32_t rows, uint32_t length) {
+  // softmax(ql k^T) over the columns start .. start + length held in scores [heads, m, length]:
+  // its row statistics started or folded in, or the chunk made its values.
+  void softmax_stats(uint32_t length, uint32_t start, StatsMode mode) {
     struct Push {
-      uint32_t rows, length;
+      uint32_t rows, length, start, landmarks, mode;
+    };
+    auto [x_groups, y_groups] = vk::Recorder::element_groups(landmarks_, 1);
+    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax_stats, row_constants(kernels_, length)),
+                       {updates(slot(kScores)), updates(slot(kStats3)), reads_count()},
+                       Push{landmarks_, length, start, landmarks_, mode}, x_groups, y_groups, heads_);
+  }
+
+  // g (the gradient of softmax a, [heads, rows, length]) becomes the scores' gradient, in place;
+  // with head_dim, a's rows span chunks and their sums come from dw and w (grad_values, values).
+  void softmax_backward(const Tensor& a, const Tensor& g, uint32_t rows, uint32_t length, uint32_t head_dim = 0) {
+    struct Push {
+      uint32_t rows, length, head_dim;
     };
     auto [x_groups, y_groups] = vk::Recorder::element_groups(rows, 1);
-    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax_backward, row_constants(kernels_, length)), {reads(a), updates(g)},
-                       Push{rows, length}, x_groups, y_groups, heads_);
+    recorder_.dispatch(kernels_.get<Push>(vk::kernel::nystrom_softmax_backward, row_constants(kernels_, length)),
+                       {reads(a), updates(g), reads(slot(kGradValues)), reads(slot(kValues))}, Push{rows, length, head_dim},
+                       x_groups, y_groups, heads_);
   }
 
  private:
@@ -86,12 +113,24 @@ class Recording {
   uint32_t heads_, landmarks_;
 };
 
+// The sequence in chunks of `chunk` rows: each chunk's first row and its rows (the last holds the rest).
+std::vector<std::pair<uint32_t, uint32_t>> chunks(int64_t rows, int64_t chunk) {
+  std::vector<std::pair<uint32_t, uint32_t>> result;
+  for (int64_t first = 0; first < rows; first += chunk)
+    result.emplace_back(static_cast<uint32_t>(first), static_cast<uint32_t>(std::min(chunk, rows - first)));
+  return result;
+}
+
 }  // namespace
 
 std::unique_ptr<Op> make_nystrom_attention(const LayerConfig& layer) {
-  return std::make_unique<NystromAttention>(layer.integer("heads", 8, 1), layer.integer("landmarks", 256, 1),
-                                            layer.integer("pinv_iterations", 6, 1, 64), layer.integer("residual_kernel", 33, 1),
-                                            layer.choice("output", "values", {"values", "class_attention"}) == "class_attention");
+  using Output = NystromAttention::Output;
+  std::string output = layer.choice("output", "values", {"values", "class_token", "class_attention"});
+  return std::make_unique<NystromAttention>(
+      layer.integer("heads", 8, 1), layer.integer("landmarks", 256, 1), layer.integer("pinv_iterations", 6, 1, 64),
+      layer.integer("residual_kernel", 33, 1),
+      output == "class_token" ? Output::class_token : output == "class_attention" ? Output::class_attention : Output::values,
+      layer.integer("chunk_rows", 0, 0));
 }
 
 Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
@@ -105,7 +144,9 @@ Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
   rows_ = inputs[0][1];
   width_ = inputs[0][2] / 3;
   head_dim_ = width_ / heads_;
-  if (class_attention_) return {rows_ - 1, 1};
+  chunk_ = std::min(rows_, chunk_rows_ > 0 ? chunk_rows_ : std::max<int64_t>(1, kChunkFloats / (heads_ * landmarks_)));
+  if (output_ == Output::class_attention) return {rows_ - 1, 1};
+  if (output_ == Output::class_token) return {1, width_};
   return {1, rows_, width_};
 }
 
@@ -125,23 +166,23 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
   };
   return {{"res_conv.weight", {h, 1, kernel_, 1}, TensorRole::parameter, DType::f32, {Init::uniform, bound}},
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
-          saved("attention1", {h, s, m}), saved("attention2", {h, m, m}), saved("attention3", {h, m, s}),
+          saved("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
           saved("pinv_scales", {3}), saved("pinv_z", {iterations_ + 1, h, m, m}),
           saved("pinv_xz", {iterations_, h, m, m}), saved("pinv_t1", {iterations_, h, m, m}),
           saved("pinv_t2", {iterations_, h, m, m}), saved("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
-          backward_scratch("grad_attention1", {h, s, m}), backward_scratch("grad_attention2", {h, m, m}),
-          backward_scratch("grad_attention3", {h, m, s}), backward_scratch("grad_pinv", {2, h, m, m}),
-          backward_scratch("grad_t3", {h, m, m}), backward_scratch("grad_t2", {h, m, m}),
-          backward_scratch("grad_xz", {h, m, m}), backward_scratch("grad_mixed", {h, m, d}),
-          backward_scratch("grad_values", {h, m, d}), backward_scratch("grad_q_landmarks", {h, m, d}),
-          backward_scratch("grad_k_landmarks", {h, m, d}),
+          backward_scratch("grad_scores", {h, chunk_, m}), backward_scratch("grad_attention2", {h, m, m}),
+          backward_scratch("grad_pinv", {2, h, m, m}), backward_scratch("grad_t3", {h, m, m}),
+          backward_scratch("grad_t2", {h, m, m}), backward_scratch("grad_xz", {h, m, m}),
+          backward_scratch("grad_mixed", {h, m, d}), backward_scratch("grad_values", {h, m, d}),
+          backward_scratch("grad_q_landmarks", {h, m, d}), backward_scratch("grad_k_landmarks", {h, m, d}),
           class_scratch("class_weights", {h, m}), class_scratch("token_attention", {h, s})};
 }
 
 double NystromAttention::forward_flops() const {
+  // Over the sequence: q kl^T, ql k^T twice (its statistics, then its values), a3 v and a1 y.
   double s = static_cast<double>(rows_), m = static_cast<double>(landmarks_), d = static_cast<double>(head_dim_);
-  double per_head = 2 * (s * m * d * 3 + m * m * d + m * m * m * 4 * static_cast<double>(iterations_) + m * m * d) +
+  double per_head = 2 * (s * m * d * 5 + m * m * d + m * m * m * 4 * static_cast<double>(iterations_) + m * m * d) +
                     2 * s * d * static_cast<double>(kernel_);
   return per_head * static_cast<double>(heads_);
 }
@@ -159,16 +200,16 @@ void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, con
   recorder.dispatch_elements(kernels.get<LandmarkPush>(vk::kernel::nystrom_landmarks, {kElementwiseGroup}),
                              {reads(qkv), r.reads_count(), writes(r.slot(kQueryLandmarks)), writes(r.slot(kKeyLandmarks))},
                              LandmarkPush{H, d, m, D, scale}, uint64_t{H} * m * d, kElementwiseGroup);
-  const uint32_t mm = m * m, md = m * d, sm = S * m, stride = 3 * D;
-  Operand queries{&qkv, 0, d, stride, 1}, keys_t{&qkv, D, d, 1, stride}, values{&qkv, 2 * D, d, stride, 1};
+  const uint32_t mm = m * m, md = m * d, stride = 3 * D;
+  // A chunk of the sequence from row `first` on: its queries, keys (transposed) and values.
+  auto queries = [&](uint32_t first) { return Operand{&qkv, first * stride, d, stride, 1}; };
+  auto keys_t = [&](uint32_t first) { return Operand{&qkv, first * stride + D, d, 1, stride}; };
+  auto values = [&](uint32_t first) { return Operand{&qkv, first * stride + 2 * D, d, stride, 1}; };
+  auto scores = [&](uint32_t rows, uint32_t columns) { return Operand{&r.slot(kScores), 0, rows * columns, columns, 1}; };
   Operand ql{&r.slot(kQueryLandmarks), 0, md, d, 1}, kl_t{&r.slot(kKeyLandmarks), 0, md, 1, d};
-  Operand a1{&r.slot(kAttention1), 0, sm, m, 1}, a2{&r.slot(kAttention2), 0, mm, m, 1}, a3{&r.slot(kAttention3), 0, sm, S, 1};
-  r.product(S, m, d, kRows, queries, kl_t, a1, scale, false);
-  r.softmax(*a1.tensor, S, m, kRows, false);
+  Operand a2{&r.slot(kAttention2), 0, mm, m, 1};
   r.product(m, m, d, kStatic, ql, kl_t, a2, 1, false);
-  r.softmax(*a2.tensor, m, m, kStatic, false);
-  r.product(m, S, d, kColumns, ql, keys_t, a3, 1, false);
-  r.softmax(*a3.tensor, m, S, kColumns, true);
+  r.softmax(*a2.tensor, m, m, false);
   // z_{k+1} = z_k (13 I - xz (15 I - xz (7 I - xz))) / 4, xz = a2 z_k
   struct PinvPush {
     uint32_t heads, side;
@@ -193,59 +234,109 @@ void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, con
     r.product(m, m, m, kStatic, z, t3, next, 0.25f, false);
   }
   Operand pinv{&r.slot(kPinvZ), static_cast<uint32_t>(iterations_) * step, mm, m, 1};
-  if (class_attention_) {
-    Operand weights{&r.slot(kClassWeights), 0, m, m, 1}, tokens{&r.slot(kTokenAttention), 0, S, S, 1};
-    r.product(1, m, m, kStatic, a1, pinv, weights, 1, false);
-    r.product(1, S, m, kColumns, weights, a3, tokens, 1, false);
+  // softmax(ql k^T)'s row statistics, then a chunk of its values at a time (a3_c).
+  const auto sequence = chunks(rows_, chunk_);
+  for (auto [first, length] : sequence) {
+    r.product(m, length, d, kColumns, ql, keys_t(first), scores(m, length), 1, false, 0, first);
+    r.softmax_stats(length, first, first == 0 ? kStartStats : kFoldStats);
+  }
+  auto attention3 = [&](uint32_t first, uint32_t length) {
+    r.product(m, length, d, kColumns, ql, keys_t(first), scores(m, length), 1, false, 0, first);
+    r.softmax_stats(length, first, kApplyStats);
+  };
+  if (output_ == Output::class_attention) {
+    // Row 0 of a1 (the class token's), of a1 pinv, then of a1 pinv a3 a chunk at a time.
+    Operand weights{&r.slot(kClassWeights), 0, m, m, 1};
+    r.product(1, m, d, kStatic, queries(0), kl_t, scores(1, m), scale, false);
+    r.softmax(r.slot(kScores), 1, m, false);
+    r.product(1, m, m, kStatic, scores(1, m), pinv, weights, 1, false);
+    for (auto [first, length] : sequence) {
+      attention3(first, length);
+      r.product(1, length, m, kColumns, weights, scores(m, length), Operand{&r.slot(kTokenAttention), first, S, S, 1}, 1,
+                false, 0, first);
+    }
     struct ClassPush {
       uint32_t patches_max, rows, heads;
     };
     recorder.dispatch_elements(kernel_for<ClassPush>(kernels, vk::kernel::nystrom_class_attention, *t.output, {kElementwiseGroup}),
-                               {reads(*tokens.tensor), r.reads_count(), writes(*t.output)}, ClassPush{S - 1, S, H}, S - 1,
-                               kElementwiseGroup);
+                               {reads(r.slot(kTokenAttention)), r.reads_count(), writes(*t.output)},
+                               ClassPush{S - 1, S, H}, S - 1, kElementwiseGroup);
     return;
   }
   Operand w{&r.slot(kValues), 0, md, d, 1}, y{&r.slot(kMixed), 0, md, d, 1};
-  r.product(m, d, S, kDepth, a3, values, w, 1, false);
+  for (auto [first, length] : sequence) {
+    attention3(first, length);
+    r.product(m, d, length, kDepth, scores(m, length), values(first), w, 1, first > 0, 0, first);
+  }
   r.product(m, d, m, kStatic, pinv, w, y, 1, false);
-  r.product(S, d, m, kRows, a1, y, Operand{t.output, 0, d, D, 1}, 1, false);
+  // out = a1 y, a chunk of rows at a time (the class token's row alone where that is the output).
+  const bool class_token = output_ == Output::class_token;
+  const uint32_t out_rows = class_token ? 1 : S;
+  for (auto [first, length] : class_token ? chunks(1, 1) : sequence) {
+    r.product(length, m, d, kRows, queries(first), kl_t, scores(length, m), scale, false, 0, first);
+    r.softmax(r.slot(kScores), length, m, true, first);
+    r.product(length, d, m, kRows, scores(length, m), y, Operand{t.output, first * D, d, D, 1}, 1, false, 0, first);
+  }
   struct ResidualPush {
     uint32_t rows, head_dim, width, kernel;
   };
   recorder.dispatch_elements(kernel_for<ResidualPush>(kernels, vk::kernel::nystrom_residual, *t.output, {kElementwiseGroup}),
                              {reads(qkv), reads(r.slot(kWeight)), r.reads_count(), updates(*t.output)},
-                             ResidualPush{S, d, D, static_cast<uint32_t>(kernel_)}, uint64_t{S} * D, kElementwiseGroup);
+                             ResidualPush{out_rows, d, D, static_cast<uint32_t>(kernel_)}, uint64_t{out_rows} * D,
+                             kElementwiseGroup);
 }
 
-// The forward pass's products in reverse (the header's names): out = a1 y, y = pinv w,
-// w = a3 v, the pseudo-inverse's iterations and its start, the three softmaxes, the scores
-// q kl^T, ql kl^T, ql k^T, and the landmarks' means; then the residual convolution's share.
+// The forward pass's products in reverse (the header's names): out = a1 y with a1's scores
+// q kl^T a chunk of rows at a time, y = pinv w, the pseudo-inverse's iterations and its start,
+// softmax(ql kl^T), w = a3 v with a3's scores ql k^T a chunk at a time, and the landmarks'
+// means; then the residual convolution's share.
 void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
   Recording r(recorder, kernels, t, H, m);
   const Tensor& qkv = *t.inputs[0];
   const Tensor& dout = *t.output_grad;
+  const Tensor& dqkv = *t.input_grads[0];
+  // With the class token's row alone, a1's share reaches the queries of that row only: the
+  // other rows' start from zero, and every share adds.
+  const bool accumulate_input = t.accumulate_input_grads[0] || output_ == Output::class_token;
+  if (!t.accumulate_input_grads[0] && output_ == Output::class_token) recorder.fill(dqkv.buffer(), 0);
   float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const uint32_t mm = m * m, md = m * d, sm = S * m, stride = 3 * D, step = H * mm;
+  const uint32_t mm = m * m, md = m * d, stride = 3 * D, step = H * mm;
   const auto iterations = static_cast<uint32_t>(iterations_);
   auto square = [&](Slot s, uint32_t offset = 0) { return Operand{&r.slot(s), offset, mm, m, 1}; };
   auto square_t = [&](Slot s, uint32_t offset = 0) { return Operand{&r.slot(s), offset, mm, 1, m}; };
   auto narrow = [&](Slot s) { return Operand{&r.slot(s), 0, md, d, 1}; };    // [h, m, d]
   auto narrow_t = [&](Slot s) { return Operand{&r.slot(s), 0, md, 1, d}; };  // its transpose [h, d, m]
-  Operand queries{&qkv, 0, d, stride, 1}, keys{&qkv, D, d, stride, 1};
-  Operand values_t{&qkv, 2 * D, d, 1, stride}, dout_heads{&dout, 0, d, D, 1};
-  Operand a1{&r.slot(kAttention1), 0, sm, m, 1}, a1_t{&r.slot(kAttention1), 0, sm, 1, m};
-  Operand a3_t{&r.slot(kAttention3), 0, sm, 1, S};
-  Operand g1{&r.slot(kGradAttention1), 0, sm, m, 1}, g1_t{&r.slot(kGradAttention1), 0, sm, 1, m};
-  Operand g3{&r.slot(kGradAttention3), 0, sm, S, 1}, g3_t{&r.slot(kGradAttention3), 0, sm, 1, S};
-  Operand pinv_t = square_t(kPinvZ, iterations * step);
+  // A chunk of the sequence from row `first` on, as the forward pass reads it, and its gradient's columns.
+  auto sequence_part = [&](const Tensor& x, uint32_t first, uint32_t column) {
+    return Operand{&x, first * stride + column, d, stride, 1};
+  };
+  auto keys_t = [&](uint32_t first) { return Operand{&qkv, first * stride + D, d, 1, stride}; };
+  auto values_t = [&](uint32_t first) { return Operand{&qkv, first * stride + 2 * D, d, 1, stride}; };
+  // A chunk's scores (or their gradients) [h, rows, columns], and transposed.
+  auto chunk = [&](Slot s, uint32_t rows, uint32_t columns) { return Operand{&r.slot(s), 0, rows * columns, columns, 1}; };
+  auto chunk_t = [&](Slot s, uint32_t rows, uint32_t columns) { return Operand{&r.slot(s), 0, rows * columns, 1, columns}; };
+  Operand kl_t{&r.slot(kKeyLandmarks), 0, md, 1, d};
+  const auto sequence = chunks(rows_, chunk_);
 
-  // out = a1 y
-  r.product(S, m, d, kRows, dout_heads, narrow_t(kMixed), g1, 1, false);
-  r.product(m, d, S, kDepth, a1_t, dout_heads, narrow(kGradMixed), 1, false);
-  r.softmax_backward(*a1.tensor, *g1.tensor, S, m);
+  // out = a1 y: a1's chunk recomputed; dy, then a1's scores' gradient to q and kl.
+  const bool class_token = output_ == Output::class_token;
+  const uint32_t out_rows = class_token ? 1 : S;
+  for (auto [first, length] : class_token ? chunks(1, 1) : sequence) {
+    r.product(length, m, d, kRows, sequence_part(qkv, first, 0), kl_t, chunk(kScores, length, m), scale, false, 0, first);
+    r.softmax(r.slot(kScores), length, m, true, first);
+    Operand dout_chunk{&dout, first * D, d, D, 1};
+    r.product(length, m, d, kRows, dout_chunk, narrow_t(kMixed), chunk(kGradScores, length, m), 1, false, 0, first);
+    r.product(m, d, length, kDepth, chunk_t(kScores, length, m), dout_chunk, narrow(kGradMixed), 1, first > 0, 0, first);
+    r.softmax_backward(r.slot(kScores), r.slot(kGradScores), length, m);
+    r.product(m, d, length, kDepth, chunk_t(kGradScores, length, m), sequence_part(qkv, first, 0),
+              narrow(kGradKeyLandmarks), scale, first > 0, 0, first);
+    r.product(length, d, m, kRows, chunk(kGradScores, length, m), narrow(kKeyLandmarks), sequence_part(dqkv, first, 0),
+              scale, accumulate_input, 0, first);
+  }
   // y = pinv w
+  Operand pinv_t = square_t(kPinvZ, iterations * step);
   r.product(m, d, m, kStatic, pinv_t, narrow(kGradMixed), narrow(kGradValues), 1, false);
   uint32_t current = 0;  // which half of grad_pinv holds the gradient of the latest iterate
   r.product(m, m, d, kStatic, narrow(kGradMixed), narrow_t(kValues), square(kGradPinv), 1, false);
@@ -272,43 +363,45 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
                      updates(r.slot(kGradAttention2))},
                     PinvPush{H, m, current * step}, 1);
   r.softmax_backward(r.slot(kAttention2), r.slot(kGradAttention2), m, m);
-  // w = a3 v
-  r.product(m, S, d, kColumns, narrow(kGradValues), values_t, g3, 1, false);
-  r.product(S, d, m, kRows, a3_t, narrow(kGradValues), Operand{t.input_grads[0], 2 * D, d, stride, 1}, 1,
-            t.accumulate_input_grads[0]);
-  r.softmax_backward(r.slot(kAttention3), *g3.tensor, m, S);
-  // scores: a1 from q kl^T (q scaled), a2 from ql kl^T, a3 from ql k^T
-  r.product(m, d, m, kStatic, square(kGradAttention2), narrow(kKeyLandmarks), narrow(kGradQueryLandmarks), 1, false);
-  r.product(m, d, S, kDepth, g3, keys, narrow(kGradQueryLandmarks), 1, true);
-  r.product(m, d, m, kStatic, square_t(kGradAttention2), narrow(kQueryLandmarks), narrow(kGradKeyLandmarks), 1, false);
-  r.product(m, d, S, kDepth, g1_t, queries, narrow(kGradKeyLandmarks), scale, true);
-  r.product(S, d, m, kRows, g1, narrow(kKeyLandmarks), Operand{t.input_grads[0], 0, d, stride, 1}, scale,
-            t.accumulate_input_grads[0]);
-  r.product(S, d, m, kRows, g3_t, narrow(kQueryLandmarks), Operand{t.input_grads[0], D, d, stride, 1}, 1,
-            t.accumulate_input_grads[0]);
+  // w = a3 v: a3's chunk recomputed; dv, then a3's scores' gradient to ql and k.
+  Operand ql{&r.slot(kQueryLandmarks), 0, md, d, 1};
+  for (auto [first, length] : sequence) {
+    r.product(m, length, d, kColumns, ql, keys_t(first), chunk(kScores, m, length), 1, false, 0, first);
+    r.softmax_stats(length, first, kApplyStats);
+    r.product(m, length, d, kColumns, narrow(kGradValues), values_t(first), chunk(kGradScores, m, length), 1, false, 0, first);
+    r.product(length, d, m, kRows, chunk_t(kScores, m, length), narrow(kGradValues), sequence_part(dqkv, first, 2 * D), 1,
+              accumulate_input, 0, first);
+    r.softmax_backward(r.slot(kScores), r.slot(kGradScores), m, length, d);
+    r.product(m, d, length, kDepth, chunk(kGradScores, m, length), sequence_part(qkv, first, D), narrow(kGradQueryLandmarks),
+              1, first > 0, 0, first);
+    r.product(length, d, m, kRows, chunk_t(kGradScores, m, length), narrow(kQueryLandmarks), sequence_part(dqkv, first, D),
+              1, accumulate_input, 0, first);
+  }
+  // a2's scores ql kl^T
+  r.product(m, d, m, kStatic, square(kGradAttention2), narrow(kKeyLandmarks), narrow(kGradQueryLandmarks), 1, true);
+  r.product(m, d, m, kStatic, square_t(kGradAttention2), narrow(kQueryLandmarks), narrow(kGradKeyLandmarks), 1, true);
   struct LandmarkPush {
     uint32_t rows, heads, head_dim, landmarks, width;
     float scale;
   };
-  const Tensor& dqkv = *t.input_grads[0];
   recorder.dispatch_elements(
       kernel_for<LandmarkPush>(kernels, vk::kernel::nystrom_landmarks_backward, dqkv, {kElementwiseGroup}),
       {reads(r.slot(kGradQueryLandmarks)), reads(r.slot(kGradKeyLandmarks)), r.reads_count(), updates(dqkv)},
       LandmarkPush{S, H, d, m, D, scale}, uint64_t{S} * 2 * D, kElementwiseGroup);
   // the residual convolution of v
   struct ResidualPush {
-    uint32_t rows, head_dim, width, kernel;
+    uint32_t rows, head_dim, width, kernel, dout_rows;
   };
   const auto kernel = static_cast<uint32_t>(kernel_);
   recorder.dispatch_elements(kernel_for<ResidualPush>(kernels, vk::kernel::nystrom_residual_backward, dqkv, {kElementwiseGroup}),
                              {reads(dout), reads(r.slot(kWeight)), r.reads_count(), updates(dqkv)},
-                             ResidualPush{S, d, D, kernel}, uint64_t{S} * D, kElementwiseGroup);
+                             ResidualPush{S, d, D, kernel, out_rows}, uint64_t{S} * D, kElementwiseGroup);
   struct WeightPush {
-    uint32_t head_dim, width, kernel;
+    uint32_t head_dim, width, kernel, dout_rows;
   };
   recorder.dispatch(kernels.get<WeightPush>(vk::kernel::nystrom_residual_weight_backward),
-                    {reads(dout), reads(qkv), r.reads_count(), updates(*t.grads[kWeight])}, WeightPush{d, D, kernel},
-                    H * kernel);
+                    {reads(dout), reads(qkv), r.reads_count(), updates(*t.grads[kWeight])},
+                    WeightPush{d, D, kernel, out_rows}, H * kernel);
 }
 
 }  // namespace tessera
