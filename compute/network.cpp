@@ -242,7 +242,7 @@ void Network::finish() {
 
 MemoryPlan GraphLayout::plan(const vk::Allocator& allocator) const {
   MemoryPlan plan;
-  for (auto& buffer : buffers) plan.add(allocator, buffer.category, buffer.bytes, buffer.usage);
+  for (auto& buffer : buffers) plan.add(allocator, buffer.category, buffer.bytes, buffer.usage, buffer.name);
   return plan;
 }
 
@@ -264,7 +264,7 @@ GraphLayout Network::layout() const {
         if (layout.buffers[*it].bytes >= bytes && (best == free.end() || layout.buffers[*it].bytes < layout.buffers[*best].bytes))
           best = it;
       if (best == free.end()) {
-        layout.buffers.push_back({"activations (shared)", bytes, category});
+        layout.buffers.push_back({category + " (shared)", bytes, category});
         placed.buffer = layout.buffers.size() - 1;
       } else {
         placed.buffer = *best;
@@ -294,8 +294,13 @@ GraphLayout Network::layout() const {
   // Inference passes run the inference fusion: a layer that computes a later layer's output
   // writes it while its own inputs are live, so that output is placed with the writer, and
   // what a fused layer would have written (its output, its saved tensors) is never placed.
+  // Training places the fused layer's output and gradient, which its writer's passes use,
+  // and neither of the writer's own.
   const std::vector<Fused>& fused = fusion_[false];
-  auto written = [&](size_t l) { return !reuse || (!fused[l].skipped && fused[l].writes_output_of < 0); };
+  const std::vector<Fused>& trained = fusion_[true];
+  auto written = [&](size_t l) {
+    return reuse ? !fused[l].skipped && fused[l].writes_output_of < 0 : trained[l].writes_output_of < 0;
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     std::vector<size_t> scratch;
@@ -321,10 +326,6 @@ GraphLayout Network::layout() const {
     if (int target = fused[l].writes_output_of; reuse && target >= 0 && !fused[l].skipped)
       place_output(static_cast<size_t>(target));
     if (written(l)) place_output(l);
-    if (with_gradients_ && needs_grad_[l])
-      place({layer.name + ".grad", layer.output_shape, layer.op->output_dtype(activations_),
-             GraphLayout::Kind::output_grad, l, 0},
-            "activation gradients", false);
     if (!reuse) continue;
     // Saved tensors are scratch in inference; inputs whose last reader this was are done.
     free.insert(free.end(), scratch.begin(), scratch.end());
@@ -335,6 +336,36 @@ GraphLayout Network::layout() const {
     for (int producer : layer.inputs)
       if (producer >= 0 && last_use[static_cast<size_t>(producer)] == l) done(static_cast<size_t>(producer));
     if (last_use[l] == l) done(l);  // read by no one
+  }
+  if (with_gradients_) {
+    // Layers' output gradients share buffers by their lifetimes in backward, as inference's
+    // activations do in forward: one is written first by the backward of its last reader and
+    // read last by the backward of the layer that computes it (its writer, where training fused
+    // it in). One that nothing reads (a loss, seeded once for every step) keeps its own.
+    auto place_grad = [&](size_t l, bool shared) {
+      const Layer& layer = layers_[l];
+      return place({layer.name + ".grad", layer.output_shape, layer.op->output_dtype(activations_),
+                    GraphLayout::Kind::output_grad, l, 0},
+                   "activation gradients", shared);
+    };
+    std::vector<std::vector<size_t>> first_written(layers_.size()), last_read(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      if (!needs_grad_[l] || !written(l)) continue;
+      if (last_use[l] <= l || last_use[l] >= layers_.size()) {
+        place_grad(l, false);
+        continue;
+      }
+      size_t reader = l;
+      for (size_t w = 0; w < l; ++w)
+        if (trained[w].writes_output_of == static_cast<int>(l)) reader = w;
+      first_written[last_use[l]].push_back(l);
+      last_read[reader].push_back(l);
+    }
+    std::vector<size_t> grad_buffer(layers_.size());
+    for (size_t t = layers_.size(); t-- > 0;) {
+      for (size_t l : first_written[t]) grad_buffer[l] = place_grad(l, true);
+      for (size_t l : last_read[t]) free.push_back(grad_buffer[l]);
+    }
   }
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (inputs_[i].gradient && with_gradients_)

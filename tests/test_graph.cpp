@@ -1,6 +1,7 @@
 // The graph executor's memory: in inference a buffer is handed on once its last consumer has
 // run, so resnet18's forward plans a few activations instead of all of them, computes the
-// same outputs as with every activation alive, and allocates exactly what it planned.
+// same outputs as with every activation alive, and allocates exactly what it planned; training
+// shares the activations' gradients by their lifetimes in backward.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -113,6 +114,42 @@ TEST(Graph, ABranchKeepsItsInputAliveUntilItsLastReader) {
   std::vector<float> expected(32);
   for (size_t i = 0; i < 32; ++i) expected[i] = 2 * std::max(0.0f, x[i]);
   test::expect_near(forward(network, {4, 8}, x), expected, 1e-6, "a + relu(relu(a))");
+}
+
+TEST(Graph, TrainingSharesActivationGradientsByTheirLifetimesInBackward) {
+  // a -> b -> c, sum = a + c, d: in backward d writes sum's gradient, sum a's and c's, c b's.
+  auto linear = [](const char* name, std::vector<std::string> inputs) {
+    return nlohmann::json{{"name", name}, {"type", "linear"}, {"out_features", 8}, {"inputs", inputs}};
+  };
+  nlohmann::json graph = {{"layers",
+                           {linear("a", {"input"}), linear("b", {"a"}), linear("c", {"b"}),
+                            {{"name", "sum"}, {"type", "add"}, {"inputs", {"a", "c"}}}, linear("d", {"sum"})}}};
+  GraphLayout layout = Network(graph, Shape{4, 8}, true).layout();
+  std::map<std::string, size_t> buffer;
+  for (auto& placed : layout.tensors) buffer[placed.name] = placed.buffer;
+  EXPECT_EQ(buffer["b.grad"], buffer["sum.grad"]);  // sum's was last read before c's backward wrote b's
+  EXPECT_NE(buffer["a.grad"], buffer["sum.grad"]);  // sum's backward writes a's while reading its own
+  EXPECT_NE(buffer["c.grad"], buffer["sum.grad"]);
+  EXPECT_NE(buffer["a.grad"], buffer["b.grad"]);  // a's lives from sum's backward to its own
+  EXPECT_NE(buffer["a.grad"], buffer["c.grad"]);
+  EXPECT_NE(buffer["d.grad"], buffer["sum.grad"]);  // the last layer's, seeded by the loss, is its own
+  EXPECT_NE(buffer["d.grad"], buffer["a.grad"]);
+}
+
+// Training fuses a ReLU into the linear before it: the ReLU's output and gradient are what both
+// passes use, and the linear's own are never placed.
+TEST(Graph, TrainingPlacesNothingForTheOutputThatAFusedReluReplaces) {
+  nlohmann::json graph = {{"layers",
+                           {{{"name", "fc"}, {"type", "linear"}, {"out_features", 8}},
+                            {{"name", "relu"}, {"type", "relu"}},
+                            {{"name", "head"}, {"type", "linear"}, {"out_features", 2}}}}};
+  GraphLayout layout = Network(graph, Shape{4, 8}, true).layout();
+  std::map<std::string, int> placed;
+  for (auto& tensor : layout.tensors) ++placed[tensor.name];
+  EXPECT_EQ(placed["fc"], 0);
+  EXPECT_EQ(placed["fc.grad"], 0);
+  EXPECT_EQ(placed["relu"], 1);
+  EXPECT_EQ(placed["relu.grad"], 1);
 }
 
 }  // namespace
