@@ -6,9 +6,9 @@
 namespace tessera {
 
 void MemoryPlan::add(const vk::Allocator& allocator, const std::string& category, uint64_t size,
-                     vk::MemoryUsage usage) {
+                     vk::MemoryUsage usage, const std::string& name) {
   bytes[category] += allocator.device_footprint(size, usage);
-  buffers.push_back({size, usage});
+  buffers.push_back({size, usage, name.empty() ? category : name});
 }
 
 void MemoryPlan::append(const MemoryPlan& other) {
@@ -22,7 +22,21 @@ uint64_t MemoryPlan::total() const {
   return sum;
 }
 
+const vk::PlannedBuffer* MemoryPlan::oversized(const vk::DeviceInfo& device) const {
+  for (const vk::PlannedBuffer& buffer : buffers)
+    if (buffer.bytes > device.largest_buffer) return &buffer;
+  return nullptr;
+}
+
+bool MemoryPlan::fits(vk::Context& context) const {
+  return !oversized(context.info()) && device_bytes(context.allocator()) <= context.allocator().stats().budget_bytes;
+}
+
 void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice) {
+  if (const vk::PlannedBuffer* buffer = plan.oversized(context.info()))
+    throw OutOfDeviceMemory("the run needs a buffer of " + format_bytes(buffer->bytes) + " for " + buffer->name +
+                            ", over the largest that " + context.info().name + " binds (" +
+                            format_bytes(context.info().largest_buffer) + ") (" + advice + ")");
   const vk::Allocator& allocator = context.allocator();
   uint64_t budget = allocator.stats().budget_bytes;
   uint64_t in_use = allocator.stats().live_bytes;

@@ -22,9 +22,10 @@ struct MemoryPlan {
     int groups = 0, blocks_per_group = 0, slots = 0;
     uint64_t streamed_bytes = 0;
   } streaming;
-  // Adds a buffer of `bytes` (its footprint in device memory to `category`).
+  // Adds a buffer of `bytes` (its footprint in device memory to `category`), named `name` (else
+  // by its category).
   void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
-           vk::MemoryUsage usage = vk::MemoryUsage::device);
+           vk::MemoryUsage usage = vk::MemoryUsage::device, const std::string& name = {});
   // Adds every buffer of `other` after these.
   void append(const MemoryPlan& other);
   // The bytes of the buffers.
@@ -32,11 +33,17 @@ struct MemoryPlan {
   // What the allocator will take from the device for them on top of what it holds: its blocks,
   // with the rest of a block that the next buffer did not fit (what the budget bounds).
   uint64_t device_bytes(const vk::Allocator& allocator) const { return allocator.reserved_after(buffers); }
+  // The first buffer over the device's largest (a kernel binds it whole: lavapipe's 128 MiB
+  // storage buffer range), or nullptr.
+  const vk::PlannedBuffer* oversized(const vk::DeviceInfo& device) const;
+  // Within the budget, and no buffer over the device's largest.
+  bool fits(vk::Context& context) const;
 };
 
 // Throws OutOfDeviceMemory (exit 3) naming the plan's bytes, the blocks they take and the budget,
 // with `advice` on what to change, when the plan and what is already allocated are over the
-// budget. Every command calls it before it allocates.
+// budget, or naming the buffer that is over the device's largest. Every command calls it before
+// it allocates.
 void check_plan_fits(vk::Context& context, const MemoryPlan& plan, const std::string& advice);
 
 }  // namespace tessera

@@ -113,7 +113,7 @@ MemoryPlan Replica::plan() const {
   auto& allocator = context_.allocator();
   // In the order allocate() takes them, so that the plan places them as the allocator will.
   MemoryPlan plan = network_.plan(allocator);
-  for (auto& t : planned()) plan.add(allocator, t.category, bytes_of(t.shape, t.dtype), t.usage);
+  for (auto& t : planned()) plan.add(allocator, t.category, bytes_of(t.shape, t.dtype), t.usage, t.name);
   // Uploads and checkpoint downloads stage one tensor at a time; the largest is a parameter or state.
   uint64_t largest = 0;
   for (auto& layer : network_.layers())

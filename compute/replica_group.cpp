@@ -61,7 +61,7 @@ std::vector<MemoryPlan> ReplicaGroup::plans() const {
     auto& allocator = replicas_.front()->context().allocator();
     for (auto& input : job_.staged)
       plans.front().add(allocator, "staging", static_cast<uint64_t>(element_count(input.shape)) * element_size(input.dtype),
-                        vk::MemoryUsage::staging);
+                        vk::MemoryUsage::staging, "staged " + input.name);
   }
   return plans;
 }

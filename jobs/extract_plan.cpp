@@ -108,7 +108,7 @@ nlohmann::json device_extraction_plans(vk::Context &context, const ExtractOption
                              {"batch_capped", capped},
                              {"batch_chosen", chosen},
                              {"plan", describe(plan)},
-                             {"fits", plan.device_bytes(context.allocator()) <= budget}});
+                             {"fits", plan.fits(context)}});
   }
   nlohmann::json report = model_reports.front();  // the first model's, where a script looks
   report.update({{"index", context.info().index},

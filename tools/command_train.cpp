@@ -387,8 +387,12 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
                         {"budget_bytes", budget},
                         {"total_bytes", plan.total()},
                         {"device_bytes", device_bytes},
-                        {"fits", device_bytes <= budget},
+                        {"fits", plan.fits(context)},
                         {"bytes", plan.bytes}};
+  const vk::PlannedBuffer* oversized = plan.oversized(context.info());
+  if (oversized)
+    out["oversized_buffer"] = {{"name", oversized->name}, {"bytes", oversized->bytes},
+                               {"largest_bytes", context.info().largest_buffer}};
   if (!Progress::human(STDOUT_FILENO)) {
     std::printf("%s\n", out.dump().c_str());
     return;
@@ -397,7 +401,10 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
   for (auto& [category, bytes] : plan.bytes) std::printf("  %-24s %12s\n", category.c_str(), format_bytes(bytes).c_str());
   std::printf("  %-24s %12s\n", "total", format_bytes(plan.total()).c_str());
   std::printf("  %-24s %12s of the budget's %s: %s\n", "in the allocator's blocks", format_bytes(device_bytes).c_str(),
-              format_bytes(budget).c_str(), device_bytes <= budget ? "fits" : "does NOT fit");
+              format_bytes(budget).c_str(), plan.fits(context) ? "fits" : "does NOT fit");
+  if (oversized)
+    std::printf("  %s: a buffer of %s, over the largest the device binds (%s)\n", oversized->name.c_str(),
+                format_bytes(oversized->bytes).c_str(), format_bytes(context.info().largest_buffer).c_str());
 }
 
 void run(const std::vector<vk::Context*>& devices, TrainFlags& f,

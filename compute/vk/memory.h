@@ -75,6 +75,7 @@ class Buffer {
 struct PlannedBuffer {
   uint64_t bytes;
   MemoryUsage usage;
+  std::string name = {};  // what it holds, for a message (a tensor's name, else its category)
 };
 
 // Of the device's own memory (its device-local heap): host memory that a discrete GPU's staging
