@@ -1,15 +1,16 @@
 """Patch-encoder extraction benchmark of issue 26: prints one JSON object.
 
 `tessera extract --encoder` over the tiles of one slide (real pixels: CMU-1-Small-Region.svs's
-level 0 at 0.499 um/px, written as a one-level TIFF, so that every tile is read at level 0 and
-none is resized) with random weights, for torchvision's vit_b_16 (`vit-b16`) and a ViT-L/16 of
-UNI's shape (`uni`) (and `--encoders ctranspath`: CTransPath's Swin-T against
-tools/swin_reference.py, its pixels declared at its 1.143 um/px), fp32 and fp16 (fp16 activations, features stored fp16), against PyTorch on
-the same machine in the same run: torchvision's vit_b_16 and the plain-PyTorch timm reference
-(tools/vit_reference.py) of UNI, eval mode, no gradients, on the same number of tiles in batches of
-the same size, in float32 for both of tessera's precisions (PyTorch 1.13 has no float16 matrix
-products on the CPU, and its bfloat16 ones, emulated without AVX512-BF16, ran UNI's 8 tiles for
-over 10 minutes on the shared machine).
+level 0, written as a one-level TIFF declared at each encoder's microns per pixel, or at CMU-1's
+own 0.499 where that is 0.5, so that every tile is read at level 0 and none is resized: tiles of
+the encoder's input size, 448 pixels for CONCH v1.5 and 224 for the rest) with random weights,
+fp32 and fp16 (fp16 activations, features stored fp16), against PyTorch on the same machine in
+the same run: torchvision's vit_b_16 for `vit-b16`, tools/swin_reference.py's Swin-T for
+`ctranspath`, and the plain-PyTorch timm reference (tools/vit_reference.py) for every other
+preset, eval mode, no gradients, on the same number of tiles in batches of the same size, in
+float32 for both of tessera's precisions (PyTorch 1.13 has no float16 matrix products on the CPU,
+and its bfloat16 ones, emulated without AVX512-BF16, ran UNI's 8 tiles for over 10 minutes on the
+shared machine).
 Tessera's rate counts from the first tile on (after the network is built and its weights are
 loaded); PyTorch's from its first batch on (after its model is built), both over the same tiles.
 Each run also gives tessera's device-busy and data-wait fractions: how much of the run the device
@@ -49,10 +50,17 @@ def torch_model(encoder):
     return VisionTransformer({"preset": encoder}).eval()
 
 
+def input_size(encoder):
+    """The side of the tiles an encoder reads (CONCH v1.5: 448; the rest 224)."""
+    preset = VIT_PRESETS.get(encoder) or SWIN_PRESETS.get(encoder) or {}
+    return preset.get("preprocessing", {}).get("input_size", preset.get("image_size", 224))
+
+
 def torch_rate(encoder, tiles, batch):
     torch.manual_seed(0)
     model = torch_model(encoder)
-    images = torch.randn((tiles, 3, 224, 224))
+    side = input_size(encoder)
+    images = torch.randn((tiles, 3, side, side))
     start = time.perf_counter()
     with torch.no_grad():
         for first in range(0, tiles, batch):
@@ -76,15 +84,19 @@ def main():
     torch.set_num_threads(os.cpu_count())
     load_before = os.getloadavg()  # the machine is shared: the load says what else ran
     try:
-        with openslide.OpenSlide(CMU) as source:
-            pixels = np.asarray(source.read_region((0, 0), 0, (224 * args.tiles, 224)).convert("RGB"))
         runs = []
         for encoder in args.encoders:
+            # The tiles in rows as wide as the slide's 2220 pixels allow (--tiles rounded up to fill a row).
+            side = input_size(encoder)
+            with openslide.OpenSlide(CMU) as source:
+                columns = min(args.tiles, source.dimensions[0] // side)
+                rows = -(-args.tiles // columns)
+                pixels = np.asarray(source.read_region((0, 0), 0, (side * columns, side * rows)).convert("RGB"))
             # The pixels declared at CMU-1's own 0.499 um/px, or at an encoder's rate far from 0.5
             # (ctranspath's 1.143), so that every tile is read at level 0 and none is resized.
             mpp = VIT_PRESETS.get(encoder, {}).get("preprocessing", {}).get("microns_per_pixel", 0.5)
             mpp = mpp if abs(mpp - 0.5) > 0.01 else 0.499
-            slide = os.path.join(work, f"tiles-{mpp:.4f}.tif")
+            slide = os.path.join(work, f"tiles-{mpp:.4f}-{side}.tif")
             tifffile.imwrite(slide, pixels, tile=(256, 256), photometric="rgb", resolution=(1e4 / mpp, 1e4 / mpp),
                              resolutionunit="CENTIMETER")
             reference = None
@@ -119,7 +131,7 @@ def main():
                 }
                 runs.append(figures)
                 print(json.dumps(figures), file=sys.stderr, flush=True)  # each run as it ends
-        print(json.dumps({"benchmark": "extract --encoder, 224x224 tiles, random weights",
+        print(json.dumps({"benchmark": "extract --encoder, tiles of each encoder's input size, random weights",
                           "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
                           "runs": runs}))

@@ -173,7 +173,8 @@ class VisionTransformer(nn.Module):
         registers = s["register_tokens"]
         self.reg_token = nn.Parameter(1e-6 * torch.randn(1, registers, dim, device=device)) if registers else None
         if s["position_embedding"] != "none":
-            covered = self.prefix if s["position_embedding"] == "tokens" else 0
+            rule = s["position_embedding"]
+            covered = {"tokens": self.prefix, "class_and_patches": int(s["class_token"])}.get(rule, 0)
             rows = covered + self.grid[0] * self.grid[1]
             self.pos_embed = nn.Parameter(0.02 * torch.randn(1, rows, dim, device=device))
         else:
@@ -193,14 +194,18 @@ class VisionTransformer(nn.Module):
         to_cat = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.pos_embed is None:
             return torch.cat(to_cat + [x], dim=1)
-        no_embed_class = self.settings["position_embedding"] == "patches"
+        rule = self.settings["position_embedding"]
+        covered = {"tokens": self.prefix, "class_and_patches": int(self.cls_token is not None)}.get(rule, 0)
         if self.settings["position_resample"] == "bicubic_by_scale_factor":
-            pos_embed = interpolate_by_scale_factor(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix)
+            pos_embed = interpolate_by_scale_factor(self.pos_embed, grid, self.grid, covered)
         else:
-            pos_embed = resample_abs_pos_embed(self.pos_embed, grid, self.grid, 0 if no_embed_class else self.prefix,
+            pos_embed = resample_abs_pos_embed(self.pos_embed, grid, self.grid, covered,
                                                antialias=self.settings["position_resample"] == "timm")
-        if no_embed_class:
+        if rule == "patches":
             return torch.cat(to_cat + [x + pos_embed], dim=1)
+        if rule == "class_and_patches":  # Dinov2WithRegisters: the registers join after the embedding is added
+            x = torch.cat(to_cat[:covered] + [x], dim=1) + pos_embed
+            return torch.cat([x[:, :covered]] + to_cat[covered:] + [x[:, covered:]], dim=1)
         return torch.cat(to_cat + [x], dim=1) + pos_embed
 
     def forward_tokens(self, images):
