@@ -348,6 +348,10 @@ GraphLayout Network::layout() const {
                     GraphLayout::Kind::output_grad, l, 0},
                    "activation gradients", shared);
     };
+    std::vector<size_t> reader(layers_.size());  // whose backward reads a layer's gradient last
+    for (size_t l = 0; l < layers_.size(); ++l) reader[l] = l;
+    for (size_t w = 0; w < layers_.size(); ++w)
+      if (trained[w].writes_output_of >= 0) reader[static_cast<size_t>(trained[w].writes_output_of)] = w;
     std::vector<std::vector<size_t>> first_written(layers_.size()), last_read(layers_.size());
     for (size_t l = 0; l < layers_.size(); ++l) {
       if (!needs_grad_[l] || !written(l)) continue;
@@ -355,11 +359,8 @@ GraphLayout Network::layout() const {
         place_grad(l, false);
         continue;
       }
-      size_t reader = l;
-      for (size_t w = 0; w < l; ++w)
-        if (trained[w].writes_output_of == static_cast<int>(l)) reader = w;
       first_written[last_use[l]].push_back(l);
-      last_read[reader].push_back(l);
+      last_read[reader[l]].push_back(l);
     }
     std::vector<size_t> grad_buffer(layers_.size());
     for (size_t t = layers_.size(); t-- > 0;) {
