@@ -1,11 +1,15 @@
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 // nystrom_residual's weight gradient: dweight[h, t] += sum over the S rows i and head h's
 // columns c of dout[i, h*d + c] v[i + t - kernel / 2, h*d + c] (dout's first dout_rows rows at
 // most: the class token's alone where the attention gives only its row). A workgroup per (head,
-// tap), its invocations sharing the (row, column) pairs.
+// tap), its invocations sharing the (row, column) pairs. 64 invocations: on lavapipe each level
+// of the workgroup sum is a barrier over every lane, the cost of the kernel at small bags. Each
+// takes 4 pairs an iteration, so that 100,000 rows of 64 columns stay within lavapipe's 65,535
+// loop iterations.
 #include "common.glsl"
 #include "transmil_grid.glsl"
-layout(local_size_x = 256) in;
+layout(local_size_x = 64) in;
 #include "reduce.glsl"
 layout(binding = 0) uniform samplerBuffer dout;
 layout(binding = 1) uniform samplerBuffer qkv;
@@ -20,12 +24,16 @@ void main() {
   uint sequence = transmil_sequence_length(count), rows = min(sequence, p.dout_rows);
   int shift = int(t) - int(p.kernel / 2u);
   float partial = 0.0;
-  for (uint pair = gl_LocalInvocationID.x; pair < rows * p.head_dim; pair += 256u) {
-    uint i = pair / p.head_dim, column = head * p.head_dim + pair % p.head_dim;
-    int j = int(i) + shift;
-    if (j >= 0 && j < int(sequence))
-      partial += texelFetch(dout, int(i * p.width + column)).x *
-                 texelFetch(qkv, j * int(3u * p.width) + int(2u * p.width + column)).x;
+  uint pairs = rows * p.head_dim;
+  for (uint first = 0u; first < pairs; first += 4u * 64u) {
+    [[unroll]] for (uint step = 0u; step < 4u; ++step) {
+      uint pair = first + step * 64u + gl_LocalInvocationID.x;
+      uint i = pair / p.head_dim, column = head * p.head_dim + pair % p.head_dim;
+      int j = int(i) + shift;
+      if (pair < pairs && j >= 0 && j < int(sequence))
+        partial += texelFetch(dout, int(i * p.width + column)).x *
+                   texelFetch(qkv, j * int(3u * p.width) + int(2u * p.width + column)).x;
+    }
   }
   float sum = workgroup_sum(vec2(partial, 0.0)).x;
   if (gl_LocalInvocationID.x == 0u) dweight[gl_WorkGroupID.x] += sum;

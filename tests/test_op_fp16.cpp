@@ -98,6 +98,8 @@ const Case kCases[] = {
     {{{"type", "transmil_sequence"}}, {{12, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
     {{{"type", "ppeg"}}, {{1, 17, 6}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
     {{{"type", "nystrom_attention"}, {"heads", 2}, {"landmarks", 4}}, {{1, 17, 24}, {1}}, {DType::f32, DType::u32}, {{1, {7}}}},
+    // Heads of 8 columns and 20 rows: its products read and write four-element texels on lavapipe
+    {{{"type", "nystrom_attention"}, {"heads", 2}, {"landmarks", 4}}, {{1, 20, 48}, {1}}, {DType::f32, DType::u32}, {{1, {13}}}},
     {{{"type", "token_pool"}}, {{2, 6, 7}}},
 };
 
