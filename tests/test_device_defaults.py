@@ -46,7 +46,7 @@ def lavapipe():
 
 def test_train_chooses_a_batch_that_fits():
     work = workdir("test_device_defaults_train")
-    patches = patch_task(os.path.join(work, "p96.h5"), 72, 96)
+    patches = patch_task(os.path.join(work, "p96.h5"), 36, 96)
     code, out, err, _ = tessera("train", "--data", patches, "--model", "resnet18", "--epochs", 1, "--dry-run")
     assert code == 0, err
     chosen, = events(err, "batch")
@@ -66,13 +66,13 @@ def test_train_chooses_a_batch_that_fits():
     assert small["batch"] < chosen["batch"] and small["planned_device_bytes"] <= int(300 * MiB * BUDGET_SHARE), small
     # The next batch up would not have fit the share: the choice is the largest.
     code, out, err, _ = tessera("train", "--data", patches, "--model", "resnet18", "--epochs", 1, "--dry-run",
-                                "--device-memory-limit", "300MiB", "--batch", 2 * small["batch"])
+                                "--device-memory-limit", "300MiB", "--batch", 32)
     doubled = plan_line(out)
     assert doubled["device_bytes"] > int(300 * MiB * BUDGET_SHARE), doubled
 
     # An explicit --batch that does not fit: exit 3 naming --batch, nothing trained.
     code, _, err, report = tessera("train", "--data", patches, "--model", "resnet18", "--epochs", 1,
-                                   "--device-memory-limit", "300MiB", "--batch", 64)
+                                   "--device-memory-limit", "300MiB", "--batch", 32)
     assert code == 3 and "--batch" in err, (code, err)
     assert not events(err, "batch"), err
     # --batch 0 is not "choose": exit 2 naming --batch.
