@@ -66,7 +66,7 @@ def test_train_chooses_a_batch_that_fits():
     assert small["batch"] < chosen["batch"] and small["planned_device_bytes"] <= int(300 * MiB * BUDGET_SHARE), small
     # The next batch up would not have fit the share: the choice is the largest.
     code, out, err, _ = tessera("train", "--data", patches, "--model", "resnet18", "--epochs", 1, "--dry-run",
-                                "--device-memory-limit", "300MiB", "--batch", 32)
+                                "--device-memory-limit", "300MiB", "--batch", 2 * small["batch"])
     doubled = plan_line(out)
     assert doubled["device_bytes"] > int(300 * MiB * BUDGET_SHARE), doubled
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -63,39 +64,33 @@ class Recording {
   // from `start` on.
   void product(uint32_t M, uint32_t N, uint32_t K, uint32_t dynamic, Operand a, Operand b, Operand c, float alpha,
                bool accumulate, float diagonal = 0, uint32_t start = 0) {
-    if (quad_product(M, N, K, dynamic, a, b, c, alpha, accumulate, diagonal, start)) return;
-    auto kernel = kernel_for<ProductPush>(kernels_, vk::kernel::batched_product, *c.tensor);
-    constexpr uint32_t kBlock = 32;  // the kernel's outputs a workgroup: 8 x 8 invocations of 4 x 4
-    recorder_.dispatch(kernel, {reads(*a.tensor), reads(*b.tensor), reads_count(), accumulate ? updates(*c.tensor) : writes(*c.tensor)},
+    auto quads = quad_layout(M, N, K, a, b);
+    auto kernel = quads ? kernel_for<ProductPush>(kernels_, vk::kernel::batched_product_quads, *c.tensor,
+                                                  {quads->first ? 1 : 0, quads->second ? 1 : 0})
+                        : kernel_for<ProductPush>(kernels_, vk::kernel::batched_product, *c.tensor);
+    auto operand = [&](const Tensor& x) { return quads ? reads_quads(x) : reads(x); };
+    constexpr uint32_t kBlock = 32;  // either kernel's outputs a workgroup: 8 x 8 invocations of 4 x 4
+    recorder_.dispatch(kernel, {operand(*a.tensor), operand(*b.tensor), reads_count(), accumulate ? updates(*c.tensor) : writes(*c.tensor)},
                        ProductPush{M, N, K, dynamic, a.offset, a.batch, a.row, a.col, b.offset, b.batch, b.row, b.col,
                                    c.offset, c.batch, c.row, c.col, alpha, diagonal, accumulate ? 1u : 0u, start},
                        (N + kBlock - 1) / kBlock, (M + kBlock - 1) / kBlock, heads_);
   }
 
-  // product() through texels of four elements (shaders/batched_product_quads.comp) on CPU-like
-  // devices, where M, N and K are multiples of 4, each operand contiguous along one of its
-  // dimensions and its other strides multiples of 4; false where not.
-  bool quad_product(uint32_t M, uint32_t N, uint32_t K, uint32_t dynamic, Operand a, Operand b, Operand c, float alpha,
-                    bool accumulate, float diagonal, uint32_t start) {
-    if (!kernels_.tile_target().cpu_like() || M % 4 || N % 4 || K % 4 || M == 0 || N == 0 || K == 0) return false;
+  // Where a product reads texels of four elements (shaders/batched_product_quads.comp): on
+  // CPU-like devices, M, N and K multiples of 4, each operand contiguous along one of its
+  // dimensions and its other strides multiples of 4. Whether A and B are contiguous along k
+  // (else along m and n), or nothing where the plain kernel serves.
+  std::optional<std::pair<bool, bool>> quad_layout(uint32_t M, uint32_t N, uint32_t K, const Operand& a,
+                                                   const Operand& b) const {
+    if (!kernels_.tile_target().cpu_like() || M % 4 || N % 4 || K % 4 || M == 0 || N == 0 || K == 0) return {};
     // Texels of x contiguous along the dimension of stride `along`, every head's within the tensor.
     auto quads = [&](const Operand& x, uint32_t along, uint32_t across, uint32_t rows, uint32_t columns) {
       uint64_t last = x.offset + uint64_t{heads_ - 1} * x.batch + uint64_t{rows - 1} * x.row + uint64_t{columns - 1} * x.col;
       return along == 1 && x.offset % 4 == 0 && x.batch % 4 == 0 && across % 4 == 0 && last < static_cast<uint64_t>(x.tensor->count());
     };
-    bool a_along_k = quads(a, a.col, a.row, M, K), a_along_m = quads(a, a.row, a.col, M, K);
-    bool b_along_k = quads(b, b.row, b.col, K, N), b_along_n = quads(b, b.col, b.row, K, N);
-    if (!(a_along_k || a_along_m) || !(b_along_k || b_along_n)) return false;
-    auto kernel = kernel_for<ProductPush>(kernels_, vk::kernel::batched_product_quads, *c.tensor,
-                                          {a_along_k ? 1 : 0, b_along_k ? 1 : 0});
-    constexpr uint32_t kBlock = 32;  // the kernel's outputs a workgroup: 8 x 8 invocations of 4 x 4
-    recorder_.dispatch(kernel,
-                       {reads_quads(*a.tensor), reads_quads(*b.tensor), reads_count(),
-                        accumulate ? updates(*c.tensor) : writes(*c.tensor)},
-                       ProductPush{M, N, K, dynamic, a.offset, a.batch, a.row, a.col, b.offset, b.batch, b.row, b.col,
-                                   c.offset, c.batch, c.row, c.col, alpha, diagonal, accumulate ? 1u : 0u, start},
-                       (N + kBlock - 1) / kBlock, (M + kBlock - 1) / kBlock, heads_);
-    return true;
+    bool a_along_k = quads(a, a.col, a.row, M, K), b_along_k = quads(b, b.row, b.col, K, N);
+    if (!(a_along_k || quads(a, a.row, a.col, M, K)) || !(b_along_k || quads(b, b.col, b.row, K, N))) return {};
+    return std::pair{a_along_k, b_along_k};
   }
 
   // Each row of x [heads, rows, length] its softmax, in place; with dynamic_rows the rows are
