@@ -250,9 +250,12 @@ GraphLayout Network::layout() const {
   GraphLayout layout;
   const bool reuse = !with_gradients_;
   std::vector<size_t> free;  // shared buffers no live tensor holds
+  auto bytes_of = [](const GraphLayout::Placed& placed) {
+    return (static_cast<uint64_t>(element_count(placed.shape)) * element_size(placed.dtype) + 3) / 4 * 4;
+  };
   auto place = [&](GraphLayout::Placed placed, const std::string& category, bool shared,
                    vk::MemoryUsage usage = vk::MemoryUsage::device) {
-    uint64_t bytes = (static_cast<uint64_t>(element_count(placed.shape)) * element_size(placed.dtype) + 3) / 4 * 4;
+    uint64_t bytes = bytes_of(placed);
     if (!shared) {
       layout.buffers.push_back({placed.name, bytes, category, usage});
       placed.buffer = layout.buffers.size() - 1;
@@ -275,6 +278,19 @@ GraphLayout Network::layout() const {
     layout.tensors.push_back(std::move(placed));
     return layout.tensors.back().buffer;
   };
+  // Backward scratch: layers run their backward passes one after another, so one buffer serves all.
+  constexpr size_t unplaced = SIZE_MAX;
+  size_t backward_scratch = unplaced;
+  auto place_backward_scratch = [&](GraphLayout::Placed placed) {
+    uint64_t bytes = bytes_of(placed);
+    if (backward_scratch == unplaced) {
+      layout.buffers.push_back({"backward scratch (shared)", bytes, "activations"});
+      backward_scratch = layout.buffers.size() - 1;
+    }
+    layout.buffers[backward_scratch].bytes = std::max(layout.buffers[backward_scratch].bytes, bytes);
+    placed.buffer = backward_scratch;
+    layout.tensors.push_back(std::move(placed));
+  };
   // The last layer that reads each layer's output; the network's output stays alive.
   std::vector<size_t> last_use(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -283,7 +299,6 @@ GraphLayout Network::layout() const {
       if (producer >= 0) last_use[static_cast<size_t>(producer)] = l;
   }
   last_use.back() = layers_.size();
-  constexpr size_t unplaced = SIZE_MAX;
   std::vector<size_t> output_buffer(layers_.size(), unplaced);
   auto place_output = [&](size_t l) {
     const Layer& layer = layers_[l];
@@ -315,6 +330,10 @@ GraphLayout Network::layout() const {
       std::string category = in_checkpoint(spec.role) ? "parameters"
                              : prepared && reuse      ? "prepared weights"
                                                       : "activations";
+      if (spec.backward_scratch && !reuse) {
+        place_backward_scratch({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s});
+        continue;
+      }
       const bool streamed = reuse && is_streamed(streaming_, l, spec);
       size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
                             streamed ? kStreamedHostCategory : category, saved && reuse,

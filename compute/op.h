@@ -49,6 +49,9 @@ struct TensorSpec {
   // Its opposite: a saved tensor that only a training forward writes and backward reads
   // (layer_norm's per-row statistics): an inference graph allocates none and binds nullptr.
   bool training_only = false;
+  // Scratch that one layer's backward writes and reads before it returns (split-K partial sums):
+  // a training graph gives every layer's such tensor one shared buffer, sized for the largest.
+  bool backward_scratch = false;
   // A large weight that every kernel reads through a texel view of its own type (GEMM operands,
   // samplerBuffer reads): an inference network stores it in its weight type instead of `dtype`
   // (Network::set_weight_dtype: fp16 halves a ViT's memory). Small tensors (biases, norms,

@@ -1,6 +1,7 @@
 #version 450
-// --sync-bn, after the replicas exchange: dx from the sums of every replica's batch,
-// sums[c] = sum dy and sums[channels + c] = sum dy * xhat over `total` elements per channel.
+// After --sync-bn's exchange or a GPU's batch_norm2d_combine_sums.comp: dx from the sums of the
+// whole batch, sums[c] = sum dy and sums[channels + c] = sum dy * xhat over `total` elements per
+// channel; each workgroup its slice (workgroup y) of the channel.
 #include "common.glsl"
 #include "batch_norm2d.glsl"
 layout(local_size_x_id = 0) in;
@@ -14,12 +15,12 @@ layout(std430, binding = 5) readonly buffer Y { ACT y[]; };  // unread without R
 layout(std430, binding = 6) readonly buffer Sums { float sums[]; };
 layout(std430, binding = 7) buffer DX { ACT dx[]; };
 layout(push_constant) uniform Push {
-  uint batch, channels, plane, training, accumulate, total;
+  uint batch, channels, plane, training, accumulate, total, slice_length;
 } p;
 float gradient(uint i) { return RELU ? (float(y[i]) > 0.0 ? float(dy[i]) : 0.0) : float(dy[i]); }
 #include "batch_norm2d_input_grad.glsl"
 void main() {
-  uint c = gl_WorkGroupID.x;
-  write_input_grad(c, gl_LocalInvocationID.x, p.batch * p.plane,
+  uint c = gl_WorkGroupID.x, begin = gl_WorkGroupID.y * p.slice_length;
+  write_input_grad(c, gl_LocalInvocationID.x, begin, min(begin + p.slice_length, p.batch * p.plane),
                    vec2(sums[c], sums[p.channels + c]) / float(p.total));
 }

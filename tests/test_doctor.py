@@ -195,9 +195,9 @@ def test_terminal_lines_and_json_lines(tmp_path):
     code, lines = on_terminal(["doctor", "--out", str(tmp_path)], ENV)
     assert code == 0, lines
     assert lines[0].startswith("ok    tessera ")
-    assert any(re.match(r"ok    device 0: .*\(cpu, Vulkan 1\.\d+\.\d+, .*\), the default$", line) for line in lines)
+    assert any(re.match(r"ok    device 0: .*\([a-z-]+, Vulkan 1\.\d+\.\d+, .*\), the default$", line) for line in lines)
     assert any(line.strip().startswith("heap 0: ") for line in lines)
-    assert any(line.strip().startswith("kernels: gemm registers") for line in lines)
+    assert any(line.strip().startswith("kernels: gemm ") for line in lines)
     assert any(line.startswith("ok    OpenSlide") for line in lines)
     assert any(line.startswith("--    JPEG 2000 in DICOM") for line in lines)
     assert lines[-1] == "ready: everything asked is ready"

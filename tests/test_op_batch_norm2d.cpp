@@ -17,6 +17,10 @@ namespace {
 
 std::unique_ptr<Op> make() { return make_batch_norm2d(LayerConfig({{"name", "bn1"}, {"type", "batch_norm2d"}})); }
 
+// Enough elements a channel that a GPU's training passes split each channel into slices (the
+// last one shorter), merged into the channel's statistics and sums.
+const Shape kSliced{4, 3, 61, 67};
+
 struct Statistics {
   std::vector<double> mean, variance;  // biased variance
 };
@@ -80,7 +84,7 @@ TEST(BatchNorm2d, TrainingForwardMatchesCpu) {
     SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     for (DType activations : {DType::f32, DType::f16})
-      for (Shape shape : {Shape{3, 4, 5, 7}, Shape{5, 6}, Shape{2, 3, 33, 17}}) {
+      for (Shape shape : {Shape{3, 4, 5, 7}, Shape{5, 6}, Shape{2, 3, 33, 17}, kSliced}) {
         auto op = make();
         test::OpCheck check(test::context(), *op, {shape}, 4, {}, {}, activations);
         for (auto& x : check.inputs[0]) x = 3 * x + 5;  // a mean far from zero
@@ -100,7 +104,7 @@ TEST(BatchNorm2d, TrainingBackwardMatchesCpu) {
     SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
     for (DType activations : {DType::f32, DType::f16})
-      for (Shape shape : {Shape{3, 4, 5, 7}, Shape{9, 5}, Shape{2, 3, 33, 17}}) {
+      for (Shape shape : {Shape{3, 4, 5, 7}, Shape{9, 5}, Shape{2, 3, 33, 17}, kSliced}) {
         auto op = make();
         test::OpCheck check(test::context(), *op, {shape}, 6, {}, {}, activations);
         auto dy = test::random_values(check.inputs[0].size(), 10);
@@ -162,31 +166,37 @@ DirectRun run_direct(Op& op, const Shape& shape, const std::vector<float>& x, bo
 }
 
 TEST(BatchNorm2d, RunningStatisticsMoveByMomentumWithUnbiasedVariance) {
-  auto op = make();
-  Shape shape{3, 4, 5, 7};
-  auto x = test::random_values(static_cast<size_t>(element_count(shape)), 6, 1, 4);
-  auto s = statistics_cpu(x, shape);
-  auto run = run_direct(*op, shape, x, true);
-  double count = 3 * 5 * 7;
-  std::vector<float> mean(4), var(4);
-  for (size_t c = 0; c < 4; ++c) {
-    mean[c] = static_cast<float>(0.1 * s.mean[c]);
-    var[c] = static_cast<float>(0.9 + 0.1 * s.variance[c] * count / (count - 1));
-  }
-  test::expect_near(run.tensors[2], mean, 1e-5, "running_mean");
-  test::expect_near(run.tensors[3], var, 1e-5, "running_var");
+  for (const vk::TileTarget& target : test::reduction_targets(test::context()))
+    for (Shape shape : {Shape{3, 4, 5, 7}, kSliced}) {
+      SCOPED_TRACE(test::describe(target) + " " + to_string(shape));
+      test::TileTargetScope scope(test::context(), target);
+      auto op = make();
+      auto x = test::random_values(static_cast<size_t>(element_count(shape)), 6, 1, 4);
+      auto s = statistics_cpu(x, shape);
+      auto run = run_direct(*op, shape, x, true);
+      auto channels = static_cast<size_t>(shape[1]);
+      double count = static_cast<double>(element_count(shape)) / static_cast<double>(channels);
+      std::vector<float> mean(channels), var(channels);
+      for (size_t c = 0; c < channels; ++c) {
+        mean[c] = static_cast<float>(0.1 * s.mean[c]);
+        var[c] = static_cast<float>(0.9 + 0.1 * s.variance[c] * count / (count - 1));
+      }
+      test::expect_near(run.tensors[2], mean, 1e-5, "running_mean");
+      test::expect_near(run.tensors[3], var, 1e-5, "running_var");
+    }
 }
 
 TEST(BatchNorm2d, ParameterGradientsWithoutInputGradient) {
   for (const vk::TileTarget& target : test::reduction_targets(test::context())) {
     SCOPED_TRACE(test::describe(target));
     test::TileTargetScope scope(test::context(), target);
-    auto op = make();
-    Shape shape{2, 3, 5, 5};
-    auto x = test::random_values(static_cast<size_t>(element_count(shape)), 7);
-    auto with = run_direct(*op, shape, x, true), without = run_direct(*op, shape, x, false);
-    test::expect_near(without.grads[0], with.grads[0], 1e-6, "dweight");
-    test::expect_near(without.grads[1], with.grads[1], 1e-6, "dbias");
+    for (Shape shape : {Shape{2, 3, 5, 5}, kSliced}) {
+      auto op = make();
+      auto x = test::random_values(static_cast<size_t>(element_count(shape)), 7);
+      auto with = run_direct(*op, shape, x, true), without = run_direct(*op, shape, x, false);
+      test::expect_near(without.grads[0], with.grads[0], 1e-6, "dweight");
+      test::expect_near(without.grads[1], with.grads[1], 1e-6, "dbias");
+    }
   }
 }
 

@@ -171,7 +171,8 @@ TEST(Conv2d, LongReductionsMatchCpu) {
   const Case long_weight{1, 456, 40, 80, 64, 3, 3, 1, 1, false};
   Conv2d conv = make(long_weight);
   test::OpCheck check(test::context(), conv, {{long_weight.batch, long_weight.channels, 40, 80}}, 1, {}, {false});
-  ASSERT_EQ(check.specs.back().name, "weight_blocked");  // no split-K partial sums: one slice
+  // The weight gradient: one slice of 3200 on lavapipe's register tiles (129 workgroups already),
+  // six of 534 on a GPU's tiles (65 workgroups of 64x64 outputs).
   auto dy = test::random_values(static_cast<size_t>(element_count(check.output_shape)), 5);
   std::vector<double> dweight(check.tensors[0].size(), 0.0);
   for_each_tap(long_weight, [&](int64_t xi, int64_t wi, int64_t yi) {

@@ -133,7 +133,9 @@ def tessera_train(tessera, work, sizes, precision, epochs, profile):
 def tessera_extract(tessera, work, sizes, precision):
     slide, store = os.path.join(work, "slide.tiff"), os.path.join(work, "tiles.lmdb")
     if not os.path.exists(store):
-        tessera.run(["synth", slide, "--width", str(sizes["slide"]), "--height", str(sizes["slide"]), "--seed", "1"])
+        # At 0.5 um/px, the magnification ViT encoders read (tessera_vit_extract reads this store too).
+        tessera.run(["synth", slide, "--width", str(sizes["slide"]), "--height", str(sizes["slide"]), "--seed", "1",
+                     "--mpp", "0.5"])
         tessera.run(["tile", slide, "--out", store, "--size", "224"])
     run = tessera.run(["extract", "--model", "resnet50", "--random-weights", "--layer", "layer3", "--tiles", store,
                        "--out", os.path.join(work, "features-" + precision), "--batch", str(sizes["extract_batch"]),

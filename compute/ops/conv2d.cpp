@@ -10,8 +10,9 @@ namespace tessera {
 
 namespace {
 // Split-K for the weight gradient: enough slices that a small weight still makes this many
-// blocks of work, each slice long enough to be worth a launch, and the partial sums bounded.
-constexpr int64_t kTargetBlocks = 256, kNominalBlock = 64 * 16, kMinSliceLength = 512;
+// workgroups (a GPU's multiprocessors each hold several; a CPU's cores want fewer), each slice
+// long enough to be worth a launch, and the partial sums bounded (one backward scratch buffer).
+constexpr int64_t kTargetBlocksGpu = 1024, kTargetBlocksCpu = 128, kMinSliceLength = 512;
 constexpr int64_t kMaxPartialElements = int64_t{4} << 20;
 // Forward reads the weight as [ceil(K / kWeightBlock), O, kWeightBlock] (K = C*KH*KW); the
 // shaders take the block as a specialization constant.
@@ -60,12 +61,7 @@ Shape Conv2d::infer(const std::vector<Shape>& inputs) {
 
   int64_t reduction = s.batch * s.out_height * s.out_width;
   int64_t weights = s.out_channels * s.in_channels * s.kernel_h * s.kernel_w;
-  int64_t blocks = (weights + kNominalBlock - 1) / kNominalBlock;
-  int64_t slices = std::min({(kTargetBlocks + blocks - 1) / blocks, reduction / kMinSliceLength,
-                             kMaxPartialElements / weights});
-  slices = std::max<int64_t>(slices, 1);
-  slice_length_ = (reduction + slices - 1) / slices;
-  slices_ = (reduction + slice_length_ - 1) / slice_length_;
+  max_slices_ = std::max<int64_t>(std::min(reduction / kMinSliceLength, kMaxPartialElements / weights), 1);
   return {s.batch, s.out_channels, s.out_height, s.out_width};
 }
 
@@ -79,9 +75,12 @@ std::vector<TensorSpec> Conv2d::tensors() const {
   if (has_bias_) specs.push_back({"bias", {s.out_channels}, TensorRole::parameter, DType::f32, {Init::uniform, bound}});
   int64_t weight_blocks = (s.in_channels * s.kernel_h * s.kernel_w + kWeightBlock - 1) / kWeightBlock;
   specs.push_back({"weight_blocked", {weight_blocks, s.out_channels, kWeightBlock}, TensorRole::prepared});
-  if (slices_ > 1)
-    specs.push_back({"weight_grad_partial", {slices_, s.out_channels, s.in_channels * s.kernel_h * s.kernel_w},
-                     TensorRole::saved});
+  if (max_slices_ > 1) {
+    TensorSpec partial{"weight_grad_partial", {max_slices_, s.out_channels, s.in_channels * s.kernel_h * s.kernel_w},
+                       TensorRole::saved};
+    partial.training_only = partial.backward_scratch = true;
+    specs.push_back(partial);
+  }
   return specs;
 }
 
@@ -91,12 +90,23 @@ double Conv2d::forward_flops() const {
          static_cast<double>(s.in_channels * s.kernel_h * s.kernel_w);
 }
 
-Conv2d::Push Conv2d::push(bool accumulate, float eps) const {
+Conv2d::Push Conv2d::push(bool accumulate, float eps, int64_t slice_length) const {
   const Conv2dShape& s = shape_;
   auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
-  return {u(s.batch),      u(s.in_channels), u(s.height),         u(s.width),       u(s.out_channels), u(s.out_height),
-          u(s.out_width), u(s.padding),     u(slice_length_), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps,
+  return {u(s.batch),      u(s.in_channels), u(s.height),        u(s.width),       u(s.out_channels), u(s.out_height),
+          u(s.out_width), u(s.padding),     u(slice_length), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps,
           0,              0};
+}
+
+Conv2d::Slicing Conv2d::weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const {
+  const Conv2dShape& s = shape_;
+  int64_t reduction = s.batch * s.out_height * s.out_width;
+  int64_t blocks = ((s.out_channels + tiles.rows_per_group() - 1) / tiles.rows_per_group()) *
+                   ((s.in_channels * s.kernel_h * s.kernel_w + tiles.columns_per_group() - 1) / tiles.columns_per_group());
+  int64_t target_blocks = target.cpu_like() ? kTargetBlocksCpu : kTargetBlocksGpu;
+  int64_t slices = std::clamp<int64_t>((target_blocks + blocks - 1) / blocks, 1, max_slices_);
+  int64_t length = (reduction + slices - 1) / slices;
+  return {(reduction + length - 1) / length, length};
 }
 
 std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {
@@ -203,22 +213,22 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   GemmTiles tiles = gemm_tiles(kernels.tile_target(), s.out_channels);
   const vk::Buffer& dweight = t.grads[0]->buffer();
   int64_t columns = s.in_channels * s.kernel_h * s.kernel_w;
-  const vk::Buffer& partial = slices_ > 1 ? t.tensors.back()->buffer() : dweight;
+  auto [slices, slice_length] = weight_grad_slicing(kernels.tile_target(), tiles);
+  const vk::Buffer& partial = slices > 1 ? t.tensors.back()->buffer() : dweight;
   bool tiled = tiles.kind == GemmKind::shared_memory;
   recorder.dispatch(tiled ? kernels.get<Push>(vk::kernel::conv2d_backward_weight_tiled, tiled_constants(tiles))
                           : kernels.get<Push>(vk::kernel::conv2d_backward_weight, constants(tiles)),
-                    {reads(dy), reads(*t.inputs[0]),
-                     slices_ > 1 ? vk::writes(partial) : vk::updates(partial)},
-                    push(slices_ == 1), blocks(s.out_channels, tiles.rows_per_group()),
-                    blocks(columns, tiles.columns_per_group()), static_cast<uint32_t>(slices_));
-  if (slices_ > 1) {
+                    {reads(dy), reads(*t.inputs[0]), slices > 1 ? vk::writes(partial) : vk::updates(partial)},
+                    push(slices == 1, 0, slice_length), blocks(s.out_channels, tiles.rows_per_group()),
+                    blocks(columns, tiles.columns_per_group()), static_cast<uint32_t>(slices));
+  if (slices > 1) {
     struct ReducePush {
       uint32_t count, slices;
     };
     auto reduce = kernels.get<ReducePush>(vk::kernel::conv2d_backward_weight_reduce, {static_cast<int32_t>(kElementwiseGroup)});
     int64_t count = s.out_channels * columns;
     recorder.dispatch_elements(reduce, {vk::reads(partial), vk::updates(dweight)},
-                               ReducePush{static_cast<uint32_t>(count), static_cast<uint32_t>(slices_)}, count,
+                               ReducePush{static_cast<uint32_t>(count), static_cast<uint32_t>(slices)}, count,
                                kElementwiseGroup);
   }
   if (has_bias_)

@@ -22,8 +22,8 @@ class Conv2d : public Op {
   // x [N,C,H,W] -> y [N,O,OH,OW], OH = (H + 2p - KH) / s + 1
   Shape infer(const std::vector<Shape>& inputs) override;
   // weight, bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch; the weight blocked for
-  // the forward kernel (shaders/conv2d_forward_weight.comp), prepared; where the
-  // weight gradient's reduction is split, a saved buffer for the partial sums of the slices.
+  // the forward kernel (shaders/conv2d_forward_weight.comp), prepared; where the weight
+  // gradient's reduction can be split, backward scratch for the partial sums of the slices.
   std::vector<TensorSpec> tensors() const override;
   // y[n,o,oh,ow] = bias[o] + sum_{c,kh,kw} weight[o,c,kh,kw] x[n,c,oh*s-p+kh,ow*s-p+kw],
   // then the epilogue fused in (OpTensors::epilogue: a folded batch norm, an activation, a
@@ -45,7 +45,12 @@ class Conv2d : public Op {
     float eps;
     uint32_t phase_row = 0, phase_col = 0;
   };
-  Push push(bool accumulate, float eps = 0) const;
+  Push push(bool accumulate, float eps = 0, int64_t slice_length = 0) const;
+  // The weight gradient's reduction (N*OH*OW) on this device: `count` slices of `length`.
+  struct Slicing {
+    int64_t count, length;
+  };
+  Slicing weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const;
   // The specialization constants of the conv2d shaders: these tiles, kernel size and stride;
   // forward's also its weight's block and its epilogue.
   std::vector<int32_t> constants(const GemmTiles& tiles) const;
@@ -58,8 +63,8 @@ class Conv2d : public Op {
 
   Conv2dShape shape_;
   bool has_bias_;
-  // The weight gradient's reduction (N*OH*OW) in `slices_` slices of `slice_length_`.
-  int64_t slices_ = 1, slice_length_ = 0;
+  // The most slices the weight gradient's partial sums have room for (weight_grad_partial).
+  int64_t max_slices_ = 1;
 };
 
 std::unique_ptr<Op> make_conv2d(const LayerConfig& layer);
