@@ -103,14 +103,15 @@ if [[ $only != bench ]]; then
   tar -C "$work" -czf "$out"/suite-logs.tar.gz logs
 fi
 
-python3 - "$out" <<'EOF'
+python3 - "$out" "$bundle" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name):
     path = os.path.join(out, name)
     return json.load(open(path)) if os.path.exists(path) else None
 bench, suite = load("bench.json"), load("suite.json")
-result = {"info_text": open(os.path.join(out, "info.txt")).read()}
+bundle = json.load(open(os.path.join(sys.argv[2], "manifest.json")))  # its commit and build time
+result = {"bundle": bundle, "info_text": open(os.path.join(out, "info.txt")).read()}
 if bench:
     result.update({k: bench[k] for k in ("date", "info", "ratios") if k in bench})
     result["tessera"], result["pytorch"] = bench.get("tessera"), bench.get("pytorch")
