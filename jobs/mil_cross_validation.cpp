@@ -193,6 +193,10 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& give
                                {"train_slides", train_slides.size()}, {"slides", fold_slides.size()},
                                {"loss", loss}, {"auc", metrics.auc}, {"balanced_accuracy", metrics.balanced_accuracy},
                                {"f1", metrics.f1}};
+      // fp16: the loss scale it ended at and the steps skipped for gradients that overflowed,
+      // which move its scores from fp32's by more than rounding.
+      for (const char* key : {"loss_scale", "skipped_steps"})
+        if (last.contains(key)) record[key] = last[key];
       fold_records.push_back(record);
       add_prediction_rows(csv, cohort, run.seed, k + 1, fold_slides, probabilities);
       if (progress) {
