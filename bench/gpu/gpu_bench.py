@@ -12,7 +12,8 @@
   and AMP channels_last on device tensors;
 - ViT-L/16 of UNI's shape (`--encoder uni`, random weights) tiles/s: `tessera extract` over the
   same tiles in fp32 and fp16, PyTorch's plain reference of it (tools/vit_reference.py) fp32 and
-  AMP on device tensors;
+  AMP on device tensors, and a TESSERA_PROFILE of the fp32 run; each extraction with its device
+  time and busy and data-wait fractions;
 - TESSERA_PROFILE of one resnet18 training step in fp32 and fp16 (device time per kernel), and
   the driver's statistics of every pipeline it makes (TESSERA_PIPELINE_STATISTICS: registers,
   spills, shared memory, where the driver tells);
@@ -140,19 +141,29 @@ def tessera_extract(tessera, work, sizes, precision):
     run = tessera.run(["extract", "--model", "resnet50", "--random-weights", "--layer", "layer3", "--tiles", store,
                        "--out", os.path.join(work, "features-" + precision), "--batch", str(sizes["extract_batch"]),
                        "--precision", precision])
+    return extraction_figures(run, sizes)
+
+
+def extraction_figures(run, sizes):
+    """tiles/s, and where the run's time went: the device busy, or waiting for tiles."""
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     return {"batch": sizes["extract_batch"], "tiles": summary["tiles"],
-            "tiles_per_second": summary["features_per_second"]}
+            "tiles_per_second": summary["features_per_second"], "seconds": summary["seconds"],
+            "device_seconds": summary["device_seconds"], "device_busy_fraction": summary["device_busy_fraction"],
+            "data_wait_fraction": summary["data_wait_fraction"]}
 
 
-def tessera_vit_extract(tessera, work, sizes, precision):
+def tessera_vit_extract(tessera, work, sizes, precision, profile=False):
     store = os.path.join(work, "tiles.lmdb")  # tessera_extract made it
     run = tessera.run(["extract", "--encoder", "uni", "--random-weights", "--tiles", store,
-                       "--out", os.path.join(work, "uni-" + precision), "--batch", str(sizes["extract_batch"]),
-                       "--precision", precision])
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
-    return {"batch": sizes["extract_batch"], "tiles": summary["tiles"],
-            "tiles_per_second": summary["features_per_second"]}
+                       "--out", os.path.join(work, "uni-" + precision + ("-profile" if profile else "")),
+                       "--batch", str(sizes["extract_batch"]), "--precision", precision],
+                      env={"TESSERA_PROFILE": "1", "TESSERA_PIPELINE_STATISTICS": "1"} if profile else None)
+    result = extraction_figures(run, sizes)
+    if profile:
+        result["profile"] = last_json(run.stderr, '"event":"profile"')
+        result["pipeline_statistics"] = statistics_lines(run.stderr)
+    return result
 
 
 def torch_figures(root, sizes, results):
@@ -310,6 +321,7 @@ def main():
         if sizes is SIZES:
             for precision in ("fp16", "fp32"):
                 measure(ours, "vit_uni_extract_" + precision, tessera_vit_extract, tessera, work, sizes, precision)
+            measure(ours, "vit_uni_extract_profile_fp32", tessera_vit_extract, tessera, work, sizes, "fp32", True)
     result["ratios"] = {
         "gemm_fp32": ratio(ours.get("gemm_fp32"), theirs.get("gemm_fp32"), "tflops"),
         "gemm_fp16": ratio(ours.get("gemm_fp16"), theirs.get("gemm_fp16"), "tflops"),
