@@ -230,4 +230,14 @@ const Kernel& reduction_kernel(const vk::Kernels& kernels, const Kernel& shared,
 // The standard workgroup size of elementwise kernels.
 constexpr uint32_t kElementwiseGroup = 256;
 
+// A reduction over `elements` split into about `wanted` slices of equal length (the last one
+// shorter), one workgroup each: the slices none of which is empty, and their length.
+struct ReductionSlices {
+  int64_t count, length;
+};
+inline ReductionSlices reduction_slices(int64_t elements, int64_t wanted) {
+  int64_t length = (elements + wanted - 1) / wanted;
+  return {(elements + length - 1) / length, length};
+}
+
 }  // namespace tessera

@@ -63,14 +63,12 @@ std::vector<TensorSpec> BatchNorm2d::tensors() const {
           slices};
 }
 
-BatchNorm2d::Slicing BatchNorm2d::slicing(const vk::TileTarget& target) const {
+ReductionSlices BatchNorm2d::slicing(const vk::TileTarget& target) const {
   int64_t count = batch_ * plane_;
-  int64_t slices = target.cpu_like() ? 1
-                                     : std::clamp<int64_t>(std::min((kTargetWorkgroups + channels_ - 1) / channels_,
-                                                                    count / kMinSliceLength),
-                                                           1, kMaxSlices);
-  int64_t length = (count + slices - 1) / slices;
-  return {(count + length - 1) / length, length};
+  if (target.cpu_like()) return reduction_slices(count, 1);
+  return reduction_slices(
+      count, std::clamp<int64_t>(std::min((kTargetWorkgroups + channels_ - 1) / channels_, count / kMinSliceLength), 1,
+                                 kMaxSlices));
 }
 
 void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -92,20 +90,23 @@ void BatchNorm2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const Op
                        reads(statistics)},
                       push, groups, slices);
   };
-  auto moments = kernel_for<MomentsPush>(kernels, vk::kernel::batch_norm2d_moments, *t.inputs[0], {kChannelGroup});
+  // Made where a path dispatches it: making a pipeline compiles it.
+  auto moments = [&] {
+    return kernel_for<MomentsPush>(kernels, vk::kernel::batch_norm2d_moments, *t.inputs[0], {kChannelGroup});
+  };
   if (t.sync) {
-    recorder.dispatch(moments, {reads(*t.inputs[0]), writes(statistics)},
+    recorder.dispatch(moments(), {reads(*t.inputs[0]), writes(statistics)},
                       MomentsPush{push.batch, push.channels, push.plane, push.slice_length}, groups);
     t.sync->exchange(recorder, statistics, ReplicaSync::Combine::moments, elements);
     push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
     normalize_with_statistics(1);
     return;
   }
-  if (Slicing slices = slicing(kernels.tile_target()); t.training && slices.count > 1) {
+  if (ReductionSlices slices = slicing(kernels.tile_target()); t.training && slices.count > 1) {
     // Each slice's moments, merged per channel, then each slice normalised.
     const Tensor& partial = *t.tensors[slice_sums];
     push.slice_length = static_cast<uint32_t>(slices.length);
-    recorder.dispatch(moments, {reads(*t.inputs[0]), writes(partial)},
+    recorder.dispatch(moments(), {reads(*t.inputs[0]), writes(partial)},
                       MomentsPush{push.batch, push.channels, push.plane, push.slice_length}, groups,
                       static_cast<uint32_t>(slices.count));
     recorder.dispatch_elements(kernels.get<CombinePush>(vk::kernel::batch_norm2d_combine_moments, {kChannelGroup}),
@@ -140,23 +141,25 @@ void BatchNorm2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const O
   auto summing = [&](const vk::ActivationKernel& shared, const vk::ActivationKernel& subgroup) {
     return kernel_for<BackwardPush>(kernels, reduction_kernel(kernels, shared, subgroup), *t.output_grad, constants);
   };
-  const auto& sums_kernel = summing(vk::kernel::batch_norm2d_backward_sums, vk::kernel::batch_norm2d_backward_sums_subgroup);
+  auto sums_kernel = [&] {
+    return summing(vk::kernel::batch_norm2d_backward_sums, vk::kernel::batch_norm2d_backward_sums_subgroup);
+  };
   const Tensor& sums = *t.tensors[exchanged];
   auto input_grad_from_sums = [&](uint32_t slices) {
     recorder.dispatch(kernel_for<BackwardPush>(kernels, vk::kernel::batch_norm2d_backward_synced, *t.output_grad, constants),
                       {x, w, m, s, dy, y, reads(sums), input_grad_arg(t, 0)}, push, groups, slices);
   };
   if (input_grad && t.sync) {
-    recorder.dispatch(sums_kernel, {x, w, m, s, dy, dw, db, y, writes(sums)}, push, groups);
+    recorder.dispatch(sums_kernel(), {x, w, m, s, dy, dw, db, y, writes(sums)}, push, groups);
     t.sync->exchange(recorder, sums, ReplicaSync::Combine::sum, elements);
     push.total = static_cast<uint32_t>(t.sync->batch_total() * plane_);
     input_grad_from_sums(1);
-  } else if (Slicing slices = slicing(kernels.tile_target()); t.training && slices.count > 1) {
+  } else if (ReductionSlices slices = slicing(kernels.tile_target()); t.training && slices.count > 1) {
     // Each slice's sums, added per channel (with the parameter gradients), then each slice's dx.
     const Tensor& partial = *t.tensors[slice_sums];
     push.slice_length = static_cast<uint32_t>(slices.length);
     auto count = static_cast<uint32_t>(slices.count);
-    recorder.dispatch(sums_kernel, {x, w, m, s, dy, dw, db, y, writes(partial)}, push, groups, count);
+    recorder.dispatch(sums_kernel(), {x, w, m, s, dy, dw, db, y, writes(partial)}, push, groups, count);
     recorder.dispatch_elements(kernels.get<CombinePush>(vk::kernel::batch_norm2d_combine_sums, {kChannelGroup}),
                                {reads(partial), writes(sums), dw, db},
                                CombinePush{push.total, push.channels, push.slice_length, count}, channels_,

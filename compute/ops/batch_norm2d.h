@@ -27,11 +27,8 @@ class BatchNorm2d : public Op {
   AsEpilogue as_epilogue() const override { return {EpilogueStep::batch_norm, eps_}; }
 
  private:
-  // Each channel's elements (N*H*W) in training on this device: `count` slices of `length`.
-  struct Slicing {
-    int64_t count, length;
-  };
-  Slicing slicing(const vk::TileTarget& target) const;
+  // Each channel's elements (N*H*W) in slices, in training on this device.
+  ReductionSlices slicing(const vk::TileTarget& target) const;
   float eps_, momentum_;
   int64_t batch_ = 0, channels_ = 0, plane_ = 0;
 };

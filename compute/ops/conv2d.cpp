@@ -98,15 +98,13 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps, int64_t slice_length) cons
           0,              0};
 }
 
-Conv2d::Slicing Conv2d::weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const {
+ReductionSlices Conv2d::weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const {
   const Conv2dShape& s = shape_;
   int64_t reduction = s.batch * s.out_height * s.out_width;
   int64_t blocks = ((s.out_channels + tiles.rows_per_group() - 1) / tiles.rows_per_group()) *
                    ((s.in_channels * s.kernel_h * s.kernel_w + tiles.columns_per_group() - 1) / tiles.columns_per_group());
   int64_t target_blocks = target.cpu_like() ? kTargetBlocksCpu : kTargetBlocksGpu;
-  int64_t slices = std::clamp<int64_t>((target_blocks + blocks - 1) / blocks, 1, max_slices_);
-  int64_t length = (reduction + slices - 1) / slices;
-  return {(reduction + length - 1) / length, length};
+  return reduction_slices(reduction, std::clamp<int64_t>((target_blocks + blocks - 1) / blocks, 1, max_slices_));
 }
 
 std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {

@@ -46,11 +46,8 @@ class Conv2d : public Op {
     uint32_t phase_row = 0, phase_col = 0;
   };
   Push push(bool accumulate, float eps = 0, int64_t slice_length = 0) const;
-  // The weight gradient's reduction (N*OH*OW) on this device: `count` slices of `length`.
-  struct Slicing {
-    int64_t count, length;
-  };
-  Slicing weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const;
+  // The weight gradient's reduction (N*OH*OW) in slices on this device.
+  ReductionSlices weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const;
   // The specialization constants of the conv2d shaders: these tiles, kernel size and stride;
   // forward's also its weight's block and its epilogue.
   std::vector<int32_t> constants(const GemmTiles& tiles) const;
