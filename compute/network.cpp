@@ -278,17 +278,19 @@ GraphLayout Network::layout() const {
     layout.tensors.push_back(std::move(placed));
     return layout.tensors.back().buffer;
   };
-  // Backward scratch: layers run their backward passes one after another, so one buffer serves all.
+  // Pass scratch: a layer's passes run one after another, so the i-th such tensor of every layer
+  // shares buffer i, named after the first tensor placed there.
   constexpr size_t unplaced = SIZE_MAX;
-  size_t backward_scratch = unplaced;
-  auto place_backward_scratch = [&](GraphLayout::Placed placed) {
+  std::vector<size_t> scratch_buffers;
+  auto place_pass_scratch = [&](GraphLayout::Placed placed, size_t slot) {
     uint64_t bytes = bytes_of(placed);
-    if (backward_scratch == unplaced) {
-      layout.buffers.push_back({"backward scratch (shared)", bytes, "activations"});
-      backward_scratch = layout.buffers.size() - 1;
+    if (slot == scratch_buffers.size()) {
+      layout.buffers.push_back({placed.name + " (scratch shared by layers)", bytes, "activations"});
+      scratch_buffers.push_back(layout.buffers.size() - 1);
     }
-    layout.buffers[backward_scratch].bytes = std::max(layout.buffers[backward_scratch].bytes, bytes);
-    placed.buffer = backward_scratch;
+    size_t buffer = scratch_buffers[slot];
+    layout.buffers[buffer].bytes = std::max(layout.buffers[buffer].bytes, bytes);
+    placed.buffer = buffer;
     layout.tensors.push_back(std::move(placed));
   };
   // The last layer that reads each layer's output; the network's output stays alive.
@@ -319,9 +321,11 @@ GraphLayout Network::layout() const {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     std::vector<size_t> scratch;
+    size_t scratch_slot = 0;
     for (size_t s = 0; s < layer.specs.size(); ++s) {
       const TensorSpec& spec = layer.specs[s];
       std::string full = tensor_name(layer.name, spec);
+      const DType dtype = spec.activation_typed ? activations_ : spec.dtype;
       bool saved = spec.role == TensorRole::saved, prepared = spec.role == TensorRole::prepared;
       if ((saved || prepared) && reuse && fused[l].skipped) continue;
       if (spec.inference_only && !reuse) continue;  // bound as nullptr, never read
@@ -330,12 +334,12 @@ GraphLayout Network::layout() const {
       std::string category = in_checkpoint(spec.role) ? "parameters"
                              : prepared && reuse      ? "prepared weights"
                                                       : "activations";
-      if (spec.backward_scratch && !reuse) {
-        place_backward_scratch({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s});
+      if (spec.pass_scratch && !reuse) {
+        place_pass_scratch({full, spec.shape, dtype, GraphLayout::Kind::tensor, l, s}, scratch_slot++);
         continue;
       }
       const bool streamed = reuse && is_streamed(streaming_, l, spec);
-      size_t buffer = place({full, spec.shape, spec.dtype, GraphLayout::Kind::tensor, l, s},
+      size_t buffer = place({full, spec.shape, dtype, GraphLayout::Kind::tensor, l, s},
                             streamed ? kStreamedHostCategory : category, saved && reuse,
                             streamed ? vk::MemoryUsage::host : vk::MemoryUsage::device);
       if (saved && reuse) scratch.push_back(buffer);

@@ -49,9 +49,13 @@ struct TensorSpec {
   // Its opposite: a saved tensor that only a training forward writes and backward reads
   // (layer_norm's per-row statistics): an inference graph allocates none and binds nullptr.
   bool training_only = false;
-  // Scratch that one layer's backward writes and reads before it returns (split-K partial sums):
-  // a training graph gives every layer's such tensor one shared buffer, sized for the largest.
-  bool backward_scratch = false;
+  // Scratch that one pass of the layer (its forward or its backward) writes and reads before it
+  // returns (split-K partial sums, Nystrom attention's projections): in a training graph the
+  // layer's i-th such tensor shares buffer i with every other layer's i-th, sized for the largest.
+  bool pass_scratch = false;
+  // Of the graph's activation type (Network::set_activation_dtype) rather than `dtype`: a saved
+  // tensor as large as an activation, which fp16 halves as it halves them.
+  bool activation_typed = false;
   // A large weight that every kernel reads through a texel view of its own type (GEMM operands,
   // samplerBuffer reads): an inference network stores it in its weight type instead of `dtype`
   // (Network::set_weight_dtype: fp16 halves a ViT's memory). Small tensors (biases, norms,

@@ -85,8 +85,9 @@ void add_clam_layers(nlohmann::json& layers, const std::string& kind, int64_t hi
 // TransMIL (Shao et al. 2021) as szc19990412/TransMIL models/TransMIL.py defines it, the layers
 // named as its state_dict's, at width `hidden` (the source's 512): _fc1 (Linear, ReLU), the bag
 // wrapped to a square after the class token (transmil_sequence), two TransLayers x +
-// NystromAttention(LayerNorm(x)) (8 heads, hidden / 2 landmarks, 6 pseudo-inverse iterations,
-// the residual convolution of the values) with the PPEG position encoding between them, the
+// NystromAttention(LayerNorm(x)) (to_qkv within it; 8 heads, hidden / 2 landmarks, 6
+// pseudo-inverse iterations, the residual convolution of the values) with the PPEG position
+// encoding between them, the
 // final LayerNorm of the class token and _fc2. Dropout (0.1 in to_out) is left out, as in the
 // other heads. Nothing reads the second layer's other rows, so it computes the class token's
 // alone (its attention still spans the sequence): the same logits, without two [S, D] products
@@ -102,8 +103,7 @@ void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes
   layer("sequence", "transmil_sequence", {"_fc1.1", "count"});
   auto trans_layer = [&](const std::string& name, const std::string& input, const std::string& output) {
     layer(name + ".norm", "layer_norm", {input}, {{"eps", 1e-5}});
-    layer(name + ".attn.to_qkv", "linear", {name + ".norm"}, {{"out_features", 3 * hidden}, {"bias", false}});
-    layer(name + ".attn", "nystrom_attention", {name + ".attn.to_qkv", "count"},
+    layer(name + ".attn", "nystrom_attention", {name + ".norm", "count"},
           {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}, {"output", output}});
     if (output == "class_attention") return;
     layer(name + ".attn.to_out.0", "linear", {name + ".attn"}, {{"out_features", hidden}});

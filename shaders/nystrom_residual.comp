@@ -6,7 +6,7 @@
 #include "common.glsl"
 #include "transmil_grid.glsl"
 layout(local_size_x_id = 0) in;
-layout(binding = 0) uniform samplerBuffer qkv;
+layout(binding = 0) uniform samplerBuffer values;
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) readonly buffer Count { uint count; };
 layout(std430, binding = 3) buffer Out { ACT out_values[]; };
@@ -25,7 +25,7 @@ void main() {
   for (int t = 0; t < int(p.kernel); ++t) {
     int j = int(i) + t - reach;
     if (j >= 0 && j < int(sequence))
-      sum += weight[head * p.kernel + uint(t)] * texelFetch(qkv, j * int(3u * p.width) + int(2u * p.width + column)).x;
+      sum += weight[head * p.kernel + uint(t)] * texelFetch(values, j * int(p.width) + int(column)).x;
   }
   out_values[index] = ACT(float(out_values[index]) + sum);
 }

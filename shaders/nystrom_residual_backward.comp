@@ -1,5 +1,5 @@
 #version 450
-// The values' share of nystrom_residual's gradient: dqkv[j, 2D + h*d + c] += sum_t weight[h, t]
+// The values' share of nystrom_residual's gradient: dv[j, h*d + c] += sum_t weight[h, t]
 // dout[j - t + kernel / 2, h*d + c] over the S rows, or over dout's first dout_rows (the class
 // token's alone where the attention gives only its row). One invocation per value.
 #include "common.glsl"
@@ -8,7 +8,7 @@ layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer dout;
 layout(std430, binding = 1) readonly buffer Weight { float weight[]; };
 layout(std430, binding = 2) readonly buffer Count { uint count; };
-layout(std430, binding = 3) buffer Dqkv { ACT dqkv[]; };
+layout(std430, binding = 3) buffer Dv { ACT dv[]; };
 layout(push_constant) uniform Push {
   uint rows, head_dim, width, kernel, dout_rows;
 } p;
@@ -26,6 +26,5 @@ void main() {
     int i = int(j) - t + reach;
     if (i >= 0 && i < int(dout_rows)) sum += weight[head * p.kernel + uint(t)] * texelFetch(dout, i * int(p.width) + int(column)).x;
   }
-  uint slot = j * 3u * p.width + 2u * p.width + column;
-  dqkv[slot] = ACT(float(dqkv[slot]) + sum);
+  dv[index] = ACT(float(dv[index]) + sum);
 }

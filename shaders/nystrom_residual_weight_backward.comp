@@ -12,7 +12,7 @@
 layout(local_size_x = 64) in;
 #include "reduce.glsl"
 layout(binding = 0) uniform samplerBuffer dout;
-layout(binding = 1) uniform samplerBuffer qkv;
+layout(binding = 1) uniform samplerBuffer values;
 layout(std430, binding = 2) readonly buffer Count { uint count; };
 layout(std430, binding = 3) buffer Dweight { float dweight[]; };
 layout(push_constant) uniform Push {
@@ -32,7 +32,7 @@ void main() {
       int j = int(i) + shift;
       if (pair < pairs && j >= 0 && j < int(sequence))
         partial += texelFetch(dout, int(i * p.width + column)).x *
-                   texelFetch(qkv, j * int(3u * p.width) + int(2u * p.width + column)).x;
+                   texelFetch(values, j * int(p.width) + int(column)).x;
     }
   }
   float sum = workgroup_sum(vec2(partial, 0.0)).x;

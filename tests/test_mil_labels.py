@@ -10,8 +10,9 @@ On lavapipe, whose compiler ends a kernel's loops after 65,535 iterations, a bag
 262,140 patches (the heads' kernels loop over a quarter of a bag at most) is exit 3 before any
 work, naming the slide, in training, cross-validation and --dry-run alike; a bag of 262,140 passes
 the check (test_mil_heads_torch checks the heads against PyTorch on 100,001 patches). A buffer over
-the 128 MiB lavapipe binds (TransMIL's qkv at 22,000 patches in fp32) is exit 3 naming it, before
-any work, and --dry-run's plan says it does not fit; in fp16 the same bag's plan fits."""
+the 128 MiB lavapipe binds (TransMIL's first activation at 65,600 patches in fp32) is exit 3 naming
+it, before any work, and --dry-run's plan says it does not fit and lists its largest buffers; in
+fp16 the same bag's plan fits."""
 import json
 import os
 import shutil
@@ -136,11 +137,11 @@ def main():
                 else:
                     assert process.returncode == 0, (rows, split, process.stderr)
 
-        # A buffer over what lavapipe binds (128 MiB): TransMIL's qkv [S, 3 x 512] in fp32 at 22,000
-        # patches (S = 1 + 149^2). The plan names it, --dry-run and training alike, before any
-        # work; in fp16 it is half that, and the plan fits.
+        # A buffer over what lavapipe binds (128 MiB): TransMIL's _fc1 output [65,600, 512] in fp32
+        # (its q, k and v, [S, 512] each with S = 1 + 257^2, are as large). The plan names it,
+        # --dry-run and training alike, before any work; in fp16 it is half that, and the plan fits.
         with h5py.File(os.path.join(features, "slide_4.h5"), "w") as f:
-            f["features"] = generator.normal(size=(22000, WIDTH)).astype(np.float32)
+            f["features"] = generator.normal(size=(65600, WIDTH)).astype(np.float32)
         for precision, split in (("fp32", ("--val-fraction", 0, "--dry-run")), ("fp32", ("--val-fraction", 0)),
                                  ("fp16", ("--val-fraction", 0, "--dry-run"))):
             process = train(features, labels, "--precision", precision, split=split, head="transmil")
@@ -148,12 +149,15 @@ def main():
                 assert process.returncode == 0, (precision, split, process.stderr)
                 continue
             assert process.returncode == 3, (split, process.stderr)
-            assert "for layer1.attn.to_qkv, over the largest that" in process.stderr, process.stderr
+            assert "for _fc1.1, over the largest that" in process.stderr, process.stderr
             assert not epochs(process.stderr), process.stderr
             if "--dry-run" in split:
                 plan = json.loads(process.stdout.splitlines()[-1])
                 assert not plan["fits"] and plan["oversized_buffer"] == {
-                    "name": "layer1.attn.to_qkv", "bytes": 22202 * 1536 * 4, "largest_bytes": 128 << 20}, plan
+                    "name": "_fc1.1", "bytes": 65600 * 512 * 4, "largest_bytes": 128 << 20}, plan
+                largest = plan["largest_buffers"]
+                assert [b["bytes"] for b in largest] == sorted((b["bytes"] for b in largest), reverse=True), largest
+                assert largest[0] == {"name": "sequence", "bytes": 66050 * 512 * 4} and len(largest) == 12, largest
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)

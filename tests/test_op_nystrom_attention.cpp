@@ -1,5 +1,5 @@
 // nystrom_attention against a CPU reference written from lucidrains' nystrom_attention.py (the
-// front zero padding to a multiple of the landmarks, landmark means, three softmaxes, the
+// to_qkv projection, the front zero padding to a multiple of the landmarks, landmark means, three softmaxes, the
 // iterative pseudo-inverse from the global maxima, the depthwise residual of v) and central
 // differences, on bags whose sequence is shorter than its padding (rows past it 0), fp32 and fp16,
 // the sequence taken whole and in chunks of a few rows (the last one shorter, some past the bag),
@@ -50,12 +50,17 @@ int64_t sequence_length(int64_t patches) {
   return 1 + side * side;
 }
 
-// out [rows, D] for qkv [rows, 3D] and res_conv.weight [heads, kernel], as nystrom_attention.py;
+// out [rows, D] for input [rows, D], to_qkv.weight [3D, D] and res_conv.weight [heads, kernel], as
+// nystrom_attention.py;
 // with `class_attention`, each of the rows - 1 patches' mean over heads of the class token's row
 // of a1 pinv a3 at its places in the sequence instead.
-std::vector<float> reference(const Case& c, const std::vector<float>& qkv, const std::vector<float>& weight, int iterations,
-                             int64_t kernel, bool class_attention = false) {
+std::vector<float> reference(const Case& c, const std::vector<float>& input, const std::vector<float>& projection,
+                             const std::vector<float>& weight, int iterations, int64_t kernel, bool class_attention = false) {
   const int64_t S = sequence_length(c.count), m = c.landmarks, D = c.width, d = D / c.heads;
+  std::vector<double> qkv(static_cast<size_t>(c.rows * 3 * D));
+  for (int64_t i = 0; i < c.rows; ++i)
+    for (int64_t o = 0; o < 3 * D; ++o)
+      for (int64_t e = 0; e < D; ++e) qkv[i * 3 * D + o] += double{input[i * D + e]} * projection[o * D + e];
   const int64_t P = (S + m - 1) / m * m, pad = P - S, run = P / m;
   const double scale = 1 / std::sqrt(static_cast<double>(d));
   std::vector<Matrix> q(c.heads, Matrix(P, std::vector<double>(d))), k = q, v = q, ql, kl, a2(c.heads);
@@ -142,10 +147,10 @@ TEST(NystromAttention, ForwardMatchesCpuAndZeroesRowsPastTheSequence) {
       for (int64_t chunk_rows : {0, 3}) {
         SCOPED_TRACE(describe(c, chunk_rows) + (activations == DType::f16 ? " fp16" : " fp32"));
         NystromAttention attention(c.heads, c.landmarks, kIterations, kKernel, Output::values, chunk_rows);
-        test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 5, {DType::f32, DType::u32}, {},
+        test::OpCheck check(test::context(), attention, {{1, c.rows, c.width}, {1}}, 5, {DType::f32, DType::u32}, {},
                             activations);
         check.inputs[1] = {static_cast<float>(c.count)};
-        std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], kIterations, kKernel);
+        std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], check.tensors[1], kIterations, kKernel);
         test::expect_near(check.forward(), expected, activations == DType::f16 ? 1e-2 : 1e-4, "out");
       }
 }
@@ -155,9 +160,12 @@ TEST(NystromAttention, ClassAttentionMatchesCpu) {
     for (int64_t chunk_rows : {0, 4}) {
       SCOPED_TRACE(describe(c, chunk_rows));
       NystromAttention attention(c.heads, c.landmarks, 6, 33, Output::class_attention, chunk_rows);
-      test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 7, {DType::f32, DType::u32});
+      test::OpCheck check(test::context(), attention, {{1, c.rows, c.width}, {1}}, 7, {DType::f32, DType::u32});
       check.inputs[1] = {static_cast<float>(c.count)};
-      test::expect_near(check.forward(), reference(c, check.inputs[0], check.tensors[0], 6, 33, true), 1e-4, "scores");
+      std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], check.tensors[1], 6, 33, true);
+      test::expect_near(check.forward(), expected, 1e-4, "scores");
+      // Inference once its weights are loaded: W_k and W_v copied out by prepare(), not by the pass.
+      test::expect_near(check.forward_prepared(), expected, 1e-4, "scores after prepare");
     }
 }
 
@@ -165,9 +173,9 @@ TEST(NystromAttention, ClassTokenIsTheFirstRowOfTheValues) {
   for (const Case& c : {Case{17, 16, 8, 8, 7}, Case{10, 24, 2, 4, 9}}) {
     SCOPED_TRACE(describe(c, 4));
     NystromAttention attention(c.heads, c.landmarks, 6, 33, Output::class_token, 4);
-    test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 8, {DType::f32, DType::u32});
+    test::OpCheck check(test::context(), attention, {{1, c.rows, c.width}, {1}}, 8, {DType::f32, DType::u32});
     check.inputs[1] = {static_cast<float>(c.count)};
-    std::vector<float> values = reference(c, check.inputs[0], check.tensors[0], 6, 33);
+    std::vector<float> values = reference(c, check.inputs[0], check.tensors[0], check.tensors[1], 6, 33);
     test::expect_near(check.forward(), std::vector<float>(values.begin(), values.begin() + c.width), 1e-4, "class token");
   }
 }
@@ -178,7 +186,7 @@ TEST(NystromAttention, BackwardMatchesFiniteDifferences) {
                                        std::tuple{Case{10, 8, 2, 4, 9}, Output::class_token, int64_t{3}}}) {
     SCOPED_TRACE(describe(c, chunk_rows) + (output == Output::class_token ? " class token" : ""));
     NystromAttention attention(c.heads, c.landmarks, 6, 33, output, chunk_rows);
-    test::OpCheck check(test::context(), attention, {{1, c.rows, 3 * c.width}, {1}}, 6, {DType::f32, DType::u32});
+    test::OpCheck check(test::context(), attention, {{1, c.rows, c.width}, {1}}, 6, {DType::f32, DType::u32});
     check.inputs[1] = {static_cast<float>(c.count)};
     check.expect_gradients_match(1e-2, 2e-2, 160);  // 160 elements of each tensor: a forward pass is ~100 dispatches
   }
@@ -186,11 +194,11 @@ TEST(NystromAttention, BackwardMatchesFiniteDifferences) {
 
 TEST(NystromAttention, RejectsShapesItCannotSplitIntoHeads) {
   NystromAttention attention(8, 8, 6, 33);
-  EXPECT_EQ(attention.infer({{1, 17, 48}, {1}}), (Shape{1, 17, 16}));
-  EXPECT_EQ(NystromAttention(8, 8, 6, 33, Output::class_token).infer({{1, 17, 48}, {1}}), (Shape{1, 16}));
-  EXPECT_THROW(attention.infer({{1, 17, 40}, {1}}), ShapeError);
-  EXPECT_THROW(attention.infer({{2, 17, 48}, {1}}), ShapeError);
-  EXPECT_THROW(attention.infer({{1, 17, 48}}), ShapeError);
+  EXPECT_EQ(attention.infer({{1, 17, 16}, {1}}), (Shape{1, 17, 16}));
+  EXPECT_EQ(NystromAttention(8, 8, 6, 33, Output::class_token).infer({{1, 17, 16}, {1}}), (Shape{1, 16}));
+  EXPECT_THROW(attention.infer({{1, 17, 12}, {1}}), ShapeError);
+  EXPECT_THROW(attention.infer({{2, 17, 16}, {1}}), ShapeError);
+  EXPECT_THROW(attention.infer({{1, 17, 16}}), ShapeError);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ std::vector<TensorSpec> Conv2d::tensors() const {
   if (max_slices_ > 1) {
     TensorSpec partial{"weight_grad_partial", {max_slices_, s.out_channels, s.in_channels * s.kernel_h * s.kernel_w},
                        TensorRole::saved};
-    partial.training_only = partial.backward_scratch = true;
+    partial.training_only = partial.pass_scratch = true;
     specs.push_back(partial);
   }
   return specs;

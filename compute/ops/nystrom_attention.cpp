@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "compute/ops/input_grad.h"
+#include "compute/ops/gemm.h"
 #include "compute/ops/layer_norm.h"
 
 namespace tessera {
@@ -15,13 +15,17 @@ namespace {
 
 // The tensors() slots, in order.
 enum Slot : size_t {
-  kWeight,
+  kProjection,  // to_qkv.weight [3D, D]: W_q, W_k and W_v, each [D, D], one after another
+  kWeight,      // res_conv.weight
+  kKeyProjection, kValueProjection,  // W_k and W_v copied out, for record_gemm reads a tensor from its start
+  kQ, kK, kV,   // the projections [S, D], computed in each pass that reads them
   kQueryLandmarks, kKeyLandmarks,
   kScores,  // a chunk of softmax(q kl^T) [h, C, m] or of softmax(ql k^T) [h, m, C]
   kAttention2,  // softmax(ql kl^T) [h, m, m]
   kStats3,  // each row of softmax(ql k^T): its maximum and sum of exponentials [h, m, 2]
   kPinvScales, kPinvZ, kPinvXz, kPinvT1, kPinvT2, kPinvT3,  // the iterates of moore_penrose_iter_pinv
   kValues, kMixed,  // w = softmax(ql k^T) v, y = pinv w [h, m, d]
+  kGradQ, kGradK, kGradV, kGradProjectionBlock,
   kGradScores, kGradAttention2, kGradPinv, kGradT3, kGradT2, kGradXz,
   kGradMixed, kGradValues, kGradQueryLandmarks, kGradKeyLandmarks,
   kClassWeights, kTokenAttention,  // class_attention: row 0 of a1 pinv [h, m], then of a1 pinv a3 [h, S]
@@ -135,6 +139,46 @@ class Recording {
   uint32_t heads_, landmarks_;
 };
 
+// W_k and W_v copied out of to_qkv.weight (W_q is its start).
+void record_projection_copies(vk::Recorder& recorder, const OpTensors& t) {
+  const Tensor& projection = *t.tensors[kProjection];
+  const uint64_t block = t.tensors[kKeyProjection]->bytes();
+  recorder.copy(projection.buffer(), block, t.tensors[kKeyProjection]->buffer(), 0, block);
+  recorder.copy(projection.buffer(), 2 * block, t.tensors[kValueProjection]->buffer(), 0, block);
+}
+
+// to_qkv: q, k and v [S, D] = x W^T for each block W. Each pass computes them again rather than
+// keep them from forward to backward: three activations of [S, D] for each layer, 300 MB in fp16
+// at 100,000 patches, against three products as large as one of to_out's.
+void record_projections(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, uint32_t rows, uint32_t width) {
+  const Tensor* blocks[3] = {t.tensors[kProjection], t.tensors[kKeyProjection], t.tensors[kValueProjection]};
+  for (size_t i = 0; i < 3; ++i)  // y^T [D, S] = W [D, D] x^T [D, S], as a linear layer's forward
+    record_gemm(recorder, kernels, width, rows, width, {blocks[i], width, 1}, {t.inputs[0], 1, width},
+                {t.tensors[kQ + i], 1, width}, false);
+}
+
+// to_qkv's backward from dq, dk and dv: dx = dq W_q + dk W_k + dv W_v, and each block's gradient
+// dW += dy^T x. dW_q is the start of to_qkv.weight's gradient; dW_k and dW_v are added in a block
+// of their own, copied there and back.
+void record_projections_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, uint32_t rows,
+                                 uint32_t width) {
+  const Tensor* blocks[3] = {t.tensors[kProjection], t.tensors[kKeyProjection], t.tensors[kValueProjection]};
+  const Tensor* grads[3] = {t.tensors[kGradQ], t.tensors[kGradK], t.tensors[kGradV]};
+  if (t.input_grads[0])
+    for (size_t i = 0; i < 3; ++i)  // dx^T [D, S] = W^T [D, D] dy^T [D, S]
+      record_gemm(recorder, kernels, width, rows, width, {blocks[i], 1, width}, {grads[i], 1, width},
+                  {t.input_grads[0], 1, width}, i > 0 || t.accumulate_input_grads[0]);
+  const Tensor& dprojection = *t.grads[kProjection];
+  const Tensor& block = *t.tensors[kGradProjectionBlock];
+  for (size_t i = 0; i < 3; ++i) {
+    const Tensor& target = i == 0 ? dprojection : block;
+    if (i > 0) recorder.copy(dprojection.buffer(), i * block.bytes(), block.buffer(), 0, block.bytes());
+    record_gemm(recorder, kernels, width, width, rows, {grads[i], 1, width}, {t.inputs[0], width, 1},
+                {&target, width, 1}, true);
+    if (i > 0) recorder.copy(block.buffer(), 0, dprojection.buffer(), i * block.bytes(), block.bytes());
+  }
+}
+
 // The sequence in chunks of `chunk` rows: each chunk's first row and its rows (the last holds the rest).
 std::vector<std::pair<uint32_t, uint32_t>> chunks(int64_t rows, int64_t chunk) {
   std::vector<std::pair<uint32_t, uint32_t>> result;
@@ -157,14 +201,14 @@ std::unique_ptr<Op> make_nystrom_attention(const LayerConfig& layer) {
 
 Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
   if (inputs.size() != 2 || inputs[0].size() != 3 || inputs[0][0] != 1 || inputs[1] != Shape{1})
-    throw ShapeError("nystrom_attention takes qkv [1, S, 3D] and a count [1], got " +
+    throw ShapeError("nystrom_attention takes x [1, S, D] and a count [1], got " +
                      (inputs.empty() ? std::string("nothing") : to_string(inputs[0])));
-  if (inputs[0][2] % (3 * heads_) != 0)
-    throw ShapeError("nystrom_attention: qkv's " + std::to_string(inputs[0][2]) + " features are not 3 x " +
+  if (inputs[0][2] % heads_ != 0)
+    throw ShapeError("nystrom_attention: x's " + std::to_string(inputs[0][2]) + " features are not " +
                      std::to_string(heads_) + " heads x a head's width");
   if (kernel_ % 2 == 0) throw ShapeError("nystrom_attention: residual_kernel must be odd (its padding is kernel / 2)");
   rows_ = inputs[0][1];
-  width_ = inputs[0][2] / 3;
+  width_ = inputs[0][2];
   head_dim_ = width_ / heads_;
   chunk_ = std::min(rows_, chunk_rows_ > 0 ? chunk_rows_ : std::max<int64_t>(1, kChunkFloats / (heads_ * landmarks_)));
   if (output_ == Output::class_attention) return {rows_ - 1, 1};
@@ -174,10 +218,17 @@ Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
 
 std::vector<TensorSpec> NystromAttention::tensors() const {
   float bound = 1.0f / std::sqrt(static_cast<float>(kernel_));  // Conv2d's default for fan_in = kernel
-  int64_t h = heads_, m = landmarks_, d = head_dim_, s = rows_;
+  float projection_bound = 1.0f / std::sqrt(static_cast<float>(width_));  // nn.Linear's
+  int64_t h = heads_, m = landmarks_, d = head_dim_, s = rows_, D = width_;
   auto saved = [](const char* name, Shape shape) { return TensorSpec{name, std::move(shape), TensorRole::saved}; };
-  auto backward_scratch = [&](const char* name, Shape shape) {
+  auto pass_scratch = [&](const char* name, Shape shape, bool activation_typed = false) {
     TensorSpec spec = saved(name, std::move(shape));
+    spec.pass_scratch = true;
+    spec.activation_typed = activation_typed;
+    return spec;
+  };
+  auto backward_scratch = [&](const char* name, Shape shape, bool activation_typed = false) {
+    TensorSpec spec = pass_scratch(name, std::move(shape), activation_typed);
     spec.training_only = true;
     return spec;
   };
@@ -186,13 +237,18 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
     spec.inference_only = true;
     return spec;
   };
-  return {{"res_conv.weight", {h, 1, kernel_, 1}, TensorRole::parameter, DType::f32, {Init::uniform, bound}},
+  return {{"to_qkv.weight", {3 * D, D}, TensorRole::parameter, DType::f32, {Init::uniform, projection_bound}},
+          {"res_conv.weight", {h, 1, kernel_, 1}, TensorRole::parameter, DType::f32, {Init::uniform, bound}},
+          {"to_qkv.key_weight", {D, D}, TensorRole::prepared}, {"to_qkv.value_weight", {D, D}, TensorRole::prepared},
+          pass_scratch("q", {1, s, D}, true), pass_scratch("k", {1, s, D}, true), pass_scratch("v", {1, s, D}, true),
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
           saved("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
           saved("pinv_scales", {3}), saved("pinv_z", {iterations_ + 1, h, m, m}),
           saved("pinv_xz", {iterations_, h, m, m}), saved("pinv_t1", {iterations_, h, m, m}),
           saved("pinv_t2", {iterations_, h, m, m}), saved("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
+          backward_scratch("grad_q", {1, s, D}, true), backward_scratch("grad_k", {1, s, D}, true),
+          backward_scratch("grad_v", {1, s, D}, true), backward_scratch("grad_projection_block", {D, D}),
           backward_scratch("grad_scores", {h, chunk_, m}), backward_scratch("grad_attention2", {h, m, m}),
           backward_scratch("grad_pinv", {2, h, m, m}), backward_scratch("grad_t3", {h, m, m}),
           backward_scratch("grad_t2", {h, m, m}), backward_scratch("grad_xz", {h, m, m}),
@@ -204,29 +260,37 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
 double NystromAttention::forward_flops() const {
   // Over the sequence: q kl^T, ql k^T twice (its statistics, then its values), a3 v and a1 y.
   double s = static_cast<double>(rows_), m = static_cast<double>(landmarks_), d = static_cast<double>(head_dim_);
+  double projections = 2 * s * 3 * static_cast<double>(width_ * width_);
   double per_head = 2 * (s * m * d * 5 + m * m * d + m * m * m * 4 * static_cast<double>(iterations_) + m * m * d) +
                     2 * s * d * static_cast<double>(kernel_);
-  return per_head * static_cast<double>(heads_);
+  return projections + per_head * static_cast<double>(heads_);
+}
+
+void NystromAttention::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
+  (void)kernels;
+  record_projection_copies(recorder, t);
 }
 
 void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
   Recording r(recorder, kernels, t, H, m);
-  const Tensor& qkv = *t.inputs[0];
+  if (!t.prepared) record_projection_copies(recorder, t);
+  record_projections(recorder, kernels, t, S, D);
+  const Tensor &query = r.slot(kQ), &key = r.slot(kK), &value = r.slot(kV);
   float scale = 1.0f / std::sqrt(static_cast<float>(d));
   struct LandmarkPush {
     uint32_t heads, head_dim, landmarks, width;
     float scale;
   };
   recorder.dispatch_elements(kernels.get<LandmarkPush>(vk::kernel::nystrom_landmarks, {kElementwiseGroup}),
-                             {reads(qkv), r.reads_count(), writes(r.slot(kQueryLandmarks)), writes(r.slot(kKeyLandmarks))},
+                             {reads(query), reads(key), r.reads_count(), writes(r.slot(kQueryLandmarks)), writes(r.slot(kKeyLandmarks))},
                              LandmarkPush{H, d, m, D, scale}, uint64_t{H} * m * d, kElementwiseGroup);
-  const uint32_t mm = m * m, md = m * d, stride = 3 * D;
+  const uint32_t mm = m * m, md = m * d;
   // A chunk of the sequence from row `first` on: its queries, keys (transposed) and values.
-  auto queries = [&](uint32_t first) { return Operand{&qkv, first * stride, d, stride, 1}; };
-  auto keys_t = [&](uint32_t first) { return Operand{&qkv, first * stride + D, d, 1, stride}; };
-  auto values = [&](uint32_t first) { return Operand{&qkv, first * stride + 2 * D, d, stride, 1}; };
+  auto queries = [&](uint32_t first) { return Operand{&query, first * D, d, D, 1}; };
+  auto keys_t = [&](uint32_t first) { return Operand{&key, first * D, d, 1, D}; };
+  auto values = [&](uint32_t first) { return Operand{&value, first * D, d, D, 1}; };
   auto scores = [&](uint32_t rows, uint32_t columns) { return Operand{&r.slot(kScores), 0, rows * columns, columns, 1}; };
   Operand ql{&r.slot(kQueryLandmarks), 0, md, d, 1}, kl_t{&r.slot(kKeyLandmarks), 0, md, 1, d};
   Operand a2{&r.slot(kAttention2), 0, mm, m, 1};
@@ -303,7 +367,7 @@ void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, con
     uint32_t rows, head_dim, width, kernel;
   };
   recorder.dispatch_elements(kernel_for<ResidualPush>(kernels, vk::kernel::nystrom_residual, *t.output, {kElementwiseGroup}),
-                             {reads(qkv), reads(r.slot(kWeight)), r.reads_count(), updates(*t.output)},
+                             {reads(value), reads(r.slot(kWeight)), r.reads_count(), updates(*t.output)},
                              ResidualPush{out_rows, d, D, static_cast<uint32_t>(kernel_)}, uint64_t{out_rows} * D,
                              kElementwiseGroup);
 }
@@ -316,26 +380,24 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
   Recording r(recorder, kernels, t, H, m);
-  const Tensor& qkv = *t.inputs[0];
+  record_projections(recorder, kernels, t, S, D);  // the forward's, recomputed
+  const Tensor &query = r.slot(kQ), &key = r.slot(kK), &value = r.slot(kV);
+  const Tensor &dquery = r.slot(kGradQ), &dkey = r.slot(kGradK), &dvalue = r.slot(kGradV);
   const Tensor& dout = *t.output_grad;
-  const Tensor& dqkv = *t.input_grads[0];
   // With the class token's row alone, a1's share reaches the queries of that row only: the
-  // other rows' start from zero, and every share adds.
-  const bool accumulate_input = t.accumulate_input_grads[0] || output_ == Output::class_token;
-  if (!t.accumulate_input_grads[0] && output_ == Output::class_token) recorder.fill(dqkv.buffer(), 0);
+  // other rows' start from zero, and the landmarks' share adds.
+  const bool class_token = output_ == Output::class_token;
+  if (class_token) recorder.fill(dquery.buffer(), 0);
   float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const uint32_t mm = m * m, md = m * d, stride = 3 * D, step = H * mm;
+  const uint32_t mm = m * m, md = m * d, step = H * mm;
   const auto iterations = static_cast<uint32_t>(iterations_);
   auto square = [&](Slot s, uint32_t offset = 0) { return Operand{&r.slot(s), offset, mm, m, 1}; };
   auto square_t = [&](Slot s, uint32_t offset = 0) { return Operand{&r.slot(s), offset, mm, 1, m}; };
   auto narrow = [&](Slot s) { return Operand{&r.slot(s), 0, md, d, 1}; };    // [h, m, d]
   auto narrow_t = [&](Slot s) { return Operand{&r.slot(s), 0, md, 1, d}; };  // its transpose [h, d, m]
-  // A chunk of the sequence from row `first` on, as the forward pass reads it, and its gradient's columns.
-  auto sequence_part = [&](const Tensor& x, uint32_t first, uint32_t column) {
-    return Operand{&x, first * stride + column, d, stride, 1};
-  };
-  auto keys_t = [&](uint32_t first) { return Operand{&qkv, first * stride + D, d, 1, stride}; };
-  auto values_t = [&](uint32_t first) { return Operand{&qkv, first * stride + 2 * D, d, 1, stride}; };
+  // A chunk of the sequence from row `first` on, of q, k, v or their gradients, and transposed.
+  auto part = [&](const Tensor& x, uint32_t first) { return Operand{&x, first * D, d, D, 1}; };
+  auto part_t = [&](const Tensor& x, uint32_t first) { return Operand{&x, first * D, d, 1, D}; };
   // A chunk's scores (or their gradients) [h, rows, columns], and transposed.
   auto chunk = [&](Slot s, uint32_t rows, uint32_t columns) { return Operand{&r.slot(s), 0, rows * columns, columns, 1}; };
   auto chunk_t = [&](Slot s, uint32_t rows, uint32_t columns) { return Operand{&r.slot(s), 0, rows * columns, 1, columns}; };
@@ -343,19 +405,18 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
   const auto sequence = chunks(rows_, chunk_);
 
   // out = a1 y: a1's chunk recomputed; dy, then a1's scores' gradient to q and kl.
-  const bool class_token = output_ == Output::class_token;
   const uint32_t out_rows = class_token ? 1 : S;
   for (auto [first, length] : class_token ? chunks(1, 1) : sequence) {
-    r.product(length, m, d, kRows, sequence_part(qkv, first, 0), kl_t, chunk(kScores, length, m), scale, false, 0, first);
+    r.product(length, m, d, kRows, part(query, first), kl_t, chunk(kScores, length, m), scale, false, 0, first);
     r.softmax(r.slot(kScores), length, m, true, first);
     Operand dout_chunk{&dout, first * D, d, D, 1};
     r.product(length, m, d, kRows, dout_chunk, narrow_t(kMixed), chunk(kGradScores, length, m), 1, false, 0, first);
     r.product(m, d, length, kDepth, chunk_t(kScores, length, m), dout_chunk, narrow(kGradMixed), 1, first > 0, 0, first);
     r.softmax_backward(r.slot(kScores), r.slot(kGradScores), length, m);
-    r.product(m, d, length, kDepth, chunk_t(kGradScores, length, m), sequence_part(qkv, first, 0),
-              narrow(kGradKeyLandmarks), scale, first > 0, 0, first);
-    r.product(length, d, m, kRows, chunk(kGradScores, length, m), narrow(kKeyLandmarks), sequence_part(dqkv, first, 0),
-              scale, accumulate_input, 0, first);
+    r.product(m, d, length, kDepth, chunk_t(kGradScores, length, m), part(query, first), narrow(kGradKeyLandmarks), scale,
+              first > 0, 0, first);
+    r.product(length, d, m, kRows, chunk(kGradScores, length, m), narrow(kKeyLandmarks), part(dquery, first), scale,
+              class_token, 0, first);
   }
   // y = pinv w
   Operand pinv_t = square_t(kPinvZ, iterations * step);
@@ -388,16 +449,15 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
   // w = a3 v: a3's chunk recomputed; dv, then a3's scores' gradient to ql and k.
   Operand ql{&r.slot(kQueryLandmarks), 0, md, d, 1};
   for (auto [first, length] : sequence) {
-    r.product(m, length, d, kColumns, ql, keys_t(first), chunk(kScores, m, length), 1, false, 0, first);
+    r.product(m, length, d, kColumns, ql, part_t(key, first), chunk(kScores, m, length), 1, false, 0, first);
     r.softmax_stats(length, first, kApplyStats);
-    r.product(m, length, d, kColumns, narrow(kGradValues), values_t(first), chunk(kGradScores, m, length), 1, false, 0, first);
-    r.product(length, d, m, kRows, chunk_t(kScores, m, length), narrow(kGradValues), sequence_part(dqkv, first, 2 * D), 1,
-              accumulate_input, 0, first);
+    r.product(m, length, d, kColumns, narrow(kGradValues), part_t(value, first), chunk(kGradScores, m, length), 1, false, 0, first);
+    r.product(length, d, m, kRows, chunk_t(kScores, m, length), narrow(kGradValues), part(dvalue, first), 1, false, 0, first);
     r.softmax_backward(r.slot(kScores), r.slot(kGradScores), m, length, d);
-    r.product(m, d, length, kDepth, chunk(kGradScores, m, length), sequence_part(qkv, first, D), narrow(kGradQueryLandmarks),
-              1, first > 0, 0, first);
-    r.product(length, d, m, kRows, chunk_t(kGradScores, m, length), narrow(kQueryLandmarks), sequence_part(dqkv, first, D),
-              1, accumulate_input, 0, first);
+    r.product(m, d, length, kDepth, chunk(kGradScores, m, length), part(key, first), narrow(kGradQueryLandmarks), 1,
+              first > 0, 0, first);
+    r.product(length, d, m, kRows, chunk_t(kGradScores, m, length), narrow(kQueryLandmarks), part(dkey, first), 1, false,
+              0, first);
   }
   // a2's scores ql kl^T
   r.product(m, d, m, kStatic, square(kGradAttention2), narrow(kKeyLandmarks), narrow(kGradQueryLandmarks), 1, true);
@@ -407,23 +467,24 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
     float scale;
   };
   recorder.dispatch_elements(
-      kernel_for<LandmarkPush>(kernels, vk::kernel::nystrom_landmarks_backward, dqkv, {kElementwiseGroup}),
-      {reads(r.slot(kGradQueryLandmarks)), reads(r.slot(kGradKeyLandmarks)), r.reads_count(), updates(dqkv)},
+      kernel_for<LandmarkPush>(kernels, vk::kernel::nystrom_landmarks_backward, dquery, {kElementwiseGroup}),
+      {reads(r.slot(kGradQueryLandmarks)), reads(r.slot(kGradKeyLandmarks)), r.reads_count(), updates(dquery), updates(dkey)},
       LandmarkPush{S, H, d, m, D, scale}, uint64_t{S} * 2 * D, kElementwiseGroup);
   // the residual convolution of v
   struct ResidualPush {
     uint32_t rows, head_dim, width, kernel, dout_rows;
   };
   const auto kernel = static_cast<uint32_t>(kernel_);
-  recorder.dispatch_elements(kernel_for<ResidualPush>(kernels, vk::kernel::nystrom_residual_backward, dqkv, {kElementwiseGroup}),
-                             {reads(dout), reads(r.slot(kWeight)), r.reads_count(), updates(dqkv)},
+  recorder.dispatch_elements(kernel_for<ResidualPush>(kernels, vk::kernel::nystrom_residual_backward, dvalue, {kElementwiseGroup}),
+                             {reads(dout), reads(r.slot(kWeight)), r.reads_count(), updates(dvalue)},
                              ResidualPush{S, d, D, kernel, out_rows}, uint64_t{S} * D, kElementwiseGroup);
   struct WeightPush {
     uint32_t head_dim, width, kernel, dout_rows;
   };
   recorder.dispatch(kernels.get<WeightPush>(vk::kernel::nystrom_residual_weight_backward),
-                    {reads(dout), reads(qkv), r.reads_count(), updates(*t.grads[kWeight])},
+                    {reads(dout), reads(value), r.reads_count(), updates(*t.grads[kWeight])},
                     WeightPush{d, D, kernel, out_rows}, H * kernel);
+  record_projections_backward(recorder, kernels, t, S, D);
 }
 
 }  // namespace tessera

@@ -1,6 +1,9 @@
 // Nystrom attention (Xiong et al. 2021) as TransMIL's layers use it: lucidrains' NystromAttention
-// (nystrom_attention.py) between its to_qkv and to_out projections, which are linear layers of
-// the graph. Per head: landmarks are the means of m runs of the sequence (front-padded with
+// (nystrom_attention.py) from its to_qkv projection (without bias; its weight keeps that name) up
+// to its to_out projection, a linear layer of the graph. q, k and v are three buffers of [S, D],
+// not one of [S, 3D] (lavapipe binds 128 MiB: 3D alone would stop at 43,000 patches in fp16),
+// and each pass computes them afresh, so that no layer holds them between its forward and its
+// backward. Per head: landmarks are the means of m runs of the sequence (front-padded with
 // zero rows to a multiple of m), out = softmax(q kl^T) pinv(softmax(ql kl^T)) softmax(ql k^T) v
 // with the pseudo-inverse by 6 Newton-Schulz iterations, plus a depthwise convolution of v along
 // the sequence (res_conv). The sequence's length S comes from the bag's count on the device
@@ -31,13 +34,15 @@ class NystromAttention : public Op {
       : heads_(heads), landmarks_(landmarks), iterations_(pinv_iterations), kernel_(residual_kernel),
         output_(output), chunk_rows_(chunk_rows) {}
   std::string type() const override { return "nystrom_attention"; }
-  // qkv [1, S_max, 3D] (to_qkv's output), count u32 [1] -> [1, S_max, D]; class_token: [1, D];
+  // x [1, S_max, D] (the layer norm's output), count u32 [1] -> [1, S_max, D]; class_token: [1, D];
   // class_attention: [S_max - 1, 1], a score for each of the bag's first rows
   Shape infer(const std::vector<Shape>& inputs) override;
-  // res_conv.weight [heads, 1, kernel, 1]; saved: the landmarks, a chunk's scores, softmax(ql kl^T),
+  // to_qkv.weight [3D, D], res_conv.weight [heads, 1, kernel, 1]; prepared: W_k and W_v apart;
+  // scratch of each pass: q, k, v (and backward's dq, dk, dv); saved: the landmarks, a chunk's scores, softmax(ql kl^T),
   // softmax(ql k^T)'s row statistics, every iterate of the pseudo-inverse, backward's scratch
   // (training graphs alone) and class_attention's (inference graphs alone)
   std::vector<TensorSpec> tensors() const override;
+  void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   double forward_flops() const override;

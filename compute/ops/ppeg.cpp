@@ -37,7 +37,7 @@ std::vector<TensorSpec> Ppeg::tensors() const {
   }
   specs.push_back({"combined_kernel", {width_, kTaps}, TensorRole::prepared});
   TensorSpec scratch{"weight_grad_partial", {blocks(), width_, kTaps}, TensorRole::saved};
-  scratch.training_only = scratch.backward_scratch = true;  // backward's alone
+  scratch.training_only = scratch.pass_scratch = true;  // backward's alone
   specs.push_back(scratch);
   return specs;
 }
