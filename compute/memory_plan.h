@@ -22,6 +22,8 @@ struct MemoryPlan {
     int groups = 0, blocks_per_group = 0, slots = 0;
     uint64_t streamed_bytes = 0;
   } streaming;
+  // Training: copies of each staged micro-batch (Replica::set_staging_slots).
+  int staging_slots = 0;
   // Adds a buffer of `bytes` (its footprint in device memory to `category`), named `name` (else
   // by its category).
   void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,

@@ -71,8 +71,8 @@ std::vector<Replica::Planned> Replica::planned() const {
   std::vector<Planned> list;
   auto staging = vk::MemoryUsage::staging;
   auto& layers = network_.layers();
-  // Two slots of staged inputs (one filled while the other's step runs) of K micro-batches.
-  for (int slot = 0; slot < 2; ++slot)
+  // Slots of staged inputs (one filled while the other's step runs) of K micro-batches.
+  for (int slot = 0; slot < slots_; ++slot)
     for (int k = 0; k < settings_.accumulate; ++k) {
       for (size_t i = 0; i < staged_inputs_.size(); ++i) {
         const GraphInput& input = staged_inputs_[i];
@@ -113,6 +113,7 @@ MemoryPlan Replica::plan() const {
   auto& allocator = context_.allocator();
   // In the order allocate() takes them, so that the plan places them as the allocator will.
   MemoryPlan plan = network_.plan(allocator);
+  plan.staging_slots = slots_;
   for (auto& t : planned()) plan.add(allocator, t.category, bytes_of(t.shape, t.dtype), t.usage, t.name);
   // Uploads and checkpoint downloads stage one tensor at a time; the largest is a parameter or state.
   uint64_t largest = 0;
@@ -353,7 +354,7 @@ void Replica::record_gradient_copies(vk::Recorder& recorder, bool to_host, const
 void Replica::record() {
   auto& kernels = context_.kernels();
   if (replicated_) segments_ = plan_segments();
-  for (int slot = 0; slot < 2; ++slot) {
+  for (int slot = 0; slot < slots_; ++slot) {
     for (int k = 0; k < settings_.accumulate; ++k) {
       bool last = k == settings_.accumulate - 1;
       recording_ = &train_programs_[slot].emplace_back();

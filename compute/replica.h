@@ -61,6 +61,11 @@ class Replica final : public ReplicaSync {
 
   // Device bytes of the network and of every tensor the replica adds, in allocation order.
   MemoryPlan plan() const;
+  // Copies of each staged micro-batch: two (one filled while the other's step runs), or one
+  // where two do not fit (a bag of 100,000 patches of 1,536 features is 307 MB in fp16). Set
+  // before allocate().
+  void set_staging_slots(int slots) { slots_ = slots; }
+  int staging_slots() const { return slots_; }
   void allocate();
   // From the seed, then `start`'s tensors; a mixed-precision run's loss scale from `loss_scale`.
   void initialise(const std::optional<Checkpoint>& start, const std::string& start_path,
@@ -152,6 +157,7 @@ class Replica final : public ReplicaSync {
   std::vector<std::pair<Network::Layer*, float>> losses_;
   std::unique_ptr<Optimizer> optimizer_;
 
+  int slots_ = 2;
   std::array<std::vector<StagedBatch>, 2> staging_;  // [slot][k]
   std::unique_ptr<Tensor> metrics_, step_, loss_scale_tensor_;
   std::map<const Tensor*, std::unique_ptr<Tensor>> host_gradients_;  // replicated: by gradient

@@ -52,6 +52,16 @@ ReplicaGroup::ReplicaGroup(const std::vector<vk::Context*>& devices, const LoopS
     throw UsageError("--sync-bn combines batch norm statistics over replicas, and this run has one: add --devices, "
                      "or run under mpirun/srun");
   if (settings.sync_batch_norm && !first().synced_layers()) throw UsageError("--sync-bn: the model has no batch norm");
+  // One staged copy of each micro-batch where two do not fit on every device: the next batch is
+  // then read once a step ends rather than while it runs.
+  auto fit = [&] {
+    auto device_plans = plans();
+    for (size_t r = 0; r < device_plans.size(); ++r)
+      if (!device_plans[r].fits(replicas_[r]->context())) return false;
+    return true;
+  };
+  if (!fit())
+    for (auto& replica : replicas_) replica->set_staging_slots(1);
 }
 
 std::vector<MemoryPlan> ReplicaGroup::plans() const {

@@ -31,6 +31,8 @@ class ReplicaGroup {
   // the whole micro-batch that the Feed writes before the replicas take their parts.
   std::vector<MemoryPlan> plans() const;
   void allocate();
+  // Of every replica (Replica::set_staging_slots): the slot of step s is s % staging_slots().
+  int staging_slots() const { return replicas_.front()->staging_slots(); }
 
   // Where the Feed writes micro-batch k of `slot`: the replica's own staging alone, else the
   // whole micro-batch, which distribute() then splits.

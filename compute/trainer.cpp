@@ -74,7 +74,7 @@ struct TrainingLoop::State {
       group.exchange_seconds = 0;
       group.exchange_bytes = 0;
       for (size_t step = 0; step < steps; ++step) {
-        int slot = static_cast<int>(step % 2);
+        int slot = static_cast<int>(step % static_cast<size_t>(group.staging_slots()));
         for (int k = 0; k < settings.accumulate; ++k) {
           for (auto& replica : group.replicas()) replica->micro_batch(slot, k).programs.back()->wait();
           auto before = Clock::now();
@@ -156,7 +156,7 @@ struct TrainingLoop::State {
     feed.start_epoch(static_cast<uint32_t>(epoch));
     bool binary = group.first().classes() == 2;
     for (size_t b = 0;; ++b) {
-      int slot = static_cast<int>(b % 2);
+      int slot = static_cast<int>(b % static_cast<size_t>(group.staging_slots()));
       for (auto& replica : group.replicas()) replica->eval_program(slot).wait();
       if (!feed.next(group.feed_target(slot, 0))) break;
       group.distribute(slot, 0, false);

@@ -388,7 +388,14 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
                         {"total_bytes", plan.total()},
                         {"device_bytes", device_bytes},
                         {"fits", plan.fits(context)},
-                        {"bytes", plan.bytes}};
+                        {"bytes", plan.bytes},
+                        {"staging_slots", plan.staging_slots}};
+  // The largest buffers, which are what a change of flags or bag size would move.
+  std::vector<vk::PlannedBuffer> largest = plan.buffers;
+  std::stable_sort(largest.begin(), largest.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  largest.resize(std::min<size_t>(largest.size(), 12));
+  for (const vk::PlannedBuffer& buffer : largest)
+    out["largest_buffers"].push_back({{"name", buffer.name}, {"bytes", buffer.bytes}});
   const vk::PlannedBuffer* oversized = plan.oversized(context.info());
   if (oversized)
     out["oversized_buffer"] = {{"name", oversized->name}, {"bytes", oversized->bytes},
@@ -402,6 +409,10 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
   std::printf("  %-24s %12s\n", "total", format_bytes(plan.total()).c_str());
   std::printf("  %-24s %12s of the budget's %s: %s\n", "in the allocator's blocks", format_bytes(device_bytes).c_str(),
               format_bytes(budget).c_str(), plan.fits(context) ? "fits" : "does NOT fit");
+  if (plan.staging_slots == 1) std::printf("  one staged copy of each batch: two do not fit, so none loads while a step runs\n");
+  std::printf("  largest buffers:\n");
+  for (const vk::PlannedBuffer& buffer : largest)
+    std::printf("    %-30s %12s\n", buffer.name.c_str(), format_bytes(buffer.bytes).c_str());
   if (oversized)
     std::printf("  %s: a buffer of %s, over the largest the device binds (%s)\n", oversized->name.c_str(),
                 format_bytes(oversized->bytes).c_str(), format_bytes(context.info().largest_buffer).c_str());
