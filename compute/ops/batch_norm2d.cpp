@@ -52,7 +52,7 @@ Shape BatchNorm2d::infer(const std::vector<Shape>& inputs) {
 std::vector<TensorSpec> BatchNorm2d::tensors() const {
   Shape c{channels_};
   TensorSpec slices{"slice_sums", {kMaxSlices, 2, channels_}, TensorRole::saved};
-  slices.training_only = true;
+  slices.training_only = slices.pass_scratch = true;  // each pass's partial sums, read in that pass
   return {{"weight", c, TensorRole::parameter, DType::f32, {Init::ones}},
           {"bias", c, TensorRole::parameter, DType::f32, {Init::zeros}},
           {"running_mean", c, TensorRole::state, DType::f32, {Init::zeros}},
