@@ -242,7 +242,7 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
           {"to_qkv.key_weight", {D, D}, TensorRole::prepared}, {"to_qkv.value_weight", {D, D}, TensorRole::prepared},
           pass_scratch("q", {1, s, D}, true), pass_scratch("k", {1, s, D}, true), pass_scratch("v", {1, s, D}, true),
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
-          saved("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
+          pass_scratch("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
           saved("pinv_scales", {3}), saved("pinv_z", {iterations_ + 1, h, m, m}),
           saved("pinv_xz", {iterations_, h, m, m}), saved("pinv_t1", {iterations_, h, m, m}),
           saved("pinv_t2", {iterations_, h, m, m}), saved("pinv_t3", {iterations_, h, m, m}),
