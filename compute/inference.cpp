@@ -79,7 +79,9 @@ std::unique_ptr<Network> build_network(const ResolvedModel& model, const Inferen
 // the prepared weights kept), the inputs, the step count the ops read.
 MemoryPlan plan_of(const Network& network, const InferenceOptions& options, const vk::Allocator& allocator) {
   MemoryPlan plan = network.plan(allocator);
-  for (auto& input : options.inputs) plan.add(allocator, "inputs", bytes_of(input.shape, input.dtype), options.input_memory);
+  for (auto& input : options.inputs)
+    plan.add(allocator, "inputs", bytes_of(input.shape, input.dtype), options.input_memory, input.name,
+             network.input_windowed(input.name));
   plan.add(allocator, "inputs", InferenceProgram::step_bytes);
   // Weights (and device-memory inputs) are uploaded one at a time, through a staging buffer
   // where device memory is not mapped.
@@ -89,7 +91,8 @@ MemoryPlan plan_of(const Network& network, const InferenceOptions& options, cons
       if (in_checkpoint(spec.role)) largest = std::max(largest, bytes_of(spec.shape, spec.dtype));
   if (options.input_memory == vk::MemoryUsage::device)
     for (auto& input : options.inputs) largest = std::max(largest, bytes_of(input.shape, input.dtype));
-  if (allocator.transfer_footprint(largest)) plan.add(allocator, "staging", largest, vk::MemoryUsage::staging);
+  // No kernel binds it: copies alone read it.
+  if (allocator.transfer_footprint(largest)) plan.add(allocator, "staging", largest, vk::MemoryUsage::staging, {}, true);
   if (const StreamGroups& streaming = network.streaming(); streaming.active()) {
     plan.streaming = {streaming.groups, streaming.blocks_per_group, streaming.slots, 0};
     for (auto& buffer : network.layout().buffers)
@@ -195,7 +198,8 @@ Inference::Inference(vk::Context& context, const ResolvedModel& model, const Inf
 
   network_->allocate(context);
   for (auto& input : options.inputs)
-    inputs_[input.name] = std::make_unique<Tensor>(context, input.name, input.shape, input.dtype, options.input_memory);
+    inputs_[input.name] = std::make_unique<Tensor>(context, input.name, input.shape, input.dtype, options.input_memory,
+                                                   network_->input_windowed(input.name));
   if (model.checkpoint) {
     std::map<std::string, Tensor*> tensors;
     for (auto& named : network_->named_tensors()) tensors[named.name] = named.tensor;

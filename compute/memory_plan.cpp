@@ -6,9 +6,9 @@
 namespace tessera {
 
 void MemoryPlan::add(const vk::Allocator& allocator, const std::string& category, uint64_t size,
-                     vk::MemoryUsage usage, const std::string& name) {
+                     vk::MemoryUsage usage, const std::string& name, bool windowed) {
   bytes[category] += allocator.device_footprint(size, usage);
-  buffers.push_back({size, usage, name.empty() ? category : name});
+  buffers.push_back({size, usage, name.empty() ? category : name, windowed});
 }
 
 void MemoryPlan::append(const MemoryPlan& other) {
@@ -24,7 +24,7 @@ uint64_t MemoryPlan::total() const {
 
 const vk::PlannedBuffer* MemoryPlan::oversized(const vk::DeviceInfo& device) const {
   for (const vk::PlannedBuffer& buffer : buffers)
-    if (buffer.bytes > device.largest_buffer) return &buffer;
+    if (buffer.bytes > device.largest_buffer && !buffer.windowed) return &buffer;
   return nullptr;
 }
 

@@ -25,9 +25,9 @@ struct MemoryPlan {
   // Training: copies of each staged micro-batch (Replica::set_staging_slots).
   int staging_slots = 0;
   // Adds a buffer of `bytes` (its footprint in device memory to `category`), named `name` (else
-  // by its category).
+  // by its category); `windowed`: kernels bind it in windows (vk::Allocator::allocate).
   void add(const vk::Allocator& allocator, const std::string& category, uint64_t bytes,
-           vk::MemoryUsage usage = vk::MemoryUsage::device, const std::string& name = {});
+           vk::MemoryUsage usage = vk::MemoryUsage::device, const std::string& name = {}, bool windowed = false);
   // Adds every buffer of `other` after these.
   void append(const MemoryPlan& other);
   // The bytes of the buffers.
@@ -35,7 +35,7 @@ struct MemoryPlan {
   // What the allocator will take from the device for them on top of what it holds: its blocks,
   // with the rest of a block that the next buffer did not fit (what the budget bounds).
   uint64_t device_bytes(const vk::Allocator& allocator) const { return allocator.reserved_after(buffers); }
-  // The first buffer over the device's largest (a kernel binds it whole: lavapipe's 128 MiB
+  // The first buffer over the device's largest that kernels bind whole (lavapipe's 128 MiB
   // storage buffer range), or nullptr.
   const vk::PlannedBuffer* oversized(const vk::DeviceInfo& device) const;
   // Within the budget, and no buffer over the device's largest.

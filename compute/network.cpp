@@ -240,6 +240,18 @@ void Network::finish() {
   plan_fusion();
 }
 
+bool Network::input_windowed(const std::string& name) const {
+  bool read = false;
+  for (auto& layer : layers_)
+    for (size_t j = 0; j < layer.inputs.size(); ++j) {
+      int producer = layer.inputs[j];
+      if (producer >= 0 || inputs_[static_cast<size_t>(-1 - producer)].name != name) continue;
+      if (!layer.op->reads_in_windows(j)) return false;
+      read = true;
+    }
+  return read;
+}
+
 void Network::allocate(vk::Context& context) {
   GraphLayout layout = this->layout();
   std::vector<std::shared_ptr<vk::Buffer>> buffers;

@@ -173,6 +173,9 @@ class Network {
 
   const nlohmann::json& description() const { return description_; }
   const std::vector<GraphInput>& inputs() const { return inputs_; }
+  // Whether every layer that reads graph input `name` binds it in windows (Op::reads_in_windows),
+  // so that it may be over what one binding reaches (vk::Allocator::allocate's `windowed`).
+  bool input_windowed(const std::string& name) const;
   const Shape& output_shape() const { return layers_.back().output_shape; }
   const Tensor& output() const { return *layers_.back().output; }
   const Tensor& output_grad() const { return *layers_.back().output_grad; }

@@ -187,6 +187,12 @@ class Op {
     float eps = 0;
   };
   virtual AsEpilogue as_epilogue() const { return {}; }
+  // Whether both passes bind input `input` a window at a time wherever it is over what one
+  // binding reaches, so that a graph input read by such ops alone may be (GraphInput::windowed).
+  virtual bool reads_in_windows(size_t input) const {
+    (void)input;
+    return false;
+  }
   // False for ops that run in inference only (a ViT's): a graph that would train them is refused.
   virtual bool has_backward() const { return true; }
   // Floating-point operations of one forward pass, for benchmarks.

@@ -76,7 +76,8 @@ std::vector<Replica::Planned> Replica::planned() const {
     for (int k = 0; k < settings_.accumulate; ++k) {
       for (size_t i = 0; i < staged_inputs_.size(); ++i) {
         const GraphInput& input = staged_inputs_[i];
-        list.push_back({Kind::input, input.name + suffix(slot, k), input.shape, input.dtype, staging, "staging", slot, k, i});
+        list.push_back({Kind::input, input.name + suffix(slot, k), input.shape, input.dtype, staging, "staging", slot, k, i,
+                        0, network_.input_windowed(input.name)});
       }
       // Replicated: the weight of each sample's loss, so that the replicas' gradients sum to the batch's.
       if (replicated_)
@@ -114,7 +115,7 @@ MemoryPlan Replica::plan() const {
   // In the order allocate() takes them, so that the plan places them as the allocator will.
   MemoryPlan plan = network_.plan(allocator);
   plan.staging_slots = slots_;
-  for (auto& t : planned()) plan.add(allocator, t.category, bytes_of(t.shape, t.dtype), t.usage, t.name);
+  for (auto& t : planned()) plan.add(allocator, t.category, bytes_of(t.shape, t.dtype), t.usage, t.name, t.windowed);
   // Uploads and checkpoint downloads stage one tensor at a time; the largest is a parameter or state.
   uint64_t largest = 0;
   for (auto& layer : network_.layers())
@@ -129,7 +130,7 @@ void Replica::allocate() {
   network_.allocate(context_);
   for (auto& slot : staging_) slot.resize(static_cast<size_t>(settings_.accumulate));
   for (auto& t : planned()) {
-    auto tensor = std::make_unique<Tensor>(context_, t.name, t.shape, t.dtype, t.usage);
+    auto tensor = std::make_unique<Tensor>(context_, t.name, t.shape, t.dtype, t.usage, t.windowed);
     StagedBatch& batch = staging_[t.slot][static_cast<size_t>(t.k)];
     switch (t.kind) {
       case Kind::input:

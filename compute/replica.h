@@ -132,6 +132,7 @@ class Replica final : public ReplicaSync {
     int slot = 0, k = 0;
     size_t index = 0;  // input: of the staged inputs; exchanged: the layer; optimizer_state: the layer
     size_t spec = 0;   // exchanged, optimizer_state: of the layer's tensors
+    bool windowed = false;  // input: bound in windows alone (Network::input_windowed)
   };
   std::vector<Planned> planned() const;
   Network::Bound bound(int slot, int k) const;

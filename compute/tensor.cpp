@@ -36,11 +36,11 @@ size_t element_size(DType dtype) {
   return 4;
 }
 
-Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, vk::MemoryUsage usage)
+Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, vk::MemoryUsage usage, bool windowed)
     : context_(&context), name_(std::move(name)), shape_(std::move(shape)), dtype_(dtype) {
   // Round up to whole 32-bit words: shaders address storage buffers in words.
   uint64_t size = (bytes() + 3) / 4 * 4;
-  buffer_ = std::make_shared<vk::Buffer>(context.allocator().allocate(size, usage, name_));
+  buffer_ = std::make_shared<vk::Buffer>(context.allocator().allocate(size, usage, name_, windowed));
 }
 
 Tensor::Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, std::shared_ptr<vk::Buffer> storage)
@@ -54,7 +54,8 @@ void Tensor::upload(const void* data, uint64_t size, uint64_t offset) const {
   if (offset + size > buffer_->size())
     throw Error(ExitCode::runtime_error, "upload of " + std::to_string(size) + " bytes overruns " + name_);
   if (buffer_->mapped()) return buffer_->write(data, size, offset);
-  auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (upload)");
+  // No kernel binds it (a copy reads it), so it may pass what one binding reaches.
+  auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (upload)", true);
   staging.write(data, size);
   vk::Program program(*context_);
   {
@@ -70,7 +71,7 @@ void Tensor::download(void* data, uint64_t size, uint64_t offset) const {
   if (offset + size > buffer_->size())
     throw Error(ExitCode::runtime_error, "download of " + std::to_string(size) + " bytes overruns " + name_);
   if (buffer_->mapped()) return buffer_->read(data, size, offset);
-  auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (download)");
+  auto staging = context_->allocator().allocate(size, vk::MemoryUsage::staging, name_ + " (download)", true);
   vk::Program program(*context_);
   {
     vk::Recorder recorder(*context_, program);

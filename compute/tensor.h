@@ -26,8 +26,10 @@ size_t element_size(DType dtype);
 class Tensor {
  public:
   Tensor() = default;
+  // windowed: kernels bind it in windows (vk::Allocator::allocate), so it may pass what one
+  // binding reaches.
   Tensor(vk::Context& context, std::string name, Shape shape, DType dtype = DType::f32,
-         vk::MemoryUsage usage = vk::MemoryUsage::device);
+         vk::MemoryUsage usage = vk::MemoryUsage::device, bool windowed = false);
   // A tensor in a buffer it shares with others whose lifetimes do not overlap (activations
   // of inference, planned by Network); the buffer must hold at least bytes().
   Tensor(vk::Context& context, std::string name, Shape shape, DType dtype, std::shared_ptr<vk::Buffer> storage);

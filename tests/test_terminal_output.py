@@ -125,6 +125,8 @@ def test_dry_run_table_on_a_terminal(task):
     assert screen[0].startswith("Device memory plan on " + plan["device"]), screen
     rows = [line.split("  ")[1].strip() for line in screen[1:] if line.startswith("  ")]
     assert rows[:len(plan["bytes"])] == sorted(plan["bytes"]) and "total" in rows, screen
+    listed = screen.index("  largest buffers:")
+    assert screen[listed + 1].strip().startswith(plan["largest_buffers"][0]["name"] + " "), screen
     assert re.search(r"of the budget's \d+\.\d [KMG]iB: fits$", screen[-1]), screen
 
 

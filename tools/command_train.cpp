@@ -407,12 +407,12 @@ void print_plan(vk::Context& context, const MemoryPlan& plan) {
   std::printf("Device memory plan on %s\n", context.info().name.c_str());
   for (auto& [category, bytes] : plan.bytes) std::printf("  %-24s %12s\n", category.c_str(), format_bytes(bytes).c_str());
   std::printf("  %-24s %12s\n", "total", format_bytes(plan.total()).c_str());
-  std::printf("  %-24s %12s of the budget's %s: %s\n", "in the allocator's blocks", format_bytes(device_bytes).c_str(),
-              format_bytes(budget).c_str(), plan.fits(context) ? "fits" : "does NOT fit");
-  if (plan.staging_slots == 1) std::printf("  one staged copy of each batch: two do not fit, so none loads while a step runs\n");
   std::printf("  largest buffers:\n");
   for (const vk::PlannedBuffer& buffer : largest)
-    std::printf("    %-30s %12s\n", buffer.name.c_str(), format_bytes(buffer.bytes).c_str());
+    std::printf("    %-48s %12s\n", buffer.name.c_str(), format_bytes(buffer.bytes).c_str());
+  if (plan.staging_slots == 1) std::printf("  one staged copy of each batch: two do not fit, so none loads while a step runs\n");
+  std::printf("  %-24s %12s of the budget's %s: %s\n", "in the allocator's blocks", format_bytes(device_bytes).c_str(),
+              format_bytes(budget).c_str(), plan.fits(context) ? "fits" : "does NOT fit");
   if (oversized)
     std::printf("  %s: a buffer of %s, over the largest the device binds (%s)\n", oversized->name.c_str(),
                 format_bytes(oversized->bytes).c_str(), format_bytes(context.info().largest_buffer).c_str());

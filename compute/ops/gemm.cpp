@@ -121,7 +121,7 @@ namespace {
 // texel view holds whole texels only).
 bool quads_within(const MatrixView& m, uint64_t rows, uint64_t columns) {
   uint64_t last = (rows - 1) * m.row_stride + (columns - 1) * m.col_stride;
-  return (last | 3u) < static_cast<uint64_t>(m.tensor->count());
+  return (last | 3u) < m.elements();
 }
 }  // namespace
 
@@ -154,6 +154,22 @@ vk::BufferArg epilogue_residual_arg(const Epilogue& epilogue, const Tensor& stan
 
 namespace {
 
+// An operand's binding: its window of the tensor, or the whole tensor.
+vk::BufferArg bound(const MatrixView& m, vk::BufferArg arg) {
+  if (m.count == 0) return arg;
+  const uint64_t size = element_size(m.tensor->dtype());
+  return vk::window(arg, m.first * size, m.count * size);
+}
+
+// The bias binding, or where there is none a stand-in that the kernel leaves unread: A's own.
+vk::BufferArg bias_arg(const Tensor* bias, const MatrixView& a) {
+  return bias ? vk::reads(bias->buffer()) : bound(a, vk::reads(a.tensor->buffer()));
+}
+
+vk::BufferArg output_arg(const MatrixView& c, bool accumulate) {
+  return bound(c, accumulate ? updates(*c.tensor) : writes(*c.tensor));
+}
+
 // record_gemm with texels of four elements (shaders/gemm_quads.comp) where quad_texels_apply;
 // false where not (the caller records gemm.comp).
 bool record_quad_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTiles& tiles, const GemmPush& push,
@@ -170,9 +186,8 @@ bool record_quad_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTi
   // Workgroups x count column blocks, y row blocks (gemm.comp's COLUMNS_FIRST: neighbouring
   // workgroups share A's rows).
   recorder.dispatch(kernel,
-                    {reads_quads(*a.tensor), reads_quads(*b.tensor),
-                     vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
-                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor), epilogue_scale_arg(epilogue, *b.tensor),
+                    {bound(a, reads_quads(*a.tensor)), bound(b, reads_quads(*b.tensor)), bias_arg(bias, a),
+                     output_arg(c, push.accumulate), epilogue_scale_arg(epilogue, *b.tensor),
                      epilogue_residual_arg(epilogue, *b.tensor)},
                     push, static_cast<uint32_t>(column_blocks), static_cast<uint32_t>(row_blocks), 1);
   return true;
@@ -187,8 +202,8 @@ void record_tiled_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmT
   auto [groups_y, groups_z] = column_groups((push.N + tiles.block_columns - 1) / tiles.block_columns);
   recorder.dispatch(kernel_for<GemmPush>(kernels, vk::kernel::gemm_tiled, *c.tensor,
                                          with_epilogue_constants(std::move(constants), epilogue)),
-                    {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
-                     push.accumulate ? updates(*c.tensor) : writes(*c.tensor), epilogue_scale_arg(epilogue, *b.tensor),
+                    {bound(a, reads(*a.tensor)), bound(b, reads(*b.tensor)), bias_arg(bias, a),
+                     output_arg(c, push.accumulate), epilogue_scale_arg(epilogue, *b.tensor),
                      epilogue_residual_arg(epilogue, *b.tensor)},
                     push, (push.M + tiles.block_rows - 1) / tiles.block_rows, groups_y, groups_z);
 }
@@ -200,6 +215,8 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   if (epilogue.batch_norm != nullptr || (accumulate && (epilogue.activation != Epilogue::Activation::none ||
                                                         epilogue.scale != nullptr || epilogue.residual != nullptr)))
     throw std::logic_error("record_gemm: a batch norm is conv2d's to fold, and an epilogue does not accumulate");
+  if (c.count != 0 && epilogue.residual != nullptr)
+    throw std::logic_error("record_gemm: a residual is laid out as the whole output, not a window of it");
   if (GemmTiles tiles = gemm_tiles(kernels.tile_target(), M); tiles.kind == GemmKind::shared_memory)
     return record_tiled_gemm(recorder, kernels, tiles, {M, N, K, a.row_stride, a.col_stride, b.row_stride,
                                                         b.col_stride, c.row_stride, c.col_stride, accumulate ? 1u : 0u},
@@ -246,8 +263,8 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   if (columns_first) std::tie(groups_x, groups_y, groups_z) = std::tuple{static_cast<uint32_t>(column_blocks), row_blocks, 1u};
   recorder.dispatch(kernel,
                     // Without a bias its binding is unread: any float buffer stands in.
-                    {reads(*a.tensor), reads(*b.tensor), vk::reads(bias ? bias->buffer() : a.tensor->buffer()),
-                     accumulate ? updates(*c.tensor) : writes(*c.tensor), epilogue_scale_arg(epilogue, *b.tensor),
+                    {bound(a, reads(*a.tensor)), bound(b, reads(*b.tensor)), bias_arg(bias, a),
+                     output_arg(c, accumulate), epilogue_scale_arg(epilogue, *b.tensor),
                      epilogue_residual_arg(epilogue, *b.tensor)},
                     push, groups_x, groups_y, groups_z);
 }

@@ -76,14 +76,19 @@ bool quad_texels_apply(const GemmTiles& tiles, uint32_t M, uint32_t N, uint32_t 
 // Workgroups (y, z) that count `blocks` column blocks without passing the y limit.
 std::pair<uint32_t, uint32_t> column_groups(uint64_t blocks);
 
+// first, count: a window of the tensor's elements, bound as the operand's start (vk::window:
+// first a multiple of 256 bytes); count 0: the whole tensor.
 struct MatrixView {
   const Tensor* tensor;
   uint32_t row_stride, col_stride;
+  uint64_t first = 0, count = 0;
+  uint64_t elements() const { return count ? count : static_cast<uint64_t>(tensor->count()); }
 };
 
 // c[M,N] (+)= a[M,K] b[K,N] (+ bias[m] for each row m, where bias is given), then the epilogue
 // (not with accumulate; its scale is per row m, its residual laid out as c; no folded batch
-// norm: that is conv2d's). Any operand may be fp16; sums are float.
+// norm: that is conv2d's). Any operand may be fp16; sums are float. An operand may be a window
+// of its tensor (MatrixView::count), the output too where the epilogue adds no residual.
 void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint32_t N, uint32_t K,
                  MatrixView a, MatrixView b, MatrixView c, bool accumulate, const Tensor* bias = nullptr,
                  const Epilogue& epilogue = {});

@@ -2,11 +2,45 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "compute/ops/gemm.h"
 #include "compute/ops/relu.h"
 
 namespace tessera {
+
+namespace {
+
+// Rows [first, first + rows) of x [N, in] and of y [N, out].
+struct RowWindow {
+  uint32_t first, rows;
+};
+
+// The whole batch at once where x fits one binding; else windows of as many rows as fit, their
+// starts 256-byte aligned in x and y alike (vk::window).
+std::vector<RowWindow> row_windows(const vk::TileTarget& target, const Tensor& x, const Tensor& y, int64_t batch,
+                                   int64_t in, int64_t out) {
+  if (x.bytes() <= target.largest_binding) return {{0, static_cast<uint32_t>(batch)}};
+  const auto x_row = in * static_cast<int64_t>(element_size(x.dtype())),
+             y_row = out * static_cast<int64_t>(element_size(y.dtype()));
+  const int64_t step = std::lcm(256 / std::gcd(int64_t{256}, x_row), 256 / std::gcd(int64_t{256}, y_row));
+  const int64_t fit = static_cast<int64_t>(target.largest_binding) / std::max(x_row, y_row) / step * step;
+  if (fit == 0) throw std::logic_error("linear: not one aligned window of x's rows fits a binding");
+  std::vector<RowWindow> windows;
+  for (int64_t first = 0; first < batch; first += fit)
+    windows.push_back({static_cast<uint32_t>(first), static_cast<uint32_t>(std::min(fit, batch - first))});
+  return windows;
+}
+
+// The window's rows of a matrix of `width` columns (the whole tensor where one window holds them all).
+MatrixView rows_of(const Tensor* tensor, uint32_t row_stride, uint32_t col_stride, const RowWindow& window,
+                   int64_t batch, int64_t width) {
+  if (window.first == 0 && window.rows == batch) return {tensor, row_stride, col_stride};
+  return {tensor, row_stride, col_stride, uint64_t{window.first} * static_cast<uint64_t>(width),
+          uint64_t{window.rows} * static_cast<uint64_t>(width)};
+}
+
+}  // namespace
 
 std::unique_ptr<Op> make_linear(const LayerConfig& layer) {
   return std::make_unique<Linear>(layer.integer("out_features", std::nullopt, 1), layer.boolean("bias", true));
@@ -64,8 +98,9 @@ void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   // order, ViT-L's linear layers 1.4-1.8x faster on lavapipe: bench/README.md). Training reads the
   // weight as stored: its transpose would cost a pass over the weight every step.
   MatrixView weight = t.prepared ? MatrixView{t.tensors[0], 1, out} : MatrixView{t.tensors[0], in, 1};
-  record_gemm(recorder, kernels, out, batch, in, weight, {t.inputs[0], 1, in}, {t.output, 1, out}, false,
-              has_bias_ ? t.tensors[1] : nullptr, t.epilogue);
+  for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[0], *t.output, batch, in, out))
+    record_gemm(recorder, kernels, out, window.rows, in, weight, rows_of(t.inputs[0], 1, in, window, batch, in),
+                rows_of(t.output, 1, out, window, batch, out), false, has_bias_ ? t.tensors[1] : nullptr, t.epilogue);
 }
 
 void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -73,13 +108,17 @@ void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
        out = static_cast<uint32_t>(out_features_);
   const Tensor& dy = *t.output_grad;
   if (t.epilogue.relu()) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
-  if (t.input_grads[0]) {
-    // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
-    record_gemm(recorder, kernels, in, batch, out, {t.tensors[0], 1, in}, {&dy, 1, out}, {t.input_grads[0], 1, in},
-                t.accumulate_input_grads[0]);
+  for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[0], *t.output, batch, in, out)) {
+    if (t.input_grads[0]) {
+      // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
+      record_gemm(recorder, kernels, in, window.rows, out, {t.tensors[0], 1, in},
+                  rows_of(&dy, 1, out, window, batch, out), rows_of(t.input_grads[0], 1, in, window, batch, in),
+                  t.accumulate_input_grads[0]);
+    }
+    // dweight [out, in] += dy^T [out, N] x [N, in]
+    record_gemm(recorder, kernels, out, in, window.rows, rows_of(&dy, 1, out, window, batch, out),
+                rows_of(t.inputs[0], in, 1, window, batch, in), {t.grads[0], in, 1}, true);
   }
-  // dweight [out, in] += dy^T [out, N] x [N, in]
-  record_gemm(recorder, kernels, out, in, batch, {&dy, 1, out}, {t.inputs[0], in, 1}, {t.grads[0], in, 1}, true);
   if (has_bias_) record_bias_backward(recorder, kernels, dy, *t.grads[1], batch, out, 1);
 }
 

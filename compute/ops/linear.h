@@ -22,6 +22,9 @@ class Linear : public Op {
   void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dx (+)= dy weight; dweight += dy^T x; dbias += sum_n dy
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // Both passes take an x over what one binding reaches a window of rows at a time (a bag of
+  // 100,000 patches of 1,536 features in fp16 is 307 MB; lavapipe binds 128 MiB).
+  bool reads_in_windows(size_t input) const override { return input == 0; }
   // Features are rows of record_gemm's product: the scale is per output feature.
   EpilogueSteps fusions() const override {
     return {EpilogueStep::relu, EpilogueStep::gelu, EpilogueStep::silu, EpilogueStep::scale, EpilogueStep::residual};

@@ -158,7 +158,8 @@ TileTarget tile_target_of(const DeviceInfo& device) {
                     device.max_workgroup_invocations,
                     device.max_workgroup_size_x,
                     device.subgroup_arithmetic,
-                    device.cooperative_matrix};
+                    device.cooperative_matrix,
+                    device.largest_buffer};
   if (const char* tiles = std::getenv("TESSERA_GEMM_TILES"); tiles && *tiles) set_gemm_tiles(target, tiles);
   return target;
 }

@@ -28,6 +28,9 @@ struct TileTarget {
   uint32_t max_workgroup_size_x = 128;
   bool subgroup_arithmetic = false;
   bool cooperative_matrix = false;  // VK_KHR_cooperative_matrix is offered
+  // The most bytes one binding reaches (DeviceInfo::largest_buffer): a layer reads a larger
+  // input in windows of rows (linear).
+  uint64_t largest_binding = uint64_t{1} << 27;
   // GPUs' shared-memory GEMM tiles as set by TESSERA_GEMM_TILES=OUTPUTS,DEPTH[,GROUP] (a tile
   // sweep on a new device: bench/README.md), 0 where gemm_tiles chooses.
   int32_t gemm_outputs = 0, gemm_depth = 0, gemm_group = 0;

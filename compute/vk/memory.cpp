@@ -69,6 +69,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     half_texel_view_ = std::exchange(other.half_texel_view_, VK_NULL_HANDLE);
     quad_view_ = std::exchange(other.quad_view_, VK_NULL_HANDLE);
     half_quad_view_ = std::exchange(other.half_quad_view_, VK_NULL_HANDLE);
+    window_views_ = std::exchange(other.window_views_, {});
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, nullptr);
     pool_ = other.pool_;
@@ -87,6 +88,15 @@ void Buffer::release() {
   half_texel_view_ = VK_NULL_HANDLE;
   quad_view_ = VK_NULL_HANDLE;
   half_quad_view_ = VK_NULL_HANDLE;
+  window_views_.clear();
+}
+
+VkBufferView Buffer::window_view(uint64_t offset, uint64_t bytes, bool half, bool quads) const {
+  for (const WindowView& window : window_views_)
+    if (window.offset == offset && window.bytes == bytes && window.half == half && window.quads == quads)
+      return window.view;
+  window_views_.push_back({offset, bytes, half, quads, owner_->make_window_view(*this, offset, bytes, half, quads)});
+  return window_views_.back().view;
 }
 
 Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
@@ -237,9 +247,9 @@ uint64_t Allocator::reserved_after(const std::vector<PlannedBuffer>& buffers) co
   return reserved_bytes;
 }
 
-Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string& what) {
+Buffer Allocator::allocate(uint64_t bytes, MemoryUsage usage, const std::string& what, bool windowed) {
   VkDevice device = context_.device();
-  if (bytes > context_.info().largest_buffer)
+  if (bytes > context_.info().largest_buffer && !windowed)
     throw OutOfDeviceMemory(what + ": a buffer of " + format_bytes(bytes) + " is over the device's largest buffer (" +
                             format_bytes(context_.info().largest_buffer) + ")");
   if (usage == MemoryUsage::host && import_host_) return import_host(bytes, what);
@@ -405,7 +415,22 @@ void Allocator::make_views(Buffer& buffer, uint64_t bytes) const {
   view(VK_FORMAT_R16G16B16A16_SFLOAT, 8, buffer.half_quad_view_);
 }
 
+VkBufferView Allocator::make_window_view(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool half,
+                                         bool quads) const {
+  const uint64_t texel_bytes = (half ? 2 : 4) * (quads ? 4 : 1);
+  VkBufferViewCreateInfo view_info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+  view_info.buffer = buffer.handle_;
+  view_info.format = quads ? (half ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT)
+                           : (half ? VK_FORMAT_R16_SFLOAT : VK_FORMAT_R32_SFLOAT);
+  view_info.offset = offset;
+  view_info.range = bytes / texel_bytes * texel_bytes;
+  VkBufferView view = VK_NULL_HANDLE;
+  check(vkCreateBufferView(context_.device(), &view_info, nullptr, &view), "vkCreateBufferView");
+  return view;
+}
+
 void Allocator::free(Buffer& buffer) {
+  for (auto& window : buffer.window_views_) vkDestroyBufferView(context_.device(), window.view, nullptr);
   if (buffer.texel_view_) vkDestroyBufferView(context_.device(), buffer.texel_view_, nullptr);
   if (buffer.half_texel_view_) vkDestroyBufferView(context_.device(), buffer.half_texel_view_, nullptr);
   if (buffer.quad_view_) vkDestroyBufferView(context_.device(), buffer.quad_view_, nullptr);

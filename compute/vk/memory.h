@@ -42,6 +42,9 @@ class Buffer {
   VkBufferView texel_view(bool half = false, bool quads = false) const {
     return quads ? (half ? half_quad_view_ : quad_view_) : half ? half_texel_view_ : texel_view_;
   }
+  // texel_view of `bytes` from `offset` on (a window of a buffer past what one binding reaches:
+  // Allocator::allocate's `windowed`), made on first use and kept with the buffer.
+  VkBufferView window_view(uint64_t offset, uint64_t bytes, bool half, bool quads) const;
   uint64_t size() const { return size_; }
   // Host address of the contents, or nullptr when the memory is not host-visible.
   void* mapped() const { return mapped_; }
@@ -65,6 +68,12 @@ class Buffer {
   VkBuffer handle_ = VK_NULL_HANDLE;
   VkBufferView texel_view_ = VK_NULL_HANDLE, half_texel_view_ = VK_NULL_HANDLE;
   VkBufferView quad_view_ = VK_NULL_HANDLE, half_quad_view_ = VK_NULL_HANDLE;
+  struct WindowView {
+    uint64_t offset, bytes;
+    bool half, quads;
+    VkBufferView view;
+  };
+  mutable std::vector<WindowView> window_views_;
   uint64_t size_ = 0;
   void* mapped_ = nullptr;
   uint32_t pool_ = 0, block_ = 0;
@@ -76,6 +85,7 @@ struct PlannedBuffer {
   uint64_t bytes;
   MemoryUsage usage;
   std::string name = {};  // what it holds, for a message (a tensor's name, else its category)
+  bool windowed = false;  // every kernel binds it in windows (Allocator::allocate)
 };
 
 // Of the device's own memory (its device-local heap): host memory that a discrete GPU's staging
@@ -97,7 +107,11 @@ class Allocator {
   Allocator& operator=(const Allocator&) = delete;
 
   // Throws OutOfDeviceMemory (exit 3) naming `what`, the bytes asked for and the budget.
-  Buffer allocate(uint64_t bytes, MemoryUsage usage, const std::string& what);
+  // windowed: every kernel binds the buffer in windows (vk::window), so it may pass the largest
+  // buffer one binding reaches.
+  Buffer allocate(uint64_t bytes, MemoryUsage usage, const std::string& what, bool windowed = false);
+  // A texel view of `bytes` of `buffer` from `offset` on (Buffer::window_view).
+  VkBufferView make_window_view(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool half, bool quads) const;
   const MemoryStats& stats() const { return stats_; }
   void set_budget(uint64_t bytes) { stats_.budget_bytes = bytes; }
   // Returns empty blocks to the driver.

@@ -165,8 +165,9 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   infos.reserve(buffers.size());
   views.reserve(buffers.size());
   for (auto& arg : buffers) {
-    infos.push_back({arg.buffer->handle(), 0, VK_WHOLE_SIZE});
-    views.push_back(arg.buffer->texel_view(arg.half, arg.quads));
+    infos.push_back({arg.buffer->handle(), arg.offset, arg.bytes ? arg.bytes : VK_WHOLE_SIZE});
+    views.push_back(arg.bytes ? arg.buffer->window_view(arg.offset, arg.bytes, arg.half, arg.quads)
+                              : arg.buffer->texel_view(arg.half, arg.quads));
   }
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (uint32_t i = 0; i < writes.size(); ++i) {

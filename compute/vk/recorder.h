@@ -19,17 +19,26 @@ enum class Access : uint8_t { read, write, read_write };
 
 // half: the buffer holds 16-bit floats; a samplerBuffer binding then reads it through its
 // R16_SFLOAT view, and only a kernel's fp16 variant may bind it as a storage buffer. quads: a
-// samplerBuffer binding reads four floats a texel (Buffer::texel_view).
+// samplerBuffer binding reads four floats a texel (Buffer::texel_view). bytes: a window of the
+// buffer, `bytes` from `offset` on (0: the whole buffer), which the kernel sees as its start.
 struct BufferArg {
   const Buffer* buffer;
   Access access;
   bool half = false;
   bool quads = false;
+  uint64_t offset = 0, bytes = 0;
 };
 inline BufferArg reads(const Buffer& b, bool half = false) { return {&b, Access::read, half}; }
 inline BufferArg reads_quads(const Buffer& b, bool half = false) { return {&b, Access::read, half, true}; }
 inline BufferArg writes(const Buffer& b, bool half = false) { return {&b, Access::write, half}; }
 inline BufferArg updates(const Buffer& b, bool half = false) { return {&b, Access::read_write, half}; }
+// `arg` bound to `bytes` of its buffer from `offset` on (a multiple of 256 bytes: every device's
+// storage and texel offset alignment is at most that).
+inline BufferArg window(BufferArg arg, uint64_t offset, uint64_t bytes) {
+  arg.offset = offset;
+  arg.bytes = bytes;
+  return arg;
+}
 
 // A command buffer that is recorded once and submitted any number of times.
 class Program {
