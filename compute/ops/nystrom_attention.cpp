@@ -139,6 +139,37 @@ class Recording {
   uint32_t heads_, landmarks_;
 };
 
+// The pseudo-inverse of a2 = softmax(ql kl^T) by Newton-Schulz iterations, every iterate kept for
+// backward: z_{k+1} = z_k (13 I - xz (15 I - xz (7 I - xz))) / 4, xz = a2 z_k. Backward computes
+// them again from a2 rather than keep them from forward (pass scratch: 65 MB a layer at TransMIL's
+// 256 landmarks, against about 50 ms of products on lavapipe).
+void record_pseudo_inverse(Recording& r, vk::Recorder& recorder, vk::Kernels& kernels, uint32_t H, uint32_t m,
+                           uint32_t iterations) {
+  const uint32_t mm = m * m, step = H * mm;
+  Operand a2{&r.slot(kAttention2), 0, mm, m, 1};
+  struct PinvPush {
+    uint32_t heads, side;
+  };
+  recorder.dispatch(kernels.get<PinvPush>(vk::kernel::nystrom_pinv_init),
+                    {reads(r.slot(kAttention2)), writes(r.slot(kPinvZ)), writes(r.slot(kPinvScales))}, PinvPush{H, m}, 1);
+  struct IdentityPush {
+    uint32_t offset, size, side;
+    float scale;
+  };
+  for (uint32_t k = 0; k < iterations; ++k) {
+    Operand z{&r.slot(kPinvZ), k * step, mm, m, 1}, next{&r.slot(kPinvZ), (k + 1) * step, mm, m, 1};
+    Operand xz{&r.slot(kPinvXz), k * step, mm, m, 1}, t1{&r.slot(kPinvT1), k * step, mm, m, 1};
+    Operand t2{&r.slot(kPinvT2), k * step, mm, m, 1}, t3{&r.slot(kPinvT3), k * step, mm, m, 1};
+    r.product(m, m, m, kStatic, a2, z, xz, 1, false);
+    recorder.dispatch_elements(kernels.get<IdentityPush>(vk::kernel::nystrom_identity_minus, {kElementwiseGroup}),
+                               {reads(*xz.tensor), updates(*t1.tensor)}, IdentityPush{k * step, step, m, 7}, step,
+                               kElementwiseGroup);
+    r.product(m, m, m, kStatic, xz, t1, t2, -1, false, 15);
+    r.product(m, m, m, kStatic, xz, t2, t3, -1, false, 13);
+    r.product(m, m, m, kStatic, z, t3, next, 0.25f, false);
+  }
+}
+
 // W_k and W_v copied out of to_qkv.weight (W_q is its start).
 void record_projection_copies(vk::Recorder& recorder, const OpTensors& t) {
   const Tensor& projection = *t.tensors[kProjection];
@@ -243,9 +274,9 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
           pass_scratch("q", {1, s, D}, true), pass_scratch("k", {1, s, D}, true), pass_scratch("v", {1, s, D}, true),
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
           pass_scratch("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
-          saved("pinv_scales", {3}), saved("pinv_z", {iterations_ + 1, h, m, m}),
-          saved("pinv_xz", {iterations_, h, m, m}), saved("pinv_t1", {iterations_, h, m, m}),
-          saved("pinv_t2", {iterations_, h, m, m}), saved("pinv_t3", {iterations_, h, m, m}),
+          pass_scratch("pinv_scales", {3}), pass_scratch("pinv_z", {iterations_ + 1, h, m, m}),
+          pass_scratch("pinv_xz", {iterations_, h, m, m}), pass_scratch("pinv_t1", {iterations_, h, m, m}),
+          pass_scratch("pinv_t2", {iterations_, h, m, m}), pass_scratch("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
           backward_scratch("grad_q", {1, s, D}, true), backward_scratch("grad_k", {1, s, D}, true),
           backward_scratch("grad_v", {1, s, D}, true), backward_scratch("grad_projection_block", {D, D}),
@@ -296,29 +327,8 @@ void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, con
   Operand a2{&r.slot(kAttention2), 0, mm, m, 1};
   r.product(m, m, d, kStatic, ql, kl_t, a2, 1, false);
   r.softmax(*a2.tensor, m, m, false);
-  // z_{k+1} = z_k (13 I - xz (15 I - xz (7 I - xz))) / 4, xz = a2 z_k
-  struct PinvPush {
-    uint32_t heads, side;
-  };
-  recorder.dispatch(kernels.get<PinvPush>(vk::kernel::nystrom_pinv_init),
-                    {reads(r.slot(kAttention2)), writes(r.slot(kPinvZ)), writes(r.slot(kPinvScales))}, PinvPush{H, m}, 1);
+  record_pseudo_inverse(r, recorder, kernels, H, m, static_cast<uint32_t>(iterations_));
   const uint32_t step = H * mm;
-  struct IdentityPush {
-    uint32_t offset, size, side;
-    float scale;
-  };
-  for (uint32_t k = 0; k < static_cast<uint32_t>(iterations_); ++k) {
-    Operand z{&r.slot(kPinvZ), k * step, mm, m, 1}, next{&r.slot(kPinvZ), (k + 1) * step, mm, m, 1};
-    Operand xz{&r.slot(kPinvXz), k * step, mm, m, 1}, t1{&r.slot(kPinvT1), k * step, mm, m, 1};
-    Operand t2{&r.slot(kPinvT2), k * step, mm, m, 1}, t3{&r.slot(kPinvT3), k * step, mm, m, 1};
-    r.product(m, m, m, kStatic, a2, z, xz, 1, false);
-    recorder.dispatch_elements(kernels.get<IdentityPush>(vk::kernel::nystrom_identity_minus, {kElementwiseGroup}),
-                               {reads(*xz.tensor), updates(*t1.tensor)}, IdentityPush{k * step, step, m, 7}, step,
-                               kElementwiseGroup);
-    r.product(m, m, m, kStatic, xz, t1, t2, -1, false, 15);
-    r.product(m, m, m, kStatic, xz, t2, t3, -1, false, 13);
-    r.product(m, m, m, kStatic, z, t3, next, 0.25f, false);
-  }
   Operand pinv{&r.slot(kPinvZ), static_cast<uint32_t>(iterations_) * step, mm, m, 1};
   // softmax(ql k^T)'s row statistics, then a chunk of its values at a time (a3_c).
   const auto sequence = chunks(rows_, chunk_);
@@ -418,7 +428,8 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
     r.product(length, d, m, kRows, chunk(kGradScores, length, m), narrow(kKeyLandmarks), part(dquery, first), scale,
               class_token, 0, first);
   }
-  // y = pinv w
+  // y = pinv w, with the pseudo-inverse's iterates computed again
+  record_pseudo_inverse(r, recorder, kernels, H, m, static_cast<uint32_t>(iterations_));
   Operand pinv_t = square_t(kPinvZ, iterations * step);
   r.product(m, d, m, kStatic, pinv_t, narrow(kGradMixed), narrow(kGradValues), 1, false);
   uint32_t current = 0;  // which half of grad_pinv holds the gradient of the latest iterate
