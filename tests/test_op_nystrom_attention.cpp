@@ -164,7 +164,7 @@ TEST(NystromAttention, ClassAttentionMatchesCpu) {
       check.inputs[1] = {static_cast<float>(c.count)};
       std::vector<float> expected = reference(c, check.inputs[0], check.tensors[0], check.tensors[1], 6, 33, true);
       test::expect_near(check.forward(), expected, 1e-4, "scores");
-      // Inference once its weights are loaded: W_k and W_v copied out by prepare(), not by the pass.
+      // Inference once its weights are loaded (Network::prepare): the same scores.
       test::expect_near(check.forward_prepared(), expected, 1e-4, "scores after prepare");
     }
 }

@@ -17,7 +17,6 @@ namespace {
 enum Slot : size_t {
   kProjection,  // to_qkv.weight [3D, D]: W_q, W_k and W_v, each [D, D], one after another
   kWeight,      // res_conv.weight
-  kKeyProjection, kValueProjection,  // W_k and W_v copied out, for record_gemm reads a tensor from its start
   kQ, kK, kV,   // the projections [S, D], computed in each pass that reads them
   kQueryLandmarks, kKeyLandmarks,
   kScores,  // a chunk of softmax(q kl^T) [h, C, m] or of softmax(ql k^T) [h, m, C]
@@ -25,7 +24,7 @@ enum Slot : size_t {
   kStats3,  // each row of softmax(ql k^T): its maximum and sum of exponentials [h, m, 2]
   kPinvScales, kPinvZ, kPinvXz, kPinvT1, kPinvT2, kPinvT3,  // the iterates of moore_penrose_iter_pinv
   kValues, kMixed,  // w = softmax(ql k^T) v, y = pinv w [h, m, d]
-  kGradQ, kGradK, kGradV, kGradProjectionBlock,
+  kGradQ, kGradK, kGradV,
   kGradScores, kGradAttention2, kGradPinv, kGradT3, kGradT2, kGradXz,
   kGradMixed, kGradValues, kGradQueryLandmarks, kGradKeyLandmarks,
   kClassWeights, kTokenAttention,  // class_attention: row 0 of a1 pinv [h, m], then of a1 pinv a3 [h, S]
@@ -170,44 +169,34 @@ void record_pseudo_inverse(Recording& r, vk::Recorder& recorder, vk::Kernels& ke
   }
 }
 
-// W_k and W_v copied out of to_qkv.weight (W_q is its start).
-void record_projection_copies(vk::Recorder& recorder, const OpTensors& t) {
-  const Tensor& projection = *t.tensors[kProjection];
-  const uint64_t block = t.tensors[kKeyProjection]->bytes();
-  recorder.copy(projection.buffer(), block, t.tensors[kKeyProjection]->buffer(), 0, block);
-  recorder.copy(projection.buffer(), 2 * block, t.tensors[kValueProjection]->buffer(), 0, block);
+// Block i of to_qkv.weight [3D, D] (W_q, W_k, W_v: [D, D] each), or of its gradient, as a window
+// (D a multiple of 8, so that each block starts 256-byte aligned: NystromAttention::infer).
+MatrixView projection_block(const Tensor& weight, size_t i, uint32_t width, bool transposed) {
+  const uint64_t block = uint64_t{width} * width;
+  return transposed ? MatrixView{&weight, 1, width, i * block, block} : MatrixView{&weight, width, 1, i * block, block};
 }
 
 // to_qkv: q, k and v [S, D] = x W^T for each block W. Each pass computes them again rather than
 // keep them from forward to backward: three activations of [S, D] for each layer, 300 MB in fp16
 // at 100,000 patches, against three products as large as one of to_out's.
 void record_projections(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, uint32_t rows, uint32_t width) {
-  const Tensor* blocks[3] = {t.tensors[kProjection], t.tensors[kKeyProjection], t.tensors[kValueProjection]};
   for (size_t i = 0; i < 3; ++i)  // y^T [D, S] = W [D, D] x^T [D, S], as a linear layer's forward
-    record_gemm(recorder, kernels, width, rows, width, {blocks[i], width, 1}, {t.inputs[0], 1, width},
-                {t.tensors[kQ + i], 1, width}, false);
+    record_gemm(recorder, kernels, width, rows, width, projection_block(*t.tensors[kProjection], i, width, false),
+                {t.inputs[0], 1, width}, {t.tensors[kQ + i], 1, width}, false);
 }
 
 // to_qkv's backward from dq, dk and dv: dx = dq W_q + dk W_k + dv W_v, and each block's gradient
-// dW += dy^T x. dW_q is the start of to_qkv.weight's gradient; dW_k and dW_v are added in a block
-// of their own, copied there and back.
+// dW += dy^T x.
 void record_projections_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, uint32_t rows,
                                  uint32_t width) {
-  const Tensor* blocks[3] = {t.tensors[kProjection], t.tensors[kKeyProjection], t.tensors[kValueProjection]};
   const Tensor* grads[3] = {t.tensors[kGradQ], t.tensors[kGradK], t.tensors[kGradV]};
   if (t.input_grads[0])
     for (size_t i = 0; i < 3; ++i)  // dx^T [D, S] = W^T [D, D] dy^T [D, S]
-      record_gemm(recorder, kernels, width, rows, width, {blocks[i], 1, width}, {grads[i], 1, width},
-                  {t.input_grads[0], 1, width}, i > 0 || t.accumulate_input_grads[0]);
-  const Tensor& dprojection = *t.grads[kProjection];
-  const Tensor& block = *t.tensors[kGradProjectionBlock];
-  for (size_t i = 0; i < 3; ++i) {
-    const Tensor& target = i == 0 ? dprojection : block;
-    if (i > 0) recorder.copy(dprojection.buffer(), i * block.bytes(), block.buffer(), 0, block.bytes());
+      record_gemm(recorder, kernels, width, rows, width, projection_block(*t.tensors[kProjection], i, width, true),
+                  {grads[i], 1, width}, {t.input_grads[0], 1, width}, i > 0 || t.accumulate_input_grads[0]);
+  for (size_t i = 0; i < 3; ++i)
     record_gemm(recorder, kernels, width, width, rows, {grads[i], 1, width}, {t.inputs[0], width, 1},
-                {&target, width, 1}, true);
-    if (i > 0) recorder.copy(block.buffer(), 0, dprojection.buffer(), i * block.bytes(), block.bytes());
-  }
+                projection_block(*t.grads[kProjection], i, width, false), true);
 }
 
 // The sequence in chunks of `chunk` rows: each chunk's first row and its rows (the last holds the rest).
@@ -234,6 +223,9 @@ Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
   if (inputs.size() != 2 || inputs[0].size() != 3 || inputs[0][0] != 1 || inputs[1] != Shape{1})
     throw ShapeError("nystrom_attention takes x [1, S, D] and a count [1], got " +
                      (inputs.empty() ? std::string("nothing") : to_string(inputs[0])));
+  if (inputs[0][2] % 8 != 0)
+    throw ShapeError("nystrom_attention: x's " + std::to_string(inputs[0][2]) +
+                     " features are no multiple of 8 (each block of to_qkv.weight starts 256-byte aligned)");
   if (inputs[0][2] % heads_ != 0)
     throw ShapeError("nystrom_attention: x's " + std::to_string(inputs[0][2]) + " features are not " +
                      std::to_string(heads_) + " heads x a head's width");
@@ -270,7 +262,6 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
   };
   return {{"to_qkv.weight", {3 * D, D}, TensorRole::parameter, DType::f32, {Init::uniform, projection_bound}},
           {"res_conv.weight", {h, 1, kernel_, 1}, TensorRole::parameter, DType::f32, {Init::uniform, bound}},
-          {"to_qkv.key_weight", {D, D}, TensorRole::prepared}, {"to_qkv.value_weight", {D, D}, TensorRole::prepared},
           pass_scratch("q", {1, s, D}, true), pass_scratch("k", {1, s, D}, true), pass_scratch("v", {1, s, D}, true),
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
           pass_scratch("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
@@ -279,7 +270,7 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
           pass_scratch("pinv_t2", {iterations_, h, m, m}), pass_scratch("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
           backward_scratch("grad_q", {1, s, D}, true), backward_scratch("grad_k", {1, s, D}, true),
-          backward_scratch("grad_v", {1, s, D}, true), backward_scratch("grad_projection_block", {D, D}),
+          backward_scratch("grad_v", {1, s, D}, true),
           backward_scratch("grad_scores", {h, chunk_, m}), backward_scratch("grad_attention2", {h, m, m}),
           backward_scratch("grad_pinv", {2, h, m, m}), backward_scratch("grad_t3", {h, m, m}),
           backward_scratch("grad_t2", {h, m, m}), backward_scratch("grad_xz", {h, m, m}),
@@ -297,16 +288,10 @@ double NystromAttention::forward_flops() const {
   return projections + per_head * static_cast<double>(heads_);
 }
 
-void NystromAttention::prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  (void)kernels;
-  record_projection_copies(recorder, t);
-}
-
 void NystromAttention::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
   Recording r(recorder, kernels, t, H, m);
-  if (!t.prepared) record_projection_copies(recorder, t);
   record_projections(recorder, kernels, t, S, D);
   const Tensor &query = r.slot(kQ), &key = r.slot(kK), &value = r.slot(kV);
   float scale = 1.0f / std::sqrt(static_cast<float>(d));

@@ -37,12 +37,11 @@ class NystromAttention : public Op {
   // x [1, S_max, D] (the layer norm's output), count u32 [1] -> [1, S_max, D]; class_token: [1, D];
   // class_attention: [S_max - 1, 1], a score for each of the bag's first rows
   Shape infer(const std::vector<Shape>& inputs) override;
-  // to_qkv.weight [3D, D], res_conv.weight [heads, 1, kernel, 1]; prepared: W_k and W_v apart;
+  // to_qkv.weight [3D, D] (read as three windows), res_conv.weight [heads, 1, kernel, 1];
   // scratch of each pass: q, k, v, a chunk's scores (and backward's gradients of them all);
   // saved: the landmarks, softmax(ql kl^T), softmax(ql k^T)'s row statistics, every iterate of
   // the pseudo-inverse, and class_attention's scratch (inference graphs alone)
   std::vector<TensorSpec> tensors() const override;
-  void prepare(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   double forward_flops() const override;
