@@ -1,6 +1,7 @@
 #include "compute/ops/nystrom_attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -24,7 +25,7 @@ enum Slot : size_t {
   kStats3,  // each row of softmax(ql k^T): its maximum and sum of exponentials [h, m, 2]
   kPinvScales, kPinvZ, kPinvXz, kPinvT1, kPinvT2, kPinvT3,  // the iterates of moore_penrose_iter_pinv
   kValues, kMixed,  // w = softmax(ql k^T) v, y = pinv w [h, m, d]
-  kGradQ, kGradK, kGradV,
+  kGradQ,  // dk and dv take the buffers of q and v in backward (NystromAttention::backward)
   kGradScores, kGradAttention2, kGradPinv, kGradT3, kGradT2, kGradXz,
   kGradMixed, kGradValues, kGradQueryLandmarks, kGradKeyLandmarks,
   kClassWeights, kTokenAttention,  // class_attention: row 0 of a1 pinv [h, m], then of a1 pinv a3 [h, S]
@@ -188,8 +189,7 @@ void record_projections(vk::Recorder& recorder, vk::Kernels& kernels, const OpTe
 // to_qkv's backward from dq, dk and dv: dx = dq W_q + dk W_k + dv W_v, and each block's gradient
 // dW += dy^T x.
 void record_projections_backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t, uint32_t rows,
-                                 uint32_t width) {
-  const Tensor* grads[3] = {t.tensors[kGradQ], t.tensors[kGradK], t.tensors[kGradV]};
+                                 uint32_t width, const std::array<const Tensor*, 3>& grads) {
   if (t.input_grads[0])
     for (size_t i = 0; i < 3; ++i)  // dx^T [D, S] = W^T [D, D] dy^T [D, S]
       record_gemm(recorder, kernels, width, rows, width, projection_block(*t.tensors[kProjection], i, width, true),
@@ -269,8 +269,7 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
           pass_scratch("pinv_xz", {iterations_, h, m, m}), pass_scratch("pinv_t1", {iterations_, h, m, m}),
           pass_scratch("pinv_t2", {iterations_, h, m, m}), pass_scratch("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
-          backward_scratch("grad_q", {1, s, D}, true), backward_scratch("grad_k", {1, s, D}, true),
-          backward_scratch("grad_v", {1, s, D}, true),
+          backward_scratch("grad_q", {1, s, D}, true),
           backward_scratch("grad_scores", {h, chunk_, m}), backward_scratch("grad_attention2", {h, m, m}),
           backward_scratch("grad_pinv", {2, h, m, m}), backward_scratch("grad_t3", {h, m, m}),
           backward_scratch("grad_t2", {h, m, m}), backward_scratch("grad_xz", {h, m, m}),
@@ -376,8 +375,12 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
   Recording r(recorder, kernels, t, H, m);
   record_projections(recorder, kernels, t, S, D);  // the forward's, recomputed
-  const Tensor &query = r.slot(kQ), &key = r.slot(kK), &value = r.slot(kV);
-  const Tensor &dquery = r.slot(kGradQ), &dkey = r.slot(kGradK), &dvalue = r.slot(kGradV);
+  const Tensor &query = r.slot(kQ), &key = r.slot(kK), &value = r.slot(kV), &dquery = r.slot(kGradQ);
+  // dk and dv take the buffers of q and v once those are read for the last time: q in a1's
+  // chunks, v in a3's, each of its chunks before that chunk's gradient is written (the residual
+  // convolution's weight, which reads v across chunks, takes its gradient first). Backward then
+  // holds four [S, D] buffers rather than six: 206 MB fewer at 100,000 patches in fp16.
+  const Tensor &dkey = query, &dvalue = value;
   const Tensor& dout = *t.output_grad;
   // With the class token's row alone, a1's share reaches the queries of that row only: the
   // other rows' start from zero, and the landmarks' share adds.
@@ -442,6 +445,14 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
                      updates(r.slot(kGradAttention2))},
                     PinvPush{H, m, current * step}, 1);
   r.softmax_backward(r.slot(kAttention2), r.slot(kGradAttention2), m, m);
+  // the residual convolution's weight, from v whole before dv is written over it
+  const auto kernel = static_cast<uint32_t>(kernel_);
+  struct WeightPush {
+    uint32_t head_dim, width, kernel, dout_rows;
+  };
+  recorder.dispatch(kernels.get<WeightPush>(vk::kernel::nystrom_residual_weight_backward),
+                    {reads(dout), reads(value), r.reads_count(), updates(*t.grads[kWeight])},
+                    WeightPush{d, D, kernel, out_rows}, H * kernel);
   // w = a3 v: a3's chunk recomputed; dv, then a3's scores' gradient to ql and k.
   Operand ql{&r.slot(kQueryLandmarks), 0, md, d, 1};
   for (auto [first, length] : sequence) {
@@ -466,21 +477,14 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
       kernel_for<LandmarkPush>(kernels, vk::kernel::nystrom_landmarks_backward, dquery, {kElementwiseGroup}),
       {reads(r.slot(kGradQueryLandmarks)), reads(r.slot(kGradKeyLandmarks)), r.reads_count(), updates(dquery), updates(dkey)},
       LandmarkPush{S, H, d, m, D, scale}, uint64_t{S} * 2 * D, kElementwiseGroup);
-  // the residual convolution of v
+  // the residual convolution's share of dv
   struct ResidualPush {
     uint32_t rows, head_dim, width, kernel, dout_rows;
   };
-  const auto kernel = static_cast<uint32_t>(kernel_);
   recorder.dispatch_elements(kernel_for<ResidualPush>(kernels, vk::kernel::nystrom_residual_backward, dvalue, {kElementwiseGroup}),
                              {reads(dout), reads(r.slot(kWeight)), r.reads_count(), updates(dvalue)},
                              ResidualPush{S, d, D, kernel, out_rows}, uint64_t{S} * D, kElementwiseGroup);
-  struct WeightPush {
-    uint32_t head_dim, width, kernel, dout_rows;
-  };
-  recorder.dispatch(kernels.get<WeightPush>(vk::kernel::nystrom_residual_weight_backward),
-                    {reads(dout), reads(value), r.reads_count(), updates(*t.grads[kWeight])},
-                    WeightPush{d, D, kernel, out_rows}, H * kernel);
-  record_projections_backward(recorder, kernels, t, S, D);
+  record_projections_backward(recorder, kernels, t, S, D, {&dquery, &dkey, &dvalue});
 }
 
 }  // namespace tessera

@@ -38,7 +38,8 @@ class NystromAttention : public Op {
   // class_attention: [S_max - 1, 1], a score for each of the bag's first rows
   Shape infer(const std::vector<Shape>& inputs) override;
   // to_qkv.weight [3D, D] (read as three windows), res_conv.weight [heads, 1, kernel, 1];
-  // scratch of each pass: q, k, v, a chunk's scores (and backward's gradients of them all);
+  // scratch of each pass: q, k, v, a chunk's scores (and backward's gradients of them, dk and dv
+  // in the buffers of q and v);
   // saved: the landmarks, softmax(ql kl^T), softmax(ql k^T)'s row statistics, every iterate of
   // the pseudo-inverse, and class_attention's scratch (inference graphs alone)
   std::vector<TensorSpec> tensors() const override;
