@@ -1,8 +1,10 @@
 """Shared helpers of the tests/test_data_*.py scripts: run tessera, read a tile store with
 python3-lmdb and nothing of tessera's (an independent reader of the format in docs/architecture.md)."""
+import atexit
 import io
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -170,8 +172,10 @@ def holds_flock(pid, path):
 
 
 def workdir(name):
+    """A scratch directory of this test process, removed as the process exits."""
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tessera_{name}_{os.getpid()}")
     os.makedirs(path, exist_ok=True)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 

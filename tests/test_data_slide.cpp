@@ -22,15 +22,20 @@ using namespace tessera::data;
 
 namespace {
 
-// Per process: ctest runs the tests of this file in parallel, each in its own process.
+// Per process (ctest runs the tests of this file in parallel, each in its own process), and
+// removed as the process exits.
+struct ScratchDirectory {
+  fs::path path = fs::temp_directory_path() / ("tessera_test_data_slide_" + std::to_string(getpid()));
+  ScratchDirectory() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDirectory() { fs::remove_all(path); }
+};
+
 fs::path directory() {
-  static fs::path path = [] {
-    fs::path p = fs::temp_directory_path() / ("tessera_test_data_slide_" + std::to_string(getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
-  return path;
+  static ScratchDirectory scratch;
+  return scratch.path;
 }
 
 // One synthetic slide for the whole suite: 3072 x 2048, levels 3072, 1536.
