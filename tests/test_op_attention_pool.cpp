@@ -53,6 +53,29 @@ TEST(AttentionPool, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Features past what one binding reaches (4 KiB here) are read a window of rows at a time, in
+// forward and in the scores' gradient: fp32's windows of 192 rows, fp16's of 384, the last ones
+// past the count.
+TEST(AttentionPool, WindowsOfRowsMatchTheWholeBag) {
+  for (DType activations : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(activations == DType::f16 ? "fp16" : "fp32");
+    AttentionPool pool;
+    test::OpCheck check(test::context(), pool, {{600, 2}, {600, 5}, {1}}, 3, {DType::f32, DType::f32, DType::u32}, {},
+                        activations);
+    check.inputs[2] = {450.0f};
+    const std::vector<float> dz = test::random_values(10, 4);
+    const std::vector<float> whole = check.forward();
+    const auto whole_grads = check.backward(dz);
+    vk::TileTarget target = test::context().kernels().tile_target();
+    target.largest_binding = 4096;
+    test::TileTargetScope scope(test::context(), target);
+    test::expect_near(check.forward(), whole, test::forward_tolerance(activations), "z");
+    const auto grads = check.backward(dz);
+    ASSERT_EQ(grads.size(), whole_grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) test::expect_near(grads[i], whole_grads[i], 1e-5, "gradient");
+  }
+}
+
 TEST(AttentionPool, RejectsShapesThatAreNotABag) {
   AttentionPool pool;
   EXPECT_EQ(pool.infer({{9, 1}, {9, 16}, {1}}), (Shape{1, 16}));

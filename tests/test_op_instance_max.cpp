@@ -65,6 +65,26 @@ TEST(InstanceMax, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// A bag past what one binding reaches (4 KiB here) is read a window of rows at a time: fp32's
+// windows of 192 rows, fp16's of 384, the last ones past the count. The maxima and the rows
+// they come from (backward's gradient) are the whole bag's.
+TEST(InstanceMax, WindowsOfRowsMatchTheWholeBag) {
+  for (DType activations : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(activations == DType::f16 ? "fp16" : "fp32");
+    InstanceMax max;
+    test::OpCheck check(test::context(), max, {{600, 5}, {1}}, 3, {DType::f32, DType::u32}, {}, activations);
+    check.inputs[1] = {450.0f};
+    const std::vector<float> dz = test::random_values(5, 4);
+    const std::vector<float> whole = check.forward();
+    const auto whole_grads = check.backward(dz);
+    vk::TileTarget target = test::context().kernels().tile_target();
+    target.largest_binding = 4096;
+    test::TileTargetScope scope(test::context(), target);
+    EXPECT_EQ(check.forward(), whole);
+    EXPECT_EQ(check.backward(dz), whole_grads);
+  }
+}
+
 TEST(InstanceMax, RejectsShapesThatAreNotABag) {
   InstanceMax max;
   EXPECT_EQ(max.infer({{9, 16}, {1}}), (Shape{1, 16}));

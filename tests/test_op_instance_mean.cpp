@@ -36,6 +36,22 @@ TEST(InstanceMean, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// A bag past what one binding reaches (4 KiB here) is read a window of rows at a time: fp32's
+// windows of 192 rows, fp16's of 384, the last ones past the count.
+TEST(InstanceMean, WindowsOfRowsMatchTheWholeBag) {
+  for (DType activations : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(activations == DType::f16 ? "fp16" : "fp32");
+    InstanceMean mean;
+    test::OpCheck check(test::context(), mean, {{600, 5}, {1}}, 3, {DType::f32, DType::u32}, {}, activations);
+    check.inputs[1] = {450.0f};
+    const std::vector<float> whole = check.forward();
+    vk::TileTarget target = test::context().kernels().tile_target();
+    target.largest_binding = 4096;
+    test::TileTargetScope scope(test::context(), target);
+    test::expect_near(check.forward(), whole, test::forward_tolerance(activations), "z");
+  }
+}
+
 TEST(InstanceMean, RejectsShapesThatAreNotABag) {
   InstanceMean mean;
   EXPECT_EQ(mean.infer({{9, 16}, {1}}), (Shape{1, 16}));

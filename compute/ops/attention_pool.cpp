@@ -2,12 +2,17 @@
 
 #include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
+#include "compute/ops/row_windows.h"
 
 namespace tessera {
 
 namespace {
 struct Push {
   uint32_t rows, width, accumulate, columns;
+};
+// Of the kernels that read the features: the rows of their window too.
+struct WindowPush {
+  uint32_t rows, width, accumulate, columns, first, window;
 };
 }  // namespace
 
@@ -37,9 +42,13 @@ void AttentionPool::forward(vk::Recorder& recorder, vk::Kernels& kernels, const 
   recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_softmax, *t.inputs[0]),
                     {reads(*t.inputs[0]), vk::reads(count), vk::writes(weights)}, push,
                     static_cast<uint32_t>(columns_));
-  recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_forward, *t.output),
-                    {vk::reads(weights), reads(*t.inputs[1]), vk::reads(count), writes(*t.output)}, push,
-                    bag_column_groups(width_), static_cast<uint32_t>(columns_));
+  for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[1], rows_)) {
+    WindowPush windowed{push.rows, push.width, window.first > 0 ? 1u : 0u, push.columns, window.first, window.rows};
+    recorder.dispatch(kernel_for<WindowPush>(kernels, vk::kernel::attention_pool_forward, *t.output),
+                      {vk::reads(weights), reads_rows(*t.inputs[1], rows_, window), vk::reads(count),
+                       window.first > 0 ? updates(*t.output) : writes(*t.output)},
+                      windowed, bag_column_groups(width_), static_cast<uint32_t>(columns_));
+  }
 }
 
 void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
@@ -52,9 +61,14 @@ void AttentionPool::backward(vk::Recorder& recorder, vk::Kernels& kernels, const
   const vk::Buffer& instance_grad = t.tensors[1]->buffer();
   const Tensor& dz = *t.output_grad;
   if (t.input_grads[0]) {
-    recorder.dispatch_elements(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_dot, dz, {kElementwiseGroup}),
-                               {reads(dz), reads(*t.inputs[1]), vk::writes(instance_grad)},
-                               push(0), columns_ * rows_, kElementwiseGroup);
+    for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[1], rows_)) {
+      WindowPush windowed{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0, static_cast<uint32_t>(columns_),
+                          window.first, window.rows};
+      recorder.dispatch_elements(
+          kernel_for<WindowPush>(kernels, vk::kernel::attention_pool_backward_dot, dz, {kElementwiseGroup}),
+          {reads(dz), reads_rows(*t.inputs[1], rows_, window), vk::writes(instance_grad)},
+          windowed, columns_ * window.rows, kElementwiseGroup);
+    }
     recorder.dispatch(kernel_for<Push>(kernels, vk::kernel::attention_pool_backward_scores, *t.input_grads[0]),
                       {vk::reads(weights), vk::reads(instance_grad), vk::reads(count), input_grad_arg(t, 0)},
                       push(accumulates(t, 0)), static_cast<uint32_t>(columns_));

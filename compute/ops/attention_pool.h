@@ -22,6 +22,9 @@ class AttentionPool : public Op {
   // g[c, n] = sum_d dz[c*D + d] h[n, d]; ds[n, c] (+)= a[c, n] (g[c, n] - sum_m a[c, m] g[c, m]);
   // dh[n, d] (+)= sum_c a[c, n] dz[c*D + d]
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // Both passes read features past what one binding reaches a window of rows at a time (a bag's
+  // features, which ABMIL and DSMIL pool directly).
+  bool reads_in_windows(size_t input) const override { return input == 1; }
 
  private:
   int64_t rows_ = 0, width_ = 0, columns_ = 1;

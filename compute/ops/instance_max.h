@@ -18,6 +18,9 @@ class InstanceMax : public Op {
   void forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
   // dh[n, d] (+)= n == argmax[d] ? dz[d] : 0
   void backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) override;
+  // Forward reads features past what one binding reaches a window of rows at a time (backward
+  // reads no features).
+  bool reads_in_windows(size_t input) const override { return input == 0; }
 
  private:
   int64_t rows_ = 0, width_ = 0;

@@ -2,12 +2,17 @@
 
 #include "compute/ops/bag_rows.h"
 #include "compute/ops/input_grad.h"
+#include "compute/ops/row_windows.h"
 
 namespace tessera {
 
 namespace {
 struct Push {
   uint32_t rows, width, accumulate;
+};
+// Forward's: the rows of the features' window too.
+struct WindowPush {
+  uint32_t rows, width, accumulate, first, window;
 };
 }  // namespace
 
@@ -24,9 +29,14 @@ Shape InstanceMean::infer(const std::vector<Shape>& inputs) {
 
 // A workgroup for every 16 features, whose invocations share the bag's rows (bag_rows.glsl).
 void InstanceMean::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {
-  auto kernel = kernel_for<Push>(kernels, vk::kernel::instance_mean_forward, *t.output);
-  recorder.dispatch(kernel, {reads(*t.inputs[0]), reads(*t.inputs[1]), writes(*t.output)},
-                    Push{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), 0}, bag_column_groups(width_));
+  auto kernel = kernel_for<WindowPush>(kernels, vk::kernel::instance_mean_forward, *t.output);
+  for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[0], rows_)) {
+    const bool adds = window.first > 0;  // to the windows before it
+    recorder.dispatch(kernel,
+                      {reads_rows(*t.inputs[0], rows_, window), reads(*t.inputs[1]), adds ? updates(*t.output) : writes(*t.output)},
+                      WindowPush{static_cast<uint32_t>(rows_), static_cast<uint32_t>(width_), adds ? 1u : 0u, window.first, window.rows},
+                      bag_column_groups(width_));
+  }
 }
 
 void InstanceMean::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTensors& t) {

@@ -2,35 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "compute/ops/gemm.h"
 #include "compute/ops/relu.h"
+#include "compute/ops/row_windows.h"
 
 namespace tessera {
 
 namespace {
-
-// Rows [first, first + rows) of x [N, in] and of y [N, out].
-struct RowWindow {
-  uint32_t first, rows;
-};
-
-// The whole batch at once where x fits one binding; else windows of as many rows as fit, their
-// starts 256-byte aligned in x and y alike (vk::window).
-std::vector<RowWindow> row_windows(const vk::TileTarget& target, const Tensor& x, const Tensor& y, int64_t batch,
-                                   int64_t in, int64_t out) {
-  if (x.bytes() <= target.largest_binding) return {{0, static_cast<uint32_t>(batch)}};
-  const auto x_row = in * static_cast<int64_t>(element_size(x.dtype())),
-             y_row = out * static_cast<int64_t>(element_size(y.dtype()));
-  const int64_t step = std::lcm(256 / std::gcd(int64_t{256}, x_row), 256 / std::gcd(int64_t{256}, y_row));
-  const int64_t fit = static_cast<int64_t>(target.largest_binding) / std::max(x_row, y_row) / step * step;
-  if (fit == 0) throw std::logic_error("linear: not one aligned window of x's rows fits a binding");
-  std::vector<RowWindow> windows;
-  for (int64_t first = 0; first < batch; first += fit)
-    windows.push_back({static_cast<uint32_t>(first), static_cast<uint32_t>(std::min(fit, batch - first))});
-  return windows;
-}
 
 // The window's rows of a matrix of `width` columns (the whole tensor where one window holds them all).
 MatrixView rows_of(const Tensor* tensor, uint32_t row_stride, uint32_t col_stride, const RowWindow& window,
@@ -38,6 +17,14 @@ MatrixView rows_of(const Tensor* tensor, uint32_t row_stride, uint32_t col_strid
   if (window.first == 0 && window.rows == batch) return {tensor, row_stride, col_stride};
   return {tensor, row_stride, col_stride, uint64_t{window.first} * static_cast<uint64_t>(width),
           uint64_t{window.rows} * static_cast<uint64_t>(width)};
+}
+
+// The whole batch at once where x [N, in] fits one binding; else windows of rows, their starts
+// aligned in x and y [N, out] alike.
+std::vector<RowWindow> windows(const vk::Kernels& kernels, const OpTensors& t, int64_t batch, int64_t in, int64_t out) {
+  return row_windows(kernels.tile_target(), *t.inputs[0], batch,
+                     {in * static_cast<int64_t>(element_size(t.inputs[0]->dtype())),
+                      out * static_cast<int64_t>(element_size(t.output->dtype()))});
 }
 
 }  // namespace
@@ -98,7 +85,7 @@ void Linear::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
   // order, ViT-L's linear layers 1.4-1.8x faster on lavapipe: bench/README.md). Training reads the
   // weight as stored: its transpose would cost a pass over the weight every step.
   MatrixView weight = t.prepared ? MatrixView{t.tensors[0], 1, out} : MatrixView{t.tensors[0], in, 1};
-  for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[0], *t.output, batch, in, out))
+  for (RowWindow window : windows(kernels, t, batch, in, out))
     record_gemm(recorder, kernels, out, window.rows, in, weight, rows_of(t.inputs[0], 1, in, window, batch, in),
                 rows_of(t.output, 1, out, window, batch, out), false, has_bias_ ? t.tensors[1] : nullptr, t.epilogue);
 }
@@ -108,7 +95,7 @@ void Linear::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
        out = static_cast<uint32_t>(out_features_);
   const Tensor& dy = *t.output_grad;
   if (t.epilogue.relu()) record_relu_backward_in_place(recorder, kernels, *t.output, *t.output_grad);
-  for (RowWindow window : row_windows(kernels.tile_target(), *t.inputs[0], *t.output, batch, in, out)) {
+  for (RowWindow window : windows(kernels, t, batch, in, out)) {
     if (t.input_grads[0]) {
       // dx^T [in, N] = weight^T [in, out] dy^T [out, N]
       record_gemm(recorder, kernels, in, window.rows, out, {t.tensors[0], 1, in},
