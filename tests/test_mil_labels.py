@@ -161,23 +161,24 @@ def main():
                 assert largest[0] == {"name": "sequence", "bytes": 66050 * 512 * 4} and len(largest) == 12, largest
 
         # Issue 33's bag: 100,000 patches of 1,536 features in fp16 (307 MB staged, over the 128 MiB
-        # lavapipe binds) are read by TransMIL's first linear layer alone, in windows of rows, and
-        # the whole plan fits lavapipe's 2 GiB: the plan names no buffer over the binding, though
-        # the features' buffer is the largest it lists.
+        # lavapipe binds) are read by the layers that take them (linear layers and the MIL pools)
+        # a window of rows at a time, and every head's plan fits lavapipe's 2 GiB: the plan names
+        # no buffer over the binding, though the features' buffer is the largest it lists.
         wide = os.path.join(work, "wide")
         os.makedirs(wide)
         for s, rows in enumerate((100000, 20)):
             with h5py.File(os.path.join(wide, f"slide_{s}.h5"), "w") as f:
                 f["features"] = np.zeros((rows, 1536), dtype=np.float32)
         write_labels(os.path.join(wide, "labels.csv"), "slide,label\nslide_0,a\nslide_1,b\n")
-        process = train(wide, os.path.join(wide, "labels.csv"), "--precision", "fp16",
-                        split=("--val-fraction", 0, "--dry-run"), head="transmil")
-        assert process.returncode == 0, process.stderr
-        plan = json.loads(process.stdout.splitlines()[-1])
-        assert "oversized_buffer" not in plan, plan
-        assert plan["largest_buffers"][0] == {"name": "features.0.0", "bytes": 100000 * 1536 * 2}, plan
-        if lavapipe:
-            assert plan["fits"] and plan["device_bytes"] <= plan["budget_bytes"] == 2 << 30, plan
+        for head in ("transmil", "attention", "dsmil", "clam-sb", "mean", "max"):
+            process = train(wide, os.path.join(wide, "labels.csv"), "--precision", "fp16",
+                            split=("--val-fraction", 0, "--dry-run"), head=head)
+            assert process.returncode == 0, (head, process.stderr)
+            plan = json.loads(process.stdout.splitlines()[-1])
+            assert "oversized_buffer" not in plan, (head, plan)
+            assert plan["largest_buffers"][0] == {"name": "features.0.0", "bytes": 100000 * 1536 * 2}, (head, plan)
+            if lavapipe:
+                assert plan["fits"] and plan["device_bytes"] <= plan["budget_bytes"] == 2 << 30, (head, plan)
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)

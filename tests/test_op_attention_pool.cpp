@@ -66,9 +66,7 @@ TEST(AttentionPool, WindowsOfRowsMatchTheWholeBag) {
     const std::vector<float> dz = test::random_values(10, 4);
     const std::vector<float> whole = check.forward();
     const auto whole_grads = check.backward(dz);
-    vk::TileTarget target = test::context().kernels().tile_target();
-    target.largest_binding = 4096;
-    test::TileTargetScope scope(test::context(), target);
+    test::TileTargetScope scope(test::context(), test::binding_at_most(test::context(), 4096));
     test::expect_near(check.forward(), whole, test::forward_tolerance(activations), "z");
     const auto grads = check.backward(dz);
     ASSERT_EQ(grads.size(), whole_grads.size());

@@ -77,9 +77,7 @@ TEST(InstanceMax, WindowsOfRowsMatchTheWholeBag) {
     const std::vector<float> dz = test::random_values(5, 4);
     const std::vector<float> whole = check.forward();
     const auto whole_grads = check.backward(dz);
-    vk::TileTarget target = test::context().kernels().tile_target();
-    target.largest_binding = 4096;
-    test::TileTargetScope scope(test::context(), target);
+    test::TileTargetScope scope(test::context(), test::binding_at_most(test::context(), 4096));
     EXPECT_EQ(check.forward(), whole);
     EXPECT_EQ(check.backward(dz), whole_grads);
   }

@@ -45,9 +45,7 @@ TEST(InstanceMean, WindowsOfRowsMatchTheWholeBag) {
     test::OpCheck check(test::context(), mean, {{600, 5}, {1}}, 3, {DType::f32, DType::u32}, {}, activations);
     check.inputs[1] = {450.0f};
     const std::vector<float> whole = check.forward();
-    vk::TileTarget target = test::context().kernels().tile_target();
-    target.largest_binding = 4096;
-    test::TileTargetScope scope(test::context(), target);
+    test::TileTargetScope scope(test::context(), test::binding_at_most(test::context(), 4096));
     test::expect_near(check.forward(), whole, test::forward_tolerance(activations), "z");
   }
 }

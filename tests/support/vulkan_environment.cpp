@@ -102,6 +102,12 @@ std::vector<vk::TileTarget> reduction_targets(vk::Context& context) {
   return {own, other};
 }
 
+vk::TileTarget binding_at_most(vk::Context& context, uint64_t bytes) {
+  vk::TileTarget target = context.kernels().tile_target();
+  target.largest_binding = bytes;
+  return target;
+}
+
 TileTargetScope::TileTargetScope(vk::Context& context, vk::TileTarget target)
     : kernels_(context.kernels()), before_(kernels_.tile_target()) {
   kernels_.set_tile_target(std::move(target));

@@ -35,6 +35,10 @@ std::vector<vk::TileTarget> reduction_targets(vk::Context& context);
 // 128x128x16 over 256 invocations, subgroup reductions".
 std::string describe(const vk::TileTarget& target);
 
+// The device's own target, binding at most `bytes`: ops then read a larger input a window of
+// rows at a time (compute/ops/row_windows.h).
+vk::TileTarget binding_at_most(vk::Context& context, uint64_t bytes);
+
 // While it lives, the ops of `context` record with the tile shapes of `target`.
 class TileTargetScope {
  public:
