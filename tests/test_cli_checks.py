@@ -11,6 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
+from data_tools import patch_task
+
 TESSERA = os.environ.get("TESSERA_BINARY", "build/tools/tessera")
 
 
@@ -41,6 +43,17 @@ def test_forward_output_that_is_its_input_is_refused(tmp_path):
         assert "--output" in result.stderr and "--input" in result.stderr
         assert digest(images) == before
     assert not (tmp_path / "images.h5.partial").exists()
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.PT", "model.pth"])
+def test_a_checkpoint_named_for_another_format_is_refused(tmp_path, name):
+    """Checkpoints are HDF5: a name that says PyTorch's or safetensors' format is exit 2 naming the
+    flag, before anything is written."""
+    patches = patch_task(str(tmp_path / "patches.h5"), 4, 16)
+    result = tessera("train", "--data", patches, "--model", "small-cnn", "--checkpoint", str(tmp_path / name))
+    assert result.returncode == 2, result.stderr
+    assert "--checkpoint" in result.stderr and "HDF5" in result.stderr and ".h5" in result.stderr, result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["patches.h5"]
 
 
 @pytest.mark.parametrize("command", ["forward", "extract"])

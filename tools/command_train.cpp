@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -283,6 +284,17 @@ uint64_t memory_limit(const TrainFlags& f) {
   return bytes;
 }
 
+// A checkpoint is HDF5 whatever its name; a name that says PyTorch's or safetensors' format would
+// send a reader of that format to a file it cannot read.
+void refuse_foreign_checkpoint_name(const std::string& checkpoint) {
+  std::string extension = std::filesystem::path(checkpoint).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const char* foreign : {".safetensors", ".pt", ".pth"})
+    if (extension == foreign)
+      throw UsageError("--checkpoint " + checkpoint + ": tessera writes checkpoints as HDF5, not the " + foreign +
+                       " format its name says; give a name ending .h5");
+}
+
 // Flags that cannot work together or with the checkpoint to resume; before any device work.
 void check_flags(const CLI::App& command, TrainFlags& f) {
   if (command.count("--folds") && f.cv.folds < 2)
@@ -298,6 +310,7 @@ void check_flags(const CLI::App& command, TrainFlags& f) {
                                  {"--labels", f.mil.labels},
                                  {"--model", std::filesystem::exists(f.options.model) ? f.options.model : ""}};
   for (auto& path : f.options.data) inputs.push_back({"--data", path});
+  refuse_foreign_checkpoint_name(f.options.checkpoint);
   refuse_output_over_inputs("--checkpoint", f.options.checkpoint, inputs);
   refuse_output_over_inputs("--fold-predictions", f.cv.predictions, inputs);
   settle_resume(command, f);
