@@ -35,8 +35,8 @@ class MilJob {
   const TrainOptions& options() const { return options_; }
   const Cohort& cohort() const { return cohort_; }
 
-  TrainingJob job() const {
-    TrainingJob job = head_job(cohort_, mil_, options_);
+  TrainingJob job(vk::Context& context) const {
+    TrainingJob job = fitted_head_job(context, cohort_, mil_, options_);
     if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
       job.start = read_checkpoint(options_.checkpoint);
       job.start_path = options_.checkpoint;
@@ -284,7 +284,7 @@ MemoryPlan plan_mil(vk::Context& context, const TrainOptions& options, const Mil
   check_mil_flags(options, mil);
   MilJob job(options, mil);
   check_bags_within_kernel_loops(context.info(), job.cohort());
-  return TrainingLoop(context, loop_settings(job.options()), job.job()).plan();
+  return TrainingLoop(context, loop_settings(job.options()), job.job(context)).plan();
 }
 
 void train_mil(vk::Context& context, const TrainOptions& options, const MilOptions& mil,
@@ -293,7 +293,7 @@ void train_mil(vk::Context& context, const TrainOptions& options, const MilOptio
   MilJob job(options, mil);
   check_bags_within_kernel_loops(context.info(), job.cohort());
   if (reporting.progress) job.report_split();
-  TrainingLoop loop(context, loop_settings(job.options()), job.job());
+  TrainingLoop loop(context, loop_settings(job.options()), job.job(context));
   BagFeed train_feed = job.train_feed(), val_feed = job.val_feed();
   loop.run(train_feed, val_feed, reporting);
 }

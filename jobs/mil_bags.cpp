@@ -10,6 +10,8 @@
 #include "compute/feature_file.h"
 #include "compute/ops/registry.h"
 #include "compute/tensor.h"
+#include "compute/trainer.h"
+#include "jobs/train_options.h"
 
 namespace tessera {
 
@@ -93,7 +95,7 @@ void add_clam_layers(nlohmann::json& layers, const std::string& kind, int64_t hi
 // alone (its attention still spans the sequence): the same logits, without two [S, D] products
 // and their gradients. For tile scores, the graph ends at the second layer's attention from the
 // class token to each patch.
-void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes, HeadUse use) {
+void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes, HeadUse use, bool recompute_attention) {
   auto layer = [&](const std::string& name, const std::string& type, std::vector<std::string> inputs,
                    nlohmann::json fields = nlohmann::json::object()) {
     layers.push_back(layer_description(name, type, std::move(fields), std::move(inputs)));
@@ -104,7 +106,8 @@ void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes
   auto trans_layer = [&](const std::string& name, const std::string& input, const std::string& output) {
     layer(name + ".norm", "layer_norm", {input}, {{"eps", 1e-5}});
     layer(name + ".attn", "nystrom_attention", {name + ".norm", "count"},
-          {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}, {"output", output}});
+          {{"heads", 8}, {"landmarks", hidden / 2}, {"pinv_iterations", 6}, {"residual_kernel", 33}, {"output", output},
+           {"recompute", recompute_attention}});
     if (output == "class_attention") return;
     layer(name + ".attn.to_out.0", "linear", {name + ".attn"}, {{"out_features", hidden}});
     std::string residual = input;
@@ -125,7 +128,7 @@ void add_transmil_layers(nlohmann::json& layers, int64_t hidden, int64_t classes
 }  // namespace
 
 nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, HeadUse use,
-                          const ClamSettings& clam) {
+                          const ClamSettings& clam, bool recompute_attention) {
   bool instance_logits = use == HeadUse::tile_scores;
   auto layer = [](const std::string& name, const std::string& type, std::vector<std::string> inputs,
                   nlohmann::json fields = nlohmann::json::object()) {
@@ -137,7 +140,7 @@ nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t class
     return {{"layers", layers}};
   }
   if (kind == "transmil") {
-    add_transmil_layers(layers, hidden, classes, use);
+    add_transmil_layers(layers, hidden, classes, use, recompute_attention);
     return {{"layers", layers}};
   }
   if (instance_logits) {
@@ -241,7 +244,7 @@ void set_head_losses(const std::string& kind, TrainingJob& job, const ClamSettin
   job.extra_losses = {{"instance_max", 0.5f}};
 }
 
-TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOptions& options) {
+TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOptions& options, bool recompute_attention) {
   int64_t rows = 0;
   for (auto& bag : cohort.bags) rows = std::max(rows, bag.instances);
   TrainingJob job;
@@ -251,7 +254,8 @@ TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOpt
   ClamSettings clam = clam_settings(mil.clam, cohort.classes.size());
   if (is_clam_head(mil.head))
     job.model.update({{"k_sample", clam.k_sample}, {"bag_weight", clam.bag_weight}, {"subtyping", clam.subtyping}});
-  job.graph = head_graph(mil.head, hidden, static_cast<int64_t>(cohort.classes.size()), HeadUse::train, clam);
+  job.graph =
+      head_graph(mil.head, hidden, static_cast<int64_t>(cohort.classes.size()), HeadUse::train, clam, recompute_attention);
   job.staged = {{"features", {rows, cohort.width}, options.fp16 ? DType::f16 : DType::f32},
                 {"count", {1}, DType::u32},
                 {"labels", {1}, DType::u32},
@@ -260,6 +264,13 @@ TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOpt
   job.advice = "lower --attention-hidden, or raise --device-memory-limit";
   set_head_losses(mil.head, job, clam);
   return job;
+}
+
+TrainingJob fitted_head_job(vk::Context& context, const Cohort& cohort, const MilOptions& mil,
+                            const TrainOptions& options) {
+  TrainingJob kept = head_job(cohort, mil, options, false);
+  if (mil.head != "transmil" || TrainingLoop(context, loop_settings(options), kept).plan().fits(context)) return kept;
+  return head_job(cohort, mil, options, true);
 }
 
 void BagFeed::start_epoch(uint32_t epoch) {

@@ -52,8 +52,10 @@ bool is_clam_head(const std::string& kind);
 enum class HeadUse { train, score, tile_scores };
 
 // The head as a graph: the model that the shared loop trains and that scoring runs.
+// recompute_attention: TransMIL's attention computes q, k, v and its pseudo-inverse again in
+// backward rather than keep them from forward (NystromAttention's `recompute`).
 nlohmann::json head_graph(const std::string& kind, int64_t hidden, int64_t classes, HeadUse use = HeadUse::train,
-                          const ClamSettings& clam = {});
+                          const ClamSettings& clam = {}, bool recompute_attention = true);
 
 // The terms of a head's loss beside its logits' (TrainingJob::logits_loss_weight, extra_losses):
 // dsmil's half bag, half the max over instances of its instance classifier; clam's bag_weight of
@@ -79,7 +81,12 @@ void check_bags_within_kernel_loops(const vk::DeviceInfo& device, const Cohort& 
 
 // The head over a cohort as a job for the shared loop: its description (what checkpoints hold),
 // graph, staged inputs (bags padded to the largest) and settings; no start, no report.
-TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOptions& options);
+TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOptions& options, bool recompute_attention);
+// head_job, TransMIL's attention keeping from forward what its backward reads (faster:
+// bench/README.md) where that plan fits `context`'s budget, else computing it again (a bag of
+// 100,000 patches on lavapipe). The gradients are the same to the bit either way.
+TrainingJob fitted_head_job(vk::Context& context, const Cohort& cohort, const MilOptions& mil,
+                            const TrainOptions& options);
 
 // Slides one at a time, each a batch of one bag padded to the largest bag's rows; rows past
 // its instances keep what they held, which the pooling ops never read.

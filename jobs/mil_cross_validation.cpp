@@ -172,7 +172,7 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& give
       std::map<std::string, HostArray> parameters;
       nlohmann::json last;  // the loop's final record: its val_loss is the loss on this fold
       {
-        TrainingLoop loop(context, loop_settings(run), head_job(cohort, mil, run));
+        TrainingLoop loop(context, loop_settings(run), fitted_head_job(context, cohort, mil, run));
         BagFeed train_feed(cohort.bags, train_slides, true, run.seed), fold_feed(cohort.bags, fold_slides, false, run.seed);
         TrainReporting quiet;
         quiet.progress = false;

@@ -179,6 +179,21 @@ def main():
             assert plan["largest_buffers"][0] == {"name": "features.0.0", "bytes": 100000 * 1536 * 2}, (head, plan)
             if lavapipe:
                 assert plan["fits"] and plan["device_bytes"] <= plan["budget_bytes"] == 2 << 30, (head, plan)
+            if head == "transmil":  # q, k and v computed again in backward: scratch that the layers share
+                assert "layer1.attn.q (scratch shared by layers)" in [b["name"] for b in plan["largest_buffers"]], plan
+        # With room to spare, TransMIL's attention keeps what its backward reads from forward, each
+        # layer its own (its pseudo-inverse's iterates, 14.7 MB a layer, are the largest buffers).
+        narrow = os.path.join(work, "narrow")
+        os.makedirs(narrow)
+        for s, rows in enumerate((300, 20)):
+            with h5py.File(os.path.join(narrow, f"slide_{s}.h5"), "w") as f:
+                f["features"] = np.zeros((rows, 1536), dtype=np.float32)
+        write_labels(os.path.join(narrow, "labels.csv"), "slide,label\nslide_0,a\nslide_1,b\n")
+        process = train(narrow, os.path.join(narrow, "labels.csv"), "--precision", "fp16",
+                        split=("--val-fraction", 0, "--dry-run"), head="transmil")
+        assert process.returncode == 0, process.stderr
+        names = [b["name"] for b in json.loads(process.stdout.splitlines()[-1])["largest_buffers"]]
+        assert "layer1.attn.pinv_z" in names and "layer2.attn.pinv_z" in names, names
         print("ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -216,7 +216,7 @@ std::unique_ptr<Op> make_nystrom_attention(const LayerConfig& layer) {
       layer.integer("heads", 8, 1), layer.integer("landmarks", 256, 1), layer.integer("pinv_iterations", 6, 1, 64),
       layer.integer("residual_kernel", 33, 1),
       output == "class_token" ? Output::class_token : output == "class_attention" ? Output::class_attention : Output::values,
-      layer.integer("chunk_rows", 0, 0));
+      layer.integer("chunk_rows", 0, 0), layer.boolean("recompute", true));
 }
 
 Shape NystromAttention::infer(const std::vector<Shape>& inputs) {
@@ -250,6 +250,12 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
     spec.activation_typed = activation_typed;
     return spec;
   };
+  // What backward reads of forward's: computed again in it (pass scratch), or kept.
+  auto forward_product = [&](const char* name, Shape shape, bool activation_typed = false) {
+    TensorSpec spec = pass_scratch(name, std::move(shape), activation_typed);
+    spec.pass_scratch = recompute_;
+    return spec;
+  };
   auto backward_scratch = [&](const char* name, Shape shape, bool activation_typed = false) {
     TensorSpec spec = pass_scratch(name, std::move(shape), activation_typed);
     spec.training_only = true;
@@ -262,12 +268,13 @@ std::vector<TensorSpec> NystromAttention::tensors() const {
   };
   return {{"to_qkv.weight", {3 * D, D}, TensorRole::parameter, DType::f32, {Init::uniform, projection_bound}},
           {"res_conv.weight", {h, 1, kernel_, 1}, TensorRole::parameter, DType::f32, {Init::uniform, bound}},
-          pass_scratch("q", {1, s, D}, true), pass_scratch("k", {1, s, D}, true), pass_scratch("v", {1, s, D}, true),
+          forward_product("q", {1, s, D}, true), forward_product("k", {1, s, D}, true),
+          forward_product("v", {1, s, D}, true),
           saved("q_landmarks", {h, m, d}), saved("k_landmarks", {h, m, d}),
           pass_scratch("scores", {h, chunk_, m}), saved("attention2", {h, m, m}), saved("attention3_stats", {h, m, 2}),
-          pass_scratch("pinv_scales", {3}), pass_scratch("pinv_z", {iterations_ + 1, h, m, m}),
-          pass_scratch("pinv_xz", {iterations_, h, m, m}), pass_scratch("pinv_t1", {iterations_, h, m, m}),
-          pass_scratch("pinv_t2", {iterations_, h, m, m}), pass_scratch("pinv_t3", {iterations_, h, m, m}),
+          forward_product("pinv_scales", {3}), forward_product("pinv_z", {iterations_ + 1, h, m, m}),
+          forward_product("pinv_xz", {iterations_, h, m, m}), forward_product("pinv_t1", {iterations_, h, m, m}),
+          forward_product("pinv_t2", {iterations_, h, m, m}), forward_product("pinv_t3", {iterations_, h, m, m}),
           saved("values", {h, m, d}), saved("mixed", {h, m, d}),
           backward_scratch("grad_q", {1, s, D}, true),
           backward_scratch("grad_scores", {h, chunk_, m}), backward_scratch("grad_attention2", {h, m, m}),
@@ -374,7 +381,7 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
   const auto S = static_cast<uint32_t>(rows_), D = static_cast<uint32_t>(width_), d = static_cast<uint32_t>(head_dim_),
              m = static_cast<uint32_t>(landmarks_), H = static_cast<uint32_t>(heads_);
   Recording r(recorder, kernels, t, H, m);
-  record_projections(recorder, kernels, t, S, D);  // the forward's, recomputed
+  if (recompute_) record_projections(recorder, kernels, t, S, D);  // the forward's
   const Tensor &query = r.slot(kQ), &key = r.slot(kK), &value = r.slot(kV), &dquery = r.slot(kGradQ);
   // dk and dv take the buffers of q and v once those are read for the last time: q in a1's
   // chunks, v in a3's, each of its chunks before that chunk's gradient is written (the residual
@@ -416,8 +423,8 @@ void NystromAttention::backward(vk::Recorder& recorder, vk::Kernels& kernels, co
     r.product(length, d, m, kRows, chunk(kGradScores, length, m), narrow(kKeyLandmarks), part(dquery, first), scale,
               class_token, 0, first);
   }
-  // y = pinv w, with the pseudo-inverse's iterates computed again
-  record_pseudo_inverse(r, recorder, kernels, H, m, static_cast<uint32_t>(iterations_));
+  // y = pinv w, with the pseudo-inverse's iterates (computed again)
+  if (recompute_) record_pseudo_inverse(r, recorder, kernels, H, m, static_cast<uint32_t>(iterations_));
   Operand pinv_t = square_t(kPinvZ, iterations * step);
   r.product(m, d, m, kStatic, pinv_t, narrow(kGradMixed), narrow(kGradValues), 1, false);
   uint32_t current = 0;  // which half of grad_pinv holds the gradient of the latest iterate

@@ -28,18 +28,20 @@ class NystromAttention : public Op {
  public:
   enum class Output { values, class_token, class_attention };
   // chunk_rows: the sequence's rows a chunk (0: as many as keep a chunk's scores [heads, rows, m]
-  // within 32 MiB).
+  // within 32 MiB). recompute: backward computes q, k, v and the pseudo-inverse's iterates again
+  // (pass scratch that the layers share) rather than keep them from forward (three [S, D] and
+  // 5 x iterations [h, m, m] a layer); the gradients are the same to the bit.
   NystromAttention(int64_t heads, int64_t landmarks, int64_t pinv_iterations, int64_t residual_kernel,
-                   Output output = Output::values, int64_t chunk_rows = 0)
+                   Output output = Output::values, int64_t chunk_rows = 0, bool recompute = true)
       : heads_(heads), landmarks_(landmarks), iterations_(pinv_iterations), kernel_(residual_kernel),
-        output_(output), chunk_rows_(chunk_rows) {}
+        output_(output), chunk_rows_(chunk_rows), recompute_(recompute) {}
   std::string type() const override { return "nystrom_attention"; }
   // x [1, S_max, D] (the layer norm's output), count u32 [1] -> [1, S_max, D]; class_token: [1, D];
   // class_attention: [S_max - 1, 1], a score for each of the bag's first rows
   Shape infer(const std::vector<Shape>& inputs) override;
   // to_qkv.weight [3D, D] (read as three windows), res_conv.weight [heads, 1, kernel, 1];
-  // scratch of each pass: q, k, v, a chunk's scores (and backward's gradients of them, dk and dv
-  // in the buffers of q and v);
+  // scratch of each pass: q, k, v (saved from forward without `recompute`), a chunk's scores (and
+  // backward's gradients of them, dk and dv in the buffers of q and v);
   // saved: the landmarks, softmax(ql kl^T), softmax(ql k^T)'s row statistics, every iterate of
   // the pseudo-inverse, and class_attention's scratch (inference graphs alone)
   std::vector<TensorSpec> tensors() const override;
@@ -52,6 +54,7 @@ class NystromAttention : public Op {
   int64_t heads_, landmarks_, iterations_, kernel_;
   Output output_;
   int64_t chunk_rows_;
+  bool recompute_;
   int64_t rows_ = 0, width_ = 0, head_dim_ = 0, chunk_ = 0;
 };
 
