@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +48,12 @@ bool durable_link_new(const std::string& from, const std::string& to) {
   ::unlink(from.c_str());
   sync(std::filesystem::absolute(to).parent_path().string(), O_RDONLY | O_DIRECTORY);
   return true;
+}
+
+std::string lowercase_extension(const std::string& path) {
+  std::string extension = std::filesystem::path(path).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
+  return extension;
 }
 
 }  // namespace tessera

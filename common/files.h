@@ -1,4 +1,4 @@
-// Files that must survive a crash or a power cut whole.
+// Files that must survive a crash or a power cut whole, and what a file's name says of it.
 #pragma once
 #include <string>
 
@@ -16,5 +16,8 @@ bool durable_link_new(const std::string& from, const std::string& to);
 
 // " (is the disk full? ...)": the hint for a write that failed.
 std::string disk_full_hint();
+
+// The extension of `path`'s file name in lower case, with its dot (".svs"; "" where it has none).
+std::string lowercase_extension(const std::string& path);
 
 }  // namespace tessera

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/library_warnings.h"
 #include "common/utf8.h"
 #include "data/jpeg.h"
@@ -34,12 +34,6 @@ bool has_tiff_signature(const std::string& path) {
   bool little = head[0] == 'I' && head[1] == 'I' && (head[2] == 42 || head[2] == 43) && head[3] == 0;
   bool big = head[0] == 'M' && head[1] == 'M' && head[2] == 0 && (head[3] == 42 || head[3] == 43);
   return little || big;
-}
-
-bool has_extension(const std::string& path, const std::string& extension) {
-  std::string actual = std::filesystem::path(path).extension().string();
-  std::transform(actual.begin(), actual.end(), actual.begin(), [](unsigned char c) { return std::tolower(c); });
-  return actual == extension;
 }
 
 class TiffSlide final : public Slide {
@@ -346,8 +340,7 @@ class OpenSlideSlide final : public Slide {
 // beside it, which neither OpenSlide 3.4 nor libvips reads (the .vsi alone would tile as the
 // overview, silently).
 void refuse_unread_formats(const std::string& path) {
-  std::string extension = std::filesystem::path(path).extension().string();
-  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string extension = lowercase_extension(path);
   if (extension == ".vsi" || extension == ".ets")
     throw BadInput(path + ": an Olympus VSI slide, whose pyramid lives in the .ets files of the _" +
                    std::filesystem::path(path).stem().string() +
@@ -370,7 +363,7 @@ std::unique_ptr<Slide> open_reader(const std::string& path, uint64_t tile_cache_
     throw BadInput(path + ": no such slide");
   // What a TIFF declares is checked against its bytes first, whatever reader follows (NDPI
   // stores offsets past 4 GiB outside the TIFF structure, which libtiff cannot follow).
-  if (has_tiff_signature(path) && !has_extension(path, ".ndpi")) check_tiff_structure(path);
+  if (has_tiff_signature(path) && lowercase_extension(path) != ".ndpi") check_tiff_structure(path);
   refuse_unread_formats(path);
   if (reader == SlideReader::libtiff) return std::make_unique<TiffSlide>(path, tile_cache_bytes);
   bool automatic = reader == SlideReader::automatic;

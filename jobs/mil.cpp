@@ -36,7 +36,7 @@ class MilJob {
   const Cohort& cohort() const { return cohort_; }
 
   TrainingJob job(vk::Context& context) const {
-    TrainingJob job = fitted_head_job(context, cohort_, mil_, options_);
+    TrainingJob job = head_job(cohort_, mil_, options_, recomputes_attention(context, cohort_, mil_, options_));
     if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
       job.start = read_checkpoint(options_.checkpoint);
       job.start_path = options_.checkpoint;

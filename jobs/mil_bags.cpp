@@ -266,11 +266,10 @@ TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOpt
   return job;
 }
 
-TrainingJob fitted_head_job(vk::Context& context, const Cohort& cohort, const MilOptions& mil,
-                            const TrainOptions& options) {
-  TrainingJob kept = head_job(cohort, mil, options, false);
-  if (mil.head != "transmil" || TrainingLoop(context, loop_settings(options), kept).plan().fits(context)) return kept;
-  return head_job(cohort, mil, options, true);
+bool recomputes_attention(vk::Context& context, const Cohort& cohort, const MilOptions& mil,
+                          const TrainOptions& options) {
+  if (mil.head != "transmil") return false;
+  return !TrainingLoop(context, loop_settings(options), head_job(cohort, mil, options, false)).plan().fits(context);
 }
 
 void BagFeed::start_epoch(uint32_t epoch) {

@@ -82,11 +82,12 @@ void check_bags_within_kernel_loops(const vk::DeviceInfo& device, const Cohort& 
 // The head over a cohort as a job for the shared loop: its description (what checkpoints hold),
 // graph, staged inputs (bags padded to the largest) and settings; no start, no report.
 TrainingJob head_job(const Cohort& cohort, const MilOptions& mil, const TrainOptions& options, bool recompute_attention);
-// head_job, TransMIL's attention keeping from forward what its backward reads (faster:
-// bench/README.md) where that plan fits `context`'s budget, else computing it again (a bag of
-// 100,000 patches on lavapipe). The gradients are the same to the bit either way.
-TrainingJob fitted_head_job(vk::Context& context, const Cohort& cohort, const MilOptions& mil,
-                            const TrainOptions& options);
+// head_job's recompute_attention for `context`: TransMIL's attention keeps from forward what its
+// backward reads (faster: bench/README.md) where that plan fits the budget, and computes it again
+// where it does not (a bag of 100,000 patches on lavapipe). The gradients are the same to the bit
+// either way. False for the other heads.
+bool recomputes_attention(vk::Context& context, const Cohort& cohort, const MilOptions& mil,
+                          const TrainOptions& options);
 
 // Slides one at a time, each a batch of one bag padded to the largest bag's rows; rows past
 // its instances keep what they held, which the pooling ops never read.

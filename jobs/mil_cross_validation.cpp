@@ -162,6 +162,7 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& give
   csv += "\n";
   nlohmann::json fold_records = nlohmann::json::array();
   double loss_sum = 0;
+  const bool recompute_attention = recomputes_attention(context, cohort, mil, options);  // every fold's plan alike
   for (int r = 0; r < cv.seeds; ++r) {
     TrainOptions run = options;
     run.seed = options.seed + static_cast<uint32_t>(r);
@@ -172,7 +173,7 @@ nlohmann::json cross_validate_mil(vk::Context& context, const TrainOptions& give
       std::map<std::string, HostArray> parameters;
       nlohmann::json last;  // the loop's final record: its val_loss is the loss on this fold
       {
-        TrainingLoop loop(context, loop_settings(run), fitted_head_job(context, cohort, mil, run));
+        TrainingLoop loop(context, loop_settings(run), head_job(cohort, mil, run, recompute_attention));
         BagFeed train_feed(cohort.bags, train_slides, true, run.seed), fold_feed(cohort.bags, fold_slides, false, run.seed);
         TrainReporting quiet;
         quiet.progress = false;

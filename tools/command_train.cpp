@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "common/output.h"
 #include "common/progress.h"
 #include "common/run_summary.h"
@@ -287,10 +287,8 @@ uint64_t memory_limit(const TrainFlags& f) {
 // A checkpoint is HDF5 whatever its name; a name that says PyTorch's or safetensors' format would
 // send a reader of that format to a file it cannot read.
 void refuse_foreign_checkpoint_name(const std::string& checkpoint) {
-  std::string extension = std::filesystem::path(checkpoint).extension().string();
-  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
   for (const char* foreign : {".safetensors", ".pt", ".pth"})
-    if (extension == foreign)
+    if (lowercase_extension(checkpoint) == foreign)
       throw UsageError("--checkpoint " + checkpoint + ": tessera writes checkpoints as HDF5, not the " + foreign +
                        " format its name says; give a name ending .h5");
 }
