@@ -53,7 +53,8 @@ def tessera_figures(tessera, model, batch, size, steps, work, precision):
     run = subprocess.run([tessera, "forward", "--model", model, "--random-weights", "--classes", classes, "--input", images,
                           "--output", os.path.join(work, "logits.h5"), "--batch", str(batch), "--precision", precision],
                          capture_output=True, text=True, check=True)
-    forward = last_json(run.stderr, "images_per_second")["steady_images_per_second"]
+    # The summary is the last line of stdout (progress lines go to stderr).
+    forward = last_json(run.stdout, "images_per_second")["steady_images_per_second"]
 
     patches = os.path.join(work, f"{model}-patches.h5")
     with h5py.File(patches, "w") as f:
