@@ -18,7 +18,10 @@ no cost model here (the loss, the optimizer) reports its time alone.
 The machine is shared: `load` holds the load average before and after, and every figure is
 noisy in proportion (a second process on a 2-core machine halves a figure).
 
-Run: /usr/bin/python3 bench/bench_roofline.py --build build [--longest 8] [--out FILE]
+With `--only attention`: ViT-L's attention kernel at 197, 261 and 785 tokens (UNI, Hibou-L,
+CONCH v1.5; random weights, 4 tiles in one batch), its GFLOPS beside the qkv and proj layers'.
+
+Run: /usr/bin/python3 bench/bench_roofline.py --build build [--longest 8] [--only KIND ...] [--out FILE]
 """
 import argparse
 import datetime
@@ -166,6 +169,34 @@ def vit_costs(width, depth, patch, side, batch, mlp_ratio=4.0):
     return costs
 
 
+# ViT-L encoders at the token counts of issue 36's attention item: (preset, tokens, tile px, um/px).
+ATTENTION_ENCODERS = (("uni", 197, 224, 0.5), ("hibou-l", 261, 224, 0.5), ("conch-v1.5", 785, 448, 256 / 448))
+
+
+def attention_against_products(profile, tokens, batch, width=1024):
+    """The attention kernel's GFLOPS beside the qkv and proj layers' (the matrix kernels on the
+    same activations), summed over the blocks: whether attention is within 2x of them."""
+    totals = {"attend": [0.0, 0.0], "products": [0.0, 0.0]}
+    rows = batch * tokens
+    for entry in profile["kernels"]:
+        if " prepare " in entry["name"]:  # the weights' repacking at load, once
+            continue
+        layer = entry["name"].split(" ")[0]
+        if layer.endswith("attn.attend"):
+            flops, kind = 4 * batch * tokens * tokens * width, "attend"
+        elif layer.endswith("attn.qkv") or layer.endswith("attn.proj"):
+            flops, kind = 2 * rows * width * (3 * width if layer.endswith("qkv") else width), "products"
+        else:
+            continue
+        totals[kind][0] += flops * entry["commands"]
+        totals[kind][1] += entry["seconds"]
+    gflops = {kind: round(f / s / 1e9, 2) if s else None for kind, (f, s) in totals.items()}
+    return {"tokens": tokens, "batch": batch, "attention_gflops": gflops["attend"],
+            "qkv_and_proj_gflops": gflops["products"], "attention_seconds": round(totals["attend"][1], 2),
+            "device_seconds": round(profile["seconds"], 2),
+            "products_over_attention": round(gflops["products"] / gflops["attend"], 2) if gflops["attend"] else None}
+
+
 def kernel_cost(costs, entry_name):
     """(flops, bytes) of one command of a profile entry "<layer> [backward ]<kernel>", or None."""
     parts = entry_name.split(" ")
@@ -183,14 +214,14 @@ def kernel_cost(costs, entry_name):
     return None
 
 
-def synthetic_tiles(tessera, work, name, side):
-    """A tile store of every 224 px tile of a synthetic side x side slide (tissue or not) at
-    0.5 um/px, the magnification ViT encoders read."""
+def synthetic_tiles(tessera, work, name, side, tile=224, mpp=0.5):
+    """A tile store of every `tile` px tile of a synthetic side x side slide (tissue or not) at
+    `mpp` um/px: by default 224 px at 0.5, what most ViT encoders read."""
     slide, store = os.path.join(work, name + ".tiff"), os.path.join(work, name + ".lmdb")
     subprocess.run([tessera, "synth", slide, "--width", str(side), "--height", str(side), "--seed", "1",
-                    "--mpp", "0.5"], check=True,
+                    "--mpp", str(mpp)], check=True,
                    capture_output=True)
-    subprocess.run([tessera, "tile", slide, "--out", store, "--size", "224", "--min-tissue", "0"], check=True,
+    subprocess.run([tessera, "tile", slide, "--out", store, "--size", str(tile), "--min-tissue", "0"], check=True,
                    capture_output=True)
     return store
 
@@ -269,7 +300,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default="build")
     parser.add_argument("--longest", type=int, default=8)
-    parser.add_argument("--only", choices=["limits", "resnet18", "resnet50", "vit"], action="append")
+    parser.add_argument("--only", choices=["limits", "resnet18", "resnet50", "vit", "attention"], action="append",
+                        help="attention: UNI, Hibou-L and CONCH v1.5 (197, 261, 785 tokens), not in the default set")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     tessera = os.path.join(args.build, "tools", "tessera")
@@ -309,6 +341,14 @@ def main():
                                    "--out", os.path.join(work, "vit"), "--batch", str(batch)])
             result["vit_l16_extract"] = {"encoder": "uni (ViT-L/16, 224 px)", "batch": batch, **summarise(
                 profile, vit_costs(1024, 24, 16, 224, batch), limits, args.longest)}
+        if "attention" in only:
+            result["attention_by_tokens"] = {}
+            for encoder, tokens, tile, mpp in ATTENTION_ENCODERS:
+                batch = 4
+                store = synthetic_tiles(tessera, work, encoder, 2 * tile, tile, mpp)
+                profile, _ = profiled([tessera, "extract", "--encoder", encoder, "--random-weights", "--tiles", store,
+                                       "--out", os.path.join(work, encoder), "--batch", str(batch)])
+                result["attention_by_tokens"][encoder] = attention_against_products(profile, tokens, batch)
     result["load_after"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     print(text)
