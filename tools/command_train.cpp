@@ -287,8 +287,9 @@ uint64_t memory_limit(const TrainFlags& f) {
 // A checkpoint is HDF5 whatever its name; a name that says PyTorch's or safetensors' format would
 // send a reader of that format to a file it cannot read.
 void refuse_foreign_checkpoint_name(const std::string& checkpoint) {
+  const std::string extension = lowercase_extension(checkpoint);
   for (const char* foreign : {".safetensors", ".pt", ".pth"})
-    if (lowercase_extension(checkpoint) == foreign)
+    if (extension == foreign)
       throw UsageError("--checkpoint " + checkpoint + ": tessera writes checkpoints as HDF5, not the " + foreign +
                        " format its name says; give a name ending .h5");
 }
