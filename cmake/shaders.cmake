@@ -71,7 +71,8 @@ ${constants}}  // namespace kernel
 }  // namespace tessera::vk
 ")
   target_sources(${target} PRIVATE ${embedded})
-  # Arrays of words that include nothing: precompiled headers would only slow them.
-  set_source_files_properties(${embedded} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  # Arrays of words that include nothing: precompiled headers would only slow them, and a unity
+  # build's batches of them (which take the headers) too.
+  set_source_files_properties(${embedded} PROPERTIES SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
   target_include_directories(${target} PUBLIC ${generated_dir})
 endfunction()

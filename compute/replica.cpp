@@ -19,6 +19,12 @@ nlohmann::json loss_layers(const nlohmann::json& graph, const std::vector<LossTe
   return layers;
 }
 
+size_t staged_input_index(const std::vector<GraphInput>& inputs, const std::string& name) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].name == name) return i;
+  throw std::logic_error("a training job stages no " + name);
+}
+
 namespace {
 
 // The job's staged inputs for one replica of several, which takes `count` samples of every
@@ -28,12 +34,6 @@ std::vector<GraphInput> part_inputs(std::vector<GraphInput> staged, bool replica
     for (auto& input : staged)
       if (input.name != "valid") input.shape[0] = count;
   return staged;
-}
-
-size_t input_index(const std::vector<GraphInput>& inputs, const std::string& name) {
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].name == name) return i;
-  throw std::logic_error("a training job stages no " + name);
 }
 
 std::string suffix(int slot, int k) { return "." + std::to_string(slot) + "." + std::to_string(k); }
@@ -52,8 +52,8 @@ Replica::Replica(vk::Context& device, const LoopSettings& settings, const Traini
       part_(part),
       replicated_(replicated),
       staged_inputs_(part_inputs(job.staged, replicated, part.count)),
-      labels_input_(input_index(staged_inputs_, "labels")),
-      valid_input_(input_index(staged_inputs_, "valid")),
+      labels_input_(staged_input_index(staged_inputs_, "labels")),
+      valid_input_(staged_input_index(staged_inputs_, "valid")),
       network_(job.graph, staged_inputs_, true, job.prologue, loss_layers(job.graph, job.extra_losses)),
       logits_(network_.layer(job.graph["layers"].back()["name"].get<std::string>())),
       optimizer_(Optimizer::make(settings.optimizer)) {

@@ -175,4 +175,7 @@ class Replica final : public ReplicaSync {
   std::unique_ptr<vk::Program> update_program_;
 };
 
+// Where the input `name` ("labels", "valid") sits among a training job's staged inputs.
+size_t staged_input_index(const std::vector<GraphInput>& inputs, const std::string& name);
+
 }  // namespace tessera

@@ -13,12 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-size_t input_index(const std::vector<GraphInput>& inputs, const std::string& name) {
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].name == name) return i;
-  throw std::logic_error("a training job stages no " + name);
-}
-
 }  // namespace
 
 ReplicaGroup::ReplicaGroup(const std::vector<vk::Context*>& devices, const LoopSettings& settings,
@@ -26,8 +20,8 @@ ReplicaGroup::ReplicaGroup(const std::vector<vk::Context*>& devices, const LoopS
     : settings_(settings),
       job_(job),
       processes_(Processes::world()),
-      labels_input_(input_index(job.staged, "labels")),
-      valid_input_(input_index(job.staged, "valid")) {
+      labels_input_(staged_input_index(job.staged, "labels")),
+      valid_input_(staged_input_index(job.staged, "valid")) {
   int local = static_cast<int>(devices.size());
   int replicas_total = local * processes_.size();
   batch_ = job.staged[labels_input_].shape[0];

@@ -11,8 +11,8 @@ namespace {
 
 // Limits of a description, far past every real Swin (Swin-L: embed_dim 192, depths 2/2/18/2,
 // windows of 12 at 384 pixels), checked before anything is built.
-constexpr int64_t kMaxWidth = 4096, kMaxStages = 8, kMaxStageDepth = 64, kMaxImageSize = 4096, kMaxWindow = 64;
-constexpr double kMaxMlpRatio = 16;
+constexpr int64_t kMaxSwinWidth = 4096, kMaxStages = 8, kMaxStageDepth = 64, kMaxImageSize = 4096, kMaxWindow = 64;
+constexpr double kMaxSwinMlpRatio = 16;
 
 // A per-stage list (depths, heads), taken out of the settings before LayerConfig reads the rest.
 std::vector<int64_t> stage_integers(const LayerConfig& config, const char* field, const nlohmann::json* value,
@@ -46,16 +46,17 @@ nlohmann::json swin_graph(nlohmann::json settings, const std::string& name) {
   auto stage_field = [&](const char* field) { return stage_fields.contains(field) ? &stage_fields[field] : nullptr; };
   const int64_t image_size = config.integer("image_size", std::nullopt, 1, kMaxImageSize);
   const int64_t patch = config.integer("patch_size", 4, 1, kMaxImageSize);
-  const int64_t width = config.integer("width", std::nullopt, 1, kMaxWidth);
+  const int64_t width = config.integer("width", std::nullopt, 1, kMaxSwinWidth);
   const std::vector<int64_t> depths = stage_integers(config, "depths", stage_field("depths"), 0, kMaxStageDepth);
-  const std::vector<int64_t> heads = stage_integers(config, "heads", stage_field("heads"), depths.size(), kMaxWidth);
+  const std::vector<int64_t> heads =
+      stage_integers(config, "heads", stage_field("heads"), depths.size(), kMaxSwinWidth);
   const int64_t window = config.integer("window", 7, 1, kMaxWindow);
   const double mlp_ratio = config.number("mlp_ratio", 4.0);
   const bool qkv_bias = config.boolean("qkv_bias", true);
   const double eps = config.number("norm_eps", 1e-5), bn_eps = config.number("batch_norm_eps", 1e-5);
   config.refuse_unread();
 
-  if (!(mlp_ratio > 0 && mlp_ratio <= kMaxMlpRatio)) config.fail("mlp_ratio", "must be above 0 and at most 16");
+  if (!(mlp_ratio > 0 && mlp_ratio <= kMaxSwinMlpRatio)) config.fail("mlp_ratio", "must be above 0 and at most 16");
   if (!(eps > 0 && eps <= 1)) config.fail("norm_eps", "must be above 0 and at most 1");
   if (!(bn_eps > 0 && bn_eps <= 1)) config.fail("batch_norm_eps", "must be above 0 and at most 1");
   // ConvStem: two stride-2 convolutions (CTransPath's ctran.py asserts patch_size 4, and embed_dim % 8).

@@ -19,8 +19,8 @@ namespace {
 // Limits of a description, far past every real ViT (ViT-22B: width 6144, depth 48, mlp ratio 4;
 // UNI2-h at 224 px: 265 tokens), checked before anything is built so that a description cannot
 // make a graph, a plan or a run of absurd size.
-constexpr int64_t kMaxWidth = 16384, kMaxDepth = 256;
-constexpr double kMaxMlpRatio = 16;
+constexpr int64_t kMaxVitWidth = 16384, kMaxDepth = 256;
+constexpr double kMaxVitMlpRatio = 16;
 // Tokens of an image: attention's cost grows with their square; 65536 is a 4096-pixel image in
 // 16-pixel patches.
 constexpr int64_t kMaxTokens = 65536;
@@ -91,7 +91,7 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
 
   const int64_t image_size = config.integer("image_size", std::nullopt, 1),
                 patch = config.integer("patch_size", std::nullopt, 1);
-  const int64_t width = config.integer("width", std::nullopt, 1, kMaxWidth),
+  const int64_t width = config.integer("width", std::nullopt, 1, kMaxVitWidth),
                 depth = config.integer("depth", std::nullopt, 1, kMaxDepth);
   const int64_t heads = config.integer("heads", std::nullopt, 1, width);
   const std::string mlp = config.choice("mlp", "gelu", {"gelu", "swiglu"});
@@ -113,15 +113,15 @@ nlohmann::json vit_graph(const nlohmann::json& description) {
       "output", "class_token", {"class_token", "class_token_and_patch_mean", "patch_mean", "attentional_pool"});
   // CONCH v1.5's attn_pool_contrast and ln_contrast (output "attentional_pool").
   const bool attentional = output == "attentional_pool";
-  const int64_t pool_width = attentional ? config.integer("pool_width", std::nullopt, 1, kMaxWidth) : 0;
-  const int64_t pool_heads = attentional ? config.integer("pool_heads", std::nullopt, 1, kMaxWidth) : 0;
+  const int64_t pool_width = attentional ? config.integer("pool_width", std::nullopt, 1, kMaxVitWidth) : 0;
+  const int64_t pool_heads = attentional ? config.integer("pool_heads", std::nullopt, 1, kMaxVitWidth) : 0;
   const double pool_eps = attentional ? config.number("pool_norm_eps", 1e-5) : 0;
   const int64_t classes = config.integer("classes", 0);
   config.refuse_unread();
 
   // timm's Block: hidden_features = int(dim * mlp_ratio); the packed SwiGLU's fc1 gives both halves.
-  if (!(mlp_ratio > 0 && mlp_ratio <= kMaxMlpRatio))
-    config.fail("mlp_ratio", "must be above 0 and at most " + std::to_string(static_cast<int>(kMaxMlpRatio)));
+  if (!(mlp_ratio > 0 && mlp_ratio <= kMaxVitMlpRatio))
+    config.fail("mlp_ratio", "must be above 0 and at most " + std::to_string(static_cast<int>(kMaxVitMlpRatio)));
   const auto hidden = static_cast<int64_t>(static_cast<double>(width) * mlp_ratio);
   if (hidden > kMaxLayerInteger)
     config.fail("mlp_ratio", "gives " + std::to_string(hidden) + " hidden features (at most " +

@@ -5,6 +5,7 @@
 #pragma once
 #include <tiffio.h>
 
+#include <memory>
 #include <string>
 
 namespace tessera::data {
@@ -18,5 +19,10 @@ TIFF* open_tiff(const std::string& path, const char* mode);
 TIFF* open_tiff_fd(int fd, const std::string& path, const char* mode);
 // What libtiff last said was wrong on this thread ("module: text").
 const std::string& last_tiff_error();
+
+struct TiffCloser {
+  void operator()(TIFF* tiff) const { TIFFClose(tiff); }
+};
+using TiffFile = std::unique_ptr<TIFF, TiffCloser>;
 
 }  // namespace tessera::data

@@ -8,6 +8,7 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/hdf5_lock.h"
+#include "data/tile_format.h"
 
 namespace tessera::data {
 
@@ -16,7 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr hsize_t max_patches = hsize_t{1} << 28;  // 268M patches: more than any slide holds
-constexpr double max_patch_side = 65535;
 
 // One open HDF5 object, closed with its own function.
 struct Handle {
@@ -75,7 +75,7 @@ std::string string_attribute(hid_t object, const char* name) {
 
 // A whole number of pixels, 1 to 65535, from an attribute that may be stored as a float.
 int64_t patch_side(double value, const char* name, const std::string& file) {
-  if (!(value >= 1 && value <= max_patch_side) || std::abs(value - std::round(value)) > 1e-6)
+  if (!(value >= 1 && value <= max_tile_size) || std::abs(value - std::round(value)) > 1e-6)
     throw BadInput(file + ": coords attribute " + std::string(name) + " is " + std::to_string(value) +
                    ", not a whole number of pixels from 1 to 65535");
   return std::llround(value);

@@ -14,8 +14,6 @@ namespace tessera::data {
 
 namespace {
 
-constexpr hsize_t max_patch_side = 65535;
-
 class PcamFile : public PatchSource {
  public:
   explicit PcamFile(const std::string& path) : path_(path) {
@@ -32,9 +30,9 @@ class PcamFile : public PatchSource {
     check_pixels_ = !(H5Tget_size(x_type) == 1 && H5Tget_sign(x_type) == H5T_SGN_NONE);
     H5Tclose(x_type);
     if (x_dims.size() != 4 || x_dims[3] != 3 || !integer) fail("x", "must be uint8 [N,H,W,3]");
-    if (x_dims[1] < 1 || x_dims[2] < 1 || x_dims[1] > max_patch_side || x_dims[2] > max_patch_side)
+    if (x_dims[1] < 1 || x_dims[2] < 1 || x_dims[1] > hsize_t{max_tile_size} || x_dims[2] > hsize_t{max_tile_size})
       fail("x", "holds patches of " + std::to_string(x_dims[1]) + "x" + std::to_string(x_dims[2]) +
-                    " pixels; tessera reads 1 to " + std::to_string(max_patch_side) + " a side");
+                    " pixels; tessera reads 1 to " + std::to_string(max_tile_size) + " a side");
     if (x_dims[1] * x_dims[2] * 3 > max_tile_pixel_bytes)  // each side at most 65535: no overflow
       fail("x", "holds patches of " + std::to_string(x_dims[1]) + "x" + std::to_string(x_dims[2]) + " pixels, " +
                     std::to_string(x_dims[1] * x_dims[2] * 3) + " bytes each; tessera reads patches of at most " +

@@ -14,6 +14,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "data/library_messages.h"
 #include "data/slide_parts.h"
 
 namespace tessera::data {
@@ -28,10 +29,6 @@ int keep_error(TIFF*, void* user_data, const char* module, const char* format, v
 }
 
 int drop_warning(TIFF*, void*, const char*, const char*, va_list) { return 1; }
-
-struct TiffCloser {
-  void operator()(TIFF* tiff) const { TIFFClose(tiff); }
-};
 
 // The offsets and byte counts of a directory's tiles (or strips), or nothing when it has none.
 struct Pieces {
@@ -142,7 +139,7 @@ void check_tiff_structure(const std::string& path) {
   TIFFOpenOptionsSetErrorHandlerExtR(options.get(), keep_error, &error);
   TIFFOpenOptionsSetWarningHandlerExtR(options.get(), drop_warning, nullptr);
   TIFFOpenOptionsSetMaxSingleMemAlloc(options.get(), tmsize_t{256} << 20);
-  std::unique_ptr<TIFF, TiffCloser> tiff(TIFFOpenExt(path.c_str(), "r", options.get()));
+  TiffFile tiff(TIFFOpenExt(path.c_str(), "r", options.get()));
   if (!tiff) throw BadInput(path + ": not a readable TIFF (" + error + ")");
   uint64_t file_size = std::filesystem::file_size(path);
   DirectoryEntries entries(path, file_size, TIFFIsBigTIFF(tiff.get()), TIFFIsBigEndian(tiff.get()));

@@ -22,11 +22,6 @@ namespace tessera::data {
 
 namespace {
 
-struct TiffCloser {
-  void operator()(TIFF* tiff) const { TIFFClose(tiff); }
-};
-using TiffHandle = std::unique_ptr<TIFF, TiffCloser>;
-
 // A directory: the index of one in the main chain, or the offset of a SubIFD.
 struct Directory {
   bool sub = false;
@@ -222,7 +217,7 @@ std::optional<Layout> qptiff_layout(TIFF* tiff, const std::string& path) {
 
 // One plane of one level: its own libtiff handle parked on its directory, read one thread at a time.
 struct Plane {
-  TiffHandle tiff;
+  TiffFile tiff;
   std::mutex mutex;
   int64_t width = 0, height = 0, columns = 0, rows = 0;
   int tile_width = 0, tile_height = 0;
@@ -448,7 +443,7 @@ class PlanesSlide final : public Slide {
 
 std::unique_ptr<Slide> open_plane_slide(const std::string& path, uint64_t tile_cache_bytes,
                                         std::optional<IntensityWindow> window) {
-  TiffHandle tiff(open_tiff(path, "r"));
+  TiffFile tiff(open_tiff(path, "r"));
   if (!tiff) return nullptr;  // the TIFF readers name what is wrong
   std::string xml = description_of(tiff.get());
   std::optional<Layout> layout;

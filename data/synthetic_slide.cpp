@@ -25,11 +25,6 @@ namespace tessera::data {
 
 namespace {
 
-struct TiffCloser {
-  void operator()(TIFF* tiff) const { TIFFClose(tiff); }
-};
-using TiffFile = std::unique_ptr<TIFF, TiffCloser>;
-
 // libtiff writes the file this run created new (never through a link at `path`).
 TiffFile create_tiff(const std::string& path, const char* mode) {
   UniqueFd file = create_new_file(path);

@@ -2,11 +2,12 @@
 # The bad-input and fuzz tests again, against a tessera built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (build-sanitize/): any report fails the run, whatever the exit code
 # of the process that made it. tools/run-tests.sh calls this after the suite. Unoptimised, with
-# line tables only: it compiles in about half the time, and these tests run little compute.
+# line tables only: it compiles in about half the time, and these tests run little compute. A
+# unity build, as tools/build.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DTESSERA_WERROR=ON -DTESSERA_SANITIZE=ON \
-  -DBUILD_TESTING=OFF >/dev/null
+  -DBUILD_TESTING=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build build-sanitize --parallel "$(nproc)" --target tessera
 reports="$PWD/build-sanitize/reports"
 rm -rf "$reports"
