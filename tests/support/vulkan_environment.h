@@ -23,7 +23,7 @@ std::vector<ReferenceDevice> reference_devices();
 // variant once: its own; a CPU device's register blocks with the device's subgroup size (a GPU
 // runs them as one subgroup per workgroup); every reference device's shared-memory tiles that fit
 // the device's limits (they use no subgroup operations). The reductions without subgroup
-// arithmetic come with Vulkan's minimum limits.
+// arithmetic come with Vulkan's minimum limits. lavapipe presented as a discrete GPU: its own alone.
 std::vector<vk::TileTarget> runnable_tile_targets(vk::Context& context);
 
 // The device's own target and one with the other variant of the kernels that sum over a channel
