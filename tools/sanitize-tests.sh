@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer (build-sanitize/): any report fails the run, whatever the exit code
 # of the process that made it. tools/run-tests.sh calls this after the suite. Unoptimised, with
 # line tables only: it compiles in about half the time, and these tests run little compute. A
-# unity build, as tools/build.sh.
+# unity build, as tools/build.sh: 381 s instead of 759 on two cores. At -O1 the tests took
+# 119 s instead of 200, but the build 554 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DTESSERA_WERROR=ON -DTESSERA_SANITIZE=ON \
