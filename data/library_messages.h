@@ -20,6 +20,7 @@ TIFF* open_tiff_fd(int fd, const std::string& path, const char* mode);
 // What libtiff last said was wrong on this thread ("module: text").
 const std::string& last_tiff_error();
 
+// open_tiff's result, closed when it goes out of scope.
 struct TiffCloser {
   void operator()(TIFF* tiff) const { TIFFClose(tiff); }
 };
