@@ -9,7 +9,8 @@ phase_done() { echo "run-tests: $1 took $((SECONDS - phase_started)) s" >&2; pha
 bash tools/build.sh --tests
 phase_done "packages and build"
 export TESSERA_VALIDATION=1
-# Pipelines compiled by one test are reused by the next through tessera's pipeline cache.
+# Shaders compiled by one test are reused by the next through the driver's caches there (on
+# lavapipe, Mesa's shader cache: its VkPipelineCache keeps nothing).
 export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$PWD/build/cache}"
 status=0
 ctest --test-dir build --no-tests=error --output-on-failure --parallel "$(nproc)" --timeout 900 || status=1
