@@ -15,7 +15,7 @@ layout(std430, binding = 4) readonly buffer Gamma { float gamma[]; };
 layout(std430, binding = 5) readonly buffer Beta { float beta[]; };
 layout(std430, binding = 6) readonly buffer Mean { float running_mean[]; };
 layout(std430, binding = 7) readonly buffer Var { float running_var[]; };
-#define EPILOGUE_CONSTANT 10
+#define EPILOGUE_CONSTANT 8
 #define EPILOGUE_BINDING 8
 #include "epilogue.glsl"
 

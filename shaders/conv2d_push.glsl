@@ -13,6 +13,7 @@ layout(push_constant) uniform Push {
   float eps;         // forward with FOLD: the batch norm's epsilon
   uint phase_row;    // backward data: the input pixels whose (ih + pad) % STRIDE is this
   uint phase_col;    // and whose (iw + pad) % STRIDE is this
+  uint kernel_h, kernel_w;  // the register-blocked kernels' (conv2d.glsl); the tiled ones' are constants
 } p;
 
 #endif

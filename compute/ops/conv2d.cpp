@@ -95,7 +95,7 @@ Conv2d::Push Conv2d::push(bool accumulate, float eps, int64_t slice_length) cons
   auto u = [](int64_t v) { return static_cast<uint32_t>(v); };
   return {u(s.batch),      u(s.in_channels), u(s.height),        u(s.width),       u(s.out_channels), u(s.out_height),
           u(s.out_width), u(s.padding),     u(slice_length), accumulate ? 1u : 0u, has_bias_ ? 1u : 0u, eps,
-          0,              0};
+          0,              0,                u(s.kernel_h),   u(s.kernel_w)};
 }
 
 ReductionSlices Conv2d::weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const {
@@ -109,8 +109,7 @@ ReductionSlices Conv2d::weight_grad_slicing(const vk::TileTarget& target, const 
 
 std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {
   auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return {tiles.group, tiles.rows, tiles.columns, i(shape_.kernel_h), i(shape_.kernel_w), i(shape_.stride),
-          tiles.share_columns ? 1 : 0, tiles.reduction_unroll};
+  return {tiles.group, tiles.rows, tiles.columns, i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll};
 }
 
 std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, const Epilogue& epilogue) const {

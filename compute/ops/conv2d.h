@@ -44,12 +44,13 @@ class Conv2d : public Op {
     uint32_t batch, C, H, W, O, OH, OW, pad, k_per_slice, accumulate, has_bias;
     float eps;
     uint32_t phase_row = 0, phase_col = 0;
+    uint32_t kernel_h, kernel_w;
   };
   Push push(bool accumulate, float eps = 0, int64_t slice_length = 0) const;
   // The weight gradient's reduction (N*OH*OW) in slices on this device.
   ReductionSlices weight_grad_slicing(const vk::TileTarget& target, const GemmTiles& tiles) const;
-  // The specialization constants of the conv2d shaders: these tiles, kernel size and stride;
-  // forward's also its weight's block and its epilogue.
+  // The specialization constants of the register-blocked conv2d shaders: these tiles and the
+  // stride (the kernel's size is pushed); forward's also its weight's block and its epilogue.
   std::vector<int32_t> constants(const GemmTiles& tiles) const;
   std::vector<int32_t> forward_constants(const GemmTiles& tiles, const Epilogue& epilogue) const;
   // Those of the shared-memory tiled shaders (conv2d_tiled.glsl): the tiles', kernel size and
