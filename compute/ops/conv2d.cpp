@@ -108,8 +108,8 @@ ReductionSlices Conv2d::weight_grad_slicing(const vk::TileTarget& target, const 
 }
 
 std::vector<int32_t> Conv2d::constants(const GemmTiles& tiles) const {
-  auto i = [](int64_t v) { return static_cast<int32_t>(v); };
-  return {tiles.group, tiles.rows, tiles.columns, i(shape_.stride), tiles.share_columns ? 1 : 0, tiles.reduction_unroll};
+  return {tiles.group, tiles.rows, tiles.columns, static_cast<int32_t>(shape_.stride), tiles.share_columns ? 1 : 0,
+          tiles.reduction_unroll};
 }
 
 std::vector<int32_t> Conv2d::forward_constants(const GemmTiles& tiles, const Epilogue& epilogue) const {
