@@ -1,9 +1,10 @@
 # Compiles every shaders/*.comp to SPIR-V with glslc and embeds the words in the binary, so that
 # the tessera executable is self-contained, and generates compute/vk/kernel_names.h: a constant
 # per kernel (vk::kernel::<name>), so that a misspelt kernel does not compile. A shader that
-# stores activations through the ACT / ACT4 types of shaders/common.glsl (in its own text or a
-# file it includes) is compiled twice, <name> with float activations and <name>_f16 with
-# -DTESSERA_FP16, and its constant is an ActivationKernel holding both.
+# stores or reads activations through the ACT / ACT4 types or ACT_TEXELS / ACT4_TEXELS formats
+# of shaders/common.glsl (in its own text or a file it includes) is compiled twice, <name> with
+# float activations and <name>_f16 with -DTESSERA_FP16, and its constant is an ActivationKernel
+# holding both.
 function(tessera_embed_shaders target)
   file(GLOB shader_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.comp)
   file(GLOB shader_includes CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.glsl)
@@ -29,7 +30,7 @@ function(tessera_embed_shaders target)
     endforeach()
     set(variants "${name}|")
     set(has_f16 OFF)
-    if(text MATCHES "[^A-Za-z0-9_]ACT4?[^A-Za-z0-9_]")
+    if(text MATCHES "[^A-Za-z0-9_]ACT4?(_TEXELS)?[^A-Za-z0-9_]")
       list(APPEND variants "${name}_f16|-DTESSERA_FP16")
       set(has_f16 ON)
     endif()

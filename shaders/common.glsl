@@ -13,10 +13,23 @@
 #extension GL_EXT_shader_16bit_storage : require
 #define ACT float16_t
 #define ACT4 f16vec4
+#define ACT_TEXELS r16f
+#define ACT4_TEXELS rgba16f
 #else
 #define ACT float
 #define ACT4 vec4
+#define ACT_TEXELS r32f
+#define ACT4_TEXELS rgba32f
 #endif
+
+// A kernel reads at most one operand as a sampled texel buffer (samplerBuffer, texelFetch); any
+// other that it reads as texels is a storage texel buffer (readonly imageBuffer, imageLoad),
+// which a CPU device loads as fast. Mesa 22.3's llvmpipe keys a compiled kernel on the sampler
+// state of every sampled view but clears that state only for the first, so with a second
+// samplerBuffer the key held stale stack bytes: one process compiled the same pipeline again
+// (a ResNet-18 training step: 40 pipelines, 68 compiles) and other processes missed the disk
+// cache. An imageBuffer's format is fixed: ACT_TEXELS (ACT4_TEXELS: four a texel) for
+// activations of the kernel's variant, r32f (rgba32f) for float tensors.
 
 // A macro, not a function: gl_WorkGroupSize is the size a shader declares only after its
 // layout(local_size_x_id) line, and a function in this file, included before that line, was

@@ -10,7 +10,7 @@
 #include "common.glsl"
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer dy;
-layout(binding = 1) uniform samplerBuffer weight;
+layout(binding = 1, r32f) uniform readonly imageBuffer weight;
 layout(std430, binding = 2) buffer DX { ACT dx[]; };
 
 #include "gemm_block.glsl"
@@ -48,7 +48,7 @@ void step_reduction() {
     }
   }
 }
-float a_value(uint c, uint k) { return texelFetch(weight, int(weight_offset + c * TAPS)).x; }
+float a_value(uint c, uint k) { return imageLoad(weight, int(weight_offset + c * TAPS)).x; }
 void b_values(uint k, out float v[B_LOADS]) {
   uint kh = p.phase_row + th * STRIDE, kw = p.phase_col + tw * STRIDE;
   for (int j = 0; j < B_LOADS; ++j) {

@@ -4,9 +4,10 @@
 // (workgroup z), so that small weights still spread over the device. Slice z writes its own
 // partial sums to out[z,o,c,kh,kw] (summed by conv2d_backward_weight_reduce), or with a single
 // slice adds straight into the gradient.
+#include "common.glsl"
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer dy;
-layout(binding = 1) uniform samplerBuffer x;
+layout(binding = 1, ACT_TEXELS) uniform readonly imageBuffer x;  // the input's type picks the variant
 layout(std430, binding = 2) buffer Out { float out_[]; };
 
 #include "gemm_block.glsl"
@@ -41,7 +42,7 @@ void b_values(uint k, out float v[B_LOADS]) {
     int ih = top + column_dh[j], iw = left + column_dw[j];
     bool inside = ih >= 0 && ih < int(p.H) && iw >= 0 && iw < int(p.W);
     float value =
-        texelFetch(x, int(x_image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1))).x;
+        imageLoad(x, int(x_image + column_channel[j] + clamp(ih, 0, int(p.H) - 1) * p.W + clamp(iw, 0, int(p.W) - 1))).x;
     v[j] = inside ? value : 0.0;
   }
 }

@@ -7,7 +7,7 @@
 #include "common.glsl"
 #include "conv2d.glsl"
 layout(binding = 0) uniform samplerBuffer x;
-layout(binding = 1) uniform samplerBuffer weight_blocked;  // see WEIGHT_BLOCK
+layout(binding = 1, r32f) uniform readonly imageBuffer weight_blocked;  // see WEIGHT_BLOCK
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without has_bias
 layout(std430, binding = 3) writeonly buffer Y { ACT y[]; };
 // The folded batch norm's weight (gamma), bias (beta), running mean and variance; unread without FOLD.
@@ -42,7 +42,7 @@ void step_reduction() {
   }
 }
 float a_value(uint o, uint k) {
-  return texelFetch(weight_blocked, int(((k / WEIGHT_BLOCK) * p.O + o) * WEIGHT_BLOCK + k % WEIGHT_BLOCK)).x;
+  return imageLoad(weight_blocked, int(((k / WEIGHT_BLOCK) * p.O + o) * WEIGHT_BLOCK + k % WEIGHT_BLOCK)).x;
 }
 void b_values(uint k, out float v[B_LOADS]) {
   for (int j = 0; j < B_LOADS; ++j) {

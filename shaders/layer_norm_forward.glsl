@@ -9,8 +9,8 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const bool SUBGROUP_SUM = false;  // the workgroup is one subgroup: no barriers
 #include "reduce.glsl"
 layout(binding = 0) uniform samplerBuffer x;
-layout(binding = 1) uniform samplerBuffer weight;
-layout(binding = 2) uniform samplerBuffer bias;
+layout(binding = 1, r32f) uniform readonly imageBuffer weight;
+layout(binding = 2, r32f) uniform readonly imageBuffer bias;
 layout(std430, binding = 3) writeonly buffer Y { ACT y[]; };
 #ifdef LAYER_NORM_SAVE_STATISTICS
 layout(std430, binding = 4) writeonly buffer Statistics { vec2 statistics[]; };  // [rows]: mean, inverse std
@@ -40,6 +40,6 @@ void main() {
 #endif
   for (uint i = lane; i < p.width; i += step) {
     float normalised = (texelFetch(x, int(first + i)).x - mean) * inverse_std;
-    y[first + i] = ACT(normalised * texelFetch(weight, int(i)).x + texelFetch(bias, int(i)).x);
+    y[first + i] = ACT(normalised * imageLoad(weight, int(i)).x + imageLoad(bias, int(i)).x);
   }
 }

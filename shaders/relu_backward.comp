@@ -4,7 +4,7 @@
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(binding = 0) uniform samplerBuffer y;
-layout(binding = 1) uniform samplerBuffer dy;
+layout(binding = 1, ACT_TEXELS) uniform readonly imageBuffer dy;
 layout(std430, binding = 2) buffer DX { ACT4 dx[]; };
 layout(std430, binding = 2) buffer DXElements { ACT dx_element[]; };  // the same, for the last partial four
 layout(push_constant) uniform Push { uint count; uint accumulate; } p;
@@ -15,7 +15,7 @@ void main() {
   for (int j = 0; j < 4; ++j) {
     int at = int(min(first + j, p.count - 1));
     // Both loads unconditional: a load under the condition is a masked branch on lavapipe.
-    float gradient = texelFetch(dy, at).x;
+    float gradient = imageLoad(dy, at).x;
     g[j] = texelFetch(y, at).x > 0.0 ? gradient : 0.0;
   }
   if (first + 4 <= p.count) {

@@ -9,9 +9,9 @@
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int POSITION = 1;
-layout(binding = 0) uniform samplerBuffer x;
-layout(binding = 1) uniform samplerBuffer class_token;      // [D]; unread without a class token
-layout(binding = 2) uniform samplerBuffer register_tokens;  // [registers, D]; unread without
+layout(binding = 0, ACT_TEXELS) uniform readonly imageBuffer x;
+layout(binding = 1, r32f) uniform readonly imageBuffer class_token;      // [D]; unread without a class token
+layout(binding = 2, r32f) uniform readonly imageBuffer register_tokens;  // [registers, D]; unread without
 layout(binding = 3) uniform samplerBuffer position;         // [prefix + P, P or 1 + P, D]; unread without
 layout(std430, binding = 4) writeonly buffer Y { ACT y[]; };
 layout(push_constant) uniform Push {
@@ -25,11 +25,11 @@ void main() {
   uint d = i % p.width, token = (i / p.width) % tokens, n = i / (p.width * tokens);
   float value;
   if (token < p.has_class)
-    value = texelFetch(class_token, int(d)).x;
+    value = imageLoad(class_token, int(d)).x;
   else if (token < p.prefix)
-    value = texelFetch(register_tokens, int((token - p.has_class) * p.width + d)).x;
+    value = imageLoad(register_tokens, int((token - p.has_class) * p.width + d)).x;
   else
-    value = texelFetch(x, int((n * p.width + d) * p.patches + token - p.prefix)).x;
+    value = imageLoad(x, int((n * p.width + d) * p.patches + token - p.prefix)).x;
   if (POSITION == 1) value += texelFetch(position, int(token * p.width + d)).x;
   if (POSITION == 2 && token >= p.prefix) value += texelFetch(position, int((token - p.prefix) * p.width + d)).x;
   if (POSITION == 3 && (token < p.has_class || token >= p.prefix)) {

@@ -12,7 +12,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const int HD = 32;  // head dimension
 layout(binding = 0) uniform samplerBuffer qkv;
-layout(binding = 1) uniform samplerBuffer table;  // [(2w - 1)^2, heads], float
+layout(binding = 1, r32f) uniform readonly imageBuffer table;  // [(2w - 1)^2, heads], float
 layout(std430, binding = 2) writeonly buffer Out { ACT attended[]; };
 layout(push_constant) uniform Push {
   uint count;  // N * H * W * heads
@@ -51,7 +51,7 @@ void main() {
       float dot_product = 0.0;
       for (int d = 0; d < HD; ++d) dot_product = fma(q[d], texelFetch(qkv, int(k_first + uint(d))).x, dot_product);
       uint bias_row = (qy + p.window - 1u - ky) * span + (qx + p.window - 1u - kx);
-      float score = dot_product * p.scale + texelFetch(table, int(bias_row * p.heads + head)).x;
+      float score = dot_product * p.scale + imageLoad(table, int(bias_row * p.heads + head)).x;
       if (p.shift > 0u && region(top + ky, p.grid_height) * 3u + region(left + kx, p.grid_width) != query_region)
         score -= 100.0;
       float raised = max(largest, score), rescale = exp(largest - raised), weight = exp(score - raised);

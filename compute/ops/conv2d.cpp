@@ -163,7 +163,7 @@ void Conv2d::forward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTenso
                      writes(*t.output), vk::reads(folded(t, &FoldedBatchNorm::weight)),
                      vk::reads(folded(t, &FoldedBatchNorm::bias)), vk::reads(folded(t, &FoldedBatchNorm::running_mean)),
                      vk::reads(folded(t, &FoldedBatchNorm::running_var)), epilogue_scale_arg(t.epilogue, *t.inputs[0]),
-                     epilogue_residual_arg(t.epilogue, *t.inputs[0])},
+                     epilogue_residual_arg(t.epilogue, *t.inputs[0], *t.output)},
                     push(false, fold ? fold->eps : 0.0f), blocks(s.out_channels, tiles.rows_per_group()), groups_y,
                     groups_z);
 }
@@ -214,7 +214,7 @@ void Conv2d::backward(vk::Recorder& recorder, vk::Kernels& kernels, const OpTens
   const vk::Buffer& partial = slices > 1 ? t.tensors.back()->buffer() : dweight;
   bool tiled = tiles.kind == GemmKind::shared_memory;
   recorder.dispatch(tiled ? kernels.get<Push>(vk::kernel::conv2d_backward_weight_tiled, tiled_constants(tiles))
-                          : kernels.get<Push>(vk::kernel::conv2d_backward_weight, constants(tiles)),
+                          : kernel_for<Push>(kernels, vk::kernel::conv2d_backward_weight, *t.inputs[0], constants(tiles)),
                     {reads(dy), reads(*t.inputs[0]), slices > 1 ? vk::writes(partial) : vk::updates(partial)},
                     push(slices == 1, 0, slice_length), blocks(s.out_channels, tiles.rows_per_group()),
                     blocks(columns, tiles.columns_per_group()), static_cast<uint32_t>(slices));

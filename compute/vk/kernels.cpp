@@ -20,27 +20,45 @@ namespace tessera::vk {
 namespace {
 
 // What a module declares: per binding (0..n-1) a uniform texel buffer where the variable is a
-// sampled buffer image (samplerBuffer), else a storage buffer, and whether that storage buffer's
-// array holds 16-bit floats (scalars or vectors); the size of its push-constant block; the number
-// of specialization constants it reads (the highest SpecId + 1).
+// sampled buffer image (samplerBuffer), a storage texel buffer where it is a storage one
+// (imageBuffer) with the texels of its format, else a storage buffer, and whether that storage
+// buffer's array holds 16-bit floats (scalars or vectors); the size of its push-constant block;
+// the number of specialization constants it reads (the highest SpecId + 1).
 struct Reflection {
   std::vector<VkDescriptorType> types;
+  std::vector<TexelLayout> image_texels;
   std::vector<bool> half_storage;
   uint32_t push_bytes = 0;
   uint32_t specialization_constants = 0;
 };
+// A storage texel buffer's SPIR-V image format as the texels of a Buffer view: the four that
+// Buffer::texel_view makes.
+TexelLayout texel_layout_of(uint32_t image_format, uint32_t binding) {
+  constexpr uint32_t kRgba32f = 1, kRgba16f = 2, kR32f = 3, kR16f = 9;
+  switch (image_format) {
+    case kRgba32f: return {false, true};
+    case kRgba16f: return {true, true};
+    case kR32f: return {false, false};
+    case kR16f: return {true, false};
+  }
+  throw std::logic_error("binding " + std::to_string(binding) + ": an imageBuffer of SPIR-V format " +
+                         std::to_string(image_format) + ", none of r32f, r16f, rgba32f, rgba16f");
+}
+
 Reflection reflect(const ShaderBinary& spirv) {
   constexpr uint32_t kOpTypeInt = 21, kOpTypeFloat = 22, kOpTypeVector = 23, kOpTypeImage = 25,
                      kOpTypeSampledImage = 27, kOpTypeArray = 28, kOpTypeRuntimeArray = 29, kOpTypeStruct = 30,
                      kOpTypePointer = 32, kOpConstant = 43, kOpVariable = 59, kOpDecorate = 71,
                      kOpMemberDecorate = 72, kDecorationSpecId = 1, kDecorationArrayStride = 6,
-                     kDecorationBinding = 33, kDecorationOffset = 35, kDimBuffer = 5, kStoragePushConstant = 9;
+                     kDecorationBinding = 33, kDecorationOffset = 35, kDimBuffer = 5, kStoragePushConstant = 9,
+                     kStorageImage = 2;
   std::map<uint32_t, uint32_t> binding_of, type_of, pointee_of, image_of, element_of, first_member_of, scalar_bytes,
       constant_value, array_stride;
   std::map<uint32_t, std::pair<uint32_t, uint32_t>> vector_of, array_of;  // (element, count or length id)
   std::map<uint32_t, std::vector<uint32_t>> members_of;
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> member_offset;
   std::set<uint32_t> buffer_images, halves;
+  std::map<uint32_t, uint32_t> storage_image_format;
   uint32_t push_variable_type = 0, specialization_constants = 0;
   for (size_t i = 5; i < spirv.word_count;) {
     const uint32_t* op = spirv.words + i;
@@ -57,7 +75,10 @@ Reflection reflect(const ShaderBinary& spirv) {
     }
     if (opcode == kOpTypePointer) pointee_of[op[1]] = op[3];
     if (opcode == kOpTypeSampledImage) image_of[op[1]] = op[2];
-    if (opcode == kOpTypeImage && op[3] == kDimBuffer) buffer_images.insert(op[1]);
+    if (opcode == kOpTypeImage && op[3] == kDimBuffer) {
+      if (op[7] == kStorageImage) storage_image_format[op[1]] = op[8];
+      else buffer_images.insert(op[1]);
+    }
     if (opcode == kOpTypeInt || opcode == kOpTypeFloat) scalar_bytes[op[1]] = op[2] / 8;
     if (opcode == kOpTypeFloat && op[2] == 16) halves.insert(op[1]);
     if (opcode == kOpTypeVector) {
@@ -76,11 +97,15 @@ Reflection reflect(const ShaderBinary& spirv) {
   uint32_t count = 0;
   for (auto& [variable, binding] : binding_of) count = std::max(count, binding + 1);
   Reflection reflection{std::vector<VkDescriptorType>(count, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER),
-                        std::vector<bool>(count, false), 0, specialization_constants};
+                        std::vector<TexelLayout>(count), std::vector<bool>(count, false), 0, specialization_constants};
   for (auto& [variable, binding] : binding_of) {
     uint32_t type = pointee_of[type_of[variable]];
     if (image_of.count(type)) type = image_of[type];
     if (buffer_images.count(type)) reflection.types[binding] = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+    if (auto image = storage_image_format.find(type); image != storage_image_format.end()) {
+      reflection.types[binding] = VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER;
+      reflection.image_texels[binding] = texel_layout_of(image->second, binding);
+    }
     auto member = first_member_of.find(type);
     if (member != first_member_of.end() && element_of.count(member->second))
       reflection.half_storage[binding] = halves.count(element_of[member->second]) > 0;
@@ -244,6 +269,7 @@ const Kernel& Kernels::make(const KernelSource& source, const std::vector<int32_
   auto kernel = std::make_unique<Kernel>();
   kernel->name = name;
   kernel->binding_types = std::move(declared.types);
+  kernel->image_texels = std::move(declared.image_texels);
   kernel->half_storage = std::move(declared.half_storage);
   kernel->push_bytes = push_bytes;
   kernel->binding_count = static_cast<uint32_t>(kernel->binding_types.size());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compute/vk/kernel_names.h"
+#include "compute/vk/memory.h"
 
 namespace tessera::vk {
 
@@ -54,8 +55,11 @@ struct Kernel {
   VkPipelineLayout layout = VK_NULL_HANDLE;
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   uint32_t binding_count = 0;
-  // Per binding: a storage buffer, or a uniform texel buffer (a samplerBuffer in GLSL).
+  // Per binding: a storage buffer, a uniform texel buffer (a samplerBuffer in GLSL), or a
+  // storage texel buffer (a readonly imageBuffer), which the recorder binds to the view of the
+  // texels that the shader declares (image_texels; a binding's format is fixed in SPIR-V).
   std::vector<VkDescriptorType> binding_types;
+  std::vector<TexelLayout> image_texels;
   // Per binding: a storage buffer of 16-bit floats (an fp16 variant's activations), which the
   // recorder binds only to buffers marked half, and every other storage buffer only to unmarked ones.
   std::vector<bool> half_storage;

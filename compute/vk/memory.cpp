@@ -17,7 +17,9 @@ namespace {
 constexpr uint64_t kBlockSize = 64ull << 20;
 
 constexpr VkBufferUsageFlags kBufferUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT |
-                                            VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+                                            VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                            VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+constexpr TexelLayout kTexelLayouts[] = {{false, false}, {true, false}, {false, true}, {true, true}};
 
 uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -99,7 +101,22 @@ VkBufferView Buffer::window_view(uint64_t offset, uint64_t bytes, bool half, boo
   return window_views_.back().view;
 }
 
+VkFormat texel_format(TexelLayout texels) {
+  return texels.quads ? (texels.half ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT)
+                      : (texels.half ? VK_FORMAT_R16_SFLOAT : VK_FORMAT_R32_SFLOAT);
+}
+
 Allocator::Allocator(Context& context, uint64_t budget) : context_(context) {
+  constexpr VkFormatFeatureFlags kTexelBuffers =
+      VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT | VK_FORMAT_FEATURE_STORAGE_TEXEL_BUFFER_BIT;
+  for (TexelLayout texels : kTexelLayouts) {
+    VkFormatProperties properties{};
+    vkGetPhysicalDeviceFormatProperties(context.physical_device(), texel_format(texels), &properties);
+    if ((properties.bufferFeatures & kTexelBuffers) != kTexelBuffers)
+      throw Error(ExitCode::runtime_error, context.info().name + " cannot read format " +
+                                               std::to_string(texel_format(texels)) +
+                                               " as uniform and storage texel buffers, which tessera's kernels need");
+  }
   uint64_t largest_heap = 0;
   for (auto& heap : context.info().heaps)
     if (heap.device_local) largest_heap = std::max(largest_heap, heap.size);
@@ -400,19 +417,18 @@ void Allocator::make_views(Buffer& buffer, uint64_t bytes) const {
   VkDevice device = context_.device();
   // A tensor within the buffer has at most maxTexelBufferElements elements (Context's largest_buffer).
   uint64_t max_texels = context_.properties().limits.maxTexelBufferElements;
-  auto view = [&](VkFormat format, uint64_t texel_bytes, VkBufferView& out) {
-    uint64_t texels = std::min(bytes / texel_bytes, max_texels);
-    if (texels == 0) return;
+  for (TexelLayout texels : kTexelLayouts) {
+    uint64_t texel_bytes = (texels.half ? 2 : 4) * (texels.quads ? 4 : 1);
+    uint64_t count = std::min(bytes / texel_bytes, max_texels);
+    if (count == 0) continue;
     VkBufferViewCreateInfo view_info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
     view_info.buffer = buffer.handle_;
-    view_info.format = format;
-    view_info.range = texels * texel_bytes;
-    check(vkCreateBufferView(device, &view_info, nullptr, &out), "vkCreateBufferView");
-  };
-  view(VK_FORMAT_R32_SFLOAT, 4, buffer.texel_view_);
-  view(VK_FORMAT_R16_SFLOAT, 2, buffer.half_texel_view_);
-  view(VK_FORMAT_R32G32B32A32_SFLOAT, 16, buffer.quad_view_);
-  view(VK_FORMAT_R16G16B16A16_SFLOAT, 8, buffer.half_quad_view_);
+    view_info.format = texel_format(texels);
+    view_info.range = count * texel_bytes;
+    VkBufferView& view = texels.quads ? (texels.half ? buffer.half_quad_view_ : buffer.quad_view_)
+                                      : (texels.half ? buffer.half_texel_view_ : buffer.texel_view_);
+    check(vkCreateBufferView(device, &view_info, nullptr, &view), "vkCreateBufferView");
+  }
 }
 
 VkBufferView Allocator::make_window_view(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool half,
@@ -420,8 +436,7 @@ VkBufferView Allocator::make_window_view(const Buffer& buffer, uint64_t offset, 
   const uint64_t texel_bytes = (half ? 2 : 4) * (quads ? 4 : 1);
   VkBufferViewCreateInfo view_info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
   view_info.buffer = buffer.handle_;
-  view_info.format = quads ? (half ? VK_FORMAT_R16G16B16A16_SFLOAT : VK_FORMAT_R32G32B32A32_SFLOAT)
-                           : (half ? VK_FORMAT_R16_SFLOAT : VK_FORMAT_R32_SFLOAT);
+  view_info.format = texel_format({half, quads});
   view_info.offset = offset;
   view_info.range = bytes / texel_bytes * texel_bytes;
   VkBufferView view = VK_NULL_HANDLE;

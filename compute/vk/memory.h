@@ -22,6 +22,13 @@ enum class MemoryUsage {
             // the device's heap even where that heap is the host's memory (lavapipe); else staging
 };
 
+// The texels of a Buffer's view: 32- or 16-bit floats, one a texel or four (quads).
+struct TexelLayout {
+  bool half = false, quads = false;
+};
+// R32_SFLOAT, R16_SFLOAT, R32G32B32A32_SFLOAT or R16G16B16A16_SFLOAT.
+VkFormat texel_format(TexelLayout texels);
+
 // A VkBuffer bound to a range of a pooled block. Move-only; returns its range when destroyed.
 class Buffer {
  public:
@@ -106,6 +113,9 @@ class Allocator {
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
+  // Throws a runtime Error naming the device and format where one of the four texel formats
+  // cannot back both uniform and storage texel buffers (Vulkan makes all but R16 mandatory;
+  // lavapipe offers it).
   // Throws OutOfDeviceMemory (exit 3) naming `what`, the bytes asked for and the budget.
   // windowed: every kernel binds the buffer in windows (vk::window), so it may pass the largest
   // buffer one binding reaches.

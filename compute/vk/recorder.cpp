@@ -164,10 +164,14 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   std::vector<VkBufferView> views;
   infos.reserve(buffers.size());
   views.reserve(buffers.size());
-  for (auto& arg : buffers) {
+  for (uint32_t i = 0; i < buffers.size(); ++i) {
+    const BufferArg& arg = buffers.begin()[i];
     infos.push_back({arg.buffer->handle(), arg.offset, arg.bytes ? arg.bytes : VK_WHOLE_SIZE});
-    views.push_back(arg.bytes ? arg.buffer->window_view(arg.offset, arg.bytes, arg.half, arg.quads)
-                              : arg.buffer->texel_view(arg.half, arg.quads));
+    // An imageBuffer's format is fixed in its SPIR-V: the kernel picks which binding it reads.
+    TexelLayout texels = kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER ? kernel.image_texels[i]
+                                                                                             : TexelLayout{arg.half, arg.quads};
+    views.push_back(arg.bytes ? arg.buffer->window_view(arg.offset, arg.bytes, texels.half, texels.quads)
+                              : arg.buffer->texel_view(texels.half, texels.quads));
   }
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (uint32_t i = 0; i < writes.size(); ++i) {
@@ -175,7 +179,8 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
     writes[i].dstBinding = i;
     writes[i].descriptorCount = 1;
     writes[i].descriptorType = kernel.binding_types[i];
-    if (kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER) {
+    if (kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER ||
+        kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER) {
       if (!views[i])
         throw Error(ExitCode::runtime_error, "kernel " + kernel.name + ": binding " + std::to_string(i) +
                                                  " reads texels, but the buffer has no texel view");

@@ -19,8 +19,9 @@ enum class Access : uint8_t { read, write, read_write };
 
 // half: the buffer holds 16-bit floats; a samplerBuffer binding then reads it through its
 // R16_SFLOAT view, and only a kernel's fp16 variant may bind it as a storage buffer. quads: a
-// samplerBuffer binding reads four floats a texel (Buffer::texel_view). bytes: a window of the
-// buffer, `bytes` from `offset` on (0: the whole buffer), which the kernel sees as its start.
+// samplerBuffer binding reads four floats a texel (Buffer::texel_view). An imageBuffer binding
+// reads the texels its shader declares, whatever these say. bytes: a window of the buffer,
+// `bytes` from `offset` on (0: the whole buffer), which the kernel sees as its start.
 struct BufferArg {
   const Buffer* buffer;
   Access access;
