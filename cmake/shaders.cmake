@@ -4,7 +4,7 @@
 # stores or reads activations through the ACT / ACT4 types or ACT_TEXELS / ACT4_TEXELS formats
 # of shaders/common.glsl (in its own text or a file it includes) is compiled twice, <name> with
 # float activations and <name>_f16 with -DTESSERA_FP16, and its constant is an ActivationKernel
-# holding both.
+# holding both (an OperandKernel of two where it reads an operand B through B_TEXELS).
 function(tessera_embed_shaders target)
   file(GLOB shader_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.comp)
   file(GLOB shader_includes CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.glsl)
@@ -34,6 +34,15 @@ function(tessera_embed_shaders target)
       list(APPEND variants "${name}_f16|-DTESSERA_FP16")
       set(has_f16 ON)
     endif()
+    # An operand B read through B_TEXELS / B4_TEXELS: each variant again for an fp16 B, <name>_b16.
+    set(has_b16 OFF)
+    if(text MATCHES "[^A-Za-z0-9_]B4?_TEXELS[^A-Za-z0-9_]")
+      if(NOT has_f16)
+        message(FATAL_ERROR "${src}: B_TEXELS in a kernel without an fp16 variant")
+      endif()
+      set(has_b16 ON)
+      list(APPEND variants "${name}_b16|-DTESSERA_B_FP16" "${name}_f16_b16|-DTESSERA_FP16 -DTESSERA_B_FP16")
+    endif()
     foreach(variant IN LISTS variants)
       string(REPLACE "|" ";" parts "${variant}")
       list(GET parts 0 variant_name)
@@ -41,6 +50,7 @@ function(tessera_embed_shaders target)
       set(defines)
       if(part_count GREATER 1)
         list(GET parts 1 defines)
+        separate_arguments(defines UNIX_COMMAND "${defines}")
       endif()
       set(spv ${spirv_dir}/${variant_name}.spv)
       set(cpp ${spirv_dir}/${variant_name}.cpp)
@@ -54,7 +64,11 @@ function(tessera_embed_shaders target)
       list(APPEND embedded ${cpp})
       string(APPEND declarations "extern const ShaderBinary shader_${variant_name};\n")
     endforeach()
-    if(has_f16)
+    if(has_b16)
+      string(APPEND constants "inline constexpr OperandKernel ${name}{{{\"${name}\", &shader_${name}}, "
+                              "{\"${name}_f16\", &shader_${name}_f16}}, {{\"${name}_b16\", &shader_${name}_b16}, "
+                              "{\"${name}_f16_b16\", &shader_${name}_f16_b16}}};\n")
+    elseif(has_f16)
       string(APPEND constants "inline constexpr ActivationKernel ${name}{{\"${name}\", &shader_${name}}, "
                               "{\"${name}_f16\", &shader_${name}_f16}};\n")
     else()

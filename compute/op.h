@@ -221,6 +221,12 @@ vk::Pipeline<Push> kernel_for(vk::Kernels& kernels, const vk::ActivationKernel& 
                               const std::vector<int32_t>& constants = {}) {
   return kernels.get<Push>(activation.dtype() == DType::f16 ? kernel.f16 : kernel.f32, constants);
 }
+// The same, in its variant for an operand B of `operand`'s type.
+template <class Push = vk::NoPush>
+vk::Pipeline<Push> kernel_for(vk::Kernels& kernels, const vk::OperandKernel& kernel, const Tensor& activation,
+                              const Tensor& operand, const std::vector<int32_t>& constants = {}) {
+  return kernel_for<Push>(kernels, operand.dtype() == DType::f16 ? kernel.b16 : kernel.b32, activation, constants);
+}
 
 // Whether the sums over a channel or a batch (batch-norm statistics, bias gradients, the loss)
 // add within each subgroup first (subgroupAdd, shaders/reduce.glsl): on GPUs with subgroup

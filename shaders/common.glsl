@@ -21,6 +21,14 @@
 #define ACT_TEXELS r32f
 #define ACT4_TEXELS rgba32f
 #endif
+// The format of a GEMM's operand B, whose type is its own (cmake/shaders.cmake: <name>_b16).
+#ifdef TESSERA_B_FP16
+#define B_TEXELS r16f
+#define B4_TEXELS rgba16f
+#else
+#define B_TEXELS r32f
+#define B4_TEXELS rgba32f
+#endif
 
 // A kernel reads at most one operand as a sampled texel buffer (samplerBuffer, texelFetch); any
 // other that it reads as texels is a storage texel buffer (readonly imageBuffer, imageLoad),
@@ -28,8 +36,10 @@
 // state of every sampled view but clears that state only for the first, so with a second
 // samplerBuffer the key held stale stack bytes: one process compiled the same pipeline again
 // (a ResNet-18 training step: 40 pipelines, 68 compiles) and other processes missed the disk
-// cache. An imageBuffer's format is fixed: ACT_TEXELS (ACT4_TEXELS: four a texel) for
-// activations of the kernel's variant, r32f (rgba32f) for float tensors.
+// cache. An image that a kernel leaves unread (a specialization constant turns its read off)
+// below one it reads is keyed on stale bytes too: declare only images that every variant reads.
+// An imageBuffer's format is fixed: ACT_TEXELS (ACT4_TEXELS: four a texel) for activations of
+// the kernel's variant, r32f (rgba32f) for float tensors, B_TEXELS for an operand of its own type.
 
 // A macro, not a function: gl_WorkGroupSize is the size a shader declares only after its
 // layout(local_size_x_id) line, and a function in this file, included before that line, was

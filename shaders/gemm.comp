@@ -15,7 +15,7 @@ layout(constant_id = 6) const bool SHARE_K = false;
 // panel, kept in cache) and sweep the smaller B.
 layout(constant_id = 7) const bool COLUMNS_FIRST = false;
 layout(binding = 0) uniform samplerBuffer a_texels;
-layout(binding = 1, r32f) uniform readonly imageBuffer b_texels;  // unread with B_HALF
+layout(binding = 1, B_TEXELS) uniform readonly imageBuffer b_texels;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
 layout(std430, binding = 3) buffer C { ACT c[]; };  // an activation, or in the fp32 variant also a parameter gradient
 layout(push_constant) uniform Push {
@@ -26,10 +26,6 @@ layout(push_constant) uniform Push {
 #define EPILOGUE_CONSTANT 8
 #define EPILOGUE_BINDING 4
 #include "epilogue.glsl"
-// B's precision: an imageBuffer's is fixed (common.glsl), so B is bound twice, read as fp16
-// texels at binding 6 with B_HALF, else as floats at binding 1.
-layout(constant_id = 11) const bool B_HALF = false;
-layout(binding = 6, r16f) uniform readonly imageBuffer b_half_texels;  // unread without B_HALF
 
 #include "gemm_block.glsl"
 
@@ -39,10 +35,7 @@ void seek_reduction(uint k) {}
 void step_reduction() {}
 float a_value(uint m, uint k) { return texelFetch(a_texels, int(m * p.a_m + k * p.a_k)).x; }
 void b_values(uint k, out float v[B_LOADS]) {
-  for (int q = 0; q < B_LOADS; ++q) {
-    int at = int(k * p.b_k + b_columns[q]);
-    v[q] = B_HALF ? imageLoad(b_half_texels, at).x : imageLoad(b_texels, at).x;
-  }
+  for (int q = 0; q < B_LOADS; ++q) v[q] = imageLoad(b_texels, int(k * p.b_k + b_columns[q])).x;
 }
 
 void main() {

@@ -21,7 +21,7 @@ layout(constant_id = 2) const int TN = 6;  // at most the subgroup's lanes
 layout(constant_id = 3) const bool HAS_BIAS = false;
 layout(constant_id = 4) const bool A_ALONG_K = false;
 layout(binding = 0) uniform samplerBuffer a_quads;
-layout(binding = 1, rgba32f) uniform readonly imageBuffer b_quads;  // unread with B_HALF
+layout(binding = 1, B4_TEXELS) uniform readonly imageBuffer b_quads;
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // unread without HAS_BIAS
 layout(std430, binding = 3) buffer C { ACT c[]; };
 // As gemm.comp's, in elements; a_m (along k) or a_k (along m) and b_n are multiples of 4, and
@@ -34,10 +34,6 @@ layout(push_constant) uniform Push {
 #define EPILOGUE_CONSTANT 6
 #define EPILOGUE_BINDING 4
 #include "epilogue.glsl"
-// B's precision: an imageBuffer's is fixed (common.glsl), so B is bound twice, read as fp16
-// texels at binding 6 with B_HALF, else as floats at binding 1.
-layout(constant_id = 9) const bool B_HALF = false;
-layout(binding = 6, rgba16f) uniform readonly imageBuffer b_half_quads;  // unread without B_HALF
 
 const int LANES = int(gl_WorkGroupSize.x);
 const int SPAN = LANES / TN;  // blocks of 4 reduction steps that one B texel load covers
@@ -62,8 +58,7 @@ void multiply_steps(uint k0, bool guarded) {
     // Past K (the partial block), the lane loads the last block instead: its values go unused.
     uint block = k0 / 4u + q * SPAN + b_block;
     if (guarded) block = min(block, p.K / 4u - 1u);
-    int at = b_column + int(block);
-    b_loaded[q] = B_HALF ? imageLoad(b_half_quads, at) : imageLoad(b_quads, at);
+    b_loaded[q] = imageLoad(b_quads, b_column + int(block));
   }
   vec4 a_loaded[STEPS / 4][TM];  // along m: [u / 4][4 * f + u % 4] holds texel f of step u
   [[unroll]] for (int g = 0; g < STEPS / 4; ++g) {

@@ -145,13 +145,13 @@ std::vector<int32_t> with_epilogue_constants(std::vector<int32_t> constants, con
 }
 
 vk::BufferArg epilogue_scale_arg(const Epilogue& epilogue, const Tensor& stand_in) {
-  return reads(epilogue.scale ? *epilogue.scale : stand_in);
+  return vk::reads(epilogue.scale ? epilogue.scale->buffer() : stand_in.buffer());
 }
 
 vk::BufferArg epilogue_residual_arg(const Epilogue& epilogue, const Tensor& stand_in, const Tensor& output) {
   if (epilogue.residual && epilogue.residual->dtype() != output.dtype())
     throw std::logic_error("epilogue: a residual of another type than its output's (the kernel reads it as the output's)");
-  return reads(epilogue.residual ? *epilogue.residual : stand_in);
+  return vk::reads(epilogue.residual ? epilogue.residual->buffer() : stand_in.buffer(), output.dtype() == DType::f16);
 }
 
 namespace {
@@ -168,12 +168,6 @@ vk::BufferArg bias_arg(const Tensor* bias, const MatrixView& a) {
   return bias ? vk::reads(bias->buffer()) : bound(a, vk::reads(a.tensor->buffer()));
 }
 
-// B's precision (the constant B_HALF of gemm.comp and gemm_quads.comp, after the epilogue's).
-std::vector<int32_t> with_b_precision(std::vector<int32_t> constants, const MatrixView& b) {
-  constants.push_back(b.tensor->dtype() == DType::f16 ? 1 : 0);
-  return constants;
-}
-
 vk::BufferArg output_arg(const MatrixView& c, bool accumulate) {
   return bound(c, accumulate ? updates(*c.tensor) : writes(*c.tensor));
 }
@@ -187,18 +181,16 @@ bool record_quad_gemm(vk::Recorder& recorder, vk::Kernels& kernels, const GemmTi
   uint64_t column_blocks = (push.N + tiles.quad_columns - 1) / tiles.quad_columns;
   uint64_t rows_per_group = static_cast<uint64_t>(tiles.quad_rows) * tiles.group;
   uint64_t row_blocks = (push.M + rows_per_group - 1) / rows_per_group;
-  auto kernel = kernel_for<GemmPush>(
-      kernels, vk::kernel::gemm_quads, *c.tensor,
-      with_b_precision(with_epilogue_constants({tiles.group, tiles.quad_rows, tiles.quad_columns, bias ? 1 : 0,
-                                                a_along_k ? 1 : 0, tiles.quad_steps},
-                                               epilogue),
-                       b));
+  auto kernel = kernel_for<GemmPush>(kernels, vk::kernel::gemm_quads, *c.tensor, *b.tensor,
+                                     with_epilogue_constants({tiles.group, tiles.quad_rows, tiles.quad_columns,
+                                                              bias ? 1 : 0, a_along_k ? 1 : 0, tiles.quad_steps},
+                                                             epilogue));
   // Workgroups x count column blocks, y row blocks (gemm.comp's COLUMNS_FIRST: neighbouring
   // workgroups share A's rows).
   recorder.dispatch(kernel,
                     {bound(a, reads_quads(*a.tensor)), bound(b, reads_quads(*b.tensor)), bias_arg(bias, a),
                      output_arg(c, push.accumulate), epilogue_scale_arg(epilogue, *b.tensor),
-                     epilogue_residual_arg(epilogue, *b.tensor, *c.tensor), bound(b, reads_quads(*b.tensor))},
+                     epilogue_residual_arg(epilogue, *b.tensor, *c.tensor)},
                     push, static_cast<uint32_t>(column_blocks), static_cast<uint32_t>(row_blocks), 1);
   return true;
 }
@@ -261,12 +253,11 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
   // 25 -> 37-47 GFLOPS on lavapipe (bench/README.md; W as stored: 25 either way).
   bool columns_first = column_blocks <= kMaxGroupsY;
   auto kernel = kernel_for<GemmPush>(
-      kernels, vk::kernel::gemm, *c.tensor,
-      with_b_precision(with_epilogue_constants({tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
-                                                tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll,
-                                                share_rows ? 1 : 0, columns_first ? 1 : 0},
-                                               epilogue),
-                       b));
+      kernels, vk::kernel::gemm, *c.tensor, *b.tensor,
+      with_epilogue_constants({tiles.group, tiles.rows, tiles.columns, bias ? 1 : 0,
+                               tiles.share_columns && !share_rows ? 1 : 0, tiles.reduction_unroll, share_rows ? 1 : 0,
+                               columns_first ? 1 : 0},
+                              epilogue));
   GemmPush push{M, N, K, a.row_stride, a.col_stride, b.row_stride, b.col_stride, c.row_stride, c.col_stride,
                 accumulate ? 1u : 0u};
   auto [groups_y, groups_z] = column_groups(column_blocks);
@@ -276,7 +267,7 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
                     // Without a bias its binding is unread: any float buffer stands in.
                     {bound(a, reads(*a.tensor)), bound(b, reads(*b.tensor)), bias_arg(bias, a),
                      output_arg(c, accumulate), epilogue_scale_arg(epilogue, *b.tensor),
-                     epilogue_residual_arg(epilogue, *b.tensor, *c.tensor), bound(b, reads(*b.tensor))},
+                     epilogue_residual_arg(epilogue, *b.tensor, *c.tensor)},
                     push, groups_x, groups_y, groups_z);
 }
 

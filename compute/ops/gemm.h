@@ -96,9 +96,9 @@ void record_gemm(vk::Recorder& recorder, vk::Kernels& kernels, uint32_t M, uint3
 // The specialization constants of shaders/epilogue.glsl (ACTIVATION, HAS_SCALE, RESIDUAL) for
 // `epilogue`, after `constants`.
 std::vector<int32_t> with_epilogue_constants(std::vector<int32_t> constants, const Epilogue& epilogue);
-// The texels of its scale and its residual, as epilogue.glsl binds them; `stand_in` (a tensor
-// the dispatch reads anyway) where it has none. A residual of another type than `output` is a
-// logic_error: the kernel reads it in its output's precision.
+// Its scale and its residual, as epilogue.glsl binds them; `stand_in` (a tensor the dispatch
+// reads anyway) where it has none. A residual of another type than `output` is a logic_error:
+// the kernel reads it in its output's precision.
 vk::BufferArg epilogue_scale_arg(const Epilogue& epilogue, const Tensor& stand_in);
 vk::BufferArg epilogue_residual_arg(const Epilogue& epilogue, const Tensor& stand_in, const Tensor& output);
 

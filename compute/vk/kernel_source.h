@@ -24,4 +24,10 @@ struct ActivationKernel {
   KernelSource f32, f16;
 };
 
+// An ActivationKernel whose operand B is an imageBuffer (shaders/common.glsl's B_TEXELS), whose
+// format SPIR-V fixes: compiled again for an fp16 B (b16); op.h's kernel_for picks by B's type.
+struct OperandKernel {
+  ActivationKernel b32, b16;
+};
+
 }  // namespace tessera::vk
