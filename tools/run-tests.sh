@@ -10,8 +10,8 @@ bash tools/build.sh --tests
 phase_done "packages and build"
 export TESSERA_VALIDATION=1
 # Shaders compiled by one test are reused by the next through the driver's caches there (on
-# lavapipe, Mesa's shader cache: its VkPipelineCache keeps nothing; kernels with two texel
-# buffers often miss it, compute/README.md).
+# lavapipe, Mesa's shader cache: its VkPipelineCache keeps nothing; some kernels still miss
+# it, compute/README.md).
 export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$PWD/build/cache}"
 status=0
 ctest --test-dir build --no-tests=error --output-on-failure --parallel "$(nproc)" --timeout 900 || status=1

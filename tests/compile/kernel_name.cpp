@@ -2,4 +2,4 @@
 // that no shader in shaders/ has does not compile.
 #include "compute/vk/kernel_names.h"
 
-const tessera::vk::KernelSource& kernel = tessera::vk::kernel::KERNEL;
+const auto& kernel = tessera::vk::kernel::KERNEL;  // a KernelSource, ActivationKernel or OperandKernel
