@@ -20,6 +20,7 @@ constexpr VkBufferUsageFlags kBufferUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
                                             VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                             VK_BUFFER_USAGE_TRANSFER_DST_BIT;
 constexpr TexelLayout kTexelLayouts[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+uint64_t texel_bytes(TexelLayout texels) { return (texels.half ? 2 : 4) * (texels.quads ? 4 : 1); }
 
 uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -418,13 +419,12 @@ void Allocator::make_views(Buffer& buffer, uint64_t bytes) const {
   // A tensor within the buffer has at most maxTexelBufferElements elements (Context's largest_buffer).
   uint64_t max_texels = context_.properties().limits.maxTexelBufferElements;
   for (TexelLayout texels : kTexelLayouts) {
-    uint64_t texel_bytes = (texels.half ? 2 : 4) * (texels.quads ? 4 : 1);
-    uint64_t count = std::min(bytes / texel_bytes, max_texels);
+    uint64_t count = std::min(bytes / texel_bytes(texels), max_texels);
     if (count == 0) continue;
     VkBufferViewCreateInfo view_info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
     view_info.buffer = buffer.handle_;
     view_info.format = texel_format(texels);
-    view_info.range = count * texel_bytes;
+    view_info.range = count * texel_bytes(texels);
     VkBufferView& view = texels.quads ? (texels.half ? buffer.half_quad_view_ : buffer.quad_view_)
                                       : (texels.half ? buffer.half_texel_view_ : buffer.texel_view_);
     check(vkCreateBufferView(device, &view_info, nullptr, &view), "vkCreateBufferView");
@@ -433,12 +433,12 @@ void Allocator::make_views(Buffer& buffer, uint64_t bytes) const {
 
 VkBufferView Allocator::make_window_view(const Buffer& buffer, uint64_t offset, uint64_t bytes, bool half,
                                          bool quads) const {
-  const uint64_t texel_bytes = (half ? 2 : 4) * (quads ? 4 : 1);
+  const uint64_t texel = texel_bytes({half, quads});
   VkBufferViewCreateInfo view_info{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
   view_info.buffer = buffer.handle_;
   view_info.format = texel_format({half, quads});
   view_info.offset = offset;
-  view_info.range = bytes / texel_bytes * texel_bytes;
+  view_info.range = bytes / texel * texel;
   VkBufferView view = VK_NULL_HANDLE;
   check(vkCreateBufferView(context_.device(), &view_info, nullptr, &view), "vkCreateBufferView");
   return view;
