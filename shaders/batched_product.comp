@@ -13,7 +13,7 @@
 #include "transmil_grid.glsl"
 layout(local_size_x = 8, local_size_y = 8) in;
 layout(binding = 0) uniform samplerBuffer a;
-layout(binding = 1) uniform samplerBuffer b;
+layout(binding = 1, B_TEXELS) uniform readonly imageBuffer b;  // of its own type (common.glsl)
 layout(std430, binding = 2) readonly buffer Count { uint count; };
 layout(std430, binding = 3) buffer C { ACT c[]; };
 layout(push_constant) uniform Push {
@@ -51,7 +51,7 @@ void main() {
           float a_values[BLOCK], b_values[BLOCK];
           [[unroll]] for (uint i = 0u; i < BLOCK; ++i) {
             a_values[i] = texelFetch(a, int(a_rows[i] + k * p.a_col)).x;
-            b_values[i] = texelFetch(b, int(k * p.b_row + b_columns[i])).x;
+            b_values[i] = imageLoad(b, int(k * p.b_row + b_columns[i])).x;
           }
           [[unroll]] for (uint i = 0u; i < BLOCK; ++i)
             [[unroll]] for (uint j = 0u; j < BLOCK; ++j) acc[i][j] += a_values[i] * b_values[j];

@@ -16,7 +16,7 @@ layout(local_size_x = 8, local_size_y = 8) in;
 layout(constant_id = 0) const bool A_ALONG_K = false;
 layout(constant_id = 1) const bool B_ALONG_K = false;
 layout(binding = 0) uniform samplerBuffer a_quads;
-layout(binding = 1) uniform samplerBuffer b_quads;
+layout(binding = 1, B4_TEXELS) uniform readonly imageBuffer b_quads;  // of its own type (common.glsl)
 layout(std430, binding = 2) readonly buffer Count { uint count; };
 layout(std430, binding = 3) buffer C { ACT c[]; };
 layout(push_constant) uniform Push {
@@ -53,10 +53,10 @@ void main() {
     }
     if (B_ALONG_K) {
       vec4 column[4];  // column[j]: B(k .. k + 3, n0 + j)
-      [[unroll]] for (uint j = 0u; j < 4u; ++j) column[j] = texelFetch(b_quads, int((b_base + j * p.b_col + k) / 4u));
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) column[j] = imageLoad(b_quads, int((b_base + j * p.b_col + k) / 4u));
       [[unroll]] for (uint s = 0u; s < 4u; ++s) b_tile[s] = vec4(column[0][s], column[1][s], column[2][s], column[3][s]);
     } else {
-      [[unroll]] for (uint s = 0u; s < 4u; ++s) b_tile[s] = texelFetch(b_quads, int((b_base + (k + s) * p.b_row) / 4u));
+      [[unroll]] for (uint s = 0u; s < 4u; ++s) b_tile[s] = imageLoad(b_quads, int((b_base + (k + s) * p.b_row) / 4u));
     }
     [[unroll]] for (uint s = 0u; s < 4u; ++s) {
       // Selects, not products: memory past the depth may hold anything, NaN included.

@@ -69,9 +69,9 @@ class Recording {
   void product(uint32_t M, uint32_t N, uint32_t K, uint32_t dynamic, Operand a, Operand b, Operand c, float alpha,
                bool accumulate, float diagonal = 0, uint32_t start = 0) {
     auto quads = quad_layout(M, N, K, a, b);
-    auto kernel = quads ? kernel_for<ProductPush>(kernels_, vk::kernel::batched_product_quads, *c.tensor,
+    auto kernel = quads ? kernel_for<ProductPush>(kernels_, vk::kernel::batched_product_quads, *c.tensor, *b.tensor,
                                                   {quads->first ? 1 : 0, quads->second ? 1 : 0})
-                        : kernel_for<ProductPush>(kernels_, vk::kernel::batched_product, *c.tensor);
+                        : kernel_for<ProductPush>(kernels_, vk::kernel::batched_product, *c.tensor, *b.tensor);
     auto operand = [&](const Tensor& x) { return quads ? reads_quads(x) : reads(x); };
     constexpr uint32_t kBlock = 32;  // either kernel's outputs a workgroup: 8 x 8 invocations of 4 x 4
     recorder_.dispatch(kernel, {operand(*a.tensor), operand(*b.tensor), reads_count(), accumulate ? updates(*c.tensor) : writes(*c.tensor)},
