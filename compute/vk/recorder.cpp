@@ -160,36 +160,34 @@ void Recorder::dispatch_raw(const Kernel& kernel, std::initializer_list<BufferAr
   if (any_hazard || transfer) barrier(transfer);
   for (auto& arg : buffers) track(arg.buffer->handle(), arg.access);
 
-  std::vector<VkDescriptorBufferInfo> infos;
-  std::vector<VkBufferView> views;
-  infos.reserve(buffers.size());
-  views.reserve(buffers.size());
-  for (uint32_t i = 0; i < buffers.size(); ++i) {
-    const BufferArg& arg = buffers.begin()[i];
-    infos.push_back({arg.buffer->handle(), arg.offset, arg.bytes ? arg.bytes : VK_WHOLE_SIZE});
-    // An imageBuffer's format is fixed in its SPIR-V: the kernel picks which binding it reads.
-    TexelLayout texels = kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER ? kernel.image_texels[i]
-                                                                                             : TexelLayout{arg.half, arg.quads};
-    views.push_back(arg.bytes ? arg.buffer->window_view(arg.offset, arg.bytes, texels.half, texels.quads)
-                              : arg.buffer->texel_view(texels.half, texels.quads));
-  }
+  // Sized once: the writes point into both.
+  std::vector<VkDescriptorBufferInfo> infos(buffers.size());
+  std::vector<VkBufferView> views(buffers.size(), VK_NULL_HANDLE);
   std::vector<VkWriteDescriptorSet> writes(buffers.size());
   for (uint32_t i = 0; i < writes.size(); ++i) {
+    const BufferArg& arg = buffers.begin()[i];
+    const VkDescriptorType type = kernel.binding_types[i];
     writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
     writes[i].dstBinding = i;
     writes[i].descriptorCount = 1;
-    writes[i].descriptorType = kernel.binding_types[i];
-    if (kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER ||
-        kernel.binding_types[i] == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER) {
+    writes[i].descriptorType = type;
+    if (type == VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER || type == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER) {
+      // An imageBuffer's format is fixed in its SPIR-V (the kernel's variant was chosen for the
+      // operand's type): it gets the view of that format.
+      TexelLayout texels = type == VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER ? kernel.image_texels[i]
+                                                                          : TexelLayout{arg.half, arg.quads};
+      views[i] = arg.bytes ? arg.buffer->window_view(arg.offset, arg.bytes, texels.half, texels.quads)
+                           : arg.buffer->texel_view(texels.half, texels.quads);
       if (!views[i])
         throw Error(ExitCode::runtime_error, "kernel " + kernel.name + ": binding " + std::to_string(i) +
                                                  " reads texels, but the buffer has no texel view");
       writes[i].pTexelBufferView = &views[i];
     } else {
-      if (kernel.half_storage[i] != buffers.begin()[i].half)
+      if (kernel.half_storage[i] != arg.half)
         throw std::logic_error("kernel " + kernel.name + ": binding " + std::to_string(i) + " holds " +
                                (kernel.half_storage[i] ? "fp16" : "fp32 or integer") + " values, the buffer " +
-                               (buffers.begin()[i].half ? "fp16" : "not fp16"));
+                               (arg.half ? "fp16" : "not fp16"));
+      infos[i] = {arg.buffer->handle(), arg.offset, arg.bytes ? arg.bytes : VK_WHOLE_SIZE};
       writes[i].pBufferInfo = &infos[i];
     }
   }
